@@ -1,0 +1,1 @@
+"""The `shoal` command: thin shells over the layers, one subcommand each."""

@@ -1,0 +1,55 @@
+"""Entry point of the `shoal` command.
+
+Subcommands live in their own modules and register here. A `ShoalError`
+(a user mistake or an environment problem) becomes one line on stderr and
+exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from shoal import ShoalError, __version__
+from shoal.cli.train_cmd import train_command
+
+app = typer.Typer(
+    name="shoal",
+    help="Train neural networks on compute that comes and goes.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("train")(train_command)
+
+
+@app.callback()
+def _root(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug detail."),
+    version: bool = typer.Option(False, "--version", help="Print the version and exit."),
+) -> None:
+    if version:
+        typer.echo(f"shoal {__version__}")
+        raise typer.Exit()
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+def main() -> None:
+    try:
+        app()
+    except ShoalError as error:
+        print(f"shoal: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("shoal: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""The shared vocabulary: frozen, validated values that cross layers.
+
+No behaviour beyond validation; imports nothing heavier than pydantic.
+"""
+
+from shoal.spec.errors import SpecError
+from shoal.spec.job import (
+    BYTE_VOCAB,
+    CheckpointSpec,
+    DataSpec,
+    JobSpec,
+    ModelSpec,
+    OptimizerKind,
+    OptimizerSpec,
+    ScheduleKind,
+    ScheduleSpec,
+)
+from shoal.spec.jobfile import load_job, parse_job
+from shoal.spec.report import TrainReport
+
+__all__ = [
+    "BYTE_VOCAB",
+    "CheckpointSpec",
+    "DataSpec",
+    "JobSpec",
+    "ModelSpec",
+    "OptimizerKind",
+    "OptimizerSpec",
+    "ScheduleKind",
+    "ScheduleSpec",
+    "SpecError",
+    "TrainReport",
+    "load_job",
+    "parse_job",
+]

@@ -1,0 +1,127 @@
+"""The job specification: what to train, on what data, for how long.
+
+A job file (TOML) maps onto `JobSpec` one section per component; every
+value is validated here, once, so the runtime can trust what it receives.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+BYTE_VOCAB = 256  # byte-level models: one token per byte, no tokenizer to ship
+
+
+class Frozen(BaseModel):
+    """Base of every spec value: immutable, and unknown keys are an error."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSpec(Frozen):
+    """A decoder-only transformer over bytes (nanoGPT shape)."""
+
+    kind: str = Field("gpt", pattern="^gpt$")
+    layers: int = Field(4, ge=1, le=64)
+    heads: int = Field(4, ge=1, le=64)
+    width: int = Field(128, ge=8, le=8192)
+    context: int = Field(128, ge=8, le=8192)
+    dropout: float = Field(0.0, ge=0.0, le=0.9)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelSpec:
+        if self.width % self.heads:
+            raise ValueError(
+                f"model.width ({self.width}) must be a multiple of model.heads ({self.heads})"
+            )
+        return self
+
+
+class DataSpec(Frozen):
+    """Where the bytes come from and how they are split."""
+
+    # "stdlib": the .py files of the running Python's standard library
+    # (shipped with every installation, so nothing is downloaded).
+    # Otherwise a path to a text file or a directory of text files.
+    corpus: str = Field("stdlib", min_length=1)
+    # For a directory corpus: which file name endings to read.
+    suffixes: tuple[str, ...] = (".py", ".txt", ".md", ".rst")
+    val_fraction: float = Field(0.05, gt=0.0, lt=0.5)
+    # Cap on corpus bytes read (in a fixed file order), to bound start-up time.
+    max_bytes: int | None = Field(None, ge=4096)
+
+
+class OptimizerKind(str, enum.Enum):
+    adamw = "adamw"
+    sgd = "sgd"
+
+
+class OptimizerSpec(Frozen):
+    kind: OptimizerKind = OptimizerKind.adamw
+    lr: float = Field(1e-3, gt=0.0, le=10.0)
+    weight_decay: float = Field(0.1, ge=0.0, le=1.0)
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(0.99, ge=0.0, lt=1.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)  # sgd only
+    grad_clip: float = Field(1.0, ge=0.0, le=1e6)  # 0 disables clipping
+
+
+class ScheduleKind(str, enum.Enum):
+    constant = "constant"
+    cosine = "cosine"
+    linear = "linear"
+
+
+class ScheduleSpec(Frozen):
+    """Learning rate over steps: linear warm-up, then `kind` down to min_lr_ratio×lr."""
+
+    kind: ScheduleKind = ScheduleKind.cosine
+    warmup_steps: int = Field(50, ge=0, le=10_000_000)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+
+
+class CheckpointSpec(Frozen):
+    # Relative paths are resolved against the working directory;
+    # "{name}" is replaced by the job name.
+    dir: str = Field("runs/{name}/checkpoints", min_length=1)
+    interval_steps: int = Field(100, ge=1, le=10_000_000)
+    keep: int = Field(3, ge=1, le=1000)
+
+
+class JobSpec(Frozen):
+    """One training job, as read from a job file."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")] = "job"
+    seed: int = Field(0, ge=0, le=2**62)
+    steps: int = Field(ge=1, le=100_000_000)
+    global_batch: int = Field(ge=1, le=1 << 20)
+    eval_interval: int = Field(100, ge=1, le=100_000_000)
+    eval_batches: int = Field(8, ge=1, le=10_000)
+    model: ModelSpec = ModelSpec()
+    data: DataSpec = DataSpec()
+    optimizer: OptimizerSpec = OptimizerSpec()
+    schedule: ScheduleSpec = ScheduleSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.checkpoint.dir.replace("{name}", self.name)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.model.context
+
+    def resume_identity(self) -> dict[str, object]:
+        """The parts a checkpoint must agree on to be resumed exactly.
+
+        Steps, intervals and the checkpoint location may change between a
+        run and its resume; the model, data, seed and batch may not.
+        """
+        return {
+            "seed": self.seed,
+            "global_batch": self.global_batch,
+            "model": self.model.model_dump(mode="json"),
+            "data": self.data.model_dump(mode="json"),
+        }
