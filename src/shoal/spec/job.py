@@ -98,7 +98,10 @@ class JobSpec(Frozen):
     steps: int = Field(ge=1, le=100_000_000)
     global_batch: int = Field(ge=1, le=1 << 20)
     eval_interval: int = Field(100, ge=1, le=100_000_000)
-    eval_batches: int = Field(8, ge=1, le=10_000)
+    eval_batches: int = Field(8, ge=1, le=10_000)  # validation windows: eval_batches × global_batch
+    # Most samples per forward pass (gradients accumulate over the rest);
+    # None: a worker's whole share at once. Bounds memory, not the math.
+    micro_batch: int | None = Field(None, ge=1, le=1 << 20)
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
     optimizer: OptimizerSpec = OptimizerSpec()

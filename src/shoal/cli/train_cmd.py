@@ -1,0 +1,37 @@
+"""`shoal train JOB.toml`: train the built-in GPT on a job file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from shoal.spec import load_job
+
+
+def train_command(
+    job_file: Path = typer.Argument(..., help="Job file (TOML), e.g. examples/tiny-gpt.toml."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest good checkpoint."),
+    fresh: bool = typer.Option(False, "--fresh", help="Delete this job's checkpoints and start over."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Override the job's step count."),
+    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Override checkpoint.dir."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Write a JSON report here."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Train a job on this machine; faults cost no more than the last checkpoint."""
+    if resume and fresh:
+        raise typer.BadParameter("--resume and --fresh contradict each other; pick one")
+    job = load_job(job_file, overrides={"steps": steps})
+    if checkpoint_dir is not None:
+        job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update={"dir": checkpoint_dir})})
+
+    from shoal.train.single import train_job  # torch loads only when training runs
+
+    result = train_job(job, resume=resume, fresh=fresh, show_progress=not quiet)
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(result.model_dump_json(indent=2) + "\n")
+    val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
+    typer.echo(f"{result.job}: {result.steps} steps, val loss {val} nats/byte, "
+               f"{result.tokens_per_s:,.0f} tok/s, {result.wall_s:.1f} s, params {result.param_sha256[:12]}")

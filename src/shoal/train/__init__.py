@@ -1,0 +1,1 @@
+"""The training runtime on torch: model, data order, checkpoints, the loop."""

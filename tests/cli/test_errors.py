@@ -1,0 +1,65 @@
+"""A user mistake gets one line on stderr and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.conftest import shoal_command, tiny_job_toml
+
+
+def _run(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(shoal_command(*args), capture_output=True, text=True, timeout=120, env=env)
+
+
+def _assert_one_line_error(result: subprocess.CompletedProcess, fragment: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("shoal: error:")]
+    assert len(lines) == 1, result.stderr
+    assert fragment in lines[0]
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ("steps = = 1", "malformed TOML"),
+        ("steps = 5\nglobal_batch = 4\ncolour = 3", "unknown key 'colour'"),
+        ("steps = 5\nglobal_batch = 0", "'global_batch' = 0: out of range (allowed 1 to 1048576)"),
+        ("steps = 5\nglobal_batch = 4\n[model]\nheads = 3", "multiple of model.heads"),
+    ],
+)
+def test_bad_job_files(tmp_path, content, fragment):
+    job = tmp_path / "job.toml"
+    job.write_text(content)
+    _assert_one_line_error(_run("train", str(job)), fragment)
+
+
+def test_missing_job_file(tmp_path):
+    _assert_one_line_error(_run("train", str(tmp_path / "absent.toml")), "not found")
+
+
+def test_empty_corpus(tmp_path):
+    (tmp_path / "texts").mkdir()
+    job = tmp_path / "job.toml"
+    job.write_text(f'steps = 5\nglobal_batch = 4\n[data]\ncorpus = "{tmp_path / "texts"}"\n')
+    _assert_one_line_error(_run("train", str(job)), "is empty")
+
+
+@pytest.mark.slow
+def test_checkpoint_guards(tmp_path, cli_env):
+    job = tmp_path / "job.toml"
+    job.write_text(tiny_job_toml(tmp_path / "ckpt", steps=6))
+    assert _run("train", str(job), "-q", env=cli_env).returncode == 0
+    # Existing checkpoints are never overwritten silently.
+    _assert_one_line_error(_run("train", str(job), "-q", env=cli_env), "--resume")
+    # A checkpoint from a different model is refused, naming the difference.
+    job.write_text(tiny_job_toml(tmp_path / "ckpt", steps=6).replace("width = 32", "width = 64"))
+    _assert_one_line_error(_run("train", str(job), "--resume", "-q", env=cli_env), "different job")
+    # Every checkpoint damaged: say so, and how to start over.
+    for payload in (tmp_path / "ckpt").glob("*.pt"):
+        payload.write_bytes(b"junk")
+    job.write_text(tiny_job_toml(tmp_path / "ckpt", steps=6))
+    _assert_one_line_error(_run("train", str(job), "--resume", "-q", env=cli_env), "damaged")
+    assert _run("train", str(job), "--fresh", "-q", env=cli_env).returncode == 0

@@ -1,0 +1,70 @@
+from pathlib import Path
+
+import pytest
+
+from shoal.spec import JobSpec, SpecError, load_job, parse_job
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_example_job_file_loads():
+    job = load_job(REPO / "examples" / "tiny-gpt.toml")
+    assert job.name == "tiny-gpt"
+    assert job.model.width % job.model.heads == 0
+    assert job.checkpoint_dir == "runs/tiny-gpt/checkpoints"
+
+
+def test_spec_values_are_frozen():
+    job = parse_job({"steps": 10, "global_batch": 4})
+    with pytest.raises(Exception):
+        job.steps = 11  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ({"steps": 0, "global_batch": 4}, "'steps' = 0: out of range (allowed 1 to 100000000)"),
+        ({"steps": 5, "global_batch": 4, "model": {"layers": 0}}, "'model.layers' = 0: out of range (allowed 1 to 64)"),
+        ({"steps": 5, "global_batch": 4, "optimizer": {"lr": -1.0}}, "'optimizer.lr' = -1.0: out of range (allowed more than 0.0 to 10.0)"),
+        ({"steps": 5, "global_batch": 4, "model": {"widht": 64}}, "unknown key 'widht' in [model]"),
+        ({"steps": 5, "global_batch": 4, "bogus": 1}, "unknown key 'bogus'"),
+        ({"global_batch": 4}, "'steps' is required"),
+        ({"steps": 5, "global_batch": 4, "model": {"width": 130, "heads": 4}}, "must be a multiple of model.heads"),
+        ({"steps": 5, "global_batch": 4, "optimizer": {"kind": "adam"}}, "'optimizer.kind' = 'adam'"),
+    ],
+)
+def test_validation_names_field_and_range(values, expected):
+    with pytest.raises(SpecError) as caught:
+        parse_job(values, source="job.toml")
+    message = str(caught.value)
+    assert expected in message
+    assert message.startswith("job.toml: ")
+    assert "\n" not in message
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(SpecError, match="not found"):
+        load_job(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("steps = = 3\n")
+    with pytest.raises(SpecError, match="malformed TOML"):
+        load_job(bad)
+    with pytest.raises(SpecError, match="is a directory"):
+        load_job(tmp_path)
+
+
+def test_overrides_apply_and_validate(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text("steps = 10\nglobal_batch = 4\n")
+    assert load_job(path, overrides={"steps": 3}).steps == 3
+    assert load_job(path, overrides={"steps": None}).steps == 10
+    with pytest.raises(SpecError, match="'steps' = -2"):
+        load_job(path, overrides={"steps": -2})
+
+
+def test_resume_identity_ignores_run_length():
+    a = JobSpec(steps=10, global_batch=4)
+    b = JobSpec(steps=99, global_batch=4)
+    c = JobSpec(steps=10, global_batch=8)
+    assert a.resume_identity() == b.resume_identity()
+    assert a.resume_identity() != c.resume_identity()
