@@ -1,0 +1,236 @@
+"""Typed client of the compute-market contract: every state change it offers.
+
+Each method names the role that must send it (its first argument) and
+returns a `TxOutcome` with the gas and fee it cost; reverts arrive as the
+`ContractRevert` subclass of their reason (see `shoal.ledger.errors`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from eth_account.signers.local import LocalAccount
+from web3 import Web3
+
+from shoal.ledger.artifact import load_artifact
+from shoal.ledger.chain import Chain
+from shoal.ledger.errors import LedgerError
+from shoal.ledger.transact import Sender
+from shoal.ledger.views import LedgerReader
+from shoal.spec.ledger import LedgerConfig, TxOutcome
+
+MAX_BATCH = 256  # longest provider list in one `book` or `payout`; as in the contract
+
+# Gas limits: the measured worst case (bench/chain.py prints the measured
+# figures) plus headroom, so no transaction waits on eth_estimateGas. Batch
+# calls add a per-item limit; the push in `payout` may fall back to a credit.
+GAS_LIMITS: dict[str, int] = {
+    "deploy": 4_500_000,
+    "set_operator": 60_000,
+    "set_referee": 60_000,
+    "create_job": 250_000,
+    "fund": 80_000,
+    "open_lease": 100_000,
+    "anchor": 120_000,
+    "book": 80_000,
+    "settle": 120_000,
+    "reclaim": 120_000,
+    "payout": 60_000,
+    "claim": 100_000,
+    "withdraw": 100_000,
+    "stake": 80_000,
+    "unbond": 120_000,
+    "release_stake": 80_000,
+    "slash": 200_000,
+    "open_dispute": 250_000,
+    "resolve_dispute": 250_000,
+    "expire_dispute": 150_000,
+}
+GAS_PER_ITEM: dict[str, int] = {"book": 35_000, "payout": 50_000}
+
+
+def _root_bytes(root: bytes | str) -> bytes:
+    value = bytes.fromhex(root.removeprefix("0x")) if isinstance(root, str) else root
+    if len(value) != 32:
+        raise LedgerError(f"a Merkle root is 32 bytes, got {len(value)}")
+    return value
+
+
+class Ledger(LedgerReader):
+    """A market contract to read and transact with, from local accounts."""
+
+    def __init__(self, chain: Chain, address: str, sender: Sender | None = None) -> None:
+        super().__init__(chain, address)
+        self.sender = sender or Sender(chain)
+
+    @classmethod
+    def deploy(
+        cls,
+        chain: Chain,
+        owner: LocalAccount,
+        operator: str,
+        referee: str,
+        config: LedgerConfig | None = None,
+        sender: Sender | None = None,
+    ) -> Ledger:
+        """Deploy a new market from the shipped bytecode; `owner` can rotate roles."""
+        config = config or LedgerConfig()
+        artifact = load_artifact()
+        sender = sender or Sender(chain)
+        factory = chain.w3.eth.contract(abi=list(artifact.abi), bytecode=artifact.bytecode)
+        args = (
+            Web3.to_checksum_address(operator),
+            Web3.to_checksum_address(referee),
+            config.fee_bps,
+            config.whistleblower_bps,
+            config.min_stake_wei,
+            config.min_bond_wei,
+            config.unbonding_delay_s,
+            config.silence_timeout_s,
+            config.dispute_window_s,
+        )
+        data = factory.constructor(*args).data_in_transaction
+        receipt = sender.send(owner, "deploy", None, data, GAS_LIMITS["deploy"])
+        ledger = cls(chain, receipt["contractAddress"], sender)
+        ledger.deploy_outcome = ledger._outcome("deploy", receipt)
+        return ledger
+
+    @classmethod
+    def at(cls, chain: Chain, address: str) -> Ledger:
+        """The market already deployed at `address`."""
+        if not chain.w3.eth.get_code(Web3.to_checksum_address(address)):
+            raise LedgerError(f"no contract at {address} on chain {chain.chain_id}; check --contract")
+        return cls(chain, address)
+
+    # ------------------------------------------------------------ plumbing
+    def _outcome(self, function: str, receipt: Any, returned: str | None = None) -> TxOutcome:
+        events = self.decoder.decode_all(receipt["logs"])
+        value = None
+        if returned is not None:
+            value = next(int(e.args[returned]) for e in events if returned in e.args)
+        return TxOutcome(
+            function=function,
+            tx_hash="0x" + bytes(receipt["transactionHash"]).hex(),
+            block=int(receipt["blockNumber"]),
+            gas_used=int(receipt["gasUsed"]),
+            fee_wei=int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"]),
+            events=events,
+            returned=value,
+        )
+
+    def _transact(
+        self,
+        account: LocalAccount,
+        function: str,
+        *args: Any,
+        value_wei: int = 0,
+        items: int = 0,
+        returned: str | None = None,
+    ) -> TxOutcome:
+        data = self.contract.encode_abi(function, args=list(args))
+        gas = GAS_LIMITS[function] + items * GAS_PER_ITEM.get(function, 0)
+        receipt = self.sender.send(account, function, self.address, data, gas, value_wei)
+        return self._outcome(function, receipt, returned)
+
+    # ------------------------------------------------------------ owner
+    def set_operator(self, owner: LocalAccount, account: str) -> TxOutcome:
+        return self._transact(owner, "set_operator", Web3.to_checksum_address(account))
+
+    def set_referee(self, owner: LocalAccount, account: str) -> TxOutcome:
+        return self._transact(owner, "set_referee", Web3.to_checksum_address(account))
+
+    # ------------------------------------------------------------ submitter
+    def create_job(self, submitter: LocalAccount, max_price_wei_per_s: int, deposit_wei: int) -> TxOutcome:
+        """Open a job with an escrow deposit; `returned` is the new job id."""
+        return self._transact(
+            submitter, "create_job", max_price_wei_per_s, value_wei=deposit_wei, returned="job"
+        )
+
+    def fund(self, submitter: LocalAccount, job: int, amount_wei: int) -> TxOutcome:
+        return self._transact(submitter, "fund", job, value_wei=amount_wei)
+
+    def reclaim(self, submitter: LocalAccount, job: int) -> TxOutcome:
+        """Settle a job whose operator has been silent past the deadline (no fee)."""
+        return self._transact(submitter, "reclaim", job)
+
+    # ------------------------------------------------------------ operator
+    def open_lease(self, operator: LocalAccount, job: int, provider: str, price_wei_per_s: int) -> TxOutcome:
+        return self._transact(
+            operator, "open_lease", job, Web3.to_checksum_address(provider), price_wei_per_s
+        )
+
+    def anchor(self, operator: LocalAccount, job: int, epoch: int, root: bytes | str) -> TxOutcome:
+        return self._transact(operator, "anchor", job, epoch, _root_bytes(root))
+
+    def book(self, operator: LocalAccount, job: int, epoch: int, verified_s: Mapping[str, int]) -> list[TxOutcome]:
+        """Record verified seconds per provider for an anchored epoch, in batches."""
+        pairs = [(Web3.to_checksum_address(p), int(s)) for p, s in verified_s.items()]
+        outcomes = []
+        for start in range(0, len(pairs), MAX_BATCH):
+            batch = pairs[start : start + MAX_BATCH]
+            providers, seconds = [p for p, _ in batch], [s for _, s in batch]
+            outcomes.append(
+                self._transact(operator, "book", job, epoch, providers, seconds, items=len(batch))
+            )
+        return outcomes
+
+    def settle(self, operator: LocalAccount, job: int) -> TxOutcome:
+        return self._transact(operator, "settle", job)
+
+    # ------------------------------------------------------------ paying out
+    def payout(self, sender: LocalAccount, job: int, providers: Sequence[str]) -> list[TxOutcome]:
+        """Push each provider its earnings for a settled job (anyone may send this)."""
+        addresses = [Web3.to_checksum_address(p) for p in providers]
+        return [
+            self._transact(sender, "payout", job, addresses[i : i + MAX_BATCH], items=len(addresses[i : i + MAX_BATCH]))
+            for i in range(0, len(addresses), MAX_BATCH)
+        ]
+
+    def claim(self, provider: LocalAccount, job: int) -> TxOutcome:
+        """Move the provider's own earnings for a settled job into its credit."""
+        return self._transact(provider, "claim", job)
+
+    def withdraw(self, account: LocalAccount) -> TxOutcome:
+        """Send the account all of its credit."""
+        return self._transact(account, "withdraw")
+
+    # ------------------------------------------------------------ provider stake
+    def stake(self, provider: LocalAccount, amount_wei: int) -> TxOutcome:
+        return self._transact(provider, "stake", value_wei=amount_wei)
+
+    def unbond(self, provider: LocalAccount, amount_wei: int) -> TxOutcome:
+        return self._transact(provider, "unbond", amount_wei)
+
+    def release_stake(self, provider: LocalAccount) -> TxOutcome:
+        return self._transact(provider, "release_stake")
+
+    # ------------------------------------------------------------ referee and disputes
+    def slash(
+        self, referee: LocalAccount, job: int, provider: str, amount_wei: int, whistleblower: str
+    ) -> TxOutcome:
+        return self._transact(
+            referee,
+            "slash",
+            job,
+            Web3.to_checksum_address(provider),
+            amount_wei,
+            Web3.to_checksum_address(whistleblower),
+        )
+
+    def open_dispute(self, challenger: LocalAccount, job: int, provider: str, bond_wei: int) -> TxOutcome:
+        """Accuse a provider of a job; `returned` is the new dispute id."""
+        return self._transact(
+            challenger,
+            "open_dispute",
+            job,
+            Web3.to_checksum_address(provider),
+            value_wei=bond_wei,
+            returned="dispute",
+        )
+
+    def resolve_dispute(self, referee: LocalAccount, dispute: int, upheld: bool) -> TxOutcome:
+        return self._transact(referee, "resolve_dispute", dispute, upheld)
+
+    def expire_dispute(self, sender: LocalAccount, dispute: int) -> TxOutcome:
+        return self._transact(sender, "expire_dispute", dispute)
