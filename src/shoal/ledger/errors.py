@@ -25,13 +25,19 @@ class ChainUnavailable(LedgerError):
 
 
 class ContractRevert(LedgerError):
-    """The contract refused a call; `reason` is its revert reason, verbatim."""
+    """The contract refused a call; `reason` is its revert reason, verbatim.
+
+    A reverted transaction that was mined still cost its sender gas: then
+    `tx_hash` names it and `fee_wei` is what it cost (else None and 0).
+    """
 
     hint = "check the call's arguments against the contract's rules"
 
     def __init__(self, function: str, reason: str) -> None:
         self.function = function
         self.reason = reason
+        self.tx_hash: str | None = None
+        self.fee_wei = 0
         super().__init__(f"{function} reverted: {reason} ({self.hint})")
 
 

@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 from eth_account.signers.local import LocalAccount
-from web3.exceptions import ContractLogicError, TimeExhausted, Web3Exception
+from web3 import Web3
+from web3.exceptions import ContractLogicError, TimeExhausted, TransactionNotFound, Web3Exception
 
 from shoal.ledger.chain import Chain, ChainKind
 from shoal.ledger.errors import ChainUnavailable, ContractRevert, LedgerError, revert_error
@@ -73,6 +74,11 @@ class Sender:
         """Reload `address`'s nonce from the chain before its next transaction."""
         self._nonces.pop(address, None)
 
+    def reset(self) -> None:
+        """Forget every cached nonce and fee, e.g. after reverting a dev chain to a snapshot."""
+        self._nonces.clear()
+        self._fee_at = float("-inf")
+
     def send(
         self,
         account: LocalAccount,
@@ -105,14 +111,29 @@ class Sender:
                 # Some nodes mine a reverting transaction and still answer with
                 # an error, others do not mine it: reload the nonce either way.
                 self.forget_nonce(account.address)
-                raise self._refusal(function, error) from error
+                refusal = self._refusal(function, error)
+                if isinstance(refusal, ContractRevert):
+                    self._charge(refusal, bytes(Web3.keccak(raw)))
+                raise refusal from error
             except OSError as error:
                 self.forget_nonce(account.address)
                 raise ChainUnavailable(f"{function}: lost the chain connection ({error})") from error
         receipt = self._wait(function, tx_hash)
         if receipt["status"] != 1:
-            raise self._replay_revert(function, tx, account.address, receipt)
+            revert = self._replay_revert(function, tx, account.address, receipt)
+            self._charge(revert, bytes(receipt["transactionHash"]), receipt)
+            raise revert
         return receipt
+
+    def _charge(self, revert: ContractRevert, tx_hash: bytes, receipt: Any = None) -> None:
+        """Record on `revert` what the reverted transaction cost, if it was mined."""
+        if receipt is None:
+            try:
+                receipt = self.chain.w3.eth.get_transaction_receipt(tx_hash)
+            except TransactionNotFound:
+                return
+        revert.tx_hash = "0x" + tx_hash.hex()
+        revert.fee_wei = int(receipt["gasUsed"]) * int(receipt["effectiveGasPrice"])
 
     def _wait(self, function: str, tx_hash: bytes) -> Any:
         w3 = self.chain.w3

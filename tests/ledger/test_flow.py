@@ -1,0 +1,127 @@
+"""One job's whole life, on the embedded chain and on a real JSON-RPC node.
+
+Every account's balance is checked to the wei, gas included: the flow is the
+contract's money rules seen from the outside.
+"""
+
+from __future__ import annotations
+
+from shoal.ledger import InsufficientFunds, InvalidInput, InvalidState, TooEarly, Unauthorized
+from shoal.spec.ledger import DisputeState, JobState
+from tests.ledger.conftest import Actors, Wallets, deploy
+
+GWEI = 10**9
+FEE_BPS = 200
+STAKE = 10**16
+
+
+def test_job_lifecycle(chain):
+    a = Actors.of(chain)
+    ledger = deploy(chain, a, fee_bps=FEE_BPS, whistleblower_bps=5000, min_stake_wei=10**15,
+                    min_bond_wei=10**14, unbonding_delay_s=1000, silence_timeout_s=2000,
+                    dispute_window_s=100)
+    sub, (p1, p2, p3), wb, op, ref = a.submitters[0], a.providers, a.whistleblower, a.operator, a.referee
+    w = Wallets(chain, [x.address for x in a.all()])
+    for p in (p1, p2, p3):
+        w.paid(p.address, ledger.stake(p, STAKE))
+
+    created = ledger.create_job(sub, max_price_wei_per_s=GWEI, deposit_wei=10**15)
+    job = created.returned
+    w.paid(sub.address, created)
+    for p, price in ((p1, GWEI), (p2, GWEI // 2), (p3, GWEI)):
+        w.paid(op.address, ledger.open_lease(op, job, p.address, price))
+    with w.refused(op.address, InvalidInput, "max price"):
+        ledger.open_lease(op, job, a.stranger.address, GWEI + 1)
+    with w.refused(a.stranger.address, Unauthorized, "operator"):
+        ledger.open_lease(a.stranger, job, a.stranger.address, GWEI)
+
+    roots = [bytes([e + 1]) * 32 for e in range(2)]
+    for epoch, root in enumerate(roots):
+        w.paid(op.address, ledger.anchor(op, job, epoch, root))
+    with w.refused(op.address, InvalidState, "in order"):
+        ledger.anchor(op, job, 0, b"\x09" * 32)  # never overwritten
+    assert [x.root for x in ledger.anchors(job)] == ["0x" + r.hex() for r in roots]
+    w.paid(op.address, ledger.book(op, job, 0, {p1.address: 100, p2.address: 200, p3.address: 50}))
+    w.paid(op.address, ledger.book(op, job, 1, {p1.address: 100}))
+
+    # p3 is caught: the dispute is upheld, p3's stake goes half to the
+    # whistleblower and half to the submitter, and p3 forfeits its pay.
+    opened = ledger.open_dispute(wb, job, p3.address, bond_wei=10**14)
+    w.paid(wb.address, opened)
+    w.paid(ref.address, ledger.resolve_dispute(ref, opened.returned, upheld=True))
+    assert ledger.dispute(opened.returned).state is DisputeState.upheld
+    assert ledger.lease(job, p3.address).slashed
+
+    owed = 200 * GWEI + 200 * (GWEI // 2)
+    fee = owed * FEE_BPS // 10_000
+    assert ledger.job(job).owed_wei == owed
+    w.paid(op.address, ledger.settle(op, job))
+    escrow = ledger.job(job)
+    assert escrow.state is JobState.settled
+    for sender, again in (
+        (op, lambda: ledger.settle(op, job)),
+        (op, lambda: ledger.anchor(op, job, 2, b"\x01" * 32)),
+        (op, lambda: ledger.book(op, job, 0, {p1.address: 1})),
+        (sub, lambda: ledger.fund(sub, job, 1)),
+    ):
+        with w.refused(sender.address, InvalidState, "already settled"):
+            again()
+
+    with w.refused(a.stranger.address, TooEarly, "dispute window"):
+        ledger.payout(a.stranger, job, [p1.address])
+    chain.advance_time(101)
+    with w.refused(a.stranger.address, InvalidState, "slashed"):
+        ledger.payout(a.stranger, job, [p3.address])
+    w.paid(a.stranger.address, ledger.payout(a.stranger, job, [p1.address, p2.address]))
+    with w.refused(p1.address, InvalidState, "no unpaid lease"):
+        ledger.claim(p1, job)  # paid once only
+
+    for acct in (sub, op, wb):
+        w.paid(acct.address, ledger.withdraw(acct))
+    with w.refused(sub.address, InsufficientFunds, "nothing to withdraw"):
+        ledger.withdraw(sub)
+
+    assert w.net(p1.address) == -STAKE + 200 * GWEI
+    assert w.net(p2.address) == -STAKE + 200 * (GWEI // 2)
+    assert w.net(p3.address) == -STAKE
+    assert w.net(op.address) == fee
+    assert w.net(wb.address) == STAKE // 2  # bond returned, and half of p3 stake
+    assert w.net(sub.address) == -owed - fee + STAKE // 2
+    assert ledger.balance() == 2 * STAKE  # p1's and p2's stakes, nothing else
+
+    names = [e.name for e in ledger.events(job=job)]
+    assert names[0] == "JobFunded" and "Slashed" in names and names.count("Paid") == 2
+    assert names.index("JobSettled") < names.index("Paid")
+
+
+def test_silent_operator_and_unbonding(chain):
+    a = Actors.of(chain)
+    ledger = deploy(chain, a, min_stake_wei=10**15, unbonding_delay_s=1000, silence_timeout_s=2000,
+                    dispute_window_s=0, fee_bps=500)
+    sub, p1, op = a.submitters[1], a.providers[0], a.operator
+    w = Wallets(chain, [sub.address, p1.address, a.stranger.address])
+    w.paid(p1.address, ledger.stake(p1, STAKE))
+    created = ledger.create_job(sub, GWEI, 10**15)
+    w.paid(sub.address, created)
+    job = created.returned
+    ledger.open_lease(op, job, p1.address, GWEI)
+    ledger.anchor(op, job, 0, b"\x05" * 32)
+    ledger.book(op, job, 0, {p1.address: 1000})
+    with w.refused(sub.address, TooEarly, "silent"):
+        ledger.reclaim(sub, job)
+    chain.advance_time(2001)
+    with w.refused(a.stranger.address, Unauthorized, "submitter"):
+        ledger.reclaim(a.stranger, job)
+    w.paid(sub.address, ledger.reclaim(sub, job))  # no fee: the operator went silent
+    w.paid(sub.address, ledger.withdraw(sub))
+    assert w.net(sub.address) == -1000 * GWEI
+
+    w.paid(p1.address, ledger.claim(p1, job))
+    w.paid(p1.address, ledger.unbond(p1, STAKE))
+    with w.refused(p1.address, TooEarly, "still unbonding"):
+        ledger.release_stake(p1)
+    chain.advance_time(1001)
+    w.paid(p1.address, ledger.release_stake(p1))
+    w.paid(p1.address, ledger.withdraw(p1))
+    assert w.net(p1.address) == 1000 * GWEI
+    assert ledger.balance() == 0
