@@ -8,7 +8,7 @@ PIP    := $(VENV)/bin/pip
 .PHONY: demo test install install-test clean
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/shoal demo
+	$(VENV)/bin/shoal train examples/tiny-gpt.toml --fresh --report runs/tiny-gpt/report.json
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest

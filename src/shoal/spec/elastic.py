@@ -1,0 +1,96 @@
+"""Values the elastic runtime passes between the launcher, the membership
+authority and the workers (through the rendezvous store), and what it reports.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from pydantic import Field
+
+from shoal.spec.job import Frozen
+
+
+class BatchPolicy(str, enum.Enum):
+    # The global batch stays fixed whatever the world size; shares change.
+    invariant = "invariant"
+    # Each worker keeps its batch; the global batch and the LR scale with the world.
+    linear = "linear"
+
+
+class WorkerArrival(Frozen):
+    """What a worker says when it arrives at an epoch's barrier."""
+
+    worker: str
+    step: int = Field(ge=0)  # steps this worker's state has completed (0 for a fresh joiner)
+    has_state: bool  # holds the job's live state (a fresh or fenced joiner does not)
+
+
+class MembershipEpoch(Frozen):
+    """One membership decision of the authority: who is in, in rank order."""
+
+    epoch: int = Field(ge=0)
+    members: tuple[str, ...]  # worker ids; index = rank in this epoch's process group
+    weights: tuple[float, ...]  # share weights (measured speed), same order as members
+    joiners: tuple[str, ...] = ()  # members that need the live state sent to them
+    restore_from_disk: bool = False  # no member holds live state: load the newest checkpoint
+    reason: str = ""  # why this epoch exists: start, kill, stall, leave, join, rebalance
+
+
+class StepDecision(Frozen):
+    """The agreed outcome of one step attempt, written once (compare-and-set)."""
+
+    commit: bool
+    next_epoch: int | None = None  # switch to this epoch after applying (or discarding) the step
+    weights: tuple[float, ...] | None = None  # new shares from the next step on (same epoch)
+
+
+class StepRecord(Frozen):
+    """One committed step, as each worker logs it (JSON lines in the run directory)."""
+
+    step: int  # 0-based index of the step that committed
+    epoch: int
+    worker: str
+    rank: int
+    world: int
+    cursor: int  # stream position of the step's first sample
+    shares: tuple[int, ...]  # samples per rank; positions are cursor + prefix sums
+    t_start: float  # wall time (time.time()) the committed attempt started computing
+    t_commit: float  # wall time the step was applied
+    loss: float | None  # global mean loss of the step (None if the guard skipped it)
+    applied: bool = True  # False when the guard skipped the update (NaN, spike)
+    param_sha256: str | None = None  # replica fingerprint after the step, when checked
+
+
+class FaultKind(str, enum.Enum):
+    kill = "kill"
+    stall = "stall"
+    leave = "leave"
+    join = "join"
+
+
+class FaultReport(Frozen):
+    kind: FaultKind
+    worker: str | None
+    t: float  # seconds since the run started
+    detection_s: float | None  # fault until the authority published a new membership
+    recovery_s: float | None  # RTO: fault until steps run at >= 90% of the steady rate
+    steps_lost: int  # committed steps undone by the fault (0 unless state was lost)
+
+
+class ElasticReport(Frozen):
+    """What `shoal run` / `shoal train --workers` writes with --report."""
+
+    steps: int
+    faults: tuple[FaultReport, ...]
+    epochs: int
+    samples_seen: int
+    samples_skipped: int
+    samples_duplicated: int
+    guard_skipped_steps: int
+    replica_mismatches: int
+    replica_checks: int
+    throughput_samples_per_s: float
+    eta_het: float | None
+    wall_s: float
+    param_sha256: str | None
