@@ -1,0 +1,182 @@
+"""Gas and throughput of shoal's settlement contract on the embedded chain.
+
+Prints one JSON line: `gas` (operation -> gas used), `settle_gas_per_provider`
+(settling a job with N providers and pushing every provider its pay, over N),
+`job_gas_by_steps` (a whole job's chain gas for different step counts at a
+fixed number of epochs), `anchors_per_s`, and the reference it is read
+against: a plain ETH transfer, the least any per-provider payment can cost.
+
+    .venv/bin/python bench/chain.py [--providers 100] [--anchors 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from eth_account import Account
+from eth_hash.auto import keccak
+
+from shoal.ledger import Chain, Ledger
+from shoal.spec.ledger import LedgerConfig
+
+GWEI = 10**9
+TARGETS = {"settle_gas_per_provider_max": 30_000, "anchors_per_s_min": 40}
+
+
+def merkle_root(leaves: list[bytes]) -> bytes:
+    """Root of a keccak Merkle tree; an odd node is paired with itself."""
+    level = leaves
+    while len(level) > 1:
+        if len(level) % 2:
+            level = [*level, level[-1]]
+        level = [keccak(level[i] + level[i + 1]) for i in range(0, len(level), 2)]
+    return level[0]
+
+
+def epoch_roots(steps: int, workers: int, epochs: int, seed: int) -> list[bytes]:
+    """Roots of per-epoch work records (step, worker, params hash, seed, gradient commitment)."""
+    roots = []
+    per_epoch = steps // epochs
+    for e in range(epochs):
+        leaves = []
+        for step in range(e * per_epoch, (e + 1) * per_epoch):
+            params = keccak(b"params" + step.to_bytes(8, "big"))
+            for w in range(workers):
+                record = step.to_bytes(8, "big") + w.to_bytes(4, "big") + params
+                record += (seed + step).to_bytes(8, "big") + keccak(record + b"grad")
+                leaves.append(keccak(record))
+        roots.append(merkle_root(leaves))
+    return roots
+
+
+def fresh_providers(ledger: Ledger, funder, count: int, stake_wei: int) -> list:
+    """`count` new accounts, funded by `funder`, each staked."""
+    providers = [Account.create() for _ in range(count)]
+    for p in providers:
+        ledger.sender.send(funder, "transfer", p.address, "0x", 21_000, 10**17)
+    for p in providers:
+        ledger.stake(p, stake_wei)
+    return providers
+
+
+def run_job(ledger: Ledger, accounts, providers: list, roots: list[bytes], seconds: int) -> dict[str, int]:
+    """One job start to finish; gas used per operation, summed."""
+    owner, operator, referee, submitter = accounts[:4]
+    gas: dict[str, int] = {}
+
+    def add(name: str, outcome) -> None:
+        outcomes = outcome if isinstance(outcome, list) else [outcome]
+        gas[name] = gas.get(name, 0) + sum(o.gas_used for o in outcomes)
+
+    created = ledger.create_job(submitter, GWEI, 10**18)
+    add("create_job", created)
+    job = created.returned
+    for p in providers:
+        add("open_lease", ledger.open_lease(operator, job, p.address, GWEI))
+    for epoch, root in enumerate(roots):
+        add("anchor", ledger.anchor(operator, job, epoch, root))
+        add("book", ledger.book(operator, job, epoch, {p.address: seconds for p in providers}))
+    add("settle", ledger.settle(operator, job))
+    add("payout", ledger.payout(operator, job, [p.address for p in providers]))
+    return gas
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--providers", type=int, default=100)
+    parser.add_argument("--anchors", type=int, default=200)
+    args = parser.parse_args()
+
+    chain = Chain.embedded()
+    acc = chain.dev_accounts()
+    owner, operator, referee, submitter, p1, p2, wb = acc[:7]
+    config = LedgerConfig(fee_bps=100, min_stake_wei=10**15, min_bond_wei=10**15,
+                          unbonding_delay_s=100, silence_timeout_s=100, dispute_window_s=0)
+    ledger = Ledger.deploy(chain, owner, operator.address, referee.address, config)
+    gas: dict[str, int] = {"deploy": ledger.deploy_outcome.gas_used}
+    transfer = ledger.sender.send(owner, "transfer", wb.address, "0x", 21_000, 1)
+    reference = {"eth_transfer_gas": int(transfer["gasUsed"])}
+
+    # Single operations, each in a fresh transaction.
+    gas["stake"] = ledger.stake(p1, 10**16).gas_used
+    ledger.stake(p2, 10**16)
+    created = ledger.create_job(submitter, GWEI, 10**18)
+    job = created.returned
+    gas["create_job"] = created.gas_used
+    gas["fund"] = ledger.fund(submitter, job, 10**15).gas_used
+    gas["open_lease"] = ledger.open_lease(operator, job, p1.address, GWEI).gas_used
+    ledger.open_lease(operator, job, p2.address, GWEI)
+    gas["anchor"] = ledger.anchor(operator, job, 0, keccak(b"epoch 0")).gas_used
+    gas["book_1_provider"] = ledger.book(operator, job, 0, {p1.address: 600})[0].gas_used
+    ledger.book(operator, job, 0, {p2.address: 600})
+    dispute = ledger.open_dispute(wb, job, p2.address, 10**15)
+    gas["open_dispute"] = dispute.gas_used
+    gas["resolve_dispute"] = ledger.resolve_dispute(referee, dispute.returned, upheld=True).gas_used
+    gas["settle"] = ledger.settle(operator, job).gas_used
+    gas["payout_1_provider"] = ledger.payout(operator, job, [p1.address])[0].gas_used
+    gas["unbond"] = ledger.unbond(p1, 10**15).gas_used
+    chain.advance_time(101)
+    gas["release_stake"] = ledger.release_stake(p1).gas_used
+    second = ledger.create_job(submitter, GWEI, 10**18).returned
+    ledger.open_lease(operator, second, p1.address, GWEI)
+    gas["slash"] = ledger.slash(referee, second, p1.address, 10**15, wb.address).gas_used
+
+    # Settling a job with N providers: settle once, then push every provider its pay.
+    n = args.providers
+    providers = fresh_providers(ledger, owner, n, 10**15)
+    big = ledger.create_job(submitter, GWEI, 10**18).returned
+    for p in providers:
+        ledger.open_lease(operator, big, p.address, GWEI)
+    ledger.anchor(operator, big, 0, keccak(b"big"))
+    booked = ledger.book(operator, big, 0, {p.address: 3600 for p in providers})
+    settle = ledger.settle(operator, big)
+    payout = ledger.payout(operator, big, [p.address for p in providers])
+    paid_gas = settle.gas_used + sum(o.gas_used for o in payout)
+    gas[f"book_{n}_providers"] = sum(o.gas_used for o in booked)
+    gas[f"payout_{n}_providers"] = sum(o.gas_used for o in payout)
+    self_paid = fresh_providers(ledger, owner, 4, 10**15)
+    small = ledger.create_job(submitter, GWEI, 10**18).returned
+    for p in self_paid:
+        ledger.open_lease(operator, small, p.address, GWEI)
+    ledger.anchor(operator, small, 0, keccak(b"small"))
+    ledger.book(operator, small, 0, {p.address: 3600 for p in self_paid})
+    ledger.settle(operator, small)
+    # A provider that pulls its own pay: claim into its credit, then withdraw.
+    claims = [ledger.claim(p, small).gas_used for p in self_paid]
+    withdrawals = [ledger.withdraw(p).gas_used for p in self_paid]
+    gas["claim"], gas["withdraw"] = claims[0], withdrawals[0]
+    self_gas = [c + w for c, w in zip(claims, withdrawals, strict=True)]
+
+    # A job's chain gas depends on its epochs and providers, not its steps.
+    job_gas = {}
+    for steps in (100, 10_000):
+        roots = epoch_roots(steps, workers=4, epochs=4, seed=steps)
+        job_gas[str(steps)] = sum(run_job(ledger, acc, self_paid, roots, 60).values())
+
+    anchored = ledger.create_job(submitter, GWEI, 10**18).returned
+    roots = [keccak(i.to_bytes(8, "big")) for i in range(args.anchors)]
+    start = time.perf_counter()
+    for epoch, root in enumerate(roots):
+        ledger.anchor(operator, anchored, epoch, root)
+    anchors_per_s = args.anchors / (time.perf_counter() - start)
+
+    result = {
+        "bench": "chain",
+        "chain": "embedded (eth-tester + py-evm, Prague rules)",
+        "gas": gas,
+        "providers": n,
+        "settle_gas_per_provider": round(paid_gas / n),
+        "book_gas_per_provider": round(gas[f"book_{n}_providers"] / n),
+        "self_claim_and_withdraw_gas_per_provider": round(sum(self_gas) / len(self_gas)),
+        "job_gas_by_steps": job_gas,
+        "anchors_per_s": round(anchors_per_s, 1),
+        "reference": reference,
+        "targets": TARGETS,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
