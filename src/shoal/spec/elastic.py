@@ -93,4 +93,6 @@ class ElasticReport(Frozen):
     throughput_samples_per_s: float
     eta_het: float | None
     wall_s: float
-    param_sha256: str | None
+    param_sha256: str | None  # of the final parameters, as in the single-worker report
+    train_loss: float | None = None  # mean global loss of the last 20 applied steps
+    val_loss: float | None = None  # when the worker program reports one

@@ -1,0 +1,59 @@
+"""The built-in GPT as an elastic worker program: what `shoal train JOB.toml
+--workers N` launches in each process. It is also the reference example of
+the API: a plain loop around `run.batches`, `run.backward` and `run.step`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import numpy as np
+import torch
+
+import shoal.train
+from shoal.spec import load_job
+from shoal.train.corpus import Corpus, load_corpus
+from shoal.train.model import GPT
+from shoal.train.optim import build_optimizer, lr_at, set_lr
+from shoal.train.single import evaluate
+
+
+class CorpusWindows:
+    """The corpus as a dataset of training windows (context+1 bytes each)."""
+
+    def __init__(self, corpus: Corpus, context: int) -> None:
+        self.corpus, self.context = corpus, context
+
+    def num_samples(self) -> int:
+        return self.corpus.num_samples(self.context)
+
+    def get_batch(self, ids: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(self.corpus.windows(ids, self.context))  # (B, T+1)
+
+
+def main(job_path: str) -> None:
+    job = load_job(job_path)
+    run = shoal.train.join()
+    corpus = load_corpus(job.data, job.model.context)
+    torch.manual_seed(job.seed)
+    model = GPT(job.model)
+    model, optimizer = run.wrap(model, build_optimizer(model, job.optimizer),
+                                grad_clip=job.optimizer.grad_clip)
+
+    for batch in run.batches(CorpusWindows(corpus, job.model.context), job.global_batch,
+                             job.steps, seed=job.seed, micro_batch=job.micro_batch):
+        set_lr(optimizer, lr_at(run.step_index, job.steps, job.optimizer.lr, job.schedule))
+        loss = model.loss_sum(batch) / len(batch)  # mean over this micro-batch
+        run.backward(loss)
+        run.step()
+
+    if run.is_reporter:
+        val = torch.from_numpy(corpus.val_windows(job.eval_batches * job.global_batch,
+                                                  job.model.context))
+        run.publish_final(val_loss=evaluate(model, val, job.micro_batch or job.global_batch))
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    main(sys.argv[1])

@@ -1,0 +1,161 @@
+"""One process group per membership epoch, built in the running process.
+
+gloo cannot cancel a collective in flight, and destroying a group with an
+abandoned operation blocks until that operation times out. So every
+blocking call (building the group, all-reduce, broadcast) runs on gloo's
+threads while the caller waits with a deadline and a cancel check (the
+authority published a newer epoch); an abandoned group, with its pending
+work and buffers, goes to a graveyard thread that lets it die in the
+background. Nothing keeps a reference to an old group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from shoal.train.errors import TrainError
+
+log = logging.getLogger(__name__)
+
+
+class GroupCancelled(TrainError):
+    """A newer membership epoch made this group obsolete while we waited on it."""
+
+
+class GroupFailed(TrainError):
+    """A collective or the group's construction failed (a peer is gone)."""
+
+
+ShouldCancel = Callable[[], bool]
+
+
+def _wait(done: threading.Event, should_cancel: ShouldCancel, poll_s: float,
+          deadline_s: float, what: str) -> None:
+    """Wait for `done`; raise GroupCancelled if `should_cancel()` turns true first."""
+    give_up = time.monotonic() + deadline_s
+    while not done.wait(poll_s):
+        if should_cancel():
+            raise GroupCancelled(f"{what} cancelled: membership changed")
+        if time.monotonic() > give_up:
+            raise GroupFailed(f"{what} took longer than {deadline_s:.0f} s")
+
+
+class _Graveyard:
+    """Holds abandoned groups until their pending work finishes or times out."""
+
+    def __init__(self) -> None:
+        self._graves: list[tuple[float, list[object]]] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def bury(self, things: list[object], linger_s: float) -> None:
+        with self._lock:
+            self._graves.append((time.monotonic() + linger_s, things))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="group-graveyard", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.5)
+            now = time.monotonic()
+            with self._lock:
+                expired = [g for g in self._graves if g[0] <= now or _settled(g[1])]
+                self._graves = [g for g in self._graves if g not in expired]
+            for _, things in expired:
+                things.clear()  # last references dropped here, off the training thread
+
+    def size(self) -> int:
+        with self._lock:
+            return len(self._graves)
+
+
+def _settled(things: list[object]) -> bool:
+    works = [t for t in things if isinstance(t, dist.Work)]
+    return all(w.is_completed() for w in works)
+
+
+GRAVEYARD = _Graveyard()
+
+
+class EpochGroup:
+    """The process group of one epoch, with cancellable collectives."""
+
+    def __init__(self, pg: dist.ProcessGroup, epoch: int, rank: int, world: int,
+                 timeout_s: float, poll_s: float) -> None:
+        self.pg, self.epoch, self.rank, self.world = pg, epoch, rank, world
+        self.timeout_s, self.poll_s = timeout_s, poll_s
+        self._in_flight: list[object] = []
+
+    @classmethod
+    def build(cls, store: dist.Store, epoch: int, rank: int, world: int, *, backend: str,
+              timeout_s: float, poll_s: float, should_cancel: ShouldCancel) -> EpochGroup:
+        prefixed = dist.PrefixStore(f"group/{epoch}", store)
+        made: dict[str, object] = {}
+        done = threading.Event()
+
+        def construct() -> None:
+            try:
+                made["pg"] = _new_backend(backend, prefixed, rank, world, timeout_s)
+            except Exception as error:  # reported to the waiting thread below
+                made["error"] = error
+            finally:
+                done.set()
+
+        threading.Thread(target=construct, name=f"build-group-{epoch}", daemon=True).start()
+        _wait(done, should_cancel, poll_s, timeout_s, f"building the group of epoch {epoch}")
+        if "error" in made:
+            raise GroupFailed(f"group of epoch {epoch} could not form: {made['error']}")
+        return cls(made["pg"], epoch, rank, world, timeout_s, poll_s)
+
+    def _run(self, work: dist.Work, buffers: list[torch.Tensor], should_cancel: ShouldCancel,
+             what: str) -> None:
+        self._in_flight = [work, *buffers]
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _: done.set())
+        _wait(done, should_cancel, self.poll_s, self.timeout_s, what)
+        try:
+            work.wait()
+        except RuntimeError as error:
+            raise GroupFailed(f"{what} failed in epoch {self.epoch}: {str(error)[:160]}") from None
+        self._in_flight = []
+
+    def all_reduce(self, tensor: torch.Tensor, should_cancel: ShouldCancel) -> None:
+        """Sum `tensor` across the group in place."""
+        work = self.pg.allreduce([tensor], dist.AllreduceOptions())
+        self._run(work, [tensor], should_cancel, "all-reduce")
+
+    def all_reduce_max(self, tensor: torch.Tensor, should_cancel: ShouldCancel) -> None:
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.MAX
+        self._run(self.pg.allreduce([tensor], options), [tensor], should_cancel, "all-reduce")
+
+    def broadcast(self, tensor: torch.Tensor, root: int, should_cancel: ShouldCancel) -> None:
+        options = dist.BroadcastOptions()
+        options.rootRank = root
+        self._run(self.pg.broadcast([tensor], options), [tensor], should_cancel, "broadcast")
+
+    def abandon(self) -> None:
+        """Hand this group and anything in flight to the graveyard; never touch it again."""
+        GRAVEYARD.bury([self.pg, *self._in_flight], linger_s=self.timeout_s + 5.0)
+        self.pg = None  # type: ignore[assignment]
+        self._in_flight = []
+
+
+def _new_backend(backend: str, store: dist.Store, rank: int, world: int,
+                 timeout_s: float) -> dist.ProcessGroup:
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, world, timeout)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world, options)
+    raise TrainError(f"unknown backend '{backend}'; use gloo (CPU) or nccl (GPU)")

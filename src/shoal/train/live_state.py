@@ -1,0 +1,37 @@
+"""The live state a replica holds, as one verifiable blob: model, optimizer,
+RNG, step, data cursor and guard history. A joining worker receives it from
+a peer in one broadcast and checks it against the sender's SHA-256; the
+same blob is what disk checkpoints hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class PackedState:
+    blob: torch.Tensor  # uint8, 1-D
+    sha256: str
+
+
+def pack(state: dict[str, Any]) -> PackedState:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    raw = buffer.getvalue()
+    blob = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy())
+    return PackedState(blob, hashlib.sha256(raw).hexdigest())
+
+
+def unpack(blob: torch.Tensor, expected_sha256: str) -> dict[str, Any]:
+    raw = blob.numpy().tobytes()
+    found = hashlib.sha256(raw).hexdigest()
+    if found != expected_sha256:
+        raise ValueError(f"state transfer corrupted: sha256 {found[:12]} != {expected_sha256[:12]}")
+    return torch.load(io.BytesIO(raw), weights_only=True)

@@ -1,0 +1,113 @@
+"""A worker entering a membership epoch: arrive at the barrier, build the
+epoch's process group, and make sure every member holds the same live state
+(sent from a peer, or read from disk when no member has it).
+
+Every wait here gives up as soon as the authority publishes a newer epoch,
+so a fault during formation or state transfer just moves everyone on to
+the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from shoal.spec.elastic import MembershipEpoch, WorkerArrival
+from shoal.train.group import EpochGroup, GroupFailed
+from shoal.train.live_state import pack, unpack
+from shoal.train.rendezvous import Rendezvous
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Formed:
+    group: EpochGroup
+    rank: int
+    received_state: bool  # state came from a peer (this worker joined or was behind)
+    restored_from_disk: bool
+    source_rank: int | None  # who sent state, if anyone did
+
+
+def _wait_arrivals(rdzv: Rendezvous, record: MembershipEpoch, poll_s: float,
+                   newer: Callable[[], bool]) -> list[WorkerArrival]:
+    keys = rdzv.arrival_keys(record.epoch, record.members)
+    while not rdzv.wait_keys(keys, poll_s):
+        if newer():
+            raise GroupFailed(f"epoch {record.epoch} superseded during its barrier")
+    return rdzv.arrivals(record.epoch, record.members)
+
+
+def form_epoch(rdzv: Rendezvous, record: MembershipEpoch, worker: str, *, step: int,
+               has_state: bool, backend: str, timeout_s: float, poll_s: float,
+               newer: Callable[[], bool], live_state: Callable[[], dict[str, Any]],
+               load_state: Callable[[dict[str, Any]], None],
+               load_from_disk: Callable[[], bool]) -> Formed:
+    """Enter `record`; raises GroupFailed/GroupCancelled if it is superseded meanwhile."""
+    rank = record.members.index(worker)
+    rdzv.arrive(record.epoch, WorkerArrival(worker=worker, step=step, has_state=has_state))
+    arrivals = _wait_arrivals(rdzv, record, poll_s, newer)
+    group = EpochGroup.build(rdzv.store, record.epoch, rank, len(record.members), backend=backend,
+                             timeout_s=timeout_s, poll_s=poll_s, should_cancel=newer)
+    try:
+        holders = [a for a in arrivals if a.has_state]
+        restored = False
+        if not holders:
+            # Nobody holds live state: every worker reads the same checkpoint, or, if there
+            # is none, rank 0's fresh initialization becomes the state of all.
+            restored = load_from_disk()
+            if restored:
+                return Formed(group, rank, False, True, None)
+            source, needers = 0, list(range(1, len(arrivals)))
+        else:
+            best = max(a.step for a in holders)
+            source = next(r for r, a in enumerate(arrivals) if a.has_state and a.step == best)
+            needers = [r for r, a in enumerate(arrivals) if not (a.has_state and a.step == best)]
+        if needers:
+            _transfer(rdzv, group, record.epoch, rank, source, poll_s, newer, live_state, load_state,
+                      worker)
+        return Formed(group, rank, rank in needers, restored, source if needers else None)
+    except Exception:
+        group.abandon()
+        raise
+
+
+def _transfer(rdzv: Rendezvous, group: EpochGroup, epoch: int, rank: int, source: int,
+              poll_s: float, newer: Callable[[], bool],
+              live_state: Callable[[], dict[str, Any]],
+              load_state: Callable[[dict[str, Any]], None], worker: str) -> None:
+    """Broadcast the source's packed state; receivers verify its hash before loading."""
+    key = f"state/{epoch}"
+    if rank == source:
+        packed = pack(live_state())
+        rdzv.store.set(key, json.dumps({"sha256": packed.sha256, "bytes": packed.blob.numel()}))
+        _maybe_die_during_transfer(worker, epoch)
+        group.broadcast(packed.blob, source, newer)
+        return
+    while not rdzv.wait_keys([key], poll_s):
+        if newer():
+            raise GroupFailed(f"epoch {epoch} superseded before its state transfer")
+    header = json.loads(rdzv.store.get(key))
+    blob = torch.empty(header["bytes"], dtype=torch.uint8)
+    group.broadcast(blob, source, newer)
+    try:
+        state = unpack(blob, header["sha256"])
+    except ValueError as error:
+        raise GroupFailed(str(error)) from None
+    load_state(state)
+    log.info("received live state (%d bytes, sha256 %s) from rank %d",
+             header["bytes"], header["sha256"][:12], source)
+
+
+def _maybe_die_during_transfer(worker: str, epoch: int) -> None:
+    """Fault injection for tests: SHOAL_INJECT=die-sending-state@WORKER makes that
+    worker exit after announcing a transfer and before the payload goes out."""
+    if os.environ.get("SHOAL_INJECT") == f"die-sending-state@{worker}":
+        log.warning("injected fault: dying while sending state in epoch %d", epoch)
+        os._exit(137)

@@ -1,0 +1,178 @@
+"""The rendezvous store's key schema, shared by the membership authority and
+the workers. Everything that crosses processes goes through here, as
+pydantic values from `shoal.spec`, so the protocol lives in one file.
+
+Keys never repeat across epochs (gloo reads peer addresses from the store;
+stale ones break new groups), and a step's decision is written once with
+compare-and-set, so every worker reads the same outcome.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+
+import torch.distributed as dist
+
+from shoal.spec.elastic import MembershipEpoch, StepDecision, WorkerArrival
+from shoal.train.errors import TrainError
+
+_CONNECT_TIMEOUT_S = 60.0
+
+
+class RendezvousError(TrainError):
+    """The rendezvous store cannot be reached or answered nonsense."""
+
+
+def connect(host: str, port: int, *, is_master: bool = False,
+            timeout_s: float = _CONNECT_TIMEOUT_S) -> dist.TCPStore:
+    try:
+        return dist.TCPStore(host, port, is_master=is_master, wait_for_workers=False,
+                             timeout=datetime.timedelta(seconds=timeout_s), use_libuv=True)
+    except (RuntimeError, dist.DistStoreError) as error:
+        where = f"{host}:{port}"
+        raise RendezvousError(
+            f"cannot {'host' if is_master else 'reach'} the rendezvous store at {where} "
+            f"({error}); check that the launcher runs and the port is free and reachable"
+        ) from None
+
+
+class Rendezvous:
+    """Typed access to one job's rendezvous store."""
+
+    def __init__(self, store: dist.Store) -> None:
+        self.store = store
+
+    # -- membership epochs (written by the authority) --------------------
+
+    def publish_epoch(self, record: MembershipEpoch) -> None:
+        self.store.set(f"epoch/{record.epoch}", record.model_dump_json())
+        self.store.set("epoch/latest", str(record.epoch))
+
+    def latest_epoch(self) -> int:
+        """Newest published epoch number, or -1 before the first."""
+        if not self.store.check(["epoch/latest"]):
+            return -1
+        return int(self.store.get("epoch/latest"))
+
+    def epoch(self, number: int) -> MembershipEpoch:
+        return MembershipEpoch.model_validate_json(self.store.get(f"epoch/{number}"))
+
+    # -- arrivals at an epoch's barrier ----------------------------------
+
+    def arrive(self, epoch: int, arrival: WorkerArrival) -> None:
+        self.store.set(f"arrive/{epoch}/{arrival.worker}", arrival.model_dump_json())
+
+    def arrivals(self, epoch: int, members: tuple[str, ...]) -> list[WorkerArrival]:
+        values = self.store.multi_get([f"arrive/{epoch}/{m}" for m in members])
+        return [WorkerArrival.model_validate_json(v) for v in values]
+
+    def arrival_keys(self, epoch: int, members: tuple[str, ...]) -> list[str]:
+        return [f"arrive/{epoch}/{m}" for m in members]
+
+    # -- step votes and decisions ----------------------------------------
+
+    def vote_key(self, epoch: int, step: int, rank: int) -> str:
+        return f"vote/{epoch}/{step}/{rank}"
+
+    def vote(self, epoch: int, step: int, rank: int, ok: bool) -> None:
+        self.store.set(self.vote_key(epoch, step, rank), "1" if ok else "0")
+
+    def votes(self, epoch: int, step: int, ranks: list[int]) -> list[bool]:
+        values = self.store.multi_get([self.vote_key(epoch, step, r) for r in ranks])
+        return [v == b"1" for v in values]
+
+    def decide(self, epoch: int, step: int, proposal: StepDecision) -> StepDecision:
+        """Write `proposal` unless a decision exists; return the one that stands."""
+        key = f"decision/{epoch}/{step}"
+        current = self.store.compare_set(key, "", proposal.model_dump_json())
+        return StepDecision.model_validate_json(current)
+
+    def existing_decision(self, epoch: int, step: int) -> StepDecision | None:
+        key = f"decision/{epoch}/{step}"
+        if not self.store.check([key]):
+            return None
+        return StepDecision.model_validate_json(self.store.get(key))
+
+    # -- requests from workers to the authority --------------------------
+
+    def _notify(self) -> None:
+        self.store.add("requests", 1)
+
+    def requests_seen(self) -> int:
+        return self.store.add("requests", 0)
+
+    def request_join(self, worker: str) -> None:
+        self.heartbeat(worker)  # the authority reads members' heartbeats from admission on
+        index = self.store.add("joins", 1)
+        self.store.set(f"join/{index}", worker)
+        self._notify()
+
+    def joins_since(self, seen: int) -> tuple[int, list[str]]:
+        total = self.store.add("joins", 0)
+        if total <= seen:
+            return seen, []
+        names = self.store.multi_get([f"join/{i}" for i in range(seen + 1, total + 1)])
+        return total, [n.decode() for n in names]
+
+    def request_leave(self, worker: str) -> None:
+        self.store.set(f"leave/{worker}", "1")
+        self._notify()
+
+    def leaving(self, workers: list[str]) -> list[str]:
+        return [w for w in workers if self.store.check([f"leave/{w}"])]
+
+    def request_reform(self, epoch: int) -> None:
+        """Ask for a new epoch with the same live members (after a failed step)."""
+        self.store.set(f"reform/{epoch}", "1")
+        self._notify()
+
+    def reform_requested(self, epoch: int) -> bool:
+        return self.store.check([f"reform/{epoch}"])
+
+    # -- liveness and speed ----------------------------------------------
+
+    def heartbeat(self, worker: str) -> None:
+        self.store.set(f"hb/{worker}", repr(time.time()))
+
+    def heartbeats(self, workers: list[str]) -> dict[str, bytes]:
+        # Every member set its heartbeat key before asking to join, so all exist.
+        return dict(zip(workers, self.store.multi_get([f"hb/{w}" for w in workers])))
+
+    def report_speed(self, worker: str, samples_per_s: float) -> None:
+        self.store.set(f"speed/{worker}", repr(samples_per_s))
+
+    def speeds(self, workers: tuple[str, ...]) -> list[float | None]:
+        out = []
+        for w in workers:
+            key = f"speed/{w}"
+            out.append(float(self.store.get(key)) if self.store.check([key]) else None)
+        return out
+
+    # -- progress and completion -----------------------------------------
+
+    def report_progress(self, step: int) -> None:
+        self.store.set("progress", str(step))
+
+    def progress(self) -> int:
+        return int(self.store.get("progress")) if self.store.check(["progress"]) else 0
+
+    def mark_done(self, final: dict[str, object]) -> None:
+        """The job reached its last step; `final` holds the figures rank 0 reports."""
+        self.store.set("final", json.dumps(final))
+        self.store.set("done", "1")
+
+    def final(self) -> dict[str, object]:
+        return json.loads(self.store.get("final")) if self.store.check(["final"]) else {}
+
+    def done(self) -> bool:
+        return self.store.check(["done"])
+
+    def wait_keys(self, keys: list[str], timeout_s: float) -> bool:
+        """True once every key exists; False after `timeout_s` (cancellable loops poll this)."""
+        try:
+            self.store.wait(keys, datetime.timedelta(seconds=timeout_s))
+            return True
+        except (dist.DistStoreError, RuntimeError):
+            return False

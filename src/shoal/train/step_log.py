@@ -1,0 +1,52 @@
+"""Each worker's log of committed steps (JSON lines), for the launcher's report:
+data coverage, replica agreement and recovery times are all read from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shoal.spec.elastic import StepRecord
+
+if TYPE_CHECKING:
+    from shoal.train.run import Run
+
+
+class StepLog:
+    def __init__(self, run_dir: Path | None, worker: str) -> None:
+        self._handle: Any = None
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            # Line-buffered: a SIGKILL loses at most the line being written.
+            self._handle = open(run_dir / f"steps-{worker}.jsonl", "a", buffering=1)
+
+    def write(self, run: Run, loss: float | None, applied: bool, t_commit: float,
+              fingerprint: str | None) -> None:
+        if self._handle is None:
+            return
+        record = StepRecord(
+            step=run.step_index - 1, epoch=run.record.epoch, worker=run.worker, rank=run.rank,
+            world=run.world, cursor=run.cursor - run._global_batch, shares=run._shares_now,
+            t_start=run._attempt_start, t_commit=t_commit, loss=loss, applied=applied,
+            param_sha256=fingerprint,
+        )
+        self._handle.write(record.model_dump_json() + "\n")
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def read_step_logs(run_dir: Path) -> list[StepRecord]:
+    records = []
+    for path in sorted(run_dir.glob("steps-*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                try:
+                    records.append(StepRecord.model_validate_json(line))
+                except ValueError:
+                    continue  # a line cut short by SIGKILL
+    return records
+
+
