@@ -137,7 +137,7 @@ class RunDirectory:
 
     Children run in their own sessions; `close()` SIGKILLs each session and any
     pid a worker registered under pids/ (torchrun puts its workers in new
-    sessions), then removes the directory.
+    sessions), then removes the directory (kept if SHOAL_REF_KEEP=1, to debug).
     """
 
     def __init__(self, prefix: str) -> None:
@@ -188,7 +188,8 @@ class RunDirectory:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        shutil.rmtree(self.path, ignore_errors=True)
+        if os.environ.get("SHOAL_REF_KEEP") != "1":
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
 def _kill_session(pid: int) -> None:

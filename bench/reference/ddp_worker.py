@@ -102,7 +102,9 @@ def main() -> None:
             # DDP averages over ranks; scaling by the world makes the result the
             # gradient of the global mean loss.
             (ddp(windows) * (world / job.global_batch)).backward()
-            training.apply(step)
+            training.prepare_update(step)
+            training.optimizer.step()
+            training.optimizer.zero_grad(set_to_none=True)
             step += 1
             log.write(StepLine(step - 1, t_start, time.time(), world, f"rank{rank}", attempt))
             if checkpoints is not None and rank == 0 and step % job.checkpoint.interval_steps == 0:

@@ -64,13 +64,11 @@ class GPTTraining:
         ids = self.order.sample_ids(positions)
         return torch.from_numpy(self.corpus.windows(ids, self.job.model.context))
 
-    def apply(self, step: int) -> None:
-        """Clip the (already averaged) gradients and take the optimizer step."""
+    def prepare_update(self, step: int) -> None:
+        """Clip the (already averaged) gradients and set the step's learning rate."""
         if self.job.optimizer.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.job.optimizer.grad_clip)
         set_lr(self.optimizer, lr_at(step, self.job.steps, self.job.optimizer.lr, self.job.schedule))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
 
 
 def check_workers(job_path: str, workers: int) -> JobSpec:
