@@ -13,6 +13,7 @@ import sys
 import typer
 
 from shoal import ShoalError, __version__
+from shoal.cli.run_cmd import run_command
 from shoal.cli.train_cmd import train_command
 
 app = typer.Typer(
@@ -23,6 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("train")(train_command)
+app.command("run")(run_command)
 
 
 @app.callback()

@@ -7,7 +7,10 @@ from typing import Optional
 
 import typer
 
-from shoal.spec import load_job
+from shoal.cli.launch_options import (
+    CHAOS, RUN_DIR, SLOW, STALL_DEADLINE_S, STALL_S, default_run_dir, launch_and_report, parse_slow,
+)
+from shoal.spec import JobSpec, load_job
 
 
 def train_command(
@@ -18,6 +21,13 @@ def train_command(
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Override checkpoint.dir."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write a JSON report here."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-n", min=1,
+                                          help="Train elastically on N worker processes."),
+    chaos: str = CHAOS,
+    stall_s: float = STALL_S,
+    stall_deadline_s: float = STALL_DEADLINE_S,
+    slow: list[str] = SLOW,
+    run_dir: Optional[Path] = RUN_DIR,
 ) -> None:
     """Train a job on this machine; faults cost no more than the last checkpoint."""
     if resume and fresh:
@@ -26,6 +36,12 @@ def train_command(
     if checkpoint_dir is not None:
         job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update={"dir": checkpoint_dir})})
 
+    if workers is not None:
+        _train_elastic(job, workers, resume, fresh, chaos, stall_s, stall_deadline_s,
+                       slow, run_dir, report)
+        return
+    if chaos or slow:
+        raise typer.BadParameter("--chaos and --slow need --workers N")
     from shoal.train.single import train_job  # torch loads only when training runs
 
     result = train_job(job, resume=resume, fresh=fresh, show_progress=not quiet)
@@ -35,3 +51,25 @@ def train_command(
     val = f"{result.val_loss:.4f}" if result.val_loss is not None else "n/a"
     typer.echo(f"{result.job}: {result.steps} steps, val loss {val} nats/byte, "
                f"{result.tokens_per_s:,.0f} tok/s, {result.wall_s:.1f} s, params {result.param_sha256[:12]}")
+
+
+def _train_elastic(job: JobSpec, workers: int, resume: bool, fresh: bool,
+                   chaos: str, stall_s: float, stall_deadline_s: float, slow: list[str],
+                   run_dir: Optional[Path], report: Optional[Path]) -> None:
+    import json
+    import sys
+
+    from shoal.train.chaos import parse_chaos
+    from shoal.train.launcher import LaunchConfig
+    from shoal.train.single import open_checkpoints
+
+    open_checkpoints(job, resume, fresh).close()  # same guard as one worker: never clobber
+    config = LaunchConfig(
+        command=[sys.executable, "-m", "shoal.train.gpt_worker", "--job-json", job.model_dump_json()],
+        workers=workers, run_dir=run_dir or default_run_dir(job.name), chaos=parse_chaos(chaos),
+        stall_s=stall_s, stall_deadline_s=stall_deadline_s, worker_env=parse_slow(slow),
+        env={"SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,
+             "SHOAL_CHECKPOINT_INTERVAL": str(job.checkpoint.interval_steps),
+             "SHOAL_IDENTITY": json.dumps(job.resume_identity())},
+    )
+    launch_and_report(config, report)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 import shoal.train
-from shoal.spec import load_job
+from shoal.spec import JobSpec, load_job
 from shoal.train.corpus import Corpus, load_corpus
 from shoal.train.model import GPT
 from shoal.train.optim import build_optimizer, lr_at, set_lr
@@ -32,8 +32,9 @@ class CorpusWindows:
         return torch.from_numpy(self.corpus.windows(ids, self.context))  # (B, T+1)
 
 
-def main(job_path: str) -> None:
-    job = load_job(job_path)
+def main(argv: list[str]) -> None:
+    # `--job-json JSON` (how the launcher passes a job with CLI overrides applied) or a job file.
+    job = JobSpec.model_validate_json(argv[1]) if argv[0] == "--job-json" else load_job(argv[0])
     run = shoal.train.join()
     corpus = load_corpus(job.data, job.model.context)
     torch.manual_seed(job.seed)
@@ -56,4 +57,4 @@ def main(job_path: str) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    main(sys.argv[1])
+    main(sys.argv[1:])

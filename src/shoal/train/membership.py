@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from shoal.spec.elastic import MembershipEpoch, WorkerArrival
+from shoal.train import inject
 from shoal.train.group import EpochGroup, GroupFailed
 from shoal.train.live_state import pack, unpack
 from shoal.train.rendezvous import Rendezvous
@@ -85,9 +86,12 @@ def _transfer(rdzv: Rendezvous, group: EpochGroup, epoch: int, rank: int, source
     """Broadcast the source's packed state; receivers verify its hash before loading."""
     key = f"state/{epoch}"
     if rank == source:
-        packed = pack(live_state())
+        state = live_state()
+        packed = pack(state)
         rdzv.store.set(key, json.dumps({"sha256": packed.sha256, "bytes": packed.blob.numel()}))
-        _maybe_die_during_transfer(worker, epoch)
+        if inject.die_sending_state(worker, state["step"]):
+            log.warning("injected fault: dying while sending state in epoch %d", epoch)
+            os._exit(137)
         group.broadcast(packed.blob, source, newer)
         return
     while not rdzv.wait_keys([key], poll_s):
@@ -103,11 +107,3 @@ def _transfer(rdzv: Rendezvous, group: EpochGroup, epoch: int, rank: int, source
     load_state(state)
     log.info("received live state (%d bytes, sha256 %s) from rank %d",
              header["bytes"], header["sha256"][:12], source)
-
-
-def _maybe_die_during_transfer(worker: str, epoch: int) -> None:
-    """Fault injection for tests: SHOAL_INJECT=die-sending-state@WORKER makes that
-    worker exit after announcing a transfer and before the payload goes out."""
-    if os.environ.get("SHOAL_INJECT") == f"die-sending-state@{worker}":
-        log.warning("injected fault: dying while sending state in epoch %d", epoch)
-        os._exit(137)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from shoal.spec.elastic import BatchPolicy, MembershipEpoch, StepDecision
+from shoal.train import inject
 from shoal.train.checkpoint import CheckpointStore, Snapshot
 from shoal.train.commit import Excluded, agree
 from shoal.train.errors import TrainError
@@ -123,6 +124,8 @@ class Run:
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of a micro-batch's mean loss, weighted by its part of the global batch."""
         weight = self._chunk / self._global_batch
+        if inject.nan_loss(self.worker, self.step_index):
+            loss = loss * float("nan")
         (loss * weight).backward()
         self._loss_sum += float(loss.detach()) * self._chunk
 
@@ -147,7 +150,7 @@ class Run:
         if self._leave_wanted.is_set() and not self.left:
             self.rdzv.request_leave(self.worker)
         self._sync_grads_into_buffer()
-        self._flat[-2], self._flat[-1] = self._loss_sum, float(self._share)
+        self._write_step_scalars()
         ok = True
         try:
             self.group.all_reduce(self._flat, self._membership_changed)
@@ -171,9 +174,27 @@ class Run:
         if not decision.commit or decision.next_epoch is not None:
             self._drop_group(stale=False)
 
+    def _write_step_scalars(self) -> None:
+        """After the gradients: each group's learning rate (from workers that ran the
+        loop body this step), how many did, the loss sum and the sample count."""
+        ran = 1.0 if self._share > 0 else 0.0
+        groups = self.optimizer.param_groups
+        tail = [float(g["lr"]) * ran for g in groups] + [ran, self._loss_sum, float(self._share)]
+        self._flat[self._grad_numel:] = torch.tensor(tail, dtype=self._flat.dtype)
+
+    def _read_step_scalars(self) -> float:
+        """Agree on the learning rates (a worker with an empty share skipped the loop
+        body that sets them) and return the global mean loss."""
+        groups = self.optimizer.param_groups
+        tail = self._flat[self._grad_numel:].tolist()
+        ran = max(1.0, tail[len(groups)])
+        for g, lr_sum in zip(groups, tail):
+            g["lr"] = lr_sum / ran
+        return tail[-2] / max(1.0, tail[-1])
+
     def _apply(self) -> None:
-        loss = float(self._flat[-2] / max(1.0, float(self._flat[-1])))
-        verdict, reason = self.guard.judge(loss, self._flat[:-2])
+        loss = self._read_step_scalars()
+        verdict, reason = self.guard.judge(loss, self._flat[: self._grad_numel])
         if verdict is Verdict.apply:
             if self.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self._params, self.grad_clip)
@@ -261,8 +282,8 @@ class Run:
                 if latest > seen:
                     self._awaiting_admission = False
                     return record
-            elif self._leave_wanted.is_set():
-                return None
+            elif self._leave_wanted.is_set() or self.rdzv.done():
+                return None  # leaving, or the job finished before this worker got in
             elif not self._awaiting_admission:
                 if self.record is not None:
                     self.has_state = False  # dropped while stalled: our state is stale
@@ -283,7 +304,10 @@ class Run:
             per_worker = max(1, global_batch // self._base_world)
             self.lr_scale = self.world / self._base_world
             return tuple(per_worker for _ in range(self.world))
-        return split_shares(global_batch, list(self._weights))
+        # A slow worker keeps at least a quarter of an equal share: enough to keep
+        # measuring its speed, so a noisy measurement cannot starve it for good.
+        return split_shares(global_batch, list(self._weights),
+                            min_share=max(1, global_batch // (4 * self.world)))
 
     # -- speed, buffers and state --------------------------------------------
 
@@ -314,9 +338,11 @@ class Run:
         return tuple(speeds) if moved > 0.1 / len(speeds) else None
 
     def _fresh_buffer(self) -> None:
-        """One flat buffer for all gradients (+ loss sum and sample count), grads as views."""
+        """One flat buffer for all gradients (+ step scalars), parameters' .grad as views."""
         total = sum(p.numel() for p in self._params)
-        self._flat = torch.zeros(total + 2, dtype=torch.float32, device=self._params[0].device)
+        self._grad_numel = total
+        scalars = len(self.optimizer.param_groups) + 3  # see _write_step_scalars
+        self._flat = torch.zeros(total + scalars, dtype=torch.float32, device=self._params[0].device)
         offset = 0
         for p in self._params:
             p.grad = self._flat[offset: offset + p.numel()].view_as(p)

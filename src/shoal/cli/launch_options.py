@@ -1,0 +1,61 @@
+"""Options shared by `shoal run` and `shoal train --workers`: how many
+workers, which faults to rehearse, and where the run's files go."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+
+from shoal import ShoalError
+
+
+def parse_slow(values: list[str]) -> dict[int, dict[str, str]]:
+    """`--slow 1:3` makes worker 1 behave like a device 3x slower."""
+    env: dict[int, dict[str, str]] = {}
+    for value in values:
+        index, _, factor = value.partition(":")
+        try:
+            if float(factor) < 1.0:
+                raise ValueError
+            env[int(index)] = {"SHOAL_SLOWDOWN": factor}
+        except ValueError:
+            raise ShoalError(f"--slow {value!r}: expected WORKER:FACTOR with FACTOR >= 1, e.g. 1:3") from None
+    return env
+
+
+def default_run_dir(name: str) -> Path:
+    return Path("runs") / name / time.strftime("elastic-%Y%m%d-%H%M%S")
+
+
+def launch_and_report(config: object, report: Path | None) -> None:
+    from shoal.train.launcher import Launcher
+
+    result = Launcher(config).run()
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(result.model_dump_json(indent=2) + "\n")
+    faults = ", ".join(
+        f"{f.kind.value}:{f.worker} rto={f.recovery_s if f.recovery_s is not None else '-'}s"
+        for f in result.faults) or "none"
+    typer.echo(f"{result.steps} steps, {result.throughput_samples_per_s:.1f} samples/s, "
+               f"faults: {faults}; skipped {result.samples_skipped}, duplicated "
+               f"{result.samples_duplicated}, replica mismatches {result.replica_mismatches}; "
+               f"params {str(result.param_sha256)[:12]}")
+    if result.samples_skipped or result.samples_duplicated or result.replica_mismatches:
+        raise ShoalError("the run broke an invariant (see the report): " + json.dumps(
+            {"skipped": result.samples_skipped, "duplicated": result.samples_duplicated,
+             "replica_mismatches": result.replica_mismatches}))
+
+
+WORKERS = typer.Option(..., "--workers", "-n", min=1, help="Worker processes to start.")
+CHAOS = typer.Option("", "--chaos", help="Faults to inject: ACTION[:WORKER]@WHEN, comma-separated "
+                     "(kill, stall, leave, join; WHEN 30s or step120).")
+STALL_S = typer.Option(5.0, "--stall-s", min=0.0, help="How long a `stall` keeps a worker stopped.")
+STALL_DEADLINE_S = typer.Option(3.0, "--stall-deadline-s", min=0.1,
+                                help="Heartbeat silence after which a worker is dropped.")
+SLOW = typer.Option([], "--slow", help="WORKER:FACTOR, simulate a slower device (repeatable).")
+RUN_DIR = typer.Option(None, "--run-dir", help="Where worker logs and step logs go.")
+REPORT = typer.Option(None, "--report", help="Write the run's JSON report here.")

@@ -1,0 +1,141 @@
+"""The fault matrix: whatever happens to the workers, the job finishes, every
+replica holds the same parameters after every commit, and no sample is
+skipped or seen twice. Each case launches real worker processes on gloo."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from shoal.spec import parse_job
+from shoal.spec.elastic import ElasticReport, FaultKind
+from shoal.train.chaos import parse_chaos
+from shoal.train.launcher import Launcher, LaunchConfig
+
+pytestmark = pytest.mark.slow
+
+
+def _job(tmp_path: Path, steps: int) -> dict:
+    return {"name": "matrix", "seed": 5, "steps": steps, "global_batch": 12, "eval_batches": 1,
+            "model": {"layers": 1, "heads": 2, "width": 32, "context": 32},
+            "data": {"max_bytes": 300_000}, "schedule": {"warmup_steps": 5},
+            "checkpoint": {"dir": str(tmp_path / "ckpt"), "interval_steps": 10}}
+
+
+def launch(tmp_path: Path, workers: int, chaos: str, steps: int = 200, *,
+           worker_env: dict[int, dict[str, str]] | None = None, stall_s: float = 3.0,
+           command: list[str] | None = None) -> ElasticReport:
+    job = parse_job(_job(tmp_path, steps))
+    config = LaunchConfig(
+        command=command or [sys.executable, "-m", "shoal.train.gpt_worker", "--job-json",
+                            job.model_dump_json()],
+        workers=workers, run_dir=tmp_path / "run", chaos=parse_chaos(chaos), stall_s=stall_s,
+        stall_deadline_s=1.5, worker_env=worker_env or {}, timeout_s=240,
+        env={"SHOAL_REPLICA_CHECK": "1", "SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,
+             "SHOAL_CHECKPOINT_INTERVAL": "10", "SHOAL_IDENTITY": json.dumps(job.resume_identity())},
+    )
+    return Launcher(config).run()
+
+
+def assert_exact(report: ElasticReport, steps: int, batch: int = 12) -> None:
+    assert report.steps == steps
+    assert report.samples_seen == steps * batch
+    assert report.samples_skipped == 0
+    assert report.samples_duplicated == 0
+    assert report.replica_checks >= steps
+    assert report.replica_mismatches == 0
+    assert report.param_sha256
+
+
+def epochs(tmp_path: Path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "run" / "epochs.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("workers, chaos", [
+    (3, "kill:1@step60"),
+    (4, "kill:1@step60,kill:2@step60"),
+    (3, "kill:0@step60"),
+], ids=["kill-one", "kill-two-at-once", "kill-lowest-rank"])
+def test_kills_lose_no_step(tmp_path, workers, chaos):
+    report = launch(tmp_path, workers, chaos)
+    assert_exact(report, 200)
+    kills = [f for f in report.faults if f.kind is FaultKind.kill]
+    assert kills and all(f.steps_lost == 0 for f in kills)
+    assert all(f.detection_s is not None and f.detection_s < 1.0 for f in kills)
+    assert any(set(e["members"]) == {f"w{i}" for i in range(workers)} - {f.worker for f in kills}
+               for e in epochs(tmp_path))
+
+
+def test_stalled_worker_is_dropped_then_rejoins(tmp_path):
+    report = launch(tmp_path, 3, "stall:2@step40", steps=700, stall_s=3.0)
+    assert_exact(report, 700)
+    reasons = [e["reason"] for e in epochs(tmp_path)]
+    assert "stall:w2" in reasons
+    after = reasons[reasons.index("stall:w2") + 1:]
+    assert any("w2" in e["members"] for e in epochs(tmp_path)[-len(after):]) if after else False
+
+
+def test_graceful_leave_hands_over_without_a_fault(tmp_path):
+    report = launch(tmp_path, 3, "leave:1@step60")
+    assert_exact(report, 200)
+    (leave,) = report.faults
+    assert leave.steps_lost == 0 and "leave:w1" in [e["reason"] for e in epochs(tmp_path)]
+    assert "left at step" in (tmp_path / "run" / "w1.log").read_text()
+
+
+def test_joiner_receives_live_state_and_contributes(tmp_path):
+    report = launch(tmp_path, 2, "join@step20", steps=600)
+    assert_exact(report, 600)
+    log = (tmp_path / "run" / "w2.log").read_text()
+    assert "received live state" in log
+    steps_by_w2 = (tmp_path / "run" / "steps-w2.jsonl").read_text().splitlines()
+    assert steps_by_w2, "the joiner never committed a step"
+    assert json.loads(steps_by_w2[-1])["world"] == 3
+
+
+def test_kill_during_state_transfer(tmp_path):
+    once = {"SHOAL_INJECT": "die-sending-state@once"}  # whichever sends first dies
+    report = launch(tmp_path, 2, "join@step20", steps=600, worker_env={0: once, 1: once})
+    assert_exact(report, 600)
+    logs = [(tmp_path / "run" / f"w{i}.log").read_text() for i in range(3)]
+    assert sum("injected fault: dying while sending state" in log for log in logs) == 1
+    assert "received live state" in logs[2]
+
+
+def test_every_worker_killed_then_resume_from_disk_with_another_world_size(tmp_path):
+    chaos = "kill:0@step100,kill:1@step100,kill:2@step100,join@step100,join@step100"
+    report = launch(tmp_path, 3, chaos, steps=200)
+    assert_exact(report, 200)
+    lost = max(f.steps_lost for f in report.faults)
+    assert 0 < lost <= 10 + 1  # bounded by the checkpoint interval
+    logs = [(tmp_path / "run" / f"w{i}.log").read_text() for i in (3, 4)]
+    assert any("restored step" in log for log in logs)
+
+
+def test_nan_step_is_skipped_not_applied(tmp_path):
+    report = launch(tmp_path, 2, "", steps=80, worker_env={1: {"SHOAL_INJECT": "nan-loss@w1:step30"}})
+    assert report.guard_skipped_steps == 1
+    assert report.samples_skipped == 0 and report.replica_mismatches == 0
+    assert report.train_loss is not None and report.train_loss == report.train_loss  # finite, not NaN
+    assert report.val_loss is not None and report.val_loss < 10
+
+
+def test_shares_follow_measured_speed(tmp_path):
+    launch(tmp_path, 2, "", steps=300, worker_env={1: {"SHOAL_SLOWDOWN": "4"}})
+    last = json.loads((tmp_path / "run" / "steps-w1.jsonl").read_text().splitlines()[-1])
+    slow = last["shares"][last["rank"]]  # w1 is the slow one
+    fast = last["shares"][1 - last["rank"]]
+    assert fast > 2 * slow, last["shares"]
+
+
+def test_linear_policy_scales_the_batch_with_the_world(tmp_path):
+    script = Path(__file__).parent / "scripts" / "linear_policy.py"
+    report = launch(tmp_path, 2, "kill:1@step40", steps=120,
+                    command=[sys.executable, str(script), "120"])
+    assert report.steps == 120
+    assert report.samples_skipped == 0 and report.samples_duplicated == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "steps-w0.jsonl").read_text().splitlines()]
+    assert sum(records[0]["shares"]) == 16 and sum(records[-1]["shares"]) == 8
