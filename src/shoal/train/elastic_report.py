@@ -72,8 +72,15 @@ def _fault_report(fault: FaultEvent, epochs: list[dict], steps: list[StepRecord]
     noticed = [e["t"] for e in epochs if e["t"] >= fault.t and fault.worker in e["reason"]]
     if fault.kind is FaultKind.join:
         noticed = [e["t"] for e in epochs if e["t"] >= fault.t and fault.worker in e["members"]]
-    before = {r.step for r in all_records if r.t_commit <= fault.t}
-    redone = {r.step for r in all_records if r.t_commit > fault.t and r.step in before}
+    # A step is lost when it was committed before the fault and committed again, in a
+    # later epoch, after it (state went back to a checkpoint). Replicas commit the same
+    # step a few ms apart, so records of the same epoch never count as a redo.
+    epoch_before: dict[int, int] = {}
+    for r in all_records:
+        if r.t_commit <= fault.t:
+            epoch_before[r.step] = max(r.epoch, epoch_before.get(r.step, -1))
+    redone = {r.step for r in all_records
+              if r.t_commit > fault.t and r.epoch > epoch_before.get(r.step, r.epoch)}
     return FaultReport(
         kind=fault.kind, worker=fault.worker, t=round(fault.t - started, 3),
         detection_s=round(noticed[0] - fault.t, 4) if noticed else None,
