@@ -59,3 +59,9 @@ STALL_DEADLINE_S = typer.Option(3.0, "--stall-deadline-s", min=0.1,
 SLOW = typer.Option([], "--slow", help="WORKER:FACTOR, simulate a slower device (repeatable).")
 RUN_DIR = typer.Option(None, "--run-dir", help="Where worker logs and step logs go.")
 REPORT = typer.Option(None, "--report", help="Write the run's JSON report here.")
+REPLICA_CHECK = typer.Option(0, "--replica-check-every", min=0,
+                             help="Hash every replica's parameters every N steps (0: after re-forms only).")
+
+
+def runtime_env(replica_check_every: int) -> dict[str, str]:
+    return {"SHOAL_REPLICA_CHECK": str(replica_check_every)} if replica_check_every else {}

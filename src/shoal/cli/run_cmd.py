@@ -9,8 +9,8 @@ import typer
 
 from shoal import ShoalError
 from shoal.cli.launch_options import (
-    CHAOS, REPORT, RUN_DIR, SLOW, STALL_DEADLINE_S, STALL_S, WORKERS,
-    default_run_dir, launch_and_report, parse_slow,
+    CHAOS, REPLICA_CHECK, REPORT, RUN_DIR, SLOW, STALL_DEADLINE_S, STALL_S, WORKERS,
+    default_run_dir, launch_and_report, parse_slow, runtime_env,
 )
 
 
@@ -24,6 +24,7 @@ def run_command(
     slow: list[str] = SLOW,
     run_dir: Optional[Path] = RUN_DIR,
     report: Optional[Path] = REPORT,
+    replica_check_every: int = REPLICA_CHECK,
 ) -> None:
     """Run SCRIPT on N workers like torchrun, but faults cost no restart."""
     if not script.is_file():
@@ -35,5 +36,6 @@ def run_command(
         command=worker_command(str(script), list(args or [])), workers=workers,
         run_dir=run_dir or default_run_dir(script.stem), chaos=parse_chaos(chaos),
         stall_s=stall_s, stall_deadline_s=stall_deadline_s, worker_env=parse_slow(slow),
+        env=runtime_env(replica_check_every),
     )
     launch_and_report(config, report)

@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 
 from shoal.cli.launch_options import (
-    CHAOS, RUN_DIR, SLOW, STALL_DEADLINE_S, STALL_S, default_run_dir, launch_and_report, parse_slow,
+    CHAOS, REPLICA_CHECK, RUN_DIR, SLOW, STALL_DEADLINE_S, STALL_S, default_run_dir,
+    launch_and_report, parse_slow, runtime_env,
 )
 from shoal.spec import JobSpec, load_job
 
@@ -28,6 +29,7 @@ def train_command(
     stall_deadline_s: float = STALL_DEADLINE_S,
     slow: list[str] = SLOW,
     run_dir: Optional[Path] = RUN_DIR,
+    replica_check_every: int = REPLICA_CHECK,
 ) -> None:
     """Train a job on this machine; faults cost no more than the last checkpoint."""
     if resume and fresh:
@@ -38,7 +40,7 @@ def train_command(
 
     if workers is not None:
         _train_elastic(job, workers, resume, fresh, chaos, stall_s, stall_deadline_s,
-                       slow, run_dir, report)
+                       slow, run_dir, report, runtime_env(replica_check_every))
         return
     if chaos or slow:
         raise typer.BadParameter("--chaos and --slow need --workers N")
@@ -55,7 +57,7 @@ def train_command(
 
 def _train_elastic(job: JobSpec, workers: int, resume: bool, fresh: bool,
                    chaos: str, stall_s: float, stall_deadline_s: float, slow: list[str],
-                   run_dir: Optional[Path], report: Optional[Path]) -> None:
+                   run_dir: Optional[Path], report: Optional[Path], extra_env: dict[str, str]) -> None:
     import json
     import sys
 
@@ -70,6 +72,6 @@ def _train_elastic(job: JobSpec, workers: int, resume: bool, fresh: bool,
         stall_s=stall_s, stall_deadline_s=stall_deadline_s, worker_env=parse_slow(slow),
         env={"SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,
              "SHOAL_CHECKPOINT_INTERVAL": str(job.checkpoint.interval_steps),
-             "SHOAL_IDENTITY": json.dumps(job.resume_identity())},
+             "SHOAL_IDENTITY": json.dumps(job.resume_identity()), **extra_env},
     )
     launch_and_report(config, report)

@@ -28,6 +28,8 @@ from shoal.train.rendezvous import Rendezvous, connect
 
 log = logging.getLogger(__name__)
 
+PROGRESS_EVERY_S = 5.0
+
 
 @dataclass(frozen=True)
 class LaunchConfig:
@@ -107,8 +109,13 @@ class Launcher:
 
     def _supervise(self, started: float) -> None:
         deadline = started + self.config.timeout_s
+        next_note = started + PROGRESS_EVERY_S
         while not self.rdzv.done():
             now = time.time()
+            if now >= next_note:
+                next_note = now + PROGRESS_EVERY_S
+                log.info("step %d, epoch %d, %d workers", self.rdzv.progress(),
+                         self.authority.epoch, len(self.authority.members))
             if now > deadline:
                 raise TrainError(f"run did not finish within {self.config.timeout_s:.0f} s; "
                                  f"worker logs are in {self.config.run_dir}")
