@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from bench.reference.common import (
     ReferenceRunError, RunDirectory, read_step_logs, steps_started_after,
@@ -32,43 +32,55 @@ class KillSchedule:
             raise ValueError("kills must be at least 1 and interval_s positive")
 
 
-def run_kills(run: RunDirectory, schedule: KillSchedule, victim_pid: Callable[[int], int],
-              after_kill: Callable[[int], None], healthy: Callable[[], None]) -> list[float]:
-    """Kill `schedule.kills` workers; return the wall times (time.time()) of the kills.
+class FaultTarget(Protocol):
+    """The system under test, as the kill loop sees it."""
 
-    `victim_pid(k)` names the process to kill k-th, `after_kill(k)` runs right
-    after it (e.g. respawn a replica), `healthy()` raises if the system died.
-    """
-    _wait_for_steps(run, schedule, 0.0, schedule.warmup_steps, healthy, "warm-up steps")
+    def healthy(self) -> None:
+        """Raise ReferenceRunError if the system died instead of recovering."""
+
+    def prepare_kill(self, k: int) -> None:
+        """Get ready for kill k (e.g. start a warm spare); runs while the job trains."""
+
+    def victim_pid(self, k: int) -> int:
+        """The worker process to SIGKILL k-th."""
+
+    def after_kill(self, k: int) -> None:
+        """Runs right after kill k (e.g. hand the spare its slot)."""
+
+
+def run_kills(run: RunDirectory, schedule: KillSchedule, target: FaultTarget) -> list[float]:
+    """Kill `schedule.kills` workers; return the wall times (time.time()) of the kills."""
+    _wait_for_steps(run, schedule, 0.0, schedule.warmup_steps, target, "warm-up steps")
     faults: list[float] = []
     last = time.time()
     for k in range(schedule.kills):
         if faults:
-            _wait_for_steps(run, schedule, faults[-1], MEASURE_STEPS, healthy,
+            _wait_for_steps(run, schedule, faults[-1], MEASURE_STEPS, target,
                             f"{MEASURE_STEPS} steps after kill {k}")
-        _sleep_until(last + schedule.interval_s, healthy)
-        pid = victim_pid(k)
+        target.prepare_kill(k)
+        _sleep_until(last + schedule.interval_s, target)
+        pid = target.victim_pid(k)
         fault_t = time.time()
         os.kill(pid, signal.SIGKILL)
-        after_kill(k)
+        target.after_kill(k)
         faults.append(fault_t)
         last = fault_t
-    _wait_for_steps(run, schedule, faults[-1], MEASURE_STEPS, healthy,
+    _wait_for_steps(run, schedule, faults[-1], MEASURE_STEPS, target,
                     f"{MEASURE_STEPS} steps after the last kill")
     return faults
 
 
 def _wait_for_steps(run: RunDirectory, schedule: KillSchedule, since_t: float, count: int,
-                    healthy: Callable[[], None], what: str) -> None:
+                    target: FaultTarget, what: str) -> None:
     deadline = time.monotonic() + schedule.wait_limit_s
     while steps_started_after(read_step_logs(run.logs), since_t) < count:
-        healthy()
+        target.healthy()
         if time.monotonic() > deadline:
             raise ReferenceRunError(f"no progress: waited {schedule.wait_limit_s:.0f} s for {what}")
         time.sleep(0.2)
 
 
-def _sleep_until(t: float, healthy: Callable[[], None]) -> None:
+def _sleep_until(t: float, target: FaultTarget) -> None:
     while time.time() < t:
-        healthy()
+        target.healthy()
         time.sleep(min(0.2, max(0.0, t - time.time())))

@@ -5,6 +5,10 @@ the participant count and rank are known before the data is chosen, and a
 joiner heals from a peer before its first forward), the gradient is all-reduced
 as one flat tensor with `manager.allreduce(SUM)`, and the wrapper's step applies
 it only if `manager.should_commit()` agrees. Runs until it is killed.
+
+With --wait-for, the process starts as a warm spare: it imports torch and builds
+the model, writes <wait-for>.ready, and contacts the lighthouse only once the
+harness creates the <wait-for> file.
 """
 
 from __future__ import annotations
@@ -44,8 +48,14 @@ class FlatGradient:
             offset += p.numel()
 
 
+def wait_as_spare(go: Path) -> None:
+    go.with_suffix(".ready").touch()
+    while not go.exists():
+        time.sleep(0.005)
+
+
 def build_manager(training: GPTTraining, replica_id: str, lighthouse: str,
-                  timeout_s: float) -> Manager:
+                  timeout_s: float, quorum_timeout_s: float) -> Manager:
     model, optimizer = training.model, training.optimizer
 
     def state_dict() -> dict[str, object]:
@@ -58,11 +68,16 @@ def build_manager(training: GPTTraining, replica_id: str, lighthouse: str,
     # The replica group's own store (one process per group); the group's gloo
     # ring across replicas is rebuilt by torchft on every quorum change.
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    # `timeout` bounds collectives, should_commit, the heal transfer and joining
+    # a new gloo ring; the last one waits it out in full when a member died
+    # between quorum and ring, so it is kept short. A quorum may wait for a
+    # peer stuck in exactly that, so its own timeout is longer.
     timeout = timedelta(seconds=timeout_s)
     return Manager(
         pg=ProcessGroupGloo(timeout=timeout), load_state_dict=load_state_dict,
         state_dict=state_dict, min_replica_size=1, use_async_quorum=False,
-        timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
+        timeout=timeout, quorum_timeout=timedelta(seconds=quorum_timeout_s),
+        connect_timeout=timeout,
         rank=0, world_size=1, store_addr="127.0.0.1", store_port=store.port,
         lighthouse_addr=lighthouse, replica_id=replica_id,
     )
@@ -76,12 +91,17 @@ def main() -> None:
     parser.add_argument("--replica-id", required=True)
     parser.add_argument("--lighthouse", required=True)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--timeout-s", type=float, default=30.0)
+    parser.add_argument("--timeout-s", type=float, default=5.0)
+    parser.add_argument("--quorum-timeout-s", type=float, default=60.0)
+    parser.add_argument("--wait-for", type=Path)
     args = parser.parse_args()
 
     (args.run_dir / "pids" / args.replica_id).write_text(str(os.getpid()))
     training = GPTTraining.build(args.job, args.corpus, args.threads)
-    manager = build_manager(training, args.replica_id, args.lighthouse, args.timeout_s)
+    if args.wait_for is not None:
+        wait_as_spare(args.wait_for)
+    manager = build_manager(training, args.replica_id, args.lighthouse, args.timeout_s,
+                            args.quorum_timeout_s)
     optimizer = OptimizerWrapper(manager, training.optimizer)
     gradient = FlatGradient(list(training.model.parameters()))
     log = StepLogWriter(args.run_dir / "steps" / f"{args.replica_id}.jsonl")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from subprocess import Popen
 
 from bench.reference.common import (
     FaultResult, ReferenceRunError, RunDirectory, exit_on_sigterm, fault_results, read_step_logs,
@@ -33,6 +34,28 @@ from bench.reference.training import cache_corpus, check_workers
 _OUTPUT = "torchrun.log"
 
 
+class TorchrunTarget:
+    """A torchrun agent and the workers it (re)starts; the kill loop's FaultTarget."""
+
+    def __init__(self, run: RunDirectory, agent: Popen, workers: int) -> None:
+        self.run, self.agent, self.workers = run, agent, workers
+
+    def healthy(self) -> None:
+        if self.agent.poll() is not None:
+            raise ReferenceRunError(f"torchrun exited with {self.agent.returncode}: "
+                                    f"{self.run.tail(_OUTPUT)}")
+
+    def prepare_kill(self, k: int) -> None:
+        pass  # torchrun has no spares: its agent starts every worker anew
+
+    def victim_pid(self, k: int) -> int:
+        # Rotate over ranks; rank 0 (the checkpoint writer) is hit like any other.
+        return self.run.registered_pids()[f"rank{k % self.workers}"]
+
+    def after_kill(self, k: int) -> None:
+        pass  # the agent notices within its 0.1 s monitor interval and restarts the group
+
+
 def torchrun_faults(job_path: str, workers: int, kills: int, interval_s: float) -> list[FaultResult]:
     """SIGKILL one torchrun worker (never the agent) every `interval_s`, `kills` times."""
     job = check_workers(job_path, workers)
@@ -43,18 +66,8 @@ def torchrun_faults(job_path: str, workers: int, kills: int, interval_s: float) 
                                    worker_threads(workers), max_restarts=kills + 2,
                                    checkpoint_dir=run.path / "checkpoints")
         launch_t = time.time()
-        agent = run.start(command, _OUTPUT, worker_env())
-
-        def healthy() -> None:
-            if agent.poll() is not None:
-                raise ReferenceRunError(f"torchrun exited with {agent.returncode}: "
-                                        f"{run.tail(_OUTPUT)}")
-
-        def victim_pid(k: int) -> int:
-            # Rotate over ranks; rank 0 (the checkpoint writer) is hit like any other.
-            return run.registered_pids()[f"rank{k % workers}"]
-
-        fault_times = run_kills(run, schedule, victim_pid, lambda k: None, healthy)
+        target = TorchrunTarget(run, run.start(command, _OUTPUT, worker_env()), workers)
+        fault_times = run_kills(run, schedule, target)
         return fault_results(read_step_logs(run.logs), fault_times, launch_t)
 
 
