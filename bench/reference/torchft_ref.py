@@ -1,19 +1,20 @@
 """torchft: per-step quorum through a lighthouse, live recovery from a peer.
 
-One torchft replica group (one process) per worker, all on one lighthouse
-(`torchft_lighthouse --min_replicas 1 --join_timeout_ms 200`: a quorum that
-lost a member forms after 0.2 s instead of the 60 s default). Each replica
-runs bench.reference.torchft_worker (Manager, synchronous quorum,
-manager.allreduce on a flat gradient, OptimizerWrapper / should_commit). Every
-`interval_s` one replica is SIGKILLed and a replacement joins at once; it heals
-from a live peer over HTTP, which restores the world size.
+One torchft replica group (one process) per worker, all on one lighthouse with
+--min_replicas 1 and join/heartbeat timeouts of 1 s (LighthouseConfig says why
+not the 200 ms of NOTES: below the step time, replicas fell into alternating
+pairs). Each replica runs bench.reference.torchft_worker (Manager, synchronous
+quorum, manager.allreduce on a flat gradient, OptimizerWrapper / should_commit).
+Every `interval_s` one replica is SIGKILLed and a replacement joins at once; it
+heals from a live peer over HTTP, which restores the world size.
 
-The replacement is a warm spare by default: started before the kill, it joins
-the lighthouse only after it. On a cluster it would start on a machine of its
-own; here, started after the kill, its 5-9 s of Python and torch start-up take
-the two cores from the survivors, and recovery_s's steady window then lands on
-slowed steps or not, so RTOs swing between 0.5 and 8 s (shoal's joiners are
-warm spares too). --cold-respawn measures that case anyway.
+The replacement is a warm spare by default: started (torch imported, model
+built) after the previous fault's recovery is measured and before this kill,
+it contacts the lighthouse only after the kill. On a cluster it would start on
+a machine of its own; here, started after the kill, its 5-9 s of Python and
+torch start-up take the two cores from the survivors, and recovery_s's steady
+window then lands on slowed steps or not, so RTOs swung between 0.5 and 8 s
+(shoal's joiners are warm spares too). --cold-respawn measures that case anyway.
 
 Per kill: rto_s is shoal.train.recovery.recovery_s over the steps that started
 between this kill and the next; steps_lost counts steps committed before the
