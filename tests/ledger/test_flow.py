@@ -6,7 +6,7 @@ contract's money rules seen from the outside.
 
 from __future__ import annotations
 
-from shoal.ledger import InsufficientFunds, InvalidInput, InvalidState, TooEarly, Unauthorized
+from shoal.ledger import InsufficientFunds, InvalidInput, InvalidState, OutsideTimeWindow, Unauthorized
 from shoal.spec.ledger import DisputeState, JobState
 from tests.ledger.conftest import Actors, Wallets, deploy
 
@@ -67,7 +67,7 @@ def test_job_lifecycle(chain):
         with w.refused(sender.address, InvalidState, "already settled"):
             again()
 
-    with w.refused(a.stranger.address, TooEarly, "dispute window"):
+    with w.refused(a.stranger.address, OutsideTimeWindow, "dispute window"):
         ledger.payout(a.stranger, job, [p1.address])
     chain.advance_time(101)
     with w.refused(a.stranger.address, InvalidState, "slashed"):
@@ -107,7 +107,7 @@ def test_silent_operator_and_unbonding(chain):
     ledger.open_lease(op, job, p1.address, GWEI)
     ledger.anchor(op, job, 0, b"\x05" * 32)
     ledger.book(op, job, 0, {p1.address: 1000})
-    with w.refused(sub.address, TooEarly, "silent"):
+    with w.refused(sub.address, OutsideTimeWindow, "silent"):
         ledger.reclaim(sub, job)
     chain.advance_time(2001)
     with w.refused(a.stranger.address, Unauthorized, "submitter"):
@@ -118,7 +118,7 @@ def test_silent_operator_and_unbonding(chain):
 
     w.paid(p1.address, ledger.claim(p1, job))
     w.paid(p1.address, ledger.unbond(p1, STAKE))
-    with w.refused(p1.address, TooEarly, "still unbonding"):
+    with w.refused(p1.address, OutsideTimeWindow, "still unbonding"):
         ledger.release_stake(p1)
     chain.advance_time(1001)
     w.paid(p1.address, ledger.release_stake(p1))

@@ -13,7 +13,7 @@ from shoal.ledger.errors import (
     InvalidInput,
     InvalidState,
     LedgerError,
-    TooEarly,
+    OutsideTimeWindow,
     Unauthorized,
 )
 from shoal.ledger.market import GAS_LIMITS, Ledger
@@ -32,6 +32,6 @@ __all__ = [
     "Ledger",
     "LedgerError",
     "Sender",
-    "TooEarly",
+    "OutsideTimeWindow",
     "Unauthorized",
 ]

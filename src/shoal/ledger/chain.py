@@ -39,6 +39,12 @@ class Chain:
         self.url = url
         self._tester = tester  # eth_tester.EthereumTester for the embedded chain
         self.chain_id = int(w3.eth.chain_id)
+        # Sender of read-only calls. Naming one spares eth-tester a lookup of
+        # its accounts per call; py-evm checks it could pay for the gas, so on
+        # the embedded chain it is a funded account.
+        self.call_from = "0x" + "00" * 20
+        if tester is not None:
+            self.call_from = tester.get_accounts()[0]
 
     @classmethod
     def embedded(cls) -> Chain:

@@ -53,8 +53,10 @@ class InsufficientFunds(ContractRevert):
     hint = "fund, stake or bond more, or ask for less"
 
 
-class TooEarly(ContractRevert):
-    hint = "wait for the deadline named in the reason, then retry"
+class OutsideTimeWindow(ContractRevert):
+    """Too early (a delay has not passed) or too late (a window has closed)."""
+
+    hint = "the reason names the deadline: wait for it, or act before a window closes"
 
 
 class InvalidInput(ContractRevert):
@@ -65,7 +67,7 @@ _CATEGORIES: dict[str, type[ContractRevert]] = {
     "role": Unauthorized,
     "state": InvalidState,
     "funds": InsufficientFunds,
-    "time": TooEarly,
+    "time": OutsideTimeWindow,
     "input": InvalidInput,
 }
 

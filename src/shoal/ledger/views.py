@@ -47,7 +47,7 @@ class LedgerReader:
         self.decoder = EventDecoder(artifact.abi)
 
     def _read(self, name: str, *args: Any) -> Any:
-        return getattr(self.contract.functions, name)(*args).call()
+        return getattr(self.contract.functions, name)(*args).call({"from": self.chain.call_from})
 
     def config(self) -> LedgerConfig:
         return LedgerConfig(
