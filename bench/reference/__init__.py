@@ -4,12 +4,23 @@ static DDP (throughput), torchrun with checkpoint restart and torchft (recovery)
 Only the torchft worker process imports torchft, so this package imports without it.
 """
 
-from bench.reference.common import FaultResult, ReferenceRunError
-from bench.reference.ddp_ref import static_ddp_throughput
-from bench.reference.torchft_ref import torchft_faults
-from bench.reference.torchrun_ref import torchrun_faults
+from __future__ import annotations
 
-__all__ = [
-    "FaultResult", "ReferenceRunError", "static_ddp_throughput", "torchft_faults",
-    "torchrun_faults",
-]
+import importlib
+
+# Imported on first use, so that `python -m bench.reference.<module>` does not
+# find its own module already imported by the package.
+_EXPORTS = {
+    "FaultResult": "bench.reference.common",
+    "ReferenceRunError": "bench.reference.common",
+    "static_ddp_throughput": "bench.reference.ddp_ref",
+    "torchrun_faults": "bench.reference.torchrun_ref",
+    "torchft_faults": "bench.reference.torchft_ref",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'bench.reference' has no attribute '{name}'")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
