@@ -139,3 +139,13 @@ def test_linear_policy_scales_the_batch_with_the_world(tmp_path):
     assert report.samples_skipped == 0 and report.samples_duplicated == 0
     records = [json.loads(line) for line in (tmp_path / "run" / "steps-w0.jsonl").read_text().splitlines()]
     assert sum(records[0]["shares"]) == 16 and sum(records[-1]["shares"]) == 8
+
+
+def test_last_worker_leaving_leaves_its_state_on_disk(tmp_path):
+    from shoal.train.errors import TrainError
+
+    with pytest.raises(TrainError, match="every worker exited"):
+        launch(tmp_path, 1, "leave:0@step30", steps=300)
+    assert "last worker leaving: checkpoint of step" in (tmp_path / "run" / "w0.log").read_text()
+    newest = max(int(p.stem.split("-")[1]) for p in (tmp_path / "ckpt").glob("step-*.json"))
+    assert newest >= 30

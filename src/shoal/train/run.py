@@ -78,6 +78,7 @@ class Run:
         self._weights: tuple[float, ...] = ()
         self._speed: float | None = None
         self._leave_wanted = threading.Event()
+        self._leave_posted = False
         self._awaiting_admission = False
         self._first_step_of_epoch = True
         self._final: dict[str, object] | None = None
@@ -108,6 +109,9 @@ class Run:
         while self._enter_membership():
             if self.step_index >= steps:
                 break
+            if self._leave_wanted.is_set() and self.world == 1:
+                self._last_one_leaves()
+                break
             shares = self._shares(global_batch, policy)
             ids = order.sample_ids(share_positions(self.cursor, shares, self.rank))
             self._begin(shares, global_batch=sum(shares))
@@ -119,7 +123,7 @@ class Run:
                 yield _fetch(dataset, chunk)
                 if self._chunk:  # the loop must call run.step() after each batch
                     raise TrainError("call run.step() (or optimizer.step()) once per batch")
-        self._finish()
+        self._finish(steps)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of a micro-batch's mean loss, weighted by its part of the global batch."""
@@ -147,8 +151,9 @@ class Run:
         compute_s = time.time() - self._attempt_start
         self._slow_down(compute_s)
         self._measure_speed(compute_s)
-        if self._leave_wanted.is_set() and not self.left:
+        if self._leave_wanted.is_set() and not self._leave_posted:
             self.rdzv.request_leave(self.worker)
+            self._leave_posted = True
         self._sync_grads_into_buffer()
         self._write_step_scalars()
         ok = True
@@ -393,6 +398,19 @@ class Run:
 
     # -- liveness and the end ------------------------------------------------
 
+    def _last_one_leaves(self) -> None:
+        """No peer to hand over to: leave the state on disk for whoever comes next."""
+        if self._checkpoints is not None:
+            self._checkpoints.save_async(Snapshot(self.step_index, self.cursor, _clone(self.state_dict())))
+            self._checkpoints.wait()
+            log.warning("[worker %s] last worker leaving: checkpoint of step %d written",
+                        self.worker, self.step_index)
+        else:
+            log.warning("[worker %s] last worker leaving with no checkpoint directory: "
+                        "step %d is lost", self.worker, self.step_index)
+        self.rdzv.request_leave(self.worker)
+        self.left = True
+
     def _heartbeat(self) -> None:
         # Its own store connection: the main thread may be blocked in a store call.
         rdzv = Rendezvous(connect(self.config.host, self.config.port))
@@ -402,8 +420,8 @@ class Run:
             except (RuntimeError, OSError) as error:
                 log.debug("heartbeat failed: %s", error)
 
-    def _finish(self) -> None:
-        if self.group is not None and self.rank == 0:
+    def _finish(self, steps: int) -> None:
+        if self.group is not None and self.rank == 0 and self.step_index >= steps and not self.left:
             if self._checkpoints is not None:
                 self._checkpoints.save_async(Snapshot(self.step_index, self.cursor, _clone(self.state_dict())))
             self._final = {"steps": self.step_index, "param_sha256": param_sha256(self.model)}
