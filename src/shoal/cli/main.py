@@ -13,6 +13,7 @@ import sys
 import typer
 
 from shoal import ShoalError, __version__
+from shoal.cli.chain_cmd import chain_app
 from shoal.cli.run_cmd import run_command
 from shoal.cli.train_cmd import train_command
 
@@ -25,6 +26,7 @@ app = typer.Typer(
 )
 app.command("train")(train_command)
 app.command("run")(run_command)
+app.add_typer(chain_app, name="chain")
 
 
 @app.callback()

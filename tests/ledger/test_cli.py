@@ -1,0 +1,57 @@
+"""`shoal chain ...` as a user runs it: the embedded demo and a real node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from shoal.ledger import Chain, Ledger
+from tests.conftest import shoal_command
+from tests.ledger.conftest import Actors
+
+
+def _run(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess:
+    return subprocess.run(shoal_command(*args), capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_demo_runs_a_job_and_shows_it():
+    result = _run("chain", "demo", "--providers", "3", "--epochs", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    demo = json.loads(result.stdout)
+    status, anchors, balances, events = (demo[k] for k in ("status", "anchors", "balances", "events"))
+    assert status["job"]["state"] == "settled" and len(anchors) == 2
+    states = sorted(lease["state"] for lease in status["leases"])
+    assert states == ["paid", "paid", "slashed"]
+    slashed = next(x for x in status["leases"] if x["state"] == "slashed")
+    assert slashed["paid_wei"] == 0
+    assert balances["contract_wei"] == 2 * 10**17  # the honest providers' stakes
+    assert [e["name"] for e in events].count("Anchored") == 2
+
+
+def test_inspecting_needs_a_node():
+    result = _run("chain", "status", "--job", "1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "shoal chain demo" in result.stderr
+
+
+@pytest.mark.slow
+def test_inspect_a_contract_on_a_real_node(hardhat_url):
+    deployed = _run("chain", "deploy", "--rpc", hardhat_url, "--fee-bps", "100")
+    assert deployed.returncode == 0, deployed.stderr
+    address = deployed.stdout.strip()
+    chain = Chain.rpc(hardhat_url)
+    a = Actors.of(chain)
+    ledger = Ledger.at(chain, address)
+    job = ledger.create_job(a.submitters[0], 10**9, 10**15).returned
+    ledger.anchor(a.owner, job, 0, b"\x0a" * 32)  # the deployer is the operator by default
+    base = ("--rpc", hardhat_url, "--contract", address, "--json")
+    status = json.loads(_run("chain", "status", "--job", str(job), *base).stdout)
+    assert status["job"]["escrow_wei"] == 10**15 and status["job"]["epochs"] == 1
+    anchors = json.loads(_run("chain", "anchors", "--job", str(job), *base).stdout)
+    assert anchors == [{"job": job, "epoch": 0, "root": "0x" + "0a" * 32}]
+    events = json.loads(_run("chain", "events", "--job", str(job), *base).stdout)
+    assert [e["name"] for e in events] == ["JobFunded", "Anchored"]
+    balances = json.loads(_run("chain", "balances", a.submitters[0].address, *base).stdout)
+    assert balances["contract_wei"] == 10**15
