@@ -25,7 +25,7 @@ class RunConfig:
     run_dir: Path | None = None  # step logs for the launcher's report
     backend: str = "gloo"
     collective_timeout_s: float = 30.0  # how long an abandoned collective may linger
-    poll_s: float = 0.01  # how often waits check for a newer membership epoch
+    poll_s: float = 0.005  # how often waits check for a newer membership epoch
     heartbeat_s: float = 0.5
     checkpoint_dir: str | None = None
     checkpoint_interval: int = 100
