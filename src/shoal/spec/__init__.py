@@ -16,9 +16,31 @@ from shoal.spec.job import (
     ScheduleSpec,
 )
 from shoal.spec.jobfile import load_job, parse_job
+from shoal.spec.ledger import (
+    Anchor,
+    ChainEvent,
+    Dispute,
+    DisputeState,
+    JobEscrow,
+    JobState,
+    Lease,
+    LedgerConfig,
+    Stake,
+    TxOutcome,
+)
 from shoal.spec.report import TrainReport
 
 __all__ = [
+    "Anchor",
+    "ChainEvent",
+    "Dispute",
+    "DisputeState",
+    "JobEscrow",
+    "JobState",
+    "Lease",
+    "LedgerConfig",
+    "Stake",
+    "TxOutcome",
     "BYTE_VOCAB",
     "CheckpointSpec",
     "DataSpec",

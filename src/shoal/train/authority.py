@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 class AuthorityConfig:
     min_workers: int = 1  # first epoch waits for this many registrations
     stall_deadline_s: float = 3.0  # heartbeat silence after which a worker is dropped
-    tick_s: float = 0.005  # how often requests and process exits are checked
-    heartbeat_check_s: float = 0.1
+    # Requests and process exits wake the authority at once (notify()); without
+    # them it wakes this often, to check heartbeats.
+    heartbeat_check_s: float = 0.25
 
     def __post_init__(self) -> None:
         if self.min_workers < 1:
@@ -73,23 +74,41 @@ class MembershipAuthority:
         self._liveness = _Liveness()
         self._last_heartbeat_check = 0.0
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="membership-authority", daemon=True)
 
-    def start(self) -> MembershipAuthority:
+    def start(self, watch_requests: Rendezvous | None = None) -> MembershipAuthority:
+        """Run in a thread; `watch_requests` (a second store connection) wakes it on requests."""
         self._thread.start()
+        if watch_requests is not None:
+            threading.Thread(target=self._watch_requests, args=(watch_requests,),
+                             name="authority-requests", daemon=True).start()
         return self
+
+    def notify(self) -> None:
+        """Something changed (a process exited, a request arrived): decide now."""
+        self._wake.set()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()
             try:
                 self.tick(time.monotonic())
             except Exception:  # the authority must outlive any one bad read
                 log.exception("membership authority tick failed; retrying")
-            self._stop.wait(self.config.tick_s)
+            self._wake.wait(self.config.heartbeat_check_s)
+
+    def _watch_requests(self, rdzv: Rendezvous) -> None:
+        seen = 0
+        while not self._stop.is_set():
+            if rdzv.wait_request(seen + 1, timeout_s=60.0):
+                seen += 1
+                self.notify()
 
     def tick(self, now: float) -> None:
         """One round: gather joins, leaves, exits, stalls and reform requests; publish if needed."""

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from shoal.train.rendezvous import Rendezvous, connect
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 5.0
+SUPERVISE_EVERY_S = 0.02  # chaos timing and completion checks; the authority does not wait on it
 
 
 @dataclass(frozen=True)
@@ -87,15 +89,22 @@ class Launcher:
         # oversubscribed spinning threads make each step many times slower.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.config.workers)))
         output = open(self.config.run_dir / f"{worker}.log", "ab")
-        self.processes[worker] = subprocess.Popen(self.config.command, env=env, stdout=output,
-                                                  stderr=subprocess.STDOUT)
+        process = subprocess.Popen(self.config.command, env=env, stdout=output, stderr=subprocess.STDOUT)
         output.close()
+        self.processes[worker] = process
+        # The authority learns of an exit the moment it happens, with no polling.
+        threading.Thread(target=self._watch_exit, args=(process,), name=f"exit-{worker}",
+                         daemon=True).start()
         return worker
+
+    def _watch_exit(self, process: subprocess.Popen) -> None:
+        process.wait()
+        self.authority.notify()
 
     def run(self) -> ElasticReport:
         started = time.time()
         (self.config.run_dir / "launch.json").write_text(json.dumps({"t0": started}))
-        self.authority.start()
+        self.authority.start(watch_requests=Rendezvous(connect(self.config.host, self.port)))
         for index in range(self.config.workers):
             self.spawn(index)
         try:
@@ -125,14 +134,15 @@ class Launcher:
                 raise TrainError("every worker exited before the job finished; see "
                                  f"{self.config.run_dir}/w*.log (resume from checkpoints "
                                  "with the same job and --resume)")
-            time.sleep(0.01)
+            time.sleep(SUPERVISE_EVERY_S)
         self.authority.stop()  # workers exiting at the end are not faults
         self._wait_for_exit(grace_s=60.0)
 
     def _inject_due(self, elapsed_s: float) -> None:
         if not self._pending:
             return
-        step = self.rdzv.progress()
+        by_step = any(e.at_step is not None for e in self._pending)
+        step = self.rdzv.progress() if by_step else 0
         for event in [e for e in self._pending if e.due(elapsed_s, step)]:
             self._pending.remove(event)
             self._inject(event, elapsed_s)

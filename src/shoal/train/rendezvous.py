@@ -73,15 +73,15 @@ class Rendezvous:
 
     # -- step votes and decisions ----------------------------------------
 
-    def vote_key(self, epoch: int, step: int, rank: int) -> str:
-        return f"vote/{epoch}/{step}/{rank}"
+    def add_vote(self, epoch: int, step: int, value: int) -> int:
+        """Add to the step's vote counter; returns the total so far."""
+        return self.store.add(f"votes/{epoch}/{step}", value)
 
-    def vote(self, epoch: int, step: int, rank: int, ok: bool) -> None:
-        self.store.set(self.vote_key(epoch, step, rank), "1" if ok else "0")
-
-    def votes(self, epoch: int, step: int, ranks: list[int]) -> list[bool]:
-        values = self.store.multi_get([self.vote_key(epoch, step, r) for r in ranks])
-        return [v == b"1" for v in values]
+    def wait_decision(self, epoch: int, step: int, timeout_s: float) -> StepDecision | None:
+        key = f"decision/{epoch}/{step}"
+        if not self.wait_keys([key], timeout_s):
+            return None
+        return StepDecision.model_validate_json(self.store.get(key))
 
     def decide(self, epoch: int, step: int, proposal: StepDecision) -> StepDecision:
         """Write `proposal` unless a decision exists; return the one that stands."""
@@ -89,16 +89,14 @@ class Rendezvous:
         current = self.store.compare_set(key, "", proposal.model_dump_json())
         return StepDecision.model_validate_json(current)
 
-    def existing_decision(self, epoch: int, step: int) -> StepDecision | None:
-        key = f"decision/{epoch}/{step}"
-        if not self.store.check([key]):
-            return None
-        return StepDecision.model_validate_json(self.store.get(key))
-
     # -- requests from workers to the authority --------------------------
 
     def _notify(self) -> None:
-        self.store.add("requests", 1)
+        index = self.store.add("requests", 1)
+        self.store.set(f"request/{index}", "1")  # wakes the authority's watcher
+
+    def wait_request(self, index: int, timeout_s: float) -> bool:
+        return self.wait_keys([f"request/{index}"], timeout_s)
 
     def requests_seen(self) -> int:
         return self.store.add("requests", 0)
