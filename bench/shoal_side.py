@@ -5,12 +5,15 @@ same way the references' throughput is read from theirs."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from shoal.spec import load_job
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: see shoal.cli.main
+
+from shoal.spec import load_job  # noqa: E402
 from shoal.spec.elastic import ElasticReport, StepRecord
 from shoal.train.chaos import parse_chaos
 from shoal.train.elastic_report import lineage

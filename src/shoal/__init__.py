@@ -13,3 +13,10 @@ class ShoalError(Exception):
     Each layer derives its own family from it; the CLI prints `str(error)`
     as one line and exits non-zero instead of showing a traceback.
     """
+
+
+def join(config=None):  # noqa: ANN001, ANN201 - the user-facing alias of shoal.train.join
+    """Join the elastic job this process was launched for (see shoal.train.run.Run)."""
+    from shoal.train.run import join as _join  # torch loads only when a worker joins
+
+    return _join(config)

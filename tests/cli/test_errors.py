@@ -63,3 +63,19 @@ def test_checkpoint_guards(tmp_path, cli_env):
     job.write_text(tiny_job_toml(tmp_path / "ckpt", steps=6))
     _assert_one_line_error(_run("train", str(job), "--resume", "-q", env=cli_env), "damaged")
     assert _run("train", str(job), "--fresh", "-q", env=cli_env).returncode == 0
+
+
+@pytest.mark.slow
+def test_elastic_train_resumes_from_disk_with_another_world_size(tmp_path, cli_env):
+    job = tmp_path / "job.toml"
+    job.write_text(tiny_job_toml(tmp_path / "ckpt", steps=20))
+    first = _run("train", str(job), "--workers", "2", "--run-dir", str(tmp_path / "a"), env=cli_env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    _assert_one_line_error(_run("train", str(job), "--workers", "3", env=cli_env), "--resume")
+    second = _run("train", str(job), "--workers", "3", "--steps", "30", "--resume",
+                  "--run-dir", str(tmp_path / "b"), "--report", str(tmp_path / "b.json"), env=cli_env)
+    assert second.returncode == 0, second.stderr[-2000:]
+    logs = "".join(p.read_text() for p in (tmp_path / "b").glob("w*.log"))
+    assert "restored step 20" in logs
+    report = __import__("json").loads((tmp_path / "b.json").read_text())
+    assert report["steps"] == 10 and report["samples_skipped"] == 0

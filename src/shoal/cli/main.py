@@ -8,7 +8,12 @@ exit status 2, never a traceback.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+
+# Before torch loads: c10d logs every store wait that times out, and shoal's
+# cancellable waits time out on purpose.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 import typer
 

@@ -106,7 +106,9 @@ class MembershipAuthority:
     def _watch_requests(self, rdzv: Rendezvous) -> None:
         seen = 0
         while not self._stop.is_set():
-            if rdzv.wait_request(seen + 1, timeout_s=60.0):
+            # A long wait: the store answers the moment a request lands, and a timeout
+            # here only makes c10d log a warning.
+            if rdzv.wait_request(seen + 1, timeout_s=3600.0):
                 seen += 1
                 self.notify()
 

@@ -37,10 +37,10 @@ def lineage(records: list[StepRecord]) -> list[StepRecord]:
 
 
 def coverage(steps: list[StepRecord]) -> tuple[int, int, int]:
-    """(seen, skipped, duplicated) sample positions over the lineage."""
+    """(seen, skipped, duplicated) sample positions over the lineage, from its first step."""
     intervals = sorted((r.cursor, r.cursor + sum(r.shares)) for r in steps)
     seen = skipped = duplicated = 0
-    reach = 0
+    reach = intervals[0][0] if intervals else 0  # a resumed run starts at its checkpoint's cursor
     for start, end in intervals:
         if start > reach:
             skipped += start - reach
