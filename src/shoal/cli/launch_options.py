@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from shoal import ShoalError
+
+if TYPE_CHECKING:
+    from shoal.train.launcher import LaunchConfig
 
 
 def parse_slow(values: list[str]) -> dict[int, dict[str, str]]:
@@ -30,7 +34,7 @@ def default_run_dir(name: str) -> Path:
     return Path("runs") / name / time.strftime("elastic-%Y%m%d-%H%M%S")
 
 
-def launch_and_report(config: object, report: Path | None) -> None:
+def launch_and_report(config: LaunchConfig, report: Path | None) -> None:
     from shoal.train.launcher import Launcher
 
     result = Launcher(config).run()

@@ -32,8 +32,8 @@ class MembershipEpoch(Frozen):
     epoch: int = Field(ge=0)
     members: tuple[str, ...]  # worker ids; index = rank in this epoch's process group
     weights: tuple[float, ...]  # share weights (measured speed), same order as members
-    joiners: tuple[str, ...] = ()  # members that need the live state sent to them
-    restore_from_disk: bool = False  # no member holds live state: load the newest checkpoint
+    # Who needs state, and whether it comes from disk, the members work out from
+    # their arrivals at the epoch's barrier (see shoal.train.membership).
     reason: str = ""  # why this epoch exists: start, kill, stall, leave, join, rebalance
 
 

@@ -67,7 +67,6 @@ class MembershipAuthority:
         self.event_log = event_log
         self.epoch = -1
         self.members: tuple[str, ...] = ()
-        self.history: list[dict] = []
         self._pending: list[str] = []  # registered, not yet admitted
         self._joins_seen = 0
         self._requests_seen = 0
@@ -179,7 +178,6 @@ class MembershipAuthority:
                                  weights=self._weights(members), reason=reason)
         self.rdzv.publish_epoch(record)
         entry = {"t": time.time(), "epoch": self.epoch, "members": list(members), "reason": reason}
-        self.history.append(entry)
         log.info("epoch %d: %d members %s (%s)", self.epoch, len(members), list(members), reason)
         if self.event_log is not None:
             with open(self.event_log, "a") as handle:
