@@ -92,6 +92,9 @@ class EpochGroup:
                  timeout_s: float, poll_s: float) -> None:
         self.pg, self.epoch, self.rank, self.world = pg, epoch, rank, world
         self.timeout_s, self.poll_s = timeout_s, poll_s
+        # Where this group's tensors must live: NCCL moves CUDA tensors only.
+        self.device = torch.device("cuda", torch.cuda.current_device()) if isinstance(
+            pg, getattr(dist, "ProcessGroupNCCL", ())) else torch.device("cpu")
         self._in_flight: list[object] = []
 
     @classmethod
@@ -155,6 +158,8 @@ def _new_backend(backend: str, store: dist.Store, rank: int, world: int,
     if backend == "gloo":
         return dist.ProcessGroupGloo(store, rank, world, timeout)
     if backend == "nccl":
+        if not hasattr(dist, "ProcessGroupNCCL") or not torch.cuda.is_available():
+            raise TrainError("SHOAL_BACKEND=nccl needs a CUDA build of torch and a GPU; use gloo here")
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, world, options)

@@ -92,16 +92,16 @@ def _transfer(rdzv: Rendezvous, group: EpochGroup, epoch: int, rank: int, source
         if inject.die_sending_state(worker, state["step"]):
             log.warning("injected fault: dying while sending state in epoch %d", epoch)
             os._exit(137)
-        group.broadcast(packed.blob, source, newer)
+        group.broadcast(packed.blob.to(group.device), source, newer)
         return
     while not rdzv.wait_keys([key], poll_s):
         if newer():
             raise GroupFailed(f"epoch {epoch} superseded before its state transfer")
     header = json.loads(rdzv.store.get(key))
-    blob = torch.empty(header["bytes"], dtype=torch.uint8)
+    blob = torch.empty(header["bytes"], dtype=torch.uint8, device=group.device)
     group.broadcast(blob, source, newer)
     try:
-        state = unpack(blob, header["sha256"])
+        state = unpack(blob.cpu(), header["sha256"])
     except ValueError as error:
         raise GroupFailed(str(error)) from None
     load_state(state)
