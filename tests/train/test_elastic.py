@@ -110,7 +110,7 @@ def test_every_worker_killed_then_resume_from_disk_with_another_world_size(tmp_p
     report = launch(tmp_path, 3, chaos, steps=200)
     assert_exact(report, 200)
     lost = max(f.steps_lost for f in report.faults)
-    assert 0 < lost <= 10 + 1  # bounded by the checkpoint interval
+    assert lost <= 10 + 1  # bounded by the checkpoint interval (0 if killed just after one)
     logs = [(tmp_path / "run" / f"w{i}.log").read_text() for i in (3, 4)]
     assert any("restored step" in log for log in logs)
 
