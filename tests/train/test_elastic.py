@@ -149,3 +149,18 @@ def test_last_worker_leaving_leaves_its_state_on_disk(tmp_path):
     assert "last worker leaving: checkpoint of step" in (tmp_path / "run" / "w0.log").read_text()
     newest = max(int(p.stem.split("-")[1]) for p in (tmp_path / "ckpt").glob("step-*.json"))
     assert newest >= 30
+
+
+def test_warm_spare_joins_without_a_process_start(tmp_path):
+    job = parse_job(_job(tmp_path, 600))
+    config = LaunchConfig(
+        command=[sys.executable, "-m", "shoal.train.gpt_worker", "--job-json", job.model_dump_json()],
+        workers=2, spares=1, run_dir=tmp_path / "run", chaos=parse_chaos("kill:1@step40,join@step41"),
+        timeout_s=240, env={"SHOAL_REPLICA_CHECK": "1"},
+    )
+    report = Launcher(config).run()
+    assert_exact(report, 600)
+    (join,) = [f for f in report.faults if f.kind is FaultKind.join]
+    assert join.worker == "w2"  # the spare started with the job, not a new process
+    assert join.detection_s is not None and join.detection_s < 2.0  # no torch import to wait for
+    assert "received live state" in (tmp_path / "run" / "w2.log").read_text()

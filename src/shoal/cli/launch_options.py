@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,32 @@ def parse_slow(values: list[str]) -> dict[int, dict[str, str]]:
 
 def default_run_dir(name: str) -> Path:
     return Path("runs") / name / time.strftime("elastic-%Y%m%d-%H%M%S")
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """The launch flags `shoal run` and `shoal train --workers` share."""
+
+    workers: int
+    chaos: str = ""
+    stall_s: float = 5.0
+    stall_deadline_s: float = 3.0
+    slow: tuple[str, ...] = ()
+    run_dir: Path | None = None
+    replica_check_every: int = 0
+    spares: int = 0
+
+    def config(self, command: list[str], name: str, env: dict[str, str] | None = None) -> LaunchConfig:
+        from shoal.train.chaos import parse_chaos
+        from shoal.train.launcher import LaunchConfig
+
+        runtime = {"SHOAL_REPLICA_CHECK": str(self.replica_check_every)} if self.replica_check_every else {}
+        return LaunchConfig(
+            command=command, workers=self.workers, run_dir=self.run_dir or default_run_dir(name),
+            chaos=parse_chaos(self.chaos), stall_s=self.stall_s,
+            stall_deadline_s=self.stall_deadline_s, worker_env=parse_slow(list(self.slow)),
+            env={**(env or {}), **runtime}, spares=self.spares,
+        )
 
 
 def launch_and_report(config: LaunchConfig, report: Path | None) -> None:
@@ -63,9 +90,8 @@ STALL_DEADLINE_S = typer.Option(3.0, "--stall-deadline-s", min=0.1,
 SLOW = typer.Option([], "--slow", help="WORKER:FACTOR, simulate a slower device (repeatable).")
 RUN_DIR = typer.Option(None, "--run-dir", help="Where worker logs and step logs go.")
 REPORT = typer.Option(None, "--report", help="Write the run's JSON report here.")
+SPARES = typer.Option(0, "--spares", min=0,
+                      help="Warm spares kept ready; a `join` calls one in (no process start).")
 REPLICA_CHECK = typer.Option(0, "--replica-check-every", min=0,
                              help="Hash every replica's parameters every N steps (0: after re-forms only).")
 
-
-def runtime_env(replica_check_every: int) -> dict[str, str]:
-    return {"SHOAL_REPLICA_CHECK": str(replica_check_every)} if replica_check_every else {}

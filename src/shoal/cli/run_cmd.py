@@ -9,13 +9,13 @@ import typer
 
 from shoal import ShoalError
 from shoal.cli.launch_options import (
-    CHAOS, REPLICA_CHECK, REPORT, RUN_DIR, SLOW, STALL_DEADLINE_S, STALL_S, WORKERS,
-    default_run_dir, launch_and_report, parse_slow, runtime_env,
+    CHAOS, REPLICA_CHECK, REPORT, RUN_DIR, SLOW, SPARES, STALL_DEADLINE_S, STALL_S, WORKERS,
+    LaunchOptions, launch_and_report,
 )
 
 
 def run_command(
-    script: Path = typer.Argument(..., help="Python training script using shoal.train.join()."),
+    script: Path = typer.Argument(..., help="Python training script using shoal.join()."),
     args: Optional[list[str]] = typer.Argument(None, help="Arguments for the script (after --)."),
     workers: int = WORKERS,
     chaos: str = CHAOS,
@@ -25,17 +25,13 @@ def run_command(
     run_dir: Optional[Path] = RUN_DIR,
     report: Optional[Path] = REPORT,
     replica_check_every: int = REPLICA_CHECK,
+    spares: int = SPARES,
 ) -> None:
     """Run SCRIPT on N workers like torchrun, but faults cost no restart."""
     if not script.is_file():
         raise ShoalError(f"script '{script}' not found")
-    from shoal.train.chaos import parse_chaos
-    from shoal.train.launcher import LaunchConfig, worker_command
+    from shoal.train.launcher import worker_command
 
-    config = LaunchConfig(
-        command=worker_command(str(script), list(args or [])), workers=workers,
-        run_dir=run_dir or default_run_dir(script.stem), chaos=parse_chaos(chaos),
-        stall_s=stall_s, stall_deadline_s=stall_deadline_s, worker_env=parse_slow(slow),
-        env=runtime_env(replica_check_every),
-    )
-    launch_and_report(config, report)
+    options = LaunchOptions(workers, chaos, stall_s, stall_deadline_s, tuple(slow), run_dir,
+                            replica_check_every, spares)
+    launch_and_report(options.config(worker_command(str(script), list(args or [])), script.stem), report)

@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 
 from shoal.cli.launch_options import (
-    CHAOS, REPLICA_CHECK, RUN_DIR, SLOW, STALL_DEADLINE_S, STALL_S, default_run_dir,
-    launch_and_report, parse_slow, runtime_env,
+    CHAOS, REPLICA_CHECK, RUN_DIR, SLOW, SPARES, STALL_DEADLINE_S, STALL_S, LaunchOptions,
+    launch_and_report,
 )
 from shoal.spec import JobSpec, load_job
 
@@ -30,6 +30,7 @@ def train_command(
     slow: list[str] = SLOW,
     run_dir: Optional[Path] = RUN_DIR,
     replica_check_every: int = REPLICA_CHECK,
+    spares: int = SPARES,
 ) -> None:
     """Train a job on this machine; faults cost no more than the last checkpoint."""
     if resume and fresh:
@@ -39,8 +40,9 @@ def train_command(
         job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update={"dir": checkpoint_dir})})
 
     if workers is not None:
-        _train_elastic(job, workers, resume, fresh, chaos, stall_s, stall_deadline_s,
-                       slow, run_dir, report, runtime_env(replica_check_every))
+        options = LaunchOptions(workers, chaos, stall_s, stall_deadline_s, tuple(slow), run_dir,
+                                replica_check_every, spares)
+        _train_elastic(job, resume, fresh, options, report)
         return
     if chaos or slow:
         raise typer.BadParameter("--chaos and --slow need --workers N")
@@ -55,23 +57,18 @@ def train_command(
                f"{result.tokens_per_s:,.0f} tok/s, {result.wall_s:.1f} s, params {result.param_sha256[:12]}")
 
 
-def _train_elastic(job: JobSpec, workers: int, resume: bool, fresh: bool,
-                   chaos: str, stall_s: float, stall_deadline_s: float, slow: list[str],
-                   run_dir: Optional[Path], report: Optional[Path], extra_env: dict[str, str]) -> None:
+def _train_elastic(job: JobSpec, resume: bool, fresh: bool, options: LaunchOptions,
+                   report: Optional[Path]) -> None:
     import json
     import sys
 
-    from shoal.train.chaos import parse_chaos
-    from shoal.train.launcher import LaunchConfig
     from shoal.train.single import open_checkpoints
 
     open_checkpoints(job, resume, fresh).close()  # same guard as one worker: never clobber
-    config = LaunchConfig(
-        command=[sys.executable, "-m", "shoal.train.gpt_worker", "--job-json", job.model_dump_json()],
-        workers=workers, run_dir=run_dir or default_run_dir(job.name), chaos=parse_chaos(chaos),
-        stall_s=stall_s, stall_deadline_s=stall_deadline_s, worker_env=parse_slow(slow),
-        env={"SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,
-             "SHOAL_CHECKPOINT_INTERVAL": str(job.checkpoint.interval_steps),
-             "SHOAL_IDENTITY": json.dumps(job.resume_identity()), **extra_env},
-    )
+    command = [sys.executable, "-m", "shoal.train.gpt_worker", "--job-json", job.model_dump_json()]
+    config = options.config(command, job.name, env={
+        "SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,
+        "SHOAL_CHECKPOINT_INTERVAL": str(job.checkpoint.interval_steps),
+        "SHOAL_IDENTITY": json.dumps(job.resume_identity()),
+    })
     launch_and_report(config, report)

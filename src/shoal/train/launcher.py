@@ -45,10 +45,15 @@ class LaunchConfig:
     worker_env: dict[int, dict[str, str]] = field(default_factory=dict)  # per launch index
     timeout_s: float = 3600.0
     host: str = "127.0.0.1"
+    # Warm spares: started and ready (torch imported, model built) but idle until a
+    # `join` calls one in, so a join costs a state transfer, not a process start.
+    spares: int = 0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise TrainError("--workers must be at least 1")
+        if self.spares < 0:
+            raise TrainError("--spares cannot be negative")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -67,6 +72,7 @@ class Launcher:
         self.processes: dict[str, subprocess.Popen] = {}
         self.faults: list[FaultEvent] = []
         self._stalled: dict[str, float] = {}
+        self._spares: list[str] = []  # warm spares not yet called in, oldest first
         self._pending = list(config.chaos)
         self.authority = MembershipAuthority(
             self.rdzv,
@@ -79,9 +85,10 @@ class Launcher:
         process = self.processes.get(worker)
         return None if process is None else process.poll() is None
 
-    def spawn(self, index: int) -> str:
+    def spawn(self, index: int, spare: bool = False) -> str:
         worker = f"w{index}"
         env = {**os.environ, **self.config.env, **self.config.worker_env.get(index, {}),
+               **({"SHOAL_SPARE": "1"} if spare else {}),
                "SHOAL_RENDEZVOUS": f"{self.config.host}:{self.port}",
                "SHOAL_WORKER": worker, "SHOAL_RUN_DIR": str(self.config.run_dir),
                "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
@@ -92,6 +99,8 @@ class Launcher:
         process = subprocess.Popen(self.config.command, env=env, stdout=output, stderr=subprocess.STDOUT)
         output.close()
         self.processes[worker] = process
+        if spare:
+            self._spares.append(worker)
         # The authority learns of an exit the moment it happens, with no polling.
         threading.Thread(target=self._watch_exit, args=(process,), name=f"exit-{worker}",
                          daemon=True).start()
@@ -107,6 +116,8 @@ class Launcher:
         self.authority.start(watch_requests=Rendezvous(connect(self.config.host, self.port)))
         for index in range(self.config.workers):
             self.spawn(index)
+        for _ in range(self.config.spares):
+            self.spawn(len(self.processes), spare=True)
         try:
             self._supervise(started)
         finally:
@@ -149,9 +160,9 @@ class Launcher:
 
     def _inject(self, event: ChaosEvent, elapsed_s: float) -> None:
         if event.kind is FaultKind.join:
-            worker = self.spawn(len(self.processes))
+            worker = self._join_one()
             self.faults.append(FaultEvent(event.kind, worker, time.time()))
-            log.info("chaos %s: started %s", event, worker)
+            log.info("chaos %s: %s joins", event, worker)
             return
         worker = self._target(event)
         if worker is None:
@@ -166,12 +177,23 @@ class Launcher:
             self._stalled[worker] = time.time() + self.config.stall_s
         log.info("chaos %s: %s %s at %.1f s", event, signal.Signals(signum).name, worker, elapsed_s)
 
+    def _join_one(self) -> str:
+        """Call in a warm spare (and start another in its place), or start a new worker."""
+        while self._spares:
+            spare = self._spares.pop(0)
+            if self.processes[spare].poll() is None:
+                self.rdzv.activate(spare)
+                self.spawn(len(self.processes), spare=True)
+                return spare
+        return self.spawn(len(self.processes))
+
     def _target(self, event: ChaosEvent) -> str | None:
         if event.worker is not None:
             worker = f"w{event.worker}"
             alive = worker in self.processes and self.processes[worker].poll() is None
             return worker if alive else None
-        alive = [w for w, p in self.processes.items() if p.poll() is None and w not in self._stalled]
+        alive = [w for w, p in self.processes.items()
+                 if p.poll() is None and w not in self._stalled and w not in self._spares]
         return alive[-1] if alive else None
 
     def _wake_stalled(self, now: float) -> None:
@@ -182,7 +204,7 @@ class Launcher:
                     self.processes[worker].send_signal(signal.SIGCONT)
 
     def _any_alive(self) -> bool:
-        return any(p.poll() is None for p in self.processes.values())
+        return any(p.poll() is None for w, p in self.processes.items() if w not in self._spares)
 
     def _joins_ahead(self) -> bool:
         return any(e.kind is FaultKind.join for e in self._pending)

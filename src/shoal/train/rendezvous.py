@@ -114,6 +114,13 @@ class Rendezvous:
         names = self.store.multi_get([f"join/{i}" for i in range(seen + 1, total + 1)])
         return total, [n.decode() for n in names]
 
+    def activate(self, worker: str) -> None:
+        """Call a warm spare in: it asks to join at once."""
+        self.store.set(f"activate/{worker}", "1")
+
+    def activated(self, worker: str) -> bool:
+        return self.store.check([f"activate/{worker}"])
+
     def request_leave(self, worker: str) -> None:
         self.store.set(f"leave/{worker}", "1")
         self._notify()

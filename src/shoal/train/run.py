@@ -292,6 +292,10 @@ class Run:
             elif not self._awaiting_admission:
                 if self.record is not None:
                     self.has_state = False  # dropped while stalled: our state is stale
+                elif self.config.spare and not self.rdzv.activated(self.worker):
+                    # A warm spare: started, model built, waiting to be called in.
+                    time.sleep(self.config.poll_s * 10)
+                    continue
                 self.rdzv.request_join(self.worker)
                 self._awaiting_admission = True
             time.sleep(self.config.poll_s)

@@ -35,6 +35,7 @@ class RunConfig:
     rebalance_interval: int = 20  # steps between share re-weighting by measured speed (0: off)
     speed_report_interval: int = 5
     slowdown: float = 1.0  # simulate a device this many times slower (tests, benchmarks)
+    spare: bool = False  # a warm spare: joins only when the launcher activates it
     guard: GuardConfig = GuardConfig()
 
     def __post_init__(self) -> None:
@@ -66,6 +67,8 @@ class RunConfig:
             changes["run_dir"] = Path(env["SHOAL_RUN_DIR"])
         if env.get("SHOAL_CHECKPOINT_DIR"):
             changes["checkpoint_dir"] = env["SHOAL_CHECKPOINT_DIR"]
+        if env.get("SHOAL_SPARE") == "1":
+            changes["spare"] = True
         if env.get("SHOAL_IDENTITY"):
             changes["identity"] = json.loads(env["SHOAL_IDENTITY"])
         numbers = {"SHOAL_BACKEND": ("backend", str), "SHOAL_SLOWDOWN": ("slowdown", float),
