@@ -1,7 +1,7 @@
-"""Churn benchmark: a worker is killed every 15 s and a replacement joins,
-for at least 3 minutes; committed-work efficiency is the useful samples/s
-over what a fault-free run gives at the same average world size (measured
-in the same run at 2 and 3 workers, interpolated).
+"""Churn benchmark: a worker is killed every 15 s and a replacement joins (from
+a warm spare by default), for at least 3 minutes; committed-work efficiency
+is the useful samples/s over what a fault-free run gives at the same average
+world size (measured in the same run at 2 and 3 workers, interpolated).
 
     .venv/bin/python -m bench.churn [--workers 3] [--interval-s 15] [--duration-s 180]
 
@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=180.0)
     parser.add_argument("--join-after-s", type=float, default=2.0)
     parser.add_argument("--first-fault-s", type=float, default=20.0)
+    parser.add_argument("--spares", type=int, default=1,
+                        help="warm spares the replacements come from (0: start each one cold)")
     args = parser.parse_args()
 
     reference = {}
@@ -62,7 +64,8 @@ def main() -> None:
     slowest_rate = reference[args.workers - 1][1]
     steps = int(slowest_rate * end_s)
     log(f"{kills} kills, one every {args.interval_s:g} s; {steps} steps")
-    report, records = run_shoal(JOB, args.workers, steps, chaos, timeout_s=end_s * 4 + 300)
+    report, records = run_shoal(JOB, args.workers, steps, chaos, timeout_s=end_s * 4 + 300,
+                                spares=args.spares)
 
     kept = [r for r in records if r.step >= WARMUP]
     achieved = samples_per_s(records, WARMUP)
@@ -78,6 +81,7 @@ def main() -> None:
         "avg_world": round(world, 3),
         "fault_free_samples_per_s": {str(w): round(v[0], 2) for w, v in reference.items()},
         "kills": len(kills_done),
+        "spares": args.spares,
         "duration_s": round(kept[-1].t_commit - kept[0].t_commit, 1),
         "rto_s_median": median([f.recovery_s for f in kills_done]),
         "steps_lost": sum(f.steps_lost for f in kills_done),

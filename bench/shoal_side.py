@@ -23,13 +23,14 @@ from shoal.train.step_log import read_step_logs
 
 def run_shoal(job_path: str, workers: int, steps: int, chaos: str = "",
               extra_env: dict[str, str] | None = None, timeout_s: float = 900.0,
-              ) -> tuple[ElasticReport, list[StepRecord]]:
+              spares: int = 0) -> tuple[ElasticReport, list[StepRecord]]:
     job = load_job(job_path, overrides={"steps": steps})
     with tempfile.TemporaryDirectory(prefix="shoal-bench-") as scratch:
         run_dir = Path(scratch) / "run"
         config = LaunchConfig(
             command=[sys.executable, "-m", "shoal.train.gpt_worker", "--job-json", job.model_dump_json()],
             workers=workers, run_dir=run_dir, chaos=parse_chaos(chaos), timeout_s=timeout_s,
+            spares=spares,
             env={"SHOAL_CHECKPOINT_DIR": str(Path(scratch) / "ckpt"),
                  "SHOAL_CHECKPOINT_INTERVAL": str(job.checkpoint.interval_steps),
                  "SHOAL_IDENTITY": json.dumps(job.resume_identity()), **(extra_env or {})},
