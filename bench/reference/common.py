@@ -13,7 +13,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path

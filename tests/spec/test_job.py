@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from shoal.spec import JobSpec, SpecError, load_job, parse_job
 
@@ -16,7 +17,7 @@ def test_example_job_file_loads():
 
 def test_spec_values_are_frozen():
     job = parse_job({"steps": 10, "global_batch": 4})
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         job.steps = 11  # type: ignore[misc]
 
 

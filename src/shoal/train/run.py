@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shoal.spec.elastic import BatchPolicy, MembershipEpoch, StepDecision
+from shoal.spec.elastic import BatchPolicy, MembershipEpoch
 from shoal.train import inject
 from shoal.train.checkpoint import CheckpointStore, Snapshot
 from shoal.train.commit import Excluded, agree
@@ -257,7 +257,8 @@ class Run:
                 formed = form_epoch(
                     self.rdzv, record, self.worker, step=self.step_index, has_state=self.has_state,
                     backend=self.config.backend, timeout_s=self.config.collective_timeout_s,
-                    poll_s=self.config.poll_s, newer=lambda: self.rdzv.latest_epoch() > record.epoch,
+                    poll_s=self.config.poll_s,
+                    newer=lambda epoch=record.epoch: self.rdzv.latest_epoch() > epoch,
                     live_state=self.state_dict, load_state=self.load_state_dict,
                     load_from_disk=self._load_checkpoint)
             except (GroupFailed, GroupCancelled) as error:
