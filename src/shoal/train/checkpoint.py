@@ -10,7 +10,6 @@ falls back to the previous good checkpoint if the newest is damaged.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import io
 import json
@@ -40,14 +39,22 @@ class Snapshot:
     state: dict[str, Any]  # model, optimizer, rng: tensors and plain values only
 
 
+def detached_copy(state: Any) -> Any:
+    """A copy of nested dicts/lists/tuples whose tensors no longer share memory with training."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().clone()
+    if isinstance(state, dict):
+        return {k: detached_copy(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(detached_copy(v) for v in state)
+    return state
+
+
 def take_snapshot(step: int, cursor: int, model: torch.nn.Module,
                   optimizer: torch.optim.Optimizer) -> Snapshot:
-    state = {
-        "model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "optimizer": copy.deepcopy(optimizer.state_dict()),
-        "rng": torch.get_rng_state(),
-    }
-    return Snapshot(step, cursor, state)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "rng": torch.get_rng_state()}
+    return Snapshot(step, cursor, detached_copy(state))
 
 
 def restore_snapshot(snapshot: Snapshot, model: torch.nn.Module,

@@ -32,8 +32,6 @@ class Formed:
     group: EpochGroup
     rank: int
     received_state: bool  # state came from a peer (this worker joined or was behind)
-    restored_from_disk: bool
-    source_rank: int | None  # who sent state, if anyone did
 
 
 def _wait_arrivals(rdzv: Rendezvous, record: MembershipEpoch, poll_s: float,
@@ -58,13 +56,11 @@ def form_epoch(rdzv: Rendezvous, record: MembershipEpoch, worker: str, *, step: 
                              timeout_s=timeout_s, poll_s=poll_s, should_cancel=newer)
     try:
         holders = [a for a in arrivals if a.has_state]
-        restored = False
         if not holders:
             # Nobody holds live state: every worker reads the same checkpoint, or, if there
             # is none, rank 0's fresh initialization becomes the state of all.
-            restored = load_from_disk()
-            if restored:
-                return Formed(group, rank, False, True, None)
+            if load_from_disk():
+                return Formed(group, rank, False)
             source, needers = 0, list(range(1, len(arrivals)))
         else:
             best = max(a.step for a in holders)
@@ -73,7 +69,7 @@ def form_epoch(rdzv: Rendezvous, record: MembershipEpoch, worker: str, *, step: 
         if needers:
             _transfer(rdzv, group, record.epoch, rank, source, poll_s, newer, live_state, load_state,
                       worker)
-        return Formed(group, rank, rank in needers, restored, source if needers else None)
+        return Formed(group, rank, rank in needers)
     except Exception:
         group.abandon()
         raise

@@ -65,7 +65,7 @@ class Rendezvous:
         self.store.set(f"arrive/{epoch}/{arrival.worker}", arrival.model_dump_json())
 
     def arrivals(self, epoch: int, members: tuple[str, ...]) -> list[WorkerArrival]:
-        values = self.store.multi_get([f"arrive/{epoch}/{m}" for m in members])
+        values = self.store.multi_get(self.arrival_keys(epoch, members))
         return [WorkerArrival.model_validate_json(v) for v in values]
 
     def arrival_keys(self, epoch: int, members: tuple[str, ...]) -> list[str]:

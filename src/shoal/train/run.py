@@ -27,7 +27,7 @@ import torch
 
 from shoal.spec.elastic import BatchPolicy, MembershipEpoch
 from shoal.train import inject
-from shoal.train.checkpoint import CheckpointStore, Snapshot
+from shoal.train.checkpoint import CheckpointStore, Snapshot, detached_copy
 from shoal.train.commit import Excluded, agree
 from shoal.train.errors import TrainError
 from shoal.train.group import EpochGroup, GroupCancelled, GroupFailed
@@ -150,7 +150,7 @@ class Run:
     def _finish_step(self) -> None:
         compute_s = time.time() - self._attempt_start
         self._slow_down(compute_s)
-        self._measure_speed(compute_s)
+        self._measure_speed()
         if self._leave_wanted.is_set() and not self._leave_posted:
             self.rdzv.request_leave(self.worker)
             self._leave_posted = True
@@ -220,11 +220,11 @@ class Run:
         self.step_log.write(self, loss if verdict is Verdict.apply else None,
                             verdict is Verdict.apply, t_commit, fingerprint)
         if verdict is Verdict.apply and self.step_index % self.config.guard.snapshot_interval == 0:
-            self._last_good = _clone(self._model_state())
+            self._last_good = detached_copy(self._model_state())
         if self.rank == 0:
             self.rdzv.report_progress(self.step_index)
             if self._checkpoints and self.step_index % self.config.checkpoint_interval == 0:
-                self._checkpoints.save_async(Snapshot(self.step_index, self.cursor, _clone(self.state_dict())))
+                self._checkpoints.save_async(self._snapshot())
 
     def _optimizer_step(self) -> None:
         if self.lr_scale != 1.0:
@@ -326,7 +326,8 @@ class Run:
         if self.config.slowdown > 1.0 and compute_s > 0:
             time.sleep((self.config.slowdown - 1.0) * compute_s)
 
-    def _measure_speed(self, compute_s: float) -> None:
+    def _measure_speed(self) -> None:
+        """This worker's samples/s over the attempt, a simulated slowdown included."""
         if self._share == 0:
             return
         elapsed = max(1e-6, time.time() - self._attempt_start)
@@ -390,6 +391,9 @@ class Run:
         self._base_world = state.get("base_world") or self._base_world
         self._fresh_buffer()
 
+    def _snapshot(self) -> Snapshot:
+        return Snapshot(self.step_index, self.cursor, detached_copy(self.state_dict()))
+
     def _load_checkpoint(self) -> bool:
         if self._checkpoints is None:
             return False
@@ -406,7 +410,7 @@ class Run:
     def _last_one_leaves(self) -> None:
         """No peer to hand over to: leave the state on disk for whoever comes next."""
         if self._checkpoints is not None:
-            self._checkpoints.save_async(Snapshot(self.step_index, self.cursor, _clone(self.state_dict())))
+            self._checkpoints.save_async(self._snapshot())
             self._checkpoints.wait()
             log.warning("[worker %s] last worker leaving: checkpoint of step %d written",
                         self.worker, self.step_index)
@@ -428,7 +432,7 @@ class Run:
     def _finish(self, steps: int) -> None:
         if self.group is not None and self.rank == 0 and self.step_index >= steps and not self.left:
             if self._checkpoints is not None:
-                self._checkpoints.save_async(Snapshot(self.step_index, self.cursor, _clone(self.state_dict())))
+                self._checkpoints.save_async(self._snapshot())
             self._final = {"steps": self.step_index, "param_sha256": param_sha256(self.model)}
             self.rdzv.mark_done(self._final)
         if self._checkpoints is not None:
@@ -451,17 +455,6 @@ class Run:
         if self._final is not None:
             self._final.update(figures)
             self.rdzv.mark_done(self._final)
-
-
-def _clone(state: Any) -> Any:
-    """A deep copy of tensors in nested dicts/lists, detached from live training."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().clone()
-    if isinstance(state, dict):
-        return {k: _clone(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_clone(v) for v in state)
-    return state
 
 
 def _num_samples(dataset: Any) -> int:
