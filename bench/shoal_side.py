@@ -15,9 +15,9 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: see
 
 from shoal.spec import load_job  # noqa: E402
 from shoal.spec.elastic import ElasticReport, StepRecord
-from shoal.train.chaos import parse_chaos
-from shoal.train.elastic_report import lineage
-from shoal.train.launcher import Launcher, LaunchConfig
+from shoal.control.chaos import parse_chaos
+from shoal.control.elastic_report import lineage
+from shoal.control.launcher import Launcher, LaunchConfig
 from shoal.train.step_log import read_step_logs
 
 
@@ -28,7 +28,7 @@ def run_shoal(job_path: str, workers: int, steps: int, chaos: str = "",
     with tempfile.TemporaryDirectory(prefix="shoal-bench-") as scratch:
         run_dir = Path(scratch) / "run"
         config = LaunchConfig(
-            command=[sys.executable, "-m", "shoal.train.gpt_worker", "--job-json", job.model_dump_json()],
+            command=[sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json", job.model_dump_json()],
             workers=workers, run_dir=run_dir, chaos=parse_chaos(chaos), timeout_s=timeout_s,
             spares=spares,
             env={"SHOAL_CHECKPOINT_DIR": str(Path(scratch) / "ckpt"),

@@ -20,7 +20,8 @@ ALLOWED = {
     "train": {"spec", "plan", "proof", "market"},
     "sim": {"spec", "market", "plan"},
     "control": {"spec", "market", "plan", "proof", "train", "ledger"},
-    "cli": {"spec", "market", "plan", "proof", "train", "ledger", "control", "sim"},
+    "jobs": {"spec", "train"},
+    "cli": {"spec", "market", "plan", "proof", "train", "ledger", "control", "sim", "jobs"},
 }
 PURE = {"spec", "market", "plan", "proof"}
 HEAVY = {"torch", "fastapi", "starlette", "uvicorn", "sqlalchemy", "psycopg", "psycopg2",

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from shoal.train.recovery import recovery_s, steps_lost
+from shoal.control.recovery import recovery_s, steps_lost
 
 
 class ReferenceRunError(RuntimeError):
@@ -27,7 +27,7 @@ class ReferenceRunError(RuntimeError):
 @dataclass(frozen=True)
 class FaultResult:
     t: float  # seconds from the launch of the reference to the SIGKILL
-    rto_s: float | None  # shoal.train.recovery.recovery_s; None if the log ended too soon
+    rto_s: float | None  # shoal.control.recovery.recovery_s; None if the log ended too soon
     steps_lost: int  # committed steps that had to be computed again after the kill
 
     def as_dict(self) -> dict[str, object]:

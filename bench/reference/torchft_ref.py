@@ -16,7 +16,7 @@ torch start-up take the two cores from the survivors, and recovery_s's steady
 window then lands on slowed steps or not, so RTOs swung between 0.5 and 8 s
 (shoal's joiners are warm spares too). --cold-respawn measures that case anyway.
 
-Per kill: rto_s is shoal.train.recovery.recovery_s over the steps that started
+Per kill: rto_s is shoal.control.recovery.recovery_s over the steps that started
 between this kill and the next; steps_lost counts steps committed before the
 kill that ran again after it (0 unless every replica died).
 

@@ -8,7 +8,7 @@ measured here (see ddp_worker.torchrun_command): one node, so no last-call
 wait; monitor interval 0.1 s; the corpus cached as .npy so a restarted worker
 does not re-read it; each attempt's gloo keys under their own store prefix.
 
-Per kill: rto_s is shoal.train.recovery.recovery_s over the steps that started
+Per kill: rto_s is shoal.control.recovery.recovery_s over the steps that started
 between this kill and the next; steps_lost counts steps committed before the
 kill that ran again after it (those since the last checkpoint).
 

@@ -14,7 +14,7 @@ import typer
 from shoal import ShoalError
 
 if TYPE_CHECKING:
-    from shoal.train.launcher import LaunchConfig
+    from shoal.control.launcher import LaunchConfig
 
 
 def parse_slow(values: list[str]) -> dict[int, dict[str, str]]:
@@ -49,8 +49,8 @@ class LaunchOptions:
     spares: int = 0
 
     def config(self, command: list[str], name: str, env: dict[str, str] | None = None) -> LaunchConfig:
-        from shoal.train.chaos import parse_chaos
-        from shoal.train.launcher import LaunchConfig
+        from shoal.control.chaos import parse_chaos
+        from shoal.control.launcher import LaunchConfig
 
         runtime = {"SHOAL_REPLICA_CHECK": str(self.replica_check_every)} if self.replica_check_every else {}
         return LaunchConfig(
@@ -62,7 +62,7 @@ class LaunchOptions:
 
 
 def launch_and_report(config: LaunchConfig, report: Path | None) -> None:
-    from shoal.train.launcher import Launcher
+    from shoal.control.launcher import Launcher
 
     result = Launcher(config).run()
     if report is not None:

@@ -30,7 +30,7 @@ def run_command(
     """Run SCRIPT on N workers like torchrun, but faults cost no restart."""
     if not script.is_file():
         raise ShoalError(f"script '{script}' not found")
-    from shoal.train.launcher import worker_command
+    from shoal.control.launcher import worker_command
 
     options = LaunchOptions(workers, chaos, stall_s, stall_deadline_s, tuple(slow), run_dir,
                             replica_check_every, spares)

@@ -46,7 +46,7 @@ def train_command(
         return
     if chaos or slow:
         raise typer.BadParameter("--chaos and --slow need --workers N")
-    from shoal.train.single import train_job  # torch loads only when training runs
+    from shoal.jobs.single import train_job  # torch loads only when training runs
 
     result = train_job(job, resume=resume, fresh=fresh, show_progress=not quiet)
     if report is not None:
@@ -62,10 +62,10 @@ def _train_elastic(job: JobSpec, resume: bool, fresh: bool, options: LaunchOptio
     import json
     import sys
 
-    from shoal.train.single import open_checkpoints
+    from shoal.jobs.single import open_checkpoints
 
     open_checkpoints(job, resume, fresh).close()  # same guard as one worker: never clobber
-    command = [sys.executable, "-m", "shoal.train.gpt_worker", "--job-json", job.model_dump_json()]
+    command = [sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json", job.model_dump_json()]
     config = options.config(command, job.name, env={
         "SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,
         "SHOAL_CHECKPOINT_INTERVAL": str(job.checkpoint.interval_steps),

@@ -7,9 +7,5 @@ class TrainError(ShoalError):
     """Training cannot start or continue."""
 
 
-class CorpusError(TrainError):
-    """The corpus is missing, empty or too small for the model's context."""
-
-
 class CheckpointError(TrainError):
     """No usable checkpoint where one is needed, or one from another job."""

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shoal.spec.elastic import ElasticReport, FaultKind
-from shoal.train.authority import AuthorityConfig, MembershipAuthority
-from shoal.train.chaos import ChaosEvent
-from shoal.train.elastic_report import FaultEvent, build_report
-from shoal.train.errors import TrainError
+from shoal.control.authority import AuthorityConfig, MembershipAuthority
+from shoal.control.chaos import ChaosEvent
+from shoal.control.elastic_report import FaultEvent, build_report
+from shoal.control.errors import ControlError
 from shoal.train.rendezvous import Rendezvous, connect
 
 log = logging.getLogger(__name__)
@@ -51,9 +51,9 @@ class LaunchConfig:
 
     def __post_init__(self) -> None:
         if self.workers < 1:
-            raise TrainError("--workers must be at least 1")
+            raise ControlError("--workers must be at least 1")
         if self.spares < 0:
-            raise TrainError("--spares cannot be negative")
+            raise ControlError("--spares cannot be negative")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -137,12 +137,12 @@ class Launcher:
                 log.info("step %d, epoch %d, %d workers", self.rdzv.progress(),
                          self.authority.epoch, len(self.authority.members))
             if now > deadline:
-                raise TrainError(f"run did not finish within {self.config.timeout_s:.0f} s; "
+                raise ControlError(f"run did not finish within {self.config.timeout_s:.0f} s; "
                                  f"worker logs are in {self.config.run_dir}")
             self._inject_due(now - started)
             self._wake_stalled(now)
             if not self._any_alive() and not self._joins_ahead():
-                raise TrainError("every worker exited before the job finished; see "
+                raise ControlError("every worker exited before the job finished; see "
                                  f"{self.config.run_dir}/w*.log (resume from checkpoints "
                                  "with the same job and --resume)")
             time.sleep(SUPERVISE_EVERY_S)

@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from shoal.spec.elastic import MembershipEpoch
-from shoal.train.authority import AuthorityConfig, MembershipAuthority
+from shoal.control.authority import AuthorityConfig, MembershipAuthority
 from shoal.train.commit import Excluded, agree
-from shoal.train.launcher import free_port
+from shoal.control.launcher import free_port
 from shoal.train.rendezvous import Rendezvous, connect
 
 

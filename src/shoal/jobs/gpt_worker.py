@@ -13,10 +13,10 @@ import torch
 
 import shoal.train
 from shoal.spec import JobSpec, load_job
-from shoal.train.corpus import Corpus, load_corpus
-from shoal.train.model import GPT
-from shoal.train.optim import build_optimizer, lr_at, set_lr
-from shoal.train.single import evaluate
+from shoal.jobs.corpus import Corpus, load_corpus
+from shoal.jobs.model import GPT
+from shoal.jobs.optim import build_optimizer, lr_at, set_lr
+from shoal.jobs.single import evaluate
 
 
 class CorpusWindows:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.spec.elastic import ElasticReport, FaultKind, FaultReport, StepRecord
-from shoal.train.recovery import recovery_s
+from shoal.control.recovery import recovery_s
 from shoal.train.step_log import read_step_logs
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from shoal.spec import DataSpec
-from shoal.train.errors import CorpusError
+from shoal.jobs.errors import CorpusError
 
 log = logging.getLogger(__name__)
 

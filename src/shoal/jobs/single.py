@@ -18,13 +18,13 @@ import torch
 
 from shoal.spec import JobSpec, TrainReport
 from shoal.train.checkpoint import CheckpointStore, restore_snapshot, take_snapshot
-from shoal.train.corpus import Corpus, load_corpus
+from shoal.jobs.corpus import Corpus, load_corpus
 from shoal.train.errors import CheckpointError
 from shoal.train.hashing import param_sha256
-from shoal.train.model import GPT
-from shoal.train.optim import build_optimizer, lr_at, set_lr
+from shoal.jobs.model import GPT
+from shoal.jobs.optim import build_optimizer, lr_at, set_lr
 from shoal.train.order import DataOrder
-from shoal.train.progress import TrainProgress
+from shoal.jobs.progress import TrainProgress
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 from shoal.spec.elastic import FaultKind, StepRecord
-from shoal.train.elastic_report import FaultEvent, _fault_report, coverage, lineage, replica_agreement
+from shoal.control.elastic_report import FaultEvent, _fault_report, coverage, lineage, replica_agreement
 
 
 def record(step, epoch=0, rank=0, cursor=None, shares=(4, 4), t=None, sha=None):

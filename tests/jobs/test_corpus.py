@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from shoal.spec import DataSpec
-from shoal.train.corpus import load_corpus
-from shoal.train.errors import CorpusError
+from shoal.jobs.corpus import load_corpus
+from shoal.jobs.errors import CorpusError
 
 
 def test_stdlib_corpus_is_split_by_file_and_capped():

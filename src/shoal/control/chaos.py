@@ -12,12 +12,12 @@ import re
 from dataclasses import dataclass
 
 from shoal.spec.elastic import FaultKind
-from shoal.train.errors import TrainError
+from shoal.control.errors import ControlError
 
 _EVENT = re.compile(r"^(?P<action>[a-z]+)(?::(?P<worker>\d+))?@(?:(?P<secs>\d+(?:\.\d+)?)s|step(?P<step>\d+))$")
 
 
-class ChaosError(TrainError):
+class ChaosError(ControlError):
     """A --chaos schedule that does not parse."""
 
 

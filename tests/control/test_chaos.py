@@ -1,7 +1,7 @@
 import pytest
 
 from shoal.spec.elastic import FaultKind
-from shoal.train.chaos import ChaosError, parse_chaos
+from shoal.control.chaos import ChaosError, parse_chaos
 
 
 def test_parses_the_documented_example():
