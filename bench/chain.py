@@ -2,6 +2,9 @@
 
 Prints one JSON line: `gas` (operation -> gas used), `settle_gas_per_provider`
 (settling a job with N providers and pushing every provider its pay, over N),
+`job_gas_per_provider` (every transaction a provider's lease costs from open
+to paid: the batched offer, the provider's own `accept`, one booking, its
+share of `settle` and the batched push, over N),
 `job_gas_by_steps` (a whole job's chain gas for different step counts at a
 fixed number of epochs), `anchors_per_s`, and the reference it is read
 against: a plain ETH transfer, the least any per-provider payment can cost.
@@ -22,7 +25,9 @@ from shoal.ledger import Chain, Ledger
 from shoal.spec.ledger import LedgerConfig
 
 GWEI = 10**9
-TARGETS = {"settle_gas_per_provider_max": 30_000, "anchors_per_s_min": 40}
+TARGETS = {"settle_gas_per_provider_max": 30_000, "job_gas_per_provider_max": 60_000,
+           "anchors_per_s_min": 40}
+WINDOW_S = 100  # dispute window; the bench moves the clock past it before paying
 
 
 def merkle_root(leaves: list[bytes]) -> bytes:
@@ -73,14 +78,35 @@ def run_job(ledger: Ledger, accounts, providers: list, roots: list[bytes], secon
     created = ledger.create_job(submitter, GWEI, 10**18)
     add("create_job", created)
     job = created.returned
+    term_s = seconds * len(roots)
+    add("open_leases", ledger.open_leases(operator, job, {p.address: (GWEI, term_s) for p in providers}))
     for p in providers:
-        add("open_lease", ledger.open_lease(operator, job, p.address, GWEI))
+        add("accept", ledger.accept(p, job))
     for epoch, root in enumerate(roots):
+        ledger.chain.advance_time(seconds)
         add("anchor", ledger.anchor(operator, job, epoch, root))
         add("book", ledger.book(operator, job, epoch, {p.address: seconds for p in providers}))
     add("settle", ledger.settle(operator, job))
+    ledger.chain.advance_time(WINDOW_S)
     add("payout", ledger.payout(operator, job, [p.address for p in providers]))
     return gas
+
+
+def lease_costs(ledger: Ledger, accounts, providers: list) -> dict[str, int]:
+    """Gas of a one-epoch job with every provider: each step summed over providers."""
+    operator, submitter = accounts[1], accounts[3]
+    job = ledger.create_job(submitter, GWEI, 10**18).returned
+    addresses = [p.address for p in providers]
+    costs = {"open_leases": sum(o.gas_used for o in ledger.open_leases(
+        operator, job, {a: (GWEI, 3600) for a in addresses}))}
+    costs["accept"] = sum(ledger.accept(p, job).gas_used for p in providers)
+    ledger.chain.advance_time(3600)
+    ledger.anchor(operator, job, 0, keccak(b"big"))
+    costs["book"] = sum(o.gas_used for o in ledger.book(operator, job, 0, dict.fromkeys(addresses, 3600)))
+    costs["settle"] = ledger.settle(operator, job).gas_used
+    ledger.chain.advance_time(WINDOW_S)
+    costs["payout"] = sum(o.gas_used for o in ledger.payout(operator, job, addresses))
+    return costs
 
 
 def main() -> None:
@@ -93,7 +119,7 @@ def main() -> None:
     acc = chain.dev_accounts()
     owner, operator, referee, submitter, p1, p2, wb = acc[:7]
     config = LedgerConfig(fee_bps=100, min_stake_wei=10**15, min_bond_wei=10**15,
-                          unbonding_delay_s=100, silence_timeout_s=100, dispute_window_s=0)
+                          unbonding_delay_s=100, silence_timeout_s=100, dispute_window_s=WINDOW_S)
     ledger = Ledger.deploy(chain, owner, operator.address, referee.address, config)
     gas: dict[str, int] = {"deploy": ledger.deploy_outcome.gas_used}
     transfer = ledger.sender.send(owner, "transfer", wb.address, "0x", 21_000, 1)
@@ -106,8 +132,11 @@ def main() -> None:
     job = created.returned
     gas["create_job"] = created.gas_used
     gas["fund"] = ledger.fund(submitter, job, 10**15).gas_used
-    gas["open_lease"] = ledger.open_lease(operator, job, p1.address, GWEI).gas_used
-    ledger.open_lease(operator, job, p2.address, GWEI)
+    gas["open_lease"] = ledger.open_lease(operator, job, p1.address, GWEI, 3600).gas_used
+    ledger.open_lease(operator, job, p2.address, GWEI, 3600)
+    gas["accept"] = ledger.accept(p1, job).gas_used
+    ledger.accept(p2, job)
+    chain.advance_time(600)
     gas["anchor"] = ledger.anchor(operator, job, 0, keccak(b"epoch 0")).gas_used
     gas["book_1_provider"] = ledger.book(operator, job, 0, {p1.address: 600})[0].gas_used
     ledger.book(operator, job, 0, {p2.address: 600})
@@ -115,34 +144,34 @@ def main() -> None:
     gas["open_dispute"] = dispute.gas_used
     gas["resolve_dispute"] = ledger.resolve_dispute(referee, dispute.returned, upheld=True).gas_used
     gas["settle"] = ledger.settle(operator, job).gas_used
+    chain.advance_time(WINDOW_S)
     gas["payout_1_provider"] = ledger.payout(operator, job, [p1.address])[0].gas_used
     gas["unbond"] = ledger.unbond(p1, 10**15).gas_used
     chain.advance_time(101)
     gas["release_stake"] = ledger.release_stake(p1).gas_used
     second = ledger.create_job(submitter, GWEI, 10**18).returned
-    ledger.open_lease(operator, second, p1.address, GWEI)
-    gas["slash"] = ledger.slash(referee, second, p1.address, 10**15, wb.address).gas_used
+    ledger.open_lease(operator, second, p1.address, GWEI, 60)
+    ledger.accept(p1, second)
+    gas["slash"] = ledger.slash(referee, second, p1.address, wb.address).gas_used
 
-    # Settling a job with N providers: settle once, then push every provider its pay.
+    # A job with N providers: offer, accept, book, settle once, push every provider its pay.
     n = args.providers
-    providers = fresh_providers(ledger, owner, n, 10**15)
-    big = ledger.create_job(submitter, GWEI, 10**18).returned
-    for p in providers:
-        ledger.open_lease(operator, big, p.address, GWEI)
-    ledger.anchor(operator, big, 0, keccak(b"big"))
-    booked = ledger.book(operator, big, 0, {p.address: 3600 for p in providers})
-    settle = ledger.settle(operator, big)
-    payout = ledger.payout(operator, big, [p.address for p in providers])
-    paid_gas = settle.gas_used + sum(o.gas_used for o in payout)
-    gas[f"book_{n}_providers"] = sum(o.gas_used for o in booked)
-    gas[f"payout_{n}_providers"] = sum(o.gas_used for o in payout)
-    self_paid = fresh_providers(ledger, owner, 4, 10**15)
+    providers = fresh_providers(ledger, owner, n, 10**16)
+    costs = lease_costs(ledger, acc, providers)
+    paid_gas = costs["settle"] + costs["payout"]
+    gas[f"book_{n}_providers"] = costs["book"]
+    gas[f"payout_{n}_providers"] = costs["payout"]
+    gas[f"open_leases_{n}_providers"] = costs["open_leases"]
+    self_paid = fresh_providers(ledger, owner, 4, 10**16)
     small = ledger.create_job(submitter, GWEI, 10**18).returned
+    ledger.open_leases(operator, small, {p.address: (GWEI, 3600) for p in self_paid})
     for p in self_paid:
-        ledger.open_lease(operator, small, p.address, GWEI)
+        ledger.accept(p, small)
+    chain.advance_time(3600)
     ledger.anchor(operator, small, 0, keccak(b"small"))
     ledger.book(operator, small, 0, {p.address: 3600 for p in self_paid})
     ledger.settle(operator, small)
+    chain.advance_time(WINDOW_S)
     # A provider that pulls its own pay: claim into its credit, then withdraw.
     claims = [ledger.claim(p, small).gas_used for p in self_paid]
     withdrawals = [ledger.withdraw(p).gas_used for p in self_paid]
@@ -169,6 +198,8 @@ def main() -> None:
         "providers": n,
         "settle_gas_per_provider": round(paid_gas / n),
         "book_gas_per_provider": round(gas[f"book_{n}_providers"] / n),
+        "job_gas_per_provider": round(sum(costs.values()) / n),
+        "job_gas_per_provider_parts": {k: round(v / n) for k, v in costs.items()},
         "self_claim_and_withdraw_gas_per_provider": round(sum(self_gas) / len(self_gas)),
         "job_gas_by_steps": job_gas,
         "anchors_per_s": round(anchors_per_s, 1),

@@ -39,7 +39,7 @@ def test_stale_build_is_refused(tmp_path, monkeypatch):
 
 def test_artifact_has_every_operation():
     functions = {item["name"] for item in load_artifact().abi if item["type"] == "function"}
-    assert {"create_job", "fund", "open_lease", "anchor", "book", "settle", "reclaim", "payout",
+    assert {"create_job", "fund", "open_leases", "accept", "anchor", "book", "settle", "reclaim", "payout",
             "claim", "withdraw", "stake", "unbond", "release_stake", "slash", "open_dispute",
             "resolve_dispute", "expire_dispute"} <= functions
     assert json.loads(json.dumps(load_artifact().abi))  # plain JSON, as shipped

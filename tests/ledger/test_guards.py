@@ -1,8 +1,10 @@
-"""The contract against a hostile account and the gas budget of settlement.
+"""The contract against a reentrant receiver, and the gas budget of settlement.
 
-A receiver that re-enters the market when paid must not get paid twice, and
-a push it refuses must become a credit. Paying providers must stay within
-30,000 gas each (settle plus the batched push), as bench/chain.py reports.
+The functions that send ETH are `withdraw` (the whole credit, full gas) and
+`payout` (a push with a 2300-gas stipend). A receiver that re-enters the
+market from either, with each call that could pay it again, must end with
+exactly what it was owed, once. Paying providers must stay within 30,000 gas
+each (settle plus the batched push), as bench/chain.py reports.
 """
 
 from __future__ import annotations
@@ -14,76 +16,92 @@ import vyper
 from eth_account import Account
 
 from shoal.ledger import ContractRevert
-from tests.ledger.conftest import Actors, deploy
+from tests.ledger.stage import GWEI, MIN_STAKE, SILENCE_S, STAKE, WINDOW_S, staged
 
 RECEIVER = Path(__file__).resolve().parent / "contracts" / "reentrant_receiver.vy"
-GWEI = 10**9
-
-
-@pytest.fixture
-def market(embedded_chain):
-    actors = Actors.of(embedded_chain)
-    ledger = deploy(embedded_chain, actors, silence_timeout_s=0, dispute_window_s=0, fee_bps=0)
-    return embedded_chain, actors, ledger
+REENTRIES = {"withdraw": 1, "claim": 2, "payout": 3, "reclaim": 4}
 
 
 def _deploy_receiver(chain, ledger, owner):
     out = vyper.compile_code(RECEIVER.read_text(), output_formats=["abi", "bytecode"])
     factory = chain.w3.eth.contract(abi=out["abi"], bytecode=out["bytecode"])
     data = factory.constructor(ledger.address).data_in_transaction
-    receipt = ledger.sender.send(owner, "deploy receiver", None, data, 1_000_000)
+    receipt = ledger.sender.send(owner, "deploy receiver", None, data, 1_500_000)
     return chain.w3.eth.contract(address=receipt["contractAddress"], abi=out["abi"])
 
 
 def _call(ledger, sender, contract, function, *args, value_wei=0):
     data = contract.encode_abi(function, args=list(args))
-    return ledger.sender.send(sender, function, contract.address, data, 500_000, value_wei)
+    return ledger.sender.send(sender, function, contract.address, data, 800_000, value_wei)
 
 
-def test_reentrant_call_is_refused(market):
-    chain, a, ledger = market
-    receiver = _deploy_receiver(chain, ledger, a.owner)
-    _call(ledger, a.stranger, receiver, "create_job", value_wei=10_000)
-    job = ledger.job_count()
-    chain.advance_time(1)
-    _call(ledger, a.stranger, receiver, "reclaim", job)  # its whole escrow becomes its credit
-    assert ledger.credit_of(receiver.address) == 10_000
-    held = ledger.balance()
+@pytest.fixture
+def hostile(embedded_chain):
+    """A settled job whose provider 0 is the hostile contract, owed 300 s of work."""
+    s = staged(embedded_chain)
+    chain, a, led = s.chain, s.a, s.ledger
+    receiver = _deploy_receiver(chain, led, a.owner)
+    _call(led, a.stranger, receiver, "stake", value_wei=STAKE)
+    led.open_lease(a.operator, s.job, receiver.address, GWEI, 1000)
+    _call(led, a.stranger, receiver, "accept", s.job)
+    chain.advance_time(300)
+    led.anchor(a.operator, s.job, 1, b"\x02" * 32)
+    led.book(a.operator, s.job, 1, {receiver.address: 300})
+    led.settle(a.operator, s.job)
+    chain.advance_time(WINDOW_S)
+    return s, receiver
+
+
+@pytest.mark.parametrize("reentry", REENTRIES)
+def test_reentrant_payout_push_becomes_a_single_credit(hostile, reentry):
+    s, receiver = hostile
+    _call(s.ledger, s.a.stranger, receiver, "set_reentry", REENTRIES[reentry], s.job)
+    [out] = s.ledger.payout(s.a.stranger, s.job, [receiver.address, receiver.address])
+    paid = [e for e in out.events if e.name == "Paid"]
+    assert len(paid) == 1 and paid[0].args["pushed"] is False  # the stipend cannot re-enter
+    assert s.ledger.credit_of(receiver.address) == 300 * GWEI
+    assert s.ledger.stake_of(receiver.address).locked_wei == 0
+
+
+@pytest.mark.parametrize("reentry", REENTRIES)
+def test_reentrant_withdraw_is_paid_once(hostile, reentry):
+    s, receiver = hostile
+    chain, led = s.chain, s.ledger
+    _call(led, s.a.stranger, receiver, "claim", s.job)
+    _call(led, s.a.stranger, receiver, "unbond", STAKE)  # its lease is paid: nothing is locked
+    chain.advance_time(SILENCE_S)
+    _call(led, s.a.stranger, receiver, "release_stake")
+    owed = 300 * GWEI + STAKE
+    assert led.credit_of(receiver.address) == owed
+    _call(led, s.a.stranger, receiver, "set_reentry", REENTRIES[reentry], s.job)
+    held = led.balance()
     with pytest.raises(ContractRevert):
-        _call(ledger, a.stranger, receiver, "withdraw")  # calls create_job when paid
-    assert ledger.credit_of(receiver.address) == 10_000
-    assert ledger.balance() == held and chain.balance(receiver.address) == 0
-    assert ledger.job_count() == job
-
-
-def test_refused_push_becomes_a_credit(market):
-    chain, a, ledger = market
-    receiver = _deploy_receiver(chain, ledger, a.owner)
-    job = ledger.create_job(a.submitters[0], GWEI, 10**15).returned
-    ledger.open_lease(a.operator, job, receiver.address, GWEI)
-    ledger.anchor(a.operator, job, 0, b"\x01" * 32)
-    ledger.book(a.operator, job, 0, {receiver.address: 10})
-    ledger.settle(a.operator, job)
-    [out] = ledger.payout(a.stranger, job, [receiver.address])
-    [paid] = [e for e in out.events if e.name == "Paid"]
-    assert paid.args["pushed"] is False and paid.args["amount"] == 10 * GWEI
-    assert ledger.credit_of(receiver.address) == 10 * GWEI
+        _call(led, s.a.stranger, receiver, "withdraw")  # re-enters when paid: all of it reverts
+    assert led.credit_of(receiver.address) == owed and led.balance() == held
     assert chain.balance(receiver.address) == 0
+    _call(led, s.a.stranger, receiver, "set_reentry", 0, s.job)
+    _call(led, s.a.stranger, receiver, "withdraw")
+    assert chain.balance(receiver.address) == owed and led.credit_of(receiver.address) == 0
 
 
-def test_settlement_gas_per_provider(market):
-    chain, a, ledger = market
+def test_settlement_gas_per_provider(embedded_chain):
+    s = staged(embedded_chain)
+    a, led, chain = s.a, s.ledger, s.chain
     providers = [Account.create() for _ in range(20)]
     for p in providers:
-        ledger.sender.send(a.owner, "transfer", p.address, "0x", 21_000, 10**16)
-    job = ledger.create_job(a.submitters[0], GWEI, 10**17).returned
+        led.sender.send(a.owner, "transfer", p.address, "0x", 21_000, 10**17)
+        led.stake(p, MIN_STAKE)
+    job = led.create_job(a.submitters[0], GWEI, 10**17).returned
+    led.open_leases(a.operator, job, {p.address: (GWEI, 3600) for p in providers})
     for p in providers:
-        ledger.open_lease(a.operator, job, p.address, GWEI)
-    ledger.anchor(a.operator, job, 0, b"\x02" * 32)
-    ledger.book(a.operator, job, 0, {p.address: 3600 for p in providers})
+        led.accept(p, job)
+    chain.advance_time(3600)
+    led.anchor(a.operator, job, 0, b"\x02" * 32)
+    led.book(a.operator, job, 0, {p.address: 3600 for p in providers})
+    settle = led.settle(a.operator, job)
+    chain.advance_time(WINDOW_S)
     before = [chain.balance(p.address) for p in providers]
-    settle = ledger.settle(a.operator, job)
-    payouts = ledger.payout(a.operator, job, [p.address for p in providers])
+    payouts = led.payout(a.operator, job, [p.address for p in providers])
     per_provider = (settle.gas_used + sum(o.gas_used for o in payouts)) / len(providers)
     assert per_provider <= 30_000, per_provider
     assert [chain.balance(p.address) - b for p, b in zip(providers, before)] == [3600 * GWEI] * 20

@@ -56,7 +56,9 @@ def _leases(ledger: Any, job: int) -> list[dict[str, Any]]:
         provider = e.args.get("provider")
         if e.name == "LeaseOpened":
             rows[provider] = {"provider": provider, "price_wei_per_s": e.args["price"],
-                              "verified_s": 0, "paid_wei": 0}
+                              "term_s": e.args["term_s"], "locked_wei": 0, "verified_s": 0, "paid_wei": 0}
+        elif e.name == "LeaseAccepted":
+            rows[provider]["locked_wei"] = e.args["locked"]
         elif e.name == "WorkBooked":
             rows[provider]["verified_s"] += e.args["seconds"]
         elif e.name == "Paid":
@@ -64,6 +66,7 @@ def _leases(ledger: Any, job: int) -> list[dict[str, Any]]:
     for row in rows.values():
         lease = ledger.lease(job, row["provider"])
         row["state"] = ("slashed" if lease.slashed else "disputed" if lease.disputed
+                        else "offered" if lease.unpaid and not lease.accepted_at
                         else "unpaid" if lease.unpaid else "paid")
     return list(rows.values())
 
@@ -79,8 +82,9 @@ def show_status(ledger: Any, job: int) -> tuple[Any, list[str]]:
         f"  max price   {escrow.max_price_wei_per_s} wei/s",
         f"  epochs      {escrow.epochs} anchored",
     ]
-    lines += [f"  lease {x['provider']}: {x['price_wei_per_s']} wei/s x {x['verified_s']} s, "
-              f"{x['state']}, paid {x['paid_wei']} wei" for x in leases]
+    lines += [f"  lease {x['provider']}: {x['price_wei_per_s']} wei/s x {x['verified_s']} s "
+              f"(term {x['term_s']} s, collateral {x['locked_wei']} wei), {x['state']}, "
+              f"paid {x['paid_wei']} wei" for x in leases]
     return {"job": escrow.model_dump(mode="json"), "leases": leases}, lines
 
 
@@ -105,10 +109,10 @@ def show_balances(ledger: Any, accounts: list[str], names: dict[str, str] | None
         stake = ledger.stake_of(account)
         rows.append({"account": account, "name": names.get(account, ""), "balance_wei": ledger.chain.balance(account),
                      "credit_wei": ledger.credit_of(account), "stake_wei": stake.active_wei,
-                     "unbonding_wei": stake.unbonding_wei})
+                     "locked_wei": stake.locked_wei, "unbonding_wei": stake.unbonding_wei})
     lines = [f"contract {ledger.address} holds {_eth(ledger.balance())}"]
     lines += [f"  {r['name']:<13} {r['account']}  balance {_eth(r['balance_wei'])}  credit {r['credit_wei']} wei  "
-              f"stake {r['stake_wei']} wei  unbonding {r['unbonding_wei']} wei" for r in rows]
+              f"stake {r['stake_wei']} wei (locked {r['locked_wei']})  unbonding {r['unbonding_wei']} wei" for r in rows]
     return {"contract_wei": ledger.balance(), "accounts": rows}, lines
 
 

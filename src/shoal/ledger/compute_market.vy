@@ -8,29 +8,57 @@
         withdraws, except `payout`, which pushes earnings with a 2300-gas
         stipend and falls back to a credit when the push fails. Every
         external function holds the (transient) reentrancy lock.
-@dev    Revert reasons start with a category ("role:", "state:", "funds:",
+@dev    The rules that keep parties honest (README, "Settlement"):
+        - a provider accepts a lease before it can be billed, and accepting
+          locks stake equal to the most the lease can earn (price x term,
+          at least min_stake); unbonding never reaches locked stake, and the
+          lock is released only when the lease is paid after its job's
+          dispute window, or taken by a slash;
+        - work is booked at most once per (job, epoch, provider), never for
+          more seconds than have passed since the provider accepted;
+        - a referee slash always goes through and closes the lease's open
+          disputes; a lease's disputes are decided in the order they were
+          opened, so the first to bring the evidence gets the reward; a
+          rejected bond goes to the owner (treasury), never to the accused;
+        - pay and the operator's fee on it are released per lease after the
+          window, and never while a dispute on the lease is open; a slashed
+          lease pays neither.
+        Revert reasons start with a category ("role:", "state:", "funds:",
         "time:", "input:") that the Python client maps to exception types.
 """
 
 # ---------------------------------------------------------------- packing
-# A lease is one storage word so that booking and paying a provider touch one
-# slot: price per second (bits 0-127), verified seconds (128-191), flags.
-PRICE_MASK: constant(uint256) = 2**128 - 1
-SECONDS_MASK: constant(uint256) = 2**64 - 1
-SECONDS_SHIFT: constant(uint256) = 128
-LEASE_OPEN: constant(uint256) = 2**192
-LEASE_DISPUTED: constant(uint256) = 2**193
-LEASE_SLASHED: constant(uint256) = 2**194
+# A lease is one storage word so that accepting, booking and paying a
+# provider each touch one slot: price per second (bits 0-95), booked seconds
+# (96-135), term in seconds (136-175), accepted-at time (176-215), the next
+# epoch it may be booked for (216-247), flags (248-250).
+PRICE_MASK: constant(uint256) = 2**96 - 1
+SECONDS_MASK: constant(uint256) = 2**40 - 1
+BOOKED_SHIFT: constant(uint256) = 96
+TERM_SHIFT: constant(uint256) = 136
+ACCEPTED_SHIFT: constant(uint256) = 176
+EPOCH_SHIFT: constant(uint256) = 216
+EPOCH_MASK: constant(uint256) = 2**32 - 1
+LEASE_OPEN: constant(uint256) = 2**248
+LEASE_DISPUTED: constant(uint256) = 2**249
+LEASE_SLASHED: constant(uint256) = 2**250
+
+# A stake is one word too: active stake (bits 0-127), of which locked (128-255).
+STAKE_MASK: constant(uint256) = 2**128 - 1
+LOCKED_SHIFT: constant(uint256) = 128
 
 BPS: constant(uint256) = 10_000
 MAX_BATCH: constant(uint256) = 256
+MAX_OPEN_DISPUTES: constant(uint256) = 8  # per lease; each costs its opener a bond
 
 # A job is open from funding until settled; settled_at == 0 means open.
 struct Job:
     submitter: address
     max_price: uint256  # wei per second, the ceiling for any lease
     escrow: uint256  # wei deposited by the submitter
-    owed: uint256  # wei for booked verified work of unslashed leases
+    owed: uint256  # wei for booked work of unslashed leases
+    fee: uint256  # operator fee reserved on `owed`, paid per lease when paid
+    fee_bps: uint256  # the market's fee, or 0 once a silent operator forfeits it
     last_active: uint256  # last operator action on the job (silence deadline)
     epochs: uint256  # number of anchored epochs; the next epoch index
     settled_at: uint256
@@ -40,6 +68,7 @@ DISPUTE_OPEN: constant(uint256) = 1
 DISPUTE_UPHELD: constant(uint256) = 2
 DISPUTE_REJECTED: constant(uint256) = 3
 DISPUTE_EXPIRED: constant(uint256) = 4
+DISPUTE_SUPERSEDED: constant(uint256) = 5  # the lease was slashed on other evidence
 
 struct Dispute:
     job: uint256
@@ -64,6 +93,12 @@ event LeaseOpened:
     job: indexed(uint256)
     provider: indexed(address)
     price: uint256
+    term_s: uint256
+
+event LeaseAccepted:
+    job: indexed(uint256)
+    provider: indexed(address)
+    locked: uint256
 
 event Anchored:
     job: indexed(uint256)
@@ -88,6 +123,7 @@ event Paid:
     job: indexed(uint256)
     provider: indexed(address)
     amount: uint256
+    fee: uint256
     pushed: bool
 
 event Staked:
@@ -121,13 +157,14 @@ event DisputeOpened:
 event DisputeClosed:
     dispute: indexed(uint256)
     state: uint256
+    bond_to: address
 
 event Withdrawn:
     account: indexed(address)
     amount: uint256
 
 # ---------------------------------------------------------------- state
-owner: public(address)
+owner: public(address)  # also the treasury that rejected bonds go to
 operator: public(address)
 referee: public(address)
 
@@ -138,6 +175,7 @@ min_bond: public(immutable(uint256))
 unbonding_delay_s: public(immutable(uint256))
 silence_timeout_s: public(immutable(uint256))
 dispute_window_s: public(immutable(uint256))
+dispute_timeout_s: public(immutable(uint256))
 
 jobs: public(HashMap[uint256, Job])
 job_count: public(uint256)
@@ -150,6 +188,8 @@ release_at: public(HashMap[address, uint256])
 
 disputes: public(HashMap[uint256, Dispute])
 dispute_count: public(uint256)
+# Open disputes of each lease, oldest first.
+lease_disputes: HashMap[uint256, HashMap[address, DynArray[uint256, MAX_OPEN_DISPUTES]]]
 
 credits: public(HashMap[address, uint256])
 
@@ -165,9 +205,17 @@ def __init__(
     unbonding_delay_s_: uint256,
     silence_timeout_s_: uint256,
     dispute_window_s_: uint256,
+    dispute_timeout_s_: uint256,
 ):
     assert operator != empty(address) and referee != empty(address), "input: operator and referee must be set"
-    assert fee_bps_ <= BPS and whistleblower_bps_ <= BPS, "input: basis points must be at most 10000"
+    assert fee_bps_ <= BPS, "input: the fee must be at most 10000 basis points"
+    # A whistleblower share of 0 leaves nobody a reason to report; one of
+    # 10000 lets a cheat that reports itself keep its whole stake.
+    assert whistleblower_bps_ > 0 and whistleblower_bps_ < BPS, "input: the whistleblower share must be 1 to 9999 basis points"
+    assert min_stake_ > 0, "input: min_stake must be nonzero, or a lease's collateral can be nothing"
+    assert min_bond_ > 0, "input: min_bond must be nonzero, or disputes are free to spam"
+    # With no window a cheat is paid the moment its job settles.
+    assert dispute_window_s_ > 0 and dispute_timeout_s_ > 0 and silence_timeout_s_ > 0, "input: the dispute window and the timeouts must be nonzero"
     self.owner = msg.sender
     self.operator = operator
     self.referee = referee
@@ -178,6 +226,7 @@ def __init__(
     unbonding_delay_s = unbonding_delay_s_
     silence_timeout_s = silence_timeout_s_
     dispute_window_s = dispute_window_s_
+    dispute_timeout_s = dispute_timeout_s_
 
 
 # ---------------------------------------------------------------- roles
@@ -197,9 +246,38 @@ def set_referee(account: address):
     log RoleChanged(role="referee", account=account)
 
 
+# ---------------------------------------------------------------- lease words
+@internal
+@pure
+def _earned(lease: uint256) -> uint256:
+    return (lease & PRICE_MASK) * ((lease >> BOOKED_SHIFT) & SECONDS_MASK)
+
+
+@internal
+@view
+def _collateral(lease: uint256) -> uint256:
+    # The most the lease can ever earn, and never less than min_stake.
+    return max((lease & PRICE_MASK) * ((lease >> TERM_SHIFT) & SECONDS_MASK), min_stake)
+
+
+@internal
+@pure
+def _accepted_at(lease: uint256) -> uint256:
+    return (lease >> ACCEPTED_SHIFT) & SECONDS_MASK
+
+
+@internal
+def _unlock(provider: address, amount: uint256, slashed: bool):
+    word: uint256 = self.stakes[provider]
+    active: uint256 = word & STAKE_MASK
+    if slashed:
+        active -= amount
+    self.stakes[provider] = active | (((word >> LOCKED_SHIFT) - amount) << LOCKED_SHIFT)
+
+
 # ---------------------------------------------------------------- jobs
 # Job members are read one by one: copying the whole struct would cost a
-# cold load for each of its seven slots.
+# cold load for each of its slots.
 @internal
 @view
 def _require_open(job: uint256):
@@ -207,11 +285,18 @@ def _require_open(job: uint256):
     assert self.jobs[job].settled_at == 0, "state: job is already settled"
 
 
+@internal
+@view
+def _in_window(job: uint256) -> bool:
+    settled_at: uint256 = self.jobs[job].settled_at
+    return settled_at == 0 or block.timestamp < settled_at + dispute_window_s
+
+
 @external
 @payable
 def create_job(max_price: uint256) -> uint256:
     assert msg.value > 0, "funds: a job needs a nonzero escrow deposit"
-    assert max_price > 0 and max_price <= PRICE_MASK, "input: max price must be 1 to 2**128-1 wei per second"
+    assert max_price > 0 and max_price <= PRICE_MASK, "input: max price must be 1 to 2**96-1 wei per second"
     job: uint256 = self.job_count + 1
     self.job_count = job
     self.jobs[job] = Job(
@@ -219,6 +304,8 @@ def create_job(max_price: uint256) -> uint256:
         max_price=max_price,
         escrow=msg.value,
         owed=0,
+        fee=0,
+        fee_bps=fee_bps,
         last_active=block.timestamp,
         epochs=0,
         settled_at=0,
@@ -238,16 +325,36 @@ def fund(job: uint256):
 
 
 @external
-def open_lease(job: uint256, provider: address, price: uint256):
+def open_leases(job: uint256, providers: DynArray[address, MAX_BATCH], prices: DynArray[uint256, MAX_BATCH], terms_s: DynArray[uint256, MAX_BATCH]):
     assert msg.sender == self.operator, "role: only the operator may open leases"
     self._require_open(job)
-    assert provider != empty(address), "input: provider must be a nonzero address"
-    assert price > 0 and price <= self.jobs[job].max_price, "input: lease price must be 1 wei/s up to the job's max price"
-    assert self.leases[job][provider] == 0, "state: provider already has a lease on this job"
-    assert self.stakes[provider] >= min_stake, "funds: provider's stake is below the minimum"
-    self.leases[job][provider] = price | LEASE_OPEN
+    assert len(providers) == len(prices) and len(prices) == len(terms_s), "input: providers, prices and terms differ in length"
+    max_price: uint256 = self.jobs[job].max_price
+    for i: uint256 in range(len(providers), bound=MAX_BATCH):
+        provider: address = providers[i]
+        assert provider != empty(address), "input: provider must be a nonzero address"
+        assert prices[i] > 0 and prices[i] <= max_price, "input: lease price must be 1 wei/s up to the job's max price"
+        assert terms_s[i] > 0 and terms_s[i] <= SECONDS_MASK, "input: lease term must be 1 to 2**40-1 seconds"
+        assert self.leases[job][provider] == 0, "state: provider already has a lease on this job"
+        self.leases[job][provider] = prices[i] | (terms_s[i] << TERM_SHIFT) | LEASE_OPEN
+        log LeaseOpened(job=job, provider=provider, price=prices[i], term_s=terms_s[i])
     self.jobs[job].last_active = block.timestamp
-    log LeaseOpened(job=job, provider=provider, price=price)
+
+
+@external
+def accept(job: uint256):
+    # The provider agrees to the lease's terms and stakes on them.
+    self._require_open(job)
+    lease: uint256 = self.leases[job][msg.sender]
+    assert lease & LEASE_OPEN != 0, "state: no lease for this provider on this job"
+    assert self._accepted_at(lease) == 0, "state: lease is already accepted"
+    collateral: uint256 = self._collateral(lease)
+    word: uint256 = self.stakes[msg.sender]
+    locked: uint256 = (word >> LOCKED_SHIFT) + collateral
+    assert locked <= word & STAKE_MASK, "funds: free stake is below the lease's collateral (price x term, at least min_stake)"
+    self.stakes[msg.sender] = (word & STAKE_MASK) | (locked << LOCKED_SHIFT)
+    self.leases[job][msg.sender] = lease | (block.timestamp << ACCEPTED_SHIFT)
+    log LeaseAccepted(job=job, provider=msg.sender, locked=collateral)
 
 
 @external
@@ -255,11 +362,30 @@ def anchor(job: uint256, epoch: uint256, root: bytes32):
     assert msg.sender == self.operator, "role: only the operator may anchor roots"
     self._require_open(job)
     assert epoch == self.jobs[job].epochs, "state: epochs must be anchored in order, once each"
+    assert epoch < EPOCH_MASK, "input: too many epochs"
     assert root != empty(bytes32), "input: a Merkle root cannot be zero"
     self.roots[job][epoch] = root
     self.jobs[job].epochs = epoch + 1
     self.jobs[job].last_active = block.timestamp
     log Anchored(job=job, epoch=epoch, root=root)
+
+
+@internal
+def _book_one(job: uint256, epoch: uint256, provider: address, seconds: uint256) -> uint256:
+    lease: uint256 = self.leases[job][provider]
+    assert lease & LEASE_OPEN != 0, "state: provider has no lease on this job"
+    assert lease & LEASE_SLASHED == 0, "state: provider was slashed on this job"
+    accepted_at: uint256 = self._accepted_at(lease)
+    assert accepted_at != 0, "state: provider has not accepted this lease"
+    assert epoch >= (lease >> EPOCH_SHIFT) & EPOCH_MASK, "state: work is already booked for this epoch (or a later one)"
+    booked: uint256 = ((lease >> BOOKED_SHIFT) & SECONDS_MASK) + seconds
+    assert booked <= block.timestamp - accepted_at, "input: more seconds than have passed since the lease was accepted"
+    assert booked <= (lease >> TERM_SHIFT) & SECONDS_MASK, "input: more seconds than the lease's term"
+    keep: uint256 = lease & ~((SECONDS_MASK << BOOKED_SHIFT) | (EPOCH_MASK << EPOCH_SHIFT))
+    self.leases[job][provider] = keep | (booked << BOOKED_SHIFT) | ((epoch + 1) << EPOCH_SHIFT)
+    cost: uint256 = (lease & PRICE_MASK) * seconds
+    log WorkBooked(job=job, provider=provider, epoch=epoch, seconds=seconds, cost=cost)
+    return cost
 
 
 @external
@@ -268,90 +394,114 @@ def book(job: uint256, epoch: uint256, providers: DynArray[address, MAX_BATCH], 
     self._require_open(job)
     assert epoch < self.jobs[job].epochs, "state: book work only for an anchored epoch"
     assert len(providers) == len(seconds), "input: providers and seconds differ in length"
-    added: uint256 = 0
+    owed: uint256 = self.jobs[job].owed
+    fee: uint256 = self.jobs[job].fee
     for i: uint256 in range(len(providers), bound=MAX_BATCH):
-        provider: address = providers[i]
-        lease: uint256 = self.leases[job][provider]
-        assert lease & LEASE_OPEN != 0, "state: provider has no lease on this job"
-        assert lease & LEASE_SLASHED == 0, "state: provider was slashed on this job"
-        total: uint256 = ((lease >> SECONDS_SHIFT) & SECONDS_MASK) + seconds[i]
-        assert total <= SECONDS_MASK, "input: verified seconds overflow the lease"
-        cost: uint256 = (lease & PRICE_MASK) * seconds[i]
-        self.leases[job][provider] = (lease & ~(SECONDS_MASK << SECONDS_SHIFT)) | (total << SECONDS_SHIFT)
-        added += cost
-        log WorkBooked(job=job, provider=provider, epoch=epoch, seconds=seconds[i], cost=cost)
-    owed: uint256 = self.jobs[job].owed + added
+        lease: uint256 = self.leases[job][providers[i]]
+        cost: uint256 = self._book_one(job, epoch, providers[i], seconds[i])
+        # The fee is reserved per lease as it will be paid, rounding included.
+        earned: uint256 = self._earned(lease)
+        fee += ((earned + cost) * fee_bps // BPS) - (earned * fee_bps // BPS)
+        owed += cost
     # The fee rides on top of the providers' pay, so escrow must cover both.
-    assert owed + owed * fee_bps // BPS <= self.jobs[job].escrow, "funds: escrow cannot cover this work; the submitter must fund the job"
+    assert owed + fee <= self.jobs[job].escrow, "funds: escrow cannot cover this work; the submitter must fund the job"
     self.jobs[job].owed = owed
+    self.jobs[job].fee = fee
     self.jobs[job].last_active = block.timestamp
 
 
 @internal
-def _close(job: uint256, fee: uint256, by_submitter: bool):
+def _close(job: uint256, by_submitter: bool):
     owed: uint256 = self.jobs[job].owed
+    fee: uint256 = self.jobs[job].fee
+    if by_submitter:
+        # A silent operator forfeits its fee; booked work is still paid.
+        fee = 0
+        self.jobs[job].fee = 0
+        self.jobs[job].fee_bps = 0
     refund: uint256 = self.jobs[job].escrow - owed - fee
-    submitter: address = self.jobs[job].submitter
     self.jobs[job].settled_at = block.timestamp
-    if fee > 0:
-        self.credits[self.operator] += fee
     if refund > 0:
-        self.credits[submitter] += refund
+        self.credits[self.jobs[job].submitter] += refund
     log JobSettled(job=job, owed=owed, fee=fee, refund=refund, by_submitter=by_submitter)
 
 
 @external
 def settle(job: uint256):
-    # O(1) in the number of providers: their pay stays in the contract as
-    # `owed` and each lease is released by `payout` or `claim`.
+    # O(1) in the number of providers: their pay and the fee on it stay in
+    # the contract and each lease is released by `payout` or `claim`.
     assert msg.sender == self.operator, "role: only the operator may settle a job"
     self._require_open(job)
-    self._close(job, self.jobs[job].owed * fee_bps // BPS, False)
+    self._close(job, False)
 
 
 @external
 def reclaim(job: uint256):
     self._require_open(job)
-    assert msg.sender == self.jobs[job].submitter, "role: only the job's submitter may reclaim it"
+    # A provider may close the job too, or its collateral would stay locked
+    # for as long as the operator and the submitter both stay silent.
+    allowed: bool = msg.sender == self.jobs[job].submitter or self.leases[job][msg.sender] & LEASE_OPEN != 0
+    assert allowed, "role: only the job's submitter or one of its providers may reclaim it"
     assert block.timestamp > self.jobs[job].last_active + silence_timeout_s, "time: the operator is not yet silent past the deadline"
-    # A silent operator forfeits its fee; booked verified work is still paid.
-    self._close(job, 0, True)
+    self._close(job, True)
 
 
 # ---------------------------------------------------------------- paying providers
 @internal
-def _release(job: uint256, provider: address) -> uint256:
+def _release(job: uint256, provider: address, lease: uint256) -> (uint256, uint256):
+    # Clearing the word refunds most of its write cost and marks it paid.
+    self.leases[job][provider] = 0
+    if self._accepted_at(lease) != 0:
+        self._unlock(provider, self._collateral(lease), False)
+    amount: uint256 = self._earned(lease)
+    fee: uint256 = amount * self.jobs[job].fee_bps // BPS
+    if fee > 0:
+        self.credits[self.operator] += fee
+    return amount, fee
+
+
+@internal
+@view
+def _require_payable_job(job: uint256):
     settled_at: uint256 = self.jobs[job].settled_at
     assert settled_at != 0, "state: job is not settled yet"
     assert block.timestamp >= settled_at + dispute_window_s, "time: earnings are paid after the job's dispute window"
-    lease: uint256 = self.leases[job][provider]
-    assert lease & LEASE_OPEN != 0, "state: provider has no unpaid lease on this job"
-    assert lease & LEASE_SLASHED == 0, "state: provider was slashed on this job and is not paid for it"
-    assert lease & LEASE_DISPUTED == 0, "state: a dispute on this lease is open"
-    # Clearing the word refunds most of its write cost and marks it paid.
-    self.leases[job][provider] = 0
-    return (lease & PRICE_MASK) * ((lease >> SECONDS_SHIFT) & SECONDS_MASK)
 
 
 @external
 def payout(job: uint256, providers: DynArray[address, MAX_BATCH]):
     # Anyone may push providers their earnings; the 2300-gas stipend cannot
     # re-enter, and a recipient that refuses the push gets a credit instead.
+    # Leases that cannot be paid (paid already, slashed, disputed) are
+    # skipped, so one front-run claim cannot revert a whole batch.
+    self._require_payable_job(job)
     for provider: address in providers:
-        amount: uint256 = self._release(job, provider)
+        lease: uint256 = self.leases[job][provider]
+        if lease & (LEASE_OPEN | LEASE_DISPUTED | LEASE_SLASHED) != LEASE_OPEN:
+            continue
+        amount: uint256 = 0
+        fee: uint256 = 0
+        amount, fee = self._release(job, provider, lease)
         pushed: bool = False
         if amount > 0:
             pushed = raw_call(provider, b"", value=amount, gas=0, revert_on_failure=False)
             if not pushed:
                 self.credits[provider] += amount
-        log Paid(job=job, provider=provider, amount=amount, pushed=pushed)
+        log Paid(job=job, provider=provider, amount=amount, fee=fee, pushed=pushed)
 
 
 @external
 def claim(job: uint256):
-    amount: uint256 = self._release(job, msg.sender)
+    self._require_payable_job(job)
+    lease: uint256 = self.leases[job][msg.sender]
+    assert lease & LEASE_OPEN != 0, "state: provider has no unpaid lease on this job"
+    assert lease & LEASE_SLASHED == 0, "state: provider was slashed on this job and is not paid for it"
+    assert lease & LEASE_DISPUTED == 0, "state: a dispute on this lease is open"
+    amount: uint256 = 0
+    fee: uint256 = 0
+    amount, fee = self._release(job, msg.sender, lease)
     self.credits[msg.sender] += amount
-    log Paid(job=job, provider=msg.sender, amount=amount, pushed=False)
+    log Paid(job=job, provider=msg.sender, amount=amount, fee=fee, pushed=False)
 
 
 @external
@@ -368,17 +518,22 @@ def withdraw():
 @payable
 def stake():
     assert msg.value > 0, "funds: send a nonzero amount to stake"
-    self.stakes[msg.sender] += msg.value
+    word: uint256 = self.stakes[msg.sender]
+    active: uint256 = (word & STAKE_MASK) + msg.value
+    assert active <= STAKE_MASK, "input: stake too large"
+    self.stakes[msg.sender] = (word & ~STAKE_MASK) | active
     log Staked(provider=msg.sender, amount=msg.value)
 
 
 @external
 def unbond(amount: uint256):
     assert amount > 0, "input: unbond a nonzero amount"
-    assert amount <= self.stakes[msg.sender], "funds: cannot unbond more than the active stake"
-    self.stakes[msg.sender] -= amount
+    word: uint256 = self.stakes[msg.sender]
+    active: uint256 = word & STAKE_MASK
+    assert amount + (word >> LOCKED_SHIFT) <= active, "funds: cannot unbond stake that is locked by open leases or not staked"
+    self.stakes[msg.sender] = word - amount
     self.unbonding[msg.sender] += amount
-    # Unbonding stake stays slashable; a new request restarts the delay.
+    # A new request restarts the delay.
     release: uint256 = block.timestamp + unbonding_delay_s
     self.release_at[msg.sender] = release
     log UnbondRequested(provider=msg.sender, amount=amount, release_at=release)
@@ -396,54 +551,64 @@ def release_stake():
 
 # ---------------------------------------------------------------- slashing and disputes
 @internal
-def _slash(job: uint256, provider: address, amount: uint256, whistleblower: address):
+def _end_disputes(job: uint256, provider: address, state: uint256):
+    # Every still-open dispute of a slashed lease gets its bond back.
+    for d: uint256 in self.lease_disputes[job][provider]:
+        self.disputes[d].state = state
+        challenger: address = self.disputes[d].challenger
+        self.credits[challenger] += self.disputes[d].bond
+        log DisputeClosed(dispute=d, state=state, bond_to=challenger)
+    self.lease_disputes[job][provider] = []
+
+
+@internal
+def _slash(job: uint256, provider: address, whistleblower: address):
     lease: uint256 = self.leases[job][provider]
     assert lease & LEASE_OPEN != 0, "state: provider has no unpaid lease on this job"
     assert lease & LEASE_SLASHED == 0, "state: provider was already slashed on this job"
-    active: uint256 = self.stakes[provider]
-    pending: uint256 = self.unbonding[provider]
-    taken: uint256 = min(amount, active + pending)
-    from_active: uint256 = min(taken, active)
-    self.stakes[provider] = active - from_active
-    self.unbonding[provider] = pending - (taken - from_active)
+    assert self._accepted_at(lease) != 0, "state: provider never accepted this lease"
+    # The lease's collateral is locked, so it is all there to take.
+    taken: uint256 = self._collateral(lease)
+    self._unlock(provider, taken, True)
     reward: uint256 = taken * whistleblower_bps // BPS
-    if reward > 0:
-        self.credits[whistleblower] += reward
-    # The cheat forfeits its pay for this job: it goes back to the submitter,
-    # through the escrow while the job is open, as a credit once settled.
-    forfeited: uint256 = (lease & PRICE_MASK) * ((lease >> SECONDS_SHIFT) & SECONDS_MASK)
+    self.credits[whistleblower] += reward
+    # The cheat forfeits its pay for this job and the operator its fee on
+    # it: both go back to the submitter, through the escrow while the job is
+    # open, as a credit once settled.
+    forfeited: uint256 = self._earned(lease)
+    fee: uint256 = forfeited * self.jobs[job].fee_bps // BPS
+    self.jobs[job].owed -= forfeited
+    self.jobs[job].fee -= fee
     to_submitter: uint256 = taken - reward
-    if self.jobs[job].settled_at == 0:
-        self.jobs[job].owed -= forfeited
-    else:
-        to_submitter += forfeited
-    if to_submitter > 0:
-        self.credits[self.jobs[job].submitter] += to_submitter
+    if self.jobs[job].settled_at != 0:
+        to_submitter += forfeited + fee
+    self.credits[self.jobs[job].submitter] += to_submitter
     self.leases[job][provider] = (lease | LEASE_SLASHED) & ~LEASE_DISPUTED
     log Slashed(job=job, provider=provider, amount=taken, whistleblower=whistleblower, reward=reward, forfeited=forfeited)
 
 
 @external
-def slash(job: uint256, provider: address, amount: uint256, whistleblower: address):
+def slash(job: uint256, provider: address, whistleblower: address):
+    # Goes through whatever disputes are open: front-running the referee
+    # with a dispute from an account the cheat controls gains it nothing.
     assert msg.sender == self.referee, "role: only the referee may slash"
     assert whistleblower != empty(address), "input: whistleblower must be a nonzero address"
-    assert self.leases[job][provider] & LEASE_DISPUTED == 0, "state: a dispute on this lease is open; resolve it instead"
-    self._slash(job, provider, amount, whistleblower)
+    assert self._in_window(job), "time: the job's dispute window has closed"
+    self._slash(job, provider, whistleblower)
+    self._end_disputes(job, provider, DISPUTE_SUPERSEDED)
 
 
 @external
 @payable
 def open_dispute(job: uint256, provider: address) -> uint256:
-    assert msg.value > 0 and msg.value >= min_bond, "funds: a dispute needs a bond of at least min_bond"
+    assert msg.value >= min_bond, "funds: a dispute needs a bond of at least min_bond"
     assert self.jobs[job].submitter != empty(address), "state: no such job"
-    settled_at: uint256 = self.jobs[job].settled_at
-    if settled_at != 0:
-        assert block.timestamp < settled_at + dispute_window_s, "time: the job's dispute window has closed"
+    assert self._in_window(job), "time: the job's dispute window has closed"
     lease: uint256 = self.leases[job][provider]
     assert lease & LEASE_OPEN != 0, "state: provider has no unpaid lease on this job"
     assert lease & LEASE_SLASHED == 0, "state: provider was already slashed on this job"
-    assert lease & LEASE_DISPUTED == 0, "state: a dispute on this lease is already open"
-    self.leases[job][provider] = lease | LEASE_DISPUTED
+    assert self._accepted_at(lease) != 0, "state: provider never accepted this lease"
+    assert len(self.lease_disputes[job][provider]) < MAX_OPEN_DISPUTES, "state: too many open disputes on this lease"
     dispute: uint256 = self.dispute_count + 1
     self.dispute_count = dispute
     self.disputes[dispute] = Dispute(
@@ -454,37 +619,48 @@ def open_dispute(job: uint256, provider: address) -> uint256:
         opened_at=block.timestamp,
         state=DISPUTE_OPEN,
     )
+    self.lease_disputes[job][provider].append(dispute)
+    self.leases[job][provider] = lease | LEASE_DISPUTED
     log DisputeOpened(dispute=dispute, job=job, provider=provider, challenger=msg.sender, bond=msg.value)
     return dispute
 
 
 @internal
-def _close_dispute(dispute: uint256, state: uint256) -> Dispute:
+def _drop_dispute(dispute: uint256, state: uint256, bond_to: address):
     d: Dispute = self.disputes[dispute]
-    assert d.state == DISPUTE_OPEN, "state: no open dispute with this id"
     self.disputes[dispute].state = state
-    self.leases[d.job][d.provider] &= ~LEASE_DISPUTED
-    log DisputeClosed(dispute=dispute, state=state)
-    return d
+    self.credits[bond_to] += d.bond
+    rest: DynArray[uint256, MAX_OPEN_DISPUTES] = []
+    for other: uint256 in self.lease_disputes[d.job][d.provider]:
+        if other != dispute:
+            rest.append(other)
+    self.lease_disputes[d.job][d.provider] = rest
+    if len(rest) == 0:
+        self.leases[d.job][d.provider] &= ~LEASE_DISPUTED
+    log DisputeClosed(dispute=dispute, state=state, bond_to=bond_to)
 
 
 @external
 def resolve_dispute(dispute: uint256, upheld: bool):
     assert msg.sender == self.referee, "role: only the referee may resolve disputes"
+    d: Dispute = self.disputes[dispute]
+    assert d.state == DISPUTE_OPEN, "state: no open dispute with this id"
+    # Oldest first: a later copy of the same evidence cannot take the reward.
+    assert self.lease_disputes[d.job][d.provider][0] == dispute, "state: decide this lease's earlier dispute first"
     if upheld:
-        d: Dispute = self._close_dispute(dispute, DISPUTE_UPHELD)
-        self.credits[d.challenger] += d.bond
-        self._slash(d.job, d.provider, max_value(uint256), d.challenger)
+        self._drop_dispute(dispute, DISPUTE_UPHELD, d.challenger)
+        self._slash(d.job, d.provider, d.challenger)
+        self._end_disputes(d.job, d.provider, DISPUTE_SUPERSEDED)
     else:
-        # A rejected accusation compensates the accused provider.
-        d: Dispute = self._close_dispute(dispute, DISPUTE_REJECTED)
-        self.credits[d.provider] += d.bond
+        # The bond pays for a false accusation, to the treasury: paying the
+        # accused would let a cheat dispute itself for free.
+        self._drop_dispute(dispute, DISPUTE_REJECTED, self.owner)
 
 
 @external
 def expire_dispute(dispute: uint256):
-    # A silent referee must not freeze a provider's pay forever.
+    # A silent referee must not freeze a provider's pay forever; the
+    # challenger did nothing wrong, so it gets its bond back.
     assert self.disputes[dispute].state == DISPUTE_OPEN, "state: no open dispute with this id"
-    assert block.timestamp > self.disputes[dispute].opened_at + silence_timeout_s, "time: the referee may still resolve this dispute"
-    d: Dispute = self._close_dispute(dispute, DISPUTE_EXPIRED)
-    self.credits[d.challenger] += d.bond
+    assert block.timestamp > self.disputes[dispute].opened_at + dispute_timeout_s, "time: the referee may still resolve this dispute"
+    self._drop_dispute(dispute, DISPUTE_EXPIRED, self.disputes[dispute].challenger)

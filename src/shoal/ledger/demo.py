@@ -1,8 +1,10 @@
 """A short settlement story on a dev chain, for `shoal chain demo` and examples.
 
-Providers stake, a submitter funds a job, the operator leases, anchors one
-Merkle root per epoch and books verified seconds; one provider is caught
-cheating and slashed through a dispute; the job settles and everyone is paid.
+Providers stake, a submitter funds a job, the operator offers leases and the
+providers accept them (locking collateral), the operator anchors one Merkle
+root per epoch and books verified seconds; one provider is caught cheating
+and slashed through a dispute; the job settles, its dispute window passes
+(a dev chain's clock is moved on) and everyone is paid.
 """
 
 from __future__ import annotations
@@ -44,23 +46,28 @@ def run_demo(chain: Chain, providers: int = 3, epochs: int = 2, seconds_per_epoc
         raise LedgerError(f"the demo needs 2 to {len(accounts) - 5} providers, got {providers}")
     owner, operator, referee, submitter, whistleblower = accounts[:5]
     workers = accounts[5 : 5 + providers]
+    window_s = 3600
     config = LedgerConfig(fee_bps=100, whistleblower_bps=5_000, min_stake_wei=10**16,
-                          min_bond_wei=10**15, dispute_window_s=0)
+                          min_bond_wei=10**15, dispute_window_s=window_s)
     ledger = Ledger.deploy(chain, owner, operator.address, referee.address, config)
     for w in workers:
         ledger.stake(w, 10**17)
     job = ledger.create_job(submitter, 2 * GWEI, 10**17).returned
-    for i, w in enumerate(workers):
-        ledger.open_lease(operator, job, w.address, GWEI + i * GWEI // 4)
+    term_s = epochs * seconds_per_epoch
+    ledger.open_leases(operator, job, {w.address: (GWEI + i * GWEI // 4, term_s) for i, w in enumerate(workers)})
+    for w in workers:
+        ledger.accept(w, job)
     addresses = [w.address for w in workers]
     for epoch in range(epochs):
+        chain.advance_time(seconds_per_epoch)  # the epoch's work takes its time
         ledger.anchor(operator, job, epoch, epoch_root(job, epoch, addresses))
         ledger.book(operator, job, epoch, dict.fromkeys(addresses, seconds_per_epoch))
     cheat = workers[-1].address  # a verifier's replay disagreed with its records
     dispute = ledger.open_dispute(whistleblower, job, cheat, 10**15).returned
     ledger.resolve_dispute(referee, dispute, upheld=True)
     ledger.settle(operator, job)
-    ledger.payout(operator, job, addresses[:-1])
+    chain.advance_time(window_s)
+    ledger.payout(operator, job, addresses)  # the slashed cheat is skipped
     for account in (submitter, operator, whistleblower):
         ledger.withdraw(account)
     roles = {"owner": owner, "operator": operator, "referee": referee,

@@ -7,6 +7,7 @@ returns a `TxOutcome` with the gas and fee it cost; reverts arrive as the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,10 +16,12 @@ from web3 import Web3
 
 from shoal.ledger.artifact import load_artifact
 from shoal.ledger.chain import Chain
-from shoal.ledger.errors import LedgerError
+from shoal.ledger.errors import ChainUnavailable, ContractRevert, LedgerError
 from shoal.ledger.transact import Sender
 from shoal.ledger.views import LedgerReader
 from shoal.spec.ledger import LedgerConfig, TxOutcome
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH = 256  # longest provider list in one `book` or `payout`; as in the contract
 
@@ -26,12 +29,13 @@ MAX_BATCH = 256  # longest provider list in one `book` or `payout`; as in the co
 # figures) plus headroom, so no transaction waits on eth_estimateGas. Batch
 # calls add a per-item limit; the push in `payout` may fall back to a credit.
 GAS_LIMITS: dict[str, int] = {
-    "deploy": 4_500_000,
+    "deploy": 5_500_000,
     "set_operator": 60_000,
     "set_referee": 60_000,
     "create_job": 250_000,
     "fund": 80_000,
-    "open_lease": 100_000,
+    "open_leases": 60_000,
+    "accept": 90_000,
     "anchor": 120_000,
     "book": 80_000,
     "settle": 120_000,
@@ -42,12 +46,13 @@ GAS_LIMITS: dict[str, int] = {
     "stake": 80_000,
     "unbond": 120_000,
     "release_stake": 80_000,
-    "slash": 200_000,
-    "open_dispute": 250_000,
-    "resolve_dispute": 250_000,
+    "slash": 400_000,
+    "open_dispute": 300_000,
+    "resolve_dispute": 400_000,
     "expire_dispute": 150_000,
 }
-GAS_PER_ITEM: dict[str, int] = {"book": 35_000, "payout": 50_000}
+GAS_PER_ITEM: dict[str, int] = {"open_leases": 40_000, "book": 35_000, "payout": 60_000}
+BOOK_ATTEMPTS = 3  # a retry re-reads the chain first, so it never books twice
 
 
 def _root_bytes(root: bytes | str) -> bytes:
@@ -89,6 +94,7 @@ class Ledger(LedgerReader):
             config.unbonding_delay_s,
             config.silence_timeout_s,
             config.dispute_window_s,
+            config.dispute_timeout_s,
         )
         data = factory.constructor(*args).data_in_transaction
         receipt = sender.send(owner, "deploy", None, data, GAS_LIMITS["deploy"])
@@ -155,24 +161,64 @@ class Ledger(LedgerReader):
         return self._transact(submitter, "reclaim", job)
 
     # ------------------------------------------------------------ operator
-    def open_lease(self, operator: LocalAccount, job: int, provider: str, price_wei_per_s: int) -> TxOutcome:
-        return self._transact(
-            operator, "open_lease", job, Web3.to_checksum_address(provider), price_wei_per_s
-        )
+    def open_lease(
+        self, operator: LocalAccount, job: int, provider: str, price_wei_per_s: int, term_s: int
+    ) -> TxOutcome:
+        """Offer `provider` a lease of at most `term_s` billable seconds; it must `accept` it."""
+        return self.open_leases(operator, job, {provider: (price_wei_per_s, term_s)})[0]
+
+    def open_leases(
+        self, operator: LocalAccount, job: int, terms: Mapping[str, tuple[int, int]]
+    ) -> list[TxOutcome]:
+        """Offer leases in batches: provider -> (price per second, term in seconds)."""
+        rows = [(Web3.to_checksum_address(p), int(price), int(t)) for p, (price, t) in terms.items()]
+        outcomes = []
+        for start in range(0, len(rows), MAX_BATCH):
+            batch = rows[start : start + MAX_BATCH]
+            columns = [list(c) for c in zip(*batch, strict=True)]
+            outcomes.append(self._transact(operator, "open_leases", job, *columns, items=len(batch)))
+        return outcomes
+
+    def accept(self, provider: LocalAccount, job: int) -> TxOutcome:
+        """Agree to the lease offered on `job`, locking its collateral from free stake."""
+        return self._transact(provider, "accept", job)
 
     def anchor(self, operator: LocalAccount, job: int, epoch: int, root: bytes | str) -> TxOutcome:
         return self._transact(operator, "anchor", job, epoch, _root_bytes(root))
 
+    def unbooked(self, job: int, epoch: int, verified_s: Mapping[str, int]) -> dict[str, int]:
+        """The entries of `verified_s` whose work for `epoch` is not booked yet."""
+        pending = {}
+        for provider, seconds in verified_s.items():
+            address = Web3.to_checksum_address(provider)
+            if self.lease(job, address).booked_for(epoch):
+                log.info("job %d epoch %d: %s is already booked; skipping it", job, epoch, address)
+            else:
+                pending[address] = int(seconds)
+        return pending
+
     def book(self, operator: LocalAccount, job: int, epoch: int, verified_s: Mapping[str, int]) -> list[TxOutcome]:
-        """Record verified seconds per provider for an anchored epoch, in batches."""
-        pairs = [(Web3.to_checksum_address(p), int(s)) for p, s in verified_s.items()]
-        outcomes = []
-        for start in range(0, len(pairs), MAX_BATCH):
-            batch = pairs[start : start + MAX_BATCH]
-            providers, seconds = [p for p, _ in batch], [s for _, s in batch]
-            outcomes.append(
-                self._transact(operator, "book", job, epoch, providers, seconds, items=len(batch))
-            )
+        """Record verified seconds per provider for an anchored epoch, in batches.
+
+        Idempotent: entries already booked for `epoch` are skipped, and after
+        a lost receipt it re-reads the chain before sending what is missing.
+        """
+        outcomes: list[TxOutcome] = []
+        for attempt in range(BOOK_ATTEMPTS):
+            pairs = list(self.unbooked(job, epoch, verified_s).items())
+            try:
+                for start in range(0, len(pairs), MAX_BATCH):
+                    batch = pairs[start : start + MAX_BATCH]
+                    providers, seconds = [p for p, _ in batch], [s for _, s in batch]
+                    outcomes.append(
+                        self._transact(operator, "book", job, epoch, providers, seconds, items=len(batch))
+                    )
+                return outcomes
+            except (ChainUnavailable, ContractRevert) as error:
+                landed = isinstance(error, ChainUnavailable) or "already booked" in error.reason
+                if not landed or attempt + 1 == BOOK_ATTEMPTS:
+                    raise
+                log.warning("book job %d epoch %d: %s; re-reading before a retry", job, epoch, error)
         return outcomes
 
     def settle(self, operator: LocalAccount, job: int) -> TxOutcome:
@@ -206,16 +252,10 @@ class Ledger(LedgerReader):
         return self._transact(provider, "release_stake")
 
     # ------------------------------------------------------------ referee and disputes
-    def slash(
-        self, referee: LocalAccount, job: int, provider: str, amount_wei: int, whistleblower: str
-    ) -> TxOutcome:
+    def slash(self, referee: LocalAccount, job: int, provider: str, whistleblower: str) -> TxOutcome:
+        """Take the lease's collateral, part to `whistleblower`, who first brought the evidence."""
         return self._transact(
-            referee,
-            "slash",
-            job,
-            Web3.to_checksum_address(provider),
-            amount_wei,
-            Web3.to_checksum_address(whistleblower),
+            referee, "slash", job, Web3.to_checksum_address(provider), Web3.to_checksum_address(whistleblower)
         )
 
     def open_dispute(self, challenger: LocalAccount, job: int, provider: str, bond_wei: int) -> TxOutcome:

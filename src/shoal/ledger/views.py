@@ -26,13 +26,15 @@ from shoal.spec.ledger import (
     Stake,
 )
 
-# Layout of a lease word; mirrors the constants in compute_market.vy.
-PRICE_MASK = 2**128 - 1
-SECONDS_SHIFT = 128
-SECONDS_MASK = 2**64 - 1
-LEASE_OPEN = 1 << 192
-LEASE_DISPUTED = 1 << 193
-LEASE_SLASHED = 1 << 194
+# Layout of a lease word and a stake word; mirrors the constants in compute_market.vy.
+PRICE_MASK = 2**96 - 1
+SECONDS_MASK = 2**40 - 1
+BOOKED_SHIFT, TERM_SHIFT, ACCEPTED_SHIFT, EPOCH_SHIFT = 96, 136, 176, 216
+EPOCH_MASK = 2**32 - 1
+LEASE_OPEN = 1 << 248
+LEASE_DISPUTED = 1 << 249
+LEASE_SLASHED = 1 << 250
+STAKE_MASK = 2**128 - 1
 ZERO_ADDRESS = "0x" + "00" * 20
 
 
@@ -58,6 +60,7 @@ class LedgerReader:
             unbonding_delay_s=self._read("unbonding_delay_s"),
             silence_timeout_s=self._read("silence_timeout_s"),
             dispute_window_s=self._read("dispute_window_s"),
+            dispute_timeout_s=self._read("dispute_timeout_s"),
         )
 
     def roles(self) -> dict[str, str]:
@@ -67,7 +70,7 @@ class LedgerReader:
         return int(self._read("job_count"))
 
     def job(self, job: int) -> JobEscrow:
-        submitter, max_price, escrow, owed, last_active, epochs, settled_at = self._read("jobs", job)
+        submitter, max_price, escrow, owed, fee, _, last_active, epochs, settled_at = self._read("jobs", job)
         if submitter == ZERO_ADDRESS:
             raise LedgerError(f"job {job} does not exist on {self.address}; list jobs with `shoal chain events`")
         return JobEscrow(
@@ -77,6 +80,7 @@ class LedgerReader:
             max_price_wei_per_s=max_price,
             escrow_wei=escrow,
             owed_wei=owed,
+            fee_wei=fee,
             epochs=epochs,
             last_active=last_active,
             settled_at=settled_at,
@@ -89,16 +93,21 @@ class LedgerReader:
             provider=Web3.to_checksum_address(provider),
             unpaid=bool(word & LEASE_OPEN),
             price_wei_per_s=word & PRICE_MASK,
-            verified_s=(word >> SECONDS_SHIFT) & SECONDS_MASK,
+            term_s=(word >> TERM_SHIFT) & SECONDS_MASK,
+            verified_s=(word >> BOOKED_SHIFT) & SECONDS_MASK,
+            accepted_at=(word >> ACCEPTED_SHIFT) & SECONDS_MASK,
+            next_epoch=(word >> EPOCH_SHIFT) & EPOCH_MASK,
             disputed=bool(word & LEASE_DISPUTED),
             slashed=bool(word & LEASE_SLASHED),
         )
 
     def stake_of(self, provider: str) -> Stake:
         provider = Web3.to_checksum_address(provider)
+        word = int(self._read("stakes", provider))
         return Stake(
             provider=provider,
-            active_wei=self._read("stakes", provider),
+            active_wei=word & STAKE_MASK,
+            locked_wei=word >> 128,
             unbonding_wei=self._read("unbonding", provider),
             release_at=self._read("release_at", provider),
         )

@@ -20,16 +20,26 @@ BPS = 10_000  # basis points in one whole
 
 
 class LedgerConfig(Frozen):
-    """Constructor settings of a market contract; fixed for its lifetime."""
+    """Constructor settings of a market contract; fixed for its lifetime.
+
+    The defaults are meant for real money; a configuration in which a cheat
+    could come out ahead is refused here and again by the contract.
+    """
 
     fee_bps: int = Field(0, ge=0, le=BPS)  # operator fee on top of providers' pay
-    whistleblower_bps: int = Field(5_000, ge=0, le=BPS)  # share of a slash to the whistleblower
-    min_stake_wei: Wei = 0  # stake a provider needs before it can be leased
-    min_bond_wei: Wei = 1  # bond to open a dispute; at least 1 wei
+    # Share of a slash to the whistleblower: above 0 so someone reports, below
+    # the whole so a cheat that reports itself still loses stake.
+    whistleblower_bps: int = Field(5_000, ge=1, le=BPS - 1)
+    # Least collateral a lease locks (a lease locks price x term if more).
+    min_stake_wei: Wei = Field(10**16, ge=1)
+    # Bond to open a dispute; a false one forfeits it to the treasury. The
+    # floor is about the gas a referee spends rejecting it (100k gas at 1 gwei).
+    min_bond_wei: Wei = Field(10**15, ge=10**14)
     # Whole seconds (the chain's clock has no finer unit).
     unbonding_delay_s: int = Field(7 * 24 * 3600, ge=0)
-    silence_timeout_s: int = Field(24 * 3600, ge=0)  # operator/referee silence before fallbacks
-    dispute_window_s: int = Field(3600, ge=0)  # after settlement, before payout
+    silence_timeout_s: int = Field(24 * 3600, ge=1)  # operator silence before the submitter may reclaim
+    dispute_window_s: int = Field(24 * 3600, ge=1)  # after settlement, before pay is released
+    dispute_timeout_s: int = Field(3 * 24 * 3600, ge=1)  # referee silence before a dispute expires
 
 
 class JobState(str, enum.Enum):
@@ -45,7 +55,8 @@ class JobEscrow(Frozen):
     state: JobState
     max_price_wei_per_s: Wei
     escrow_wei: Wei  # deposited by the submitter, in total
-    owed_wei: Wei  # booked verified work of unslashed leases
+    owed_wei: Wei  # booked work of unslashed leases
+    fee_wei: Wei  # operator fee reserved on owed_wei, paid per lease as it is paid
     epochs: int = Field(ge=0)  # anchored epochs
     last_active: int = Field(ge=0)  # chain time of the operator's last action
     settled_at: int = Field(ge=0)  # 0 while open
@@ -58,7 +69,10 @@ class Lease(Frozen):
     provider: Address
     unpaid: bool
     price_wei_per_s: Wei
-    verified_s: int = Field(ge=0)
+    term_s: int = Field(ge=0)  # most seconds it can be billed for
+    verified_s: int = Field(ge=0)  # booked so far
+    accepted_at: int = Field(ge=0)  # chain time the provider accepted; 0 if not yet
+    next_epoch: int = Field(ge=0)  # work is booked once per epoch, in order: the next it may be
     disputed: bool
     slashed: bool
 
@@ -66,10 +80,15 @@ class Lease(Frozen):
     def earned_wei(self) -> int:
         return 0 if self.slashed else self.price_wei_per_s * self.verified_s
 
+    def booked_for(self, epoch: int) -> bool:
+        """Whether this lease's work for `epoch` (or a later one) is already booked."""
+        return self.next_epoch > epoch
+
 
 class Stake(Frozen):
     provider: Address
-    active_wei: Wei
+    active_wei: Wei  # staked and not unbonding, locked part included
+    locked_wei: Wei  # collateral of accepted, unpaid leases
     unbonding_wei: Wei
     release_at: int = Field(ge=0)  # chain time when unbonding stake can be released
 
@@ -79,6 +98,7 @@ class DisputeState(int, enum.Enum):
     upheld = 2
     rejected = 3
     expired = 4
+    superseded = 5  # the lease was slashed on other evidence; bond returned
 
 
 class Dispute(Frozen):
