@@ -31,10 +31,10 @@ class LedgerConfig(Frozen):
     # the whole so a cheat that reports itself still loses stake.
     whistleblower_bps: int = Field(5_000, ge=1, le=BPS - 1)
     # Least collateral a lease locks (a lease locks price x term if more).
-    min_stake_wei: Wei = Field(10**16, ge=1)
+    min_stake_wei: int = Field(10**16, ge=1)
     # Bond to open a dispute; a false one forfeits it to the treasury. The
     # floor is about the gas a referee spends rejecting it (100k gas at 1 gwei).
-    min_bond_wei: Wei = Field(10**15, ge=10**14)
+    min_bond_wei: int = Field(10**15, ge=10**14)
     # Whole seconds (the chain's clock has no finer unit).
     unbonding_delay_s: int = Field(7 * 24 * 3600, ge=0)
     silence_timeout_s: int = Field(24 * 3600, ge=1)  # operator silence before the submitter may reclaim
