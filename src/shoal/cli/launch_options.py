@@ -36,17 +36,34 @@ def default_run_dir(name: str) -> Path:
 
 
 @dataclass(frozen=True)
+class HostOptions:
+    """Across hosts: every host names the same rendezvous; one of them serves it."""
+
+    rendezvous: str | None = None
+    serve: bool = False
+    bind: str | None = None
+    node: str | None = None
+    min_workers: int | None = None
+    grace_s: float = 30.0
+
+    def config_fields(self) -> dict[str, object]:
+        return {"rendezvous": self.rendezvous, "serve": self.serve, "bind": self.bind,
+                "node": self.node or "", "min_workers": self.min_workers, "grace_s": self.grace_s}
+
+
+@dataclass(frozen=True)
 class LaunchOptions:
     """The launch flags `shoal run` and `shoal train --workers` share."""
 
     workers: int
     chaos: str = ""
     stall_s: float = 5.0
-    stall_deadline_s: float = 3.0
+    stall_deadline_s: float = 1.0
     slow: tuple[str, ...] = ()
     run_dir: Path | None = None
     replica_check_every: int = 0
     spares: int = 0
+    hosts: HostOptions = HostOptions()
 
     def config(self, command: list[str], name: str, env: dict[str, str] | None = None) -> LaunchConfig:
         from shoal.control.chaos import parse_chaos
@@ -57,14 +74,20 @@ class LaunchOptions:
             command=command, workers=self.workers, run_dir=self.run_dir or default_run_dir(name),
             chaos=parse_chaos(self.chaos), stall_s=self.stall_s,
             stall_deadline_s=self.stall_deadline_s, worker_env=parse_slow(list(self.slow)),
-            env={**(env or {}), **runtime}, spares=self.spares,
+            env={**(env or {}), **runtime}, spares=self.spares, **self.hosts.config_fields(),
         )
 
 
 def launch_and_report(config: LaunchConfig, report: Path | None) -> None:
     from shoal.control.launcher import Launcher
 
+    if report is not None and not config.serves:
+        raise ShoalError("--report is written by the serving host; pass it with --serve")
     result = Launcher(config).run()
+    if result is None:
+        typer.echo(f"the job is done; this host ran {config.workers} worker(s). The serving host "
+                   "wrote the report.")
+        return
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(result.model_dump_json(indent=2) + "\n")
@@ -81,12 +104,13 @@ def launch_and_report(config: LaunchConfig, report: Path | None) -> None:
              "replica_mismatches": result.replica_mismatches}))
 
 
-WORKERS = typer.Option(..., "--workers", "-n", min=1, help="Worker processes to start.")
+WORKERS = typer.Option(..., "--workers", "-n", min=1, help="Worker processes to start on this host.")
 CHAOS = typer.Option("", "--chaos", help="Faults to inject: ACTION[:WORKER]@WHEN, comma-separated "
                      "(kill, stall, leave, join; WHEN 30s or step120).")
 STALL_S = typer.Option(5.0, "--stall-s", min=0.0, help="How long a `stall` keeps a worker stopped.")
-STALL_DEADLINE_S = typer.Option(3.0, "--stall-deadline-s", min=0.1,
-                                help="Heartbeat silence after which a worker is dropped.")
+STALL_DEADLINE_S = typer.Option(1.0, "--stall-deadline-s", min=0.1,
+                                help="Least time a worker may fall behind its peers before it is "
+                                     "fenced (the deadline grows with measured step times).")
 SLOW = typer.Option([], "--slow", help="WORKER:FACTOR, simulate a slower device (repeatable).")
 RUN_DIR = typer.Option(None, "--run-dir", help="Where worker logs and step logs go.")
 REPORT = typer.Option(None, "--report", help="Write the run's JSON report here.")
@@ -95,3 +119,24 @@ SPARES = typer.Option(0, "--spares", min=0,
 REPLICA_CHECK = typer.Option(0, "--replica-check-every", min=0,
                              help="Hash every replica's parameters every N steps (0: after re-forms only).")
 
+CHECKPOINT_DIR = typer.Option(None, "--checkpoint-dir",
+                              help="Where workers write checkpoints (SHOAL_CHECKPOINT_DIR).")
+
+# Across hosts.
+RENDEZVOUS = typer.Option(None, "--rendezvous", metavar="HOST:PORT",
+                          help="Run across hosts: the same HOST:PORT on every host; one of them "
+                               "passes --serve and hosts it.")
+SERVE = typer.Option(False, "--serve", help="Host the rendezvous store and the membership "
+                                            "authority here (one host per job).")
+BIND = typer.Option(None, "--bind", metavar="ADDR",
+                    help="Address to listen on (--serve) and for this host's workers to use. "
+                         "Default: 127.0.0.1 on one host; with --rendezvous, its HOST when "
+                         "serving, else the local address that reaches it.")
+NODE = typer.Option(None, "--node", help="This host's name in worker ids (NODE-w0, ...); "
+                                         "default: the hostname (a name already in the job gets a suffix).")
+MIN_WORKERS = typer.Option(None, "--min-workers", min=1,
+                           help="With --serve: workers on all hosts together that the first "
+                                "epoch waits for (default: --workers).")
+GRACE_S = typer.Option(30.0, "--grace-s", min=0.0,
+                       help="On SIGTERM, how long workers get to hand over and write their last "
+                            "checkpoint before they are killed.")

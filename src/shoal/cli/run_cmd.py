@@ -9,8 +9,9 @@ import typer
 
 from shoal import ShoalError
 from shoal.cli.launch_options import (
-    CHAOS, REPLICA_CHECK, REPORT, RUN_DIR, SLOW, SPARES, STALL_DEADLINE_S, STALL_S, WORKERS,
-    LaunchOptions, launch_and_report,
+    BIND, CHAOS, CHECKPOINT_DIR, GRACE_S, MIN_WORKERS, NODE, RENDEZVOUS, REPLICA_CHECK, REPORT,
+    RUN_DIR, SERVE, SLOW, SPARES, STALL_DEADLINE_S, STALL_S, WORKERS, HostOptions, LaunchOptions,
+    launch_and_report,
 )
 
 
@@ -26,12 +27,26 @@ def run_command(
     report: Optional[Path] = REPORT,
     replica_check_every: int = REPLICA_CHECK,
     spares: int = SPARES,
+    checkpoint_dir: Optional[Path] = CHECKPOINT_DIR,
+    rendezvous: Optional[str] = RENDEZVOUS,
+    serve: bool = SERVE,
+    bind: Optional[str] = BIND,
+    node: Optional[str] = NODE,
+    min_workers: Optional[int] = MIN_WORKERS,
+    grace_s: float = GRACE_S,
 ) -> None:
-    """Run SCRIPT on N workers like torchrun, but faults cost no restart."""
+    """Run SCRIPT on N workers like torchrun, but faults cost no restart.
+
+    Across hosts: the same --rendezvous HOST:PORT on every host, --serve on one.
+    """
     if not script.is_file():
         raise ShoalError(f"script '{script}' not found")
     from shoal.control.launcher import worker_command
 
-    options = LaunchOptions(workers, chaos, stall_s, stall_deadline_s, tuple(slow), run_dir,
-                            replica_check_every, spares)
-    launch_and_report(options.config(worker_command(str(script), list(args or [])), script.stem), report)
+    options = LaunchOptions(
+        workers=workers, chaos=chaos, stall_s=stall_s, stall_deadline_s=stall_deadline_s,
+        slow=tuple(slow), run_dir=run_dir, replica_check_every=replica_check_every, spares=spares,
+        hosts=HostOptions(rendezvous, serve, bind, node, min_workers, grace_s))
+    env = {"SHOAL_CHECKPOINT_DIR": str(checkpoint_dir.resolve())} if checkpoint_dir else {}
+    command = worker_command(str(script), list(args or []))
+    launch_and_report(options.config(command, script.stem, env=env), report)

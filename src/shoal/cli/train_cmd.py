@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 
 from shoal.cli.launch_options import (
-    CHAOS, REPLICA_CHECK, RUN_DIR, SLOW, SPARES, STALL_DEADLINE_S, STALL_S, LaunchOptions,
-    launch_and_report,
+    BIND, CHAOS, GRACE_S, MIN_WORKERS, NODE, RENDEZVOUS, REPLICA_CHECK, RUN_DIR, SERVE, SLOW,
+    SPARES, STALL_DEADLINE_S, STALL_S, HostOptions, LaunchOptions, launch_and_report,
 )
 from shoal.spec import JobSpec, load_job
 
@@ -31,6 +31,12 @@ def train_command(
     run_dir: Optional[Path] = RUN_DIR,
     replica_check_every: int = REPLICA_CHECK,
     spares: int = SPARES,
+    rendezvous: Optional[str] = RENDEZVOUS,
+    serve: bool = SERVE,
+    bind: Optional[str] = BIND,
+    node: Optional[str] = NODE,
+    min_workers: Optional[int] = MIN_WORKERS,
+    grace_s: float = GRACE_S,
 ) -> None:
     """Train a job on this machine; faults cost no more than the last checkpoint."""
     if resume and fresh:
@@ -40,12 +46,14 @@ def train_command(
         job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update={"dir": checkpoint_dir})})
 
     if workers is not None:
-        options = LaunchOptions(workers, chaos, stall_s, stall_deadline_s, tuple(slow), run_dir,
-                                replica_check_every, spares)
+        options = LaunchOptions(
+            workers=workers, chaos=chaos, stall_s=stall_s, stall_deadline_s=stall_deadline_s,
+            slow=tuple(slow), run_dir=run_dir, replica_check_every=replica_check_every,
+            spares=spares, hosts=HostOptions(rendezvous, serve, bind, node, min_workers, grace_s))
         _train_elastic(job, resume, fresh, options, report)
         return
-    if chaos or slow:
-        raise typer.BadParameter("--chaos and --slow need --workers N")
+    if chaos or slow or rendezvous:
+        raise typer.BadParameter("--chaos, --slow and --rendezvous need --workers N")
     from shoal.jobs.single import train_job  # torch loads only when training runs
 
     result = train_job(job, resume=resume, fresh=fresh, show_progress=not quiet)
@@ -64,7 +72,10 @@ def _train_elastic(job: JobSpec, resume: bool, fresh: bool, options: LaunchOptio
 
     from shoal.jobs.single import open_checkpoints
 
-    open_checkpoints(job, resume, fresh).close()  # same guard as one worker: never clobber
+    if options.hosts.rendezvous is None or options.hosts.serve:
+        # Same guard as one worker: never clobber. Only the serving host applies it, so a
+        # host joining later cannot delete (--fresh) what a running job wrote to a shared disk.
+        open_checkpoints(job, resume, fresh).close()
     command = [sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json", job.model_dump_json()]
     config = options.config(command, job.name, env={
         "SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,

@@ -1,0 +1,91 @@
+"""One worker process as its launcher holds it: started so that it cannot
+outlive the launcher, signalled, watched for its exit, and killed whole.
+
+Each worker runs in its own process group (a kill reaches the processes it
+started too) and asks the kernel to SIGKILL it when its launcher dies
+(PR_SET_PDEATHSIG), so even a SIGKILLed launcher leaves no orphans behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent_pid: int) -> Callable[[], None]:
+    """Runs in the child between fork and exec (async-signal-safe calls only)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def setup() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return setup
+
+
+class WorkerProcess:
+    """A started worker; `on_exit(worker)` runs in a watcher thread when it exits."""
+
+    def __init__(self, worker: str, command: list[str], env: dict[str, str], log_path: Path,
+                 on_exit: Callable[[str], None]) -> None:
+        self.worker = worker
+        with open(log_path, "ab") as output:
+            # PDEATHSIG is tied to the thread that forks; the launcher forks from the thread
+            # that runs it and lives as long, so that thread's end is the launcher's end.
+            self.process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                            process_group=0, preexec_fn=_die_with(os.getpid()))
+        self._on_exit = on_exit
+        self._watcher = threading.Thread(target=self._watch, name=f"exit-{worker}", daemon=True)
+        self._watcher.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        """Send `signum` to the worker itself (not its children)."""
+        if self.alive():
+            try:
+                self.process.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        """SIGKILL the worker and everything in its process group, and reap it."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            self.signal(signal.SIGKILL)
+        self.process.wait()
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once the worker has exited; False if it still runs after `timeout_s`."""
+        try:
+            self.process.wait(timeout=max(0.0, timeout_s))
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def join_watcher(self, timeout_s: float) -> None:
+        self._watcher.join(timeout_s)
+
+    def _watch(self) -> None:
+        self.process.wait()
+        try:
+            self._on_exit(self.worker)
+        except Exception as error:  # the store may be gone at the end of a run; nothing to tell then
+            log.debug("could not report the exit of %s: %s", self.worker, error)

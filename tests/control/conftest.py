@@ -1,0 +1,1 @@
+from tests.harness import network  # noqa: F401  (the namespaced-hosts fixture)
