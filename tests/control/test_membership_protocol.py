@@ -6,11 +6,14 @@ import threading
 
 import pytest
 
-from shoal.spec.elastic import MembershipEpoch
 from shoal.control.authority import AuthorityConfig, MembershipAuthority
-from shoal.train.commit import Excluded, agree
 from shoal.control.launcher import free_port
-from shoal.train.rendezvous import Rendezvous, connect
+from shoal.control.liveness import LivenessConfig
+from shoal.spec.elastic import GuardVerdict, MembershipEpoch, Phase, ProgressBeat
+from shoal.train.commit import Ballot, Excluded, Proposer, agree
+from shoal.train.rendezvous import Rendezvous, RunFailed, connect
+
+FAST = LivenessConfig(floor_s=0.5, initial_s=0.5)
 
 
 @pytest.fixture
@@ -21,7 +24,7 @@ def rdzv():
 
 def test_authority_forms_drops_admits_and_reforms(rdzv):
     alive = {"a": True, "b": True, "c": True}
-    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, stall_deadline_s=0.5),
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST),
                                     process_alive=lambda w: alive.get(w))
     rdzv.request_join("a")
     authority.tick(0.0)
@@ -47,28 +50,89 @@ def test_authority_forms_drops_admits_and_reforms(rdzv):
     assert rdzv.epoch(4).members == ("a",) and rdzv.epoch(4).reason == "leave:c"
 
 
-def test_authority_drops_a_silent_worker(rdzv):
-    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, stall_deadline_s=0.5,
-                                                          heartbeat_check_s=0.0))
+def test_an_exit_reported_by_another_hosts_launcher_drops_the_worker(rdzv):
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST))
     rdzv.request_join("a")
     rdzv.request_join("b")
     authority.tick(0.0)
-    for now in (0.2, 0.4, 0.6, 0.8):
-        rdzv.heartbeat("a")  # only a keeps beating
-        authority.tick(now)
-    assert rdzv.latest_epoch() == 1
+    rdzv.report_exit("b")
+    authority.tick(0.01)
+    assert rdzv.epoch(1).members == ("a",) and rdzv.epoch(1).reason == "exit:b"
+
+
+def _beat(rdzv, worker, epoch, count, step, phase):
+    rdzv.beat(worker, ProgressBeat(epoch=epoch, count=count, step=step, phase=phase))
+
+
+def test_a_member_that_falls_behind_is_fenced_however_alive_it_is(rdzv):
+    """b's process runs (it could be beating a heartbeat) but makes no progress."""
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST))
+    rdzv.request_join("a")
+    rdzv.request_join("b")
+    authority.tick(0.0)
+    for who in "ab":
+        _beat(rdzv, who, 0, 1, 0, Phase.arrived)
+    _beat(rdzv, "a", 0, 2, 0, Phase.exchange)  # a computed its share; b hangs in its loader
+    authority.tick(0.1)
+    authority.tick(0.5)  # within the deadline: b may just be slower
+    assert rdzv.latest_epoch() == 0
+    authority.tick(0.7)
     assert rdzv.epoch(1).members == ("a",) and rdzv.epoch(1).reason == "stall:b"
+
+
+def test_the_deadline_follows_measured_step_times():
+    from shoal.control.liveness import ProgressWatch
+
+    watch = ProgressWatch(LivenessConfig(floor_s=0.2, initial_s=30.0, step_multiple=3.0,
+                                         margin_s=0.1))
+    watch.reset(0, 0.0)
+    assert watch.step_deadline_s() == 30.0  # nothing measured yet
+    for step in range(6):
+        now = 1.0 + 0.5 * step
+        beats = {w: ProgressBeat(epoch=0, count=2 + 2 * step, step=step, phase=Phase.voted)
+                 for w in "ab"}
+        assert watch.laggards(beats, now) == []
+    assert watch.step_deadline_s() == pytest.approx(3 * 0.5 + 0.1)
+
+
+def test_reforms_that_never_commit_give_the_run_up(rdzv):
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=1, liveness=FAST,
+                                                          max_failed_reforms=2))
+    rdzv.request_join("a")
+    authority.tick(0.0)
+    for attempt in range(3):
+        rdzv.request_reform(authority.epoch)
+        authority.tick(0.01 * (attempt + 1))
+    assert authority.failure and "failed 2 times" in authority.failure
+    with pytest.raises(RunFailed):
+        rdzv.check_failed()
+
+
+def test_a_resync_reform_names_whose_state_stands(rdzv):
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST))
+    rdzv.request_join("a")
+    rdzv.request_join("b")
+    authority.tick(0.0)
+    rdzv.request_reform(0, state_source="b")
+    authority.tick(0.01)
+    assert rdzv.epoch(1).state_source == "b" and rdzv.epoch(1).reason == "resync"
 
 
 def _epoch(number, members):
     return MembershipEpoch(epoch=number, members=members, weights=(1.0,) * len(members))
 
 
+def _proposer(record, source="a"):
+    return Proposer(weights=lambda: None, resync_source=lambda: source,
+                    lost_member=lambda newest: not set(record.members) <= set(newest.members))
+
+
 def _vote_in_threads(rdzv, record, outcomes):
     results = {}
 
     def vote(rank, ok):
-        results[rank] = agree(rdzv, record, rank, 7, ok, poll_s=0.01, weights=lambda: None)
+        results[rank] = agree(rdzv, record, rank, 7, ok if isinstance(ok, Ballot) else Ballot(ok),
+                              poll_s=0.01, proposer=_proposer(record))
 
     threads = [threading.Thread(target=vote, args=item) for item in outcomes.items()]
     for t in threads:
@@ -88,7 +152,25 @@ def test_step_commits_only_if_every_exchange_succeeded(rdzv):
     rdzv.publish_epoch(record)
     decided = _vote_in_threads(rdzv, record, {0: True, 1: False, 2: True})
     assert not any(d.commit for d in decided.values())
-    assert rdzv.reform_requested(1)
+    assert rdzv.reform_requested(1) == (True, None)
+
+
+def test_the_strictest_guard_verdict_stands_for_every_rank(rdzv):
+    record = _epoch(0, ("a", "b", "c"))
+    rdzv.publish_epoch(record)
+    decided = _vote_in_threads(rdzv, record, {0: Ballot(True), 1: Ballot(True, GuardVerdict.rollback),
+                                              2: Ballot(True, GuardVerdict.skip)})
+    assert {d.verdict for d in decided.values()} == {GuardVerdict.rollback}
+    assert all(d.commit for d in decided.values())
+
+
+def test_differing_replicas_discard_the_step_and_name_one_source(rdzv):
+    record = _epoch(0, ("a", "b"))
+    rdzv.publish_epoch(record)
+    decided = _vote_in_threads(rdzv, record, {0: Ballot(True, diverged=True),
+                                              1: Ballot(True, diverged=True)})
+    assert all(not d.commit and d.resync_from == "a" for d in decided.values())
+    assert rdzv.reform_requested(0) == (True, "a")
 
 
 def test_a_dropped_member_no_longer_blocks_the_decision(rdzv):
@@ -100,4 +182,5 @@ def test_a_dropped_member_no_longer_blocks_the_decision(rdzv):
     # The survivors agree to redo the step in the next epoch rather than wait for c.
     assert all(not d.commit and d.next_epoch == 1 for d in decided.values())
     with pytest.raises(Excluded):
-        agree(rdzv, _epoch(0, ("a", "b", "c")), 2, 8, True, poll_s=0.01, weights=lambda: None)
+        agree(rdzv, _epoch(0, ("a", "b", "c")), 2, 8, Ballot(True), poll_s=0.01,
+              proposer=_proposer(record))

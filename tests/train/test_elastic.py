@@ -27,12 +27,13 @@ def _job(tmp_path: Path, steps: int) -> dict:
 
 def launch(tmp_path: Path, workers: int, chaos: str, steps: int = 200, *,
            worker_env: dict[int, dict[str, str]] | None = None, stall_s: float = 3.0,
-           command: list[str] | None = None) -> ElasticReport:
+           command: list[str] | None = None, spares: int = 0) -> ElasticReport:
     job = parse_job(_job(tmp_path, steps))
     config = LaunchConfig(
         command=command or [sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json",
                             job.model_dump_json()],
-        workers=workers, run_dir=tmp_path / "run", chaos=parse_chaos(chaos), stall_s=stall_s,
+        workers=workers, spares=spares, run_dir=tmp_path / "run", chaos=parse_chaos(chaos),
+        stall_s=stall_s,
         stall_deadline_s=1.5, worker_env=worker_env or {}, timeout_s=240,
         env={"SHOAL_REPLICA_CHECK": "1", "SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,
              "SHOAL_CHECKPOINT_INTERVAL": "10", "SHOAL_IDENTITY": json.dumps(job.resume_identity())},
@@ -142,9 +143,9 @@ def test_linear_policy_scales_the_batch_with_the_world(tmp_path):
 
 
 def test_last_worker_leaving_leaves_its_state_on_disk(tmp_path):
-    from shoal.train.errors import TrainError
+    from shoal.control.errors import ControlError
 
-    with pytest.raises(TrainError, match="every worker exited"):
+    with pytest.raises(ControlError, match="every worker exited"):
         launch(tmp_path, 1, "leave:0@step30", steps=300)
     assert "last worker leaving: checkpoint of step" in (tmp_path / "run" / "w0.log").read_text()
     newest = max(int(p.stem.split("-")[1]) for p in (tmp_path / "ckpt").glob("step-*.json"))

@@ -1,11 +1,14 @@
 """The membership authority: the one place that decides who is in.
 
 It numbers epochs and publishes each membership to the rendezvous store.
-It drops a worker when its process is gone (the launcher tells it at
-once), when its heartbeat stops for longer than the stall deadline, or
-when it asks to leave; it admits joiners; and it re-forms the same members
-when a step failed without anyone leaving. It runs beside the store, never
-inside a trainer: if a trainer hosted it and died, everyone would lose it.
+It drops a worker when its process is gone (its launcher, on any host,
+says so at once), when it falls behind its peers' progress for longer than
+a deadline derived from step times (shoal.control.liveness), or when it
+gives notice; it admits joiners; it re-forms the same members when a step
+failed without anyone leaving, and gives the run up, with a clear reason,
+when re-forming keeps failing without progress. It runs beside the store,
+never inside a trainer: if a trainer hosted it and died, everyone would
+lose it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shoal.control.errors import ControlError
+from shoal.control.liveness import LivenessConfig, ProgressWatch
 from shoal.spec.elastic import MembershipEpoch
 from shoal.train.rendezvous import Rendezvous
 
@@ -27,31 +32,19 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class AuthorityConfig:
     min_workers: int = 1  # first epoch waits for this many registrations
-    stall_deadline_s: float = 3.0  # heartbeat silence after which a worker is dropped
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
     # Requests and process exits wake the authority at once (notify()); without
-    # them it wakes this often, to check heartbeats.
-    heartbeat_check_s: float = 0.25
+    # them it wakes at the next fencing deadline, or this often at most.
+    check_s: float = 0.05
+    # Re-forms of the same members in a row with no step committed in between,
+    # after which the run is given up instead of looping.
+    max_failed_reforms: int = 5
 
     def __post_init__(self) -> None:
         if self.min_workers < 1:
-            raise ValueError("min_workers must be at least 1")
-        if self.stall_deadline_s <= 0:
-            raise ValueError("stall_deadline_s must be positive")
-
-
-@dataclass
-class _Liveness:
-    """When the authority last saw each member's heartbeat value change (its own clock)."""
-
-    values: dict[str, bytes | None] = field(default_factory=dict)
-    changed_at: dict[str, float] = field(default_factory=dict)
-
-    def observe(self, worker: str, value: bytes | None, now: float) -> None:
-        if worker not in self.changed_at or value != self.values.get(worker):
-            self.values[worker], self.changed_at[worker] = value, now
-
-    def silent_for(self, worker: str, now: float) -> float:
-        return now - self.changed_at.get(worker, now)
+            raise ControlError("min_workers must be at least 1")
+        if self.max_failed_reforms < 1:
+            raise ControlError("max_failed_reforms must be at least 1")
 
 
 class MembershipAuthority:
@@ -67,21 +60,26 @@ class MembershipAuthority:
         self.event_log = event_log
         self.epoch = -1
         self.members: tuple[str, ...] = ()
+        self.failure: str | None = None
         self._pending: list[str] = []  # registered, not yet admitted
         self._joins_seen = 0
         self._requests_seen = 0
-        self._liveness = _Liveness()
-        self._last_heartbeat_check = 0.0
+        self._exited: set[str] = set()
+        self._watch = ProgressWatch(config.liveness)
+        self._failed_reforms = 0
+        self._progress_at_reform = -1
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="membership-authority", daemon=True)
+        self._watcher: threading.Thread | None = None
 
     def start(self, watch_requests: Rendezvous | None = None) -> MembershipAuthority:
         """Run in a thread; `watch_requests` (a second store connection) wakes it on requests."""
         self._thread.start()
         if watch_requests is not None:
-            threading.Thread(target=self._watch_requests, args=(watch_requests,),
-                             name="authority-requests", daemon=True).start()
+            self._watcher = threading.Thread(target=self._watch_requests, args=(watch_requests,),
+                                             name="authority-requests", daemon=True)
+            self._watcher.start()
         return self
 
     def notify(self) -> None:
@@ -91,16 +89,24 @@ class MembershipAuthority:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        if self._watcher is not None and self._watcher.is_alive():
+            self.rdzv.wake_watchers()  # its wait returns; it sees the stop and ends
+            self._watcher.join(timeout=5)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.clear()
+            now = time.monotonic()
             try:
-                self.tick(time.monotonic())
+                self.tick(now)
             except Exception:  # the authority must outlive any one bad read
                 log.exception("membership authority tick failed; retrying")
-            self._wake.wait(self.config.heartbeat_check_s)
+            wait = self.config.check_s
+            if self.members:
+                wait = min(wait, max(0.005, self._watch.seconds_to_next_deadline(now)))
+            self._wake.wait(wait)
 
     def _watch_requests(self, rdzv: Rendezvous) -> None:
         seen = 0
@@ -112,70 +118,92 @@ class MembershipAuthority:
                 self.notify()
 
     def tick(self, now: float) -> None:
-        """One round: gather joins, leaves, exits, stalls and reform requests; publish if needed."""
+        """One round: gather joins, leaves, exits, laggards and reform requests; publish if needed."""
         requests = self.rdzv.requests_seen()
         leaving: list[str] = []
-        reform = False
+        reform, source = False, None
         if requests != self._requests_seen:  # only then is there anything to read
             self._requests_seen = requests
-            self._take_joins(now)
+            self._take_joins()
             leaving = self.rdzv.leaving(list(self.members))
-            reform = self.epoch >= 0 and self.rdzv.reform_requested(self.epoch)
+            self._exited.update(self.rdzv.exited(list(self.members) + self._pending))
+            if self.epoch >= 0:
+                reform, source = self.rdzv.reform_requested(self.epoch)
         if self.epoch < 0:
             if len(self._pending) >= self.config.min_workers:
-                self._publish(tuple(self._pending), "start")
+                self._publish(tuple(self._pending), "start", now)
                 self._pending = []
             return
         dropped, reasons = self._dropped(now, leaving)
         rejoining = [w for w in self._pending if w in self.members]
         if dropped or rejoining:
             survivors = tuple(m for m in self.members if m not in dropped and m not in rejoining)
-            self._publish(survivors + tuple(self._admit(survivors)), ",".join(reasons) or "rejoin")
+            self._publish(survivors + tuple(self._admit(survivors)), ",".join(reasons) or "rejoin", now)
         elif self._pending:
-            self._publish(self.members + tuple(self._admit(self.members)), "join")
+            self._publish(self.members + tuple(self._admit(self.members)), "join", now)
         elif reform:
-            self._publish(self.members, "reform")
+            self._reform(source, now)
 
-    def _take_joins(self, now: float) -> None:
+    def _reform(self, source: str | None, now: float) -> None:
+        """Same members again; give up if that keeps failing with no step committed."""
+        progress = self.rdzv.progress()
+        self._failed_reforms = self._failed_reforms + 1 if progress == self._progress_at_reform else 1
+        self._progress_at_reform = progress
+        if self._failed_reforms > self.config.max_failed_reforms:
+            self.failure = (f"step {progress} failed {self._failed_reforms - 1} times in a row with "
+                            f"the same members {list(self.members)} and no fault the authority "
+                            "could see; see the worker logs (a collective timeout too short for "
+                            "the step, or a network path that drops traffic between workers)")
+            log.error("giving the run up: %s", self.failure)
+            self.rdzv.mark_failed(self.failure)
+            self._stop.set()
+            return
+        self._publish(self.members, "resync" if source else "reform", now, state_source=source)
+
+    def _take_joins(self) -> None:
         self._joins_seen, joined = self.rdzv.joins_since(self._joins_seen)
         for worker in joined:
             if worker not in self._pending:
                 # A member that registers again (fenced, then woke up) is re-admitted fresh.
                 self._pending.append(worker)
-                self._liveness.observe(worker, None, now)
 
     def _admit(self, current: tuple[str, ...]) -> list[str]:
-        admitted = [w for w in self._pending if w not in current and self.process_alive(w) is not False]
+        admitted = [w for w in self._pending if w not in current and self._alive(w)]
         self._pending = []
         return admitted
+
+    def _alive(self, worker: str) -> bool:
+        return worker not in self._exited and self.process_alive(worker) is not False
 
     def _dropped(self, now: float, leaving: list[str]) -> tuple[set[str], list[str]]:
         dropped, reasons = set(), []
         for worker in self.members:
-            if self.process_alive(worker) is False:
+            if not self._alive(worker):
                 dropped.add(worker)
                 reasons.append(f"exit:{worker}")
         for worker in leaving:
             if worker not in dropped:
                 dropped.add(worker)
                 reasons.append(f"leave:{worker}")
-        if now - self._last_heartbeat_check >= self.config.heartbeat_check_s and self.members:
-            self._last_heartbeat_check = now
-            for worker, value in self.rdzv.heartbeats(list(self.members)).items():
-                self._liveness.observe(worker, value, now)
-                if worker not in dropped and self._liveness.silent_for(worker, now) > self.config.stall_deadline_s:
+        if self.members:
+            for worker in self._watch.laggards(self.rdzv.beats(list(self.members)), now):
+                if worker not in dropped:
                     dropped.add(worker)
                     reasons.append(f"stall:{worker}")
         return dropped, reasons
 
-    def _publish(self, members: tuple[str, ...], reason: str) -> None:
+    def _publish(self, members: tuple[str, ...], reason: str, now: float,
+                 state_source: str | None = None) -> None:
+        if members != self.members:
+            self._failed_reforms = 0
         self.members = members
         if not members:
             log.warning("no workers left (%s); waiting for joiners", reason)
             return
         self.epoch += 1
-        record = MembershipEpoch(epoch=self.epoch, members=members,
-                                 weights=self._weights(members), reason=reason)
+        record = MembershipEpoch(epoch=self.epoch, members=members, weights=self._weights(members),
+                                 reason=reason, state_source=state_source)
+        self._watch.reset(self.epoch, now)
         self.rdzv.publish_epoch(record)
         entry = {"t": time.time(), "epoch": self.epoch, "members": list(members), "reason": reason}
         log.info("epoch %d: %d members %s (%s)", self.epoch, len(members), list(members), reason)

@@ -1,6 +1,7 @@
 """The built-in GPT as an elastic worker program: what `shoal train JOB.toml
 --workers N` launches in each process. It is also the reference example of
-the API: a plain loop around `run.batches`, `run.backward` and `run.step`.
+the API: a plain loop around `run.batches`, `run.backward` and
+`optimizer.step()`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from shoal.spec import JobSpec, load_job
 from shoal.jobs.corpus import Corpus, load_corpus
 from shoal.jobs.model import GPT
 from shoal.jobs.optim import build_optimizer, lr_at, set_lr
+from shoal.jobs.precision import forward_precision
 from shoal.jobs.single import evaluate
 
 
@@ -45,9 +47,10 @@ def main(argv: list[str]) -> None:
     for batch in run.batches(CorpusWindows(corpus, job.model.context), job.global_batch,
                              job.steps, seed=job.seed, micro_batch=job.micro_batch):
         set_lr(optimizer, lr_at(run.step_index, job.steps, job.optimizer.lr, job.schedule))
-        loss = model.loss_sum(batch) / len(batch)  # mean over this micro-batch
-        run.backward(loss)
-        run.step()
+        with forward_precision(job.precision):
+            loss = model.loss_sum(batch) / len(batch)  # mean over this micro-batch
+        run.backward(loss)  # loss.backward(), and the loss reaches the guard
+        optimizer.step()
 
     if run.is_reporter:
         val = torch.from_numpy(corpus.val_windows(job.eval_batches * job.global_batch,

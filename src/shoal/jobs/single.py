@@ -16,13 +16,14 @@ from pathlib import Path
 
 import torch
 
-from shoal.spec import JobSpec, TrainReport
+from shoal.spec import JobSpec, Precision, TrainReport
 from shoal.train.checkpoint import CheckpointStore, restore_snapshot, take_snapshot
 from shoal.jobs.corpus import Corpus, load_corpus
 from shoal.train.errors import CheckpointError
 from shoal.train.hashing import param_sha256
 from shoal.jobs.model import GPT
 from shoal.jobs.optim import build_optimizer, lr_at, set_lr
+from shoal.jobs.precision import forward_precision
 from shoal.train.order import DataOrder
 from shoal.jobs.progress import TrainProgress
 
@@ -30,11 +31,12 @@ log = logging.getLogger(__name__)
 
 
 def accumulate_gradients(model: GPT, windows: torch.Tensor, micro_batch: int,
-                         batch_size: int) -> float:
+                         batch_size: int, precision: Precision = Precision.fp32) -> float:
     """Backward over `windows` in chunks; gradients are of the mean over `batch_size`."""
     total = 0.0
     for chunk in windows.split(micro_batch):
-        loss = model.loss_sum(chunk) / batch_size
+        with forward_precision(precision):
+            loss = model.loss_sum(chunk) / batch_size
         loss.backward()
         total += loss.item()
     return total
@@ -119,7 +121,7 @@ def train_job(job: JobSpec, *, resume: bool = False, fresh: bool = False,
             set_lr(optimizer, lr_at(step, job.steps, job.optimizer.lr, job.schedule))
             sample_ids = order.sample_ids(range(cursor, cursor + batch))
             windows = torch.from_numpy(corpus.windows(sample_ids, context))  # (B, T+1)
-            loss = accumulate_gradients(model, windows, micro_batch, batch)
+            loss = accumulate_gradients(model, windows, micro_batch, batch, job.precision)
             if job.optimizer.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), job.optimizer.grad_clip)
             optimizer.step()

@@ -35,6 +35,35 @@ class MembershipEpoch(Frozen):
     # Who needs state, and whether it comes from disk, the members work out from
     # their arrivals at the epoch's barrier (see shoal.train.membership).
     reason: str = ""  # why this epoch exists: start, kill, stall, leave, join, rebalance
+    # Set when replicas were found to differ: every other member adopts this one's state.
+    state_source: str | None = None
+
+
+class Phase(int, enum.Enum):
+    """How far a member has got within an epoch; the authority fences laggards."""
+
+    arrived = 0  # at the epoch's barrier
+    exchange = 1  # its share of a step is computed; in the gradient exchange
+    voted = 2  # voted on the step
+
+
+class ProgressBeat(Frozen):
+    """A member's last progress point, written to the store as it makes progress.
+
+    Liveness is progress, not a thread that beats: a member hung in its data
+    loader writes nothing, so the authority sees it fall behind its peers.
+    """
+
+    epoch: int
+    count: int = Field(ge=0)  # progress points reached in this epoch (arrival = 1)
+    step: int = Field(ge=0)
+    phase: Phase
+
+
+class GuardVerdict(str, enum.Enum):
+    apply = "apply"
+    skip = "skip"  # do not apply this step
+    rollback = "rollback"  # do not apply, and restore the last good state
 
 
 class StepDecision(Frozen):
@@ -43,6 +72,12 @@ class StepDecision(Frozen):
     commit: bool
     next_epoch: int | None = None  # switch to this epoch after applying (or discarding) the step
     weights: tuple[float, ...] | None = None  # new shares from the next step on (same epoch)
+    # What every member does with a committed step: the strictest verdict any member
+    # reached, so a rollback happens everywhere or nowhere.
+    verdict: GuardVerdict = GuardVerdict.apply
+    # Replica fingerprints differed: the step is discarded and every member adopts
+    # this worker's state in the next epoch.
+    resync_from: str | None = None
 
 
 class StepRecord(Frozen):

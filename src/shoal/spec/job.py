@@ -82,6 +82,13 @@ class ScheduleSpec(Frozen):
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
 
 
+class Precision(str, enum.Enum):
+    fp32 = "fp32"
+    # bfloat16 autocast for the forward pass; parameters, gradients and the
+    # optimizer stay float32.
+    bf16 = "bf16"
+
+
 class CheckpointSpec(Frozen):
     # Relative paths are resolved against the working directory;
     # "{name}" is replaced by the job name.
@@ -102,6 +109,7 @@ class JobSpec(Frozen):
     # Most samples per forward pass (gradients accumulate over the rest);
     # None: a worker's whole share at once. Bounds memory, not the math.
     micro_batch: int | None = Field(None, ge=1, le=1 << 20)
+    precision: Precision = Precision.fp32
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
     optimizer: OptimizerSpec = OptimizerSpec()

@@ -2,19 +2,21 @@
 or a loss spike, and the step is not applied; several bad steps in a row,
 and the model rolls back to the last good state it kept in memory.
 
-Every replica sees the same all-reduced loss and gradients, so every
-replica reaches the same verdict without talking.
+Every replica assesses the same all-reduced loss and gradients, and the
+verdict that stands is the one in the step's commit decision (the
+strictest any member reached), so a rollback happens everywhere or nowhere.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
 
 import torch
+
+from shoal.spec.elastic import GuardVerdict as Verdict
 
 
 @dataclass(frozen=True)
@@ -33,12 +35,6 @@ class GuardConfig:
             raise ValueError("guard rollback_after and snapshot_interval must be at least 1")
 
 
-class Verdict(enum.Enum):
-    apply = "apply"
-    skip = "skip"  # do not apply this step
-    rollback = "rollback"  # do not apply, and restore the last good state
-
-
 class StepGuard:
     def __init__(self, config: GuardConfig) -> None:
         self.config = config
@@ -47,28 +43,47 @@ class StepGuard:
         self.skipped = 0
         self.rollbacks = 0
 
-    def judge(self, loss: float, gradients: torch.Tensor) -> tuple[Verdict, str]:
+    def assess(self, loss: float | None,
+               gradients: torch.Tensor | list[torch.Tensor]) -> tuple[Verdict, str]:
+        """This member's verdict on a step; changes nothing until `record`."""
         if not self.config.enabled:
             return Verdict.apply, ""
         reason = self._problem(loss, gradients)
         if not reason:
-            self.bad_streak = 0
-            self.recent.append(loss)
             return Verdict.apply, ""
-        self.bad_streak += 1
-        self.skipped += 1
-        if self.bad_streak >= self.config.rollback_after:
-            self.bad_streak = 0
-            self.rollbacks += 1
+        if self.bad_streak + 1 >= self.config.rollback_after:
             return Verdict.rollback, reason
         return Verdict.skip, reason
 
-    def _problem(self, loss: float, gradients: torch.Tensor) -> str:
-        if not math.isfinite(loss):
+    def record(self, verdict: Verdict, loss: float | None) -> None:
+        """Account for the verdict the step's decision carries (the same on every member)."""
+        if verdict is Verdict.apply:
+            self.bad_streak = 0
+            if self.config.enabled and loss is not None:
+                self.recent.append(loss)
+            return
+        self.skipped += 1
+        self.bad_streak += 1
+        if verdict is Verdict.rollback:
+            self.bad_streak = 0
+            self.rollbacks += 1
+
+    def judge(self, loss: float | None,
+              gradients: torch.Tensor | list[torch.Tensor]) -> tuple[Verdict, str]:
+        """Assess and record at once (a single worker has no one to agree with)."""
+        verdict, reason = self.assess(loss, gradients)
+        self.record(verdict, loss)
+        return verdict, reason
+
+    def _problem(self, loss: float | None, gradients: torch.Tensor | list[torch.Tensor]) -> str:
+        """What is wrong with the step, or "". The loss is None when the loop never
+        reported one (plain `loss.backward()`): then only gradients are checked."""
+        if loss is not None and not math.isfinite(loss):
             return f"loss is {loss}"
-        if not bool(torch.isfinite(gradients).all()):
+        if not all(bool(torch.isfinite(g).all()) for g in
+                   (gradients if isinstance(gradients, list) else [gradients])):
             return "gradients hold NaN or Inf"
-        if len(self.recent) >= self.config.warmup_steps:
+        if loss is not None and len(self.recent) >= self.config.warmup_steps:
             typical = statistics.median(self.recent)
             if loss > self.config.spike_factor * typical:
                 return f"loss spike {loss:.3f} > {self.config.spike_factor} × median {typical:.3f}"

@@ -3,12 +3,16 @@ signals cannot reach: SHOAL_INJECT is a comma-separated list of
 
     die-sending-state@WORKER        exit while sending live state to a joiner
     die-sending-state@once          the first worker (of those given it) that sends state dies
-    nan-loss@WORKER:stepN           make this worker's loss NaN at step N
+    nan-loss@WORKER:stepN[-M]       make this worker's loss NaN at step N (to M)
+    hang@WORKER:stepN:S             hang S seconds before computing step N, alive (a stuck
+                                    data loader or device wait; signals cannot fake that)
+    diverge@WORKER:stepN            perturb this worker's parameters before step N
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 
 def _entries() -> list[str]:
@@ -37,5 +41,30 @@ def _first_to_claim(name: str) -> bool:
         return False
 
 
+def _steps(name: str, worker: str) -> list[tuple[int, int, str]]:
+    """(first step, last step, rest) of each `name@worker:stepN[-M][:rest]` entry."""
+    pattern = re.compile(rf"^{name}@{re.escape(worker)}:step(\d+)(?:-(\d+))?(?::(.*))?$")
+    found = []
+    for entry in _entries():
+        match = pattern.match(entry)
+        if match:
+            first = int(match[1])
+            found.append((first, int(match[2] or first), match[3] or ""))
+    return found
+
+
 def nan_loss(worker: str, step: int) -> bool:
-    return f"nan-loss@{worker}:step{step}" in _entries()
+    return any(first <= step <= last for first, last, _ in _steps("nan-loss", worker))
+
+
+def hang_s(worker: str, step: int) -> float:
+    """Seconds to hang before computing `step` (once per process)."""
+    for first, _, seconds in _steps("hang", worker):
+        if step == first and _first_to_claim(f"hang-{worker}-{step}"):
+            return float(seconds or 10)
+    return 0.0
+
+
+def diverge(worker: str, step: int) -> bool:
+    return any(first == step for first, _, _ in _steps("diverge", worker)) and \
+        _first_to_claim(f"diverge-{worker}-{step}")

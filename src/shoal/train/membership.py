@@ -43,29 +43,45 @@ def _wait_arrivals(rdzv: Rendezvous, record: MembershipEpoch, poll_s: float,
     return rdzv.arrivals(record.epoch, record.members)
 
 
+def _plan_transfer(record: MembershipEpoch, arrivals: list[WorkerArrival], rank: int,
+                   load_from_disk: Callable[[], bool]) -> tuple[int, list[int]]:
+    """(source rank, ranks that receive its state). One member decides every restore."""
+    everyone_else = [r for r in range(len(arrivals)) if r != 0]
+    if record.state_source is not None:
+        # Replicas were found to differ: the authority named whose state stands.
+        source = record.members.index(record.state_source)
+        return source, [r for r in range(len(arrivals)) if r != source]
+    holders = [a for a in arrivals if a.has_state]
+    if not holders:
+        # Nobody holds live state: rank 0 alone reads the newest checkpoint (or keeps
+        # its fresh initialization) and sends it to all, so every member starts from
+        # the same state even if their disks differ or a checkpoint lands meanwhile.
+        if rank == 0:
+            load_from_disk()
+        return 0, everyone_else
+    best = max(a.step for a in holders)
+    source = next(r for r, a in enumerate(arrivals) if a.has_state and a.step == best)
+    return source, [r for r, a in enumerate(arrivals) if not (a.has_state and a.step == best)]
+
+
 def form_epoch(rdzv: Rendezvous, record: MembershipEpoch, worker: str, *, step: int,
                has_state: bool, backend: str, timeout_s: float, poll_s: float,
                newer: Callable[[], bool], live_state: Callable[[], dict[str, Any]],
                load_state: Callable[[dict[str, Any]], None],
-               load_from_disk: Callable[[], bool]) -> Formed:
-    """Enter `record`; raises GroupFailed/GroupCancelled if it is superseded meanwhile."""
+               load_from_disk: Callable[[], bool],
+               group_store: Callable[[], Any]) -> Formed:
+    """Enter `record`; raises GroupFailed/GroupCancelled if it is superseded meanwhile.
+
+    `group_store` opens a store connection of the group's own: a cancelled build
+    can leave its connection blocked in a wait, and it must not block ours."""
     rank = record.members.index(worker)
     rdzv.arrive(record.epoch, WorkerArrival(worker=worker, step=step, has_state=has_state))
     arrivals = _wait_arrivals(rdzv, record, poll_s, newer)
-    group = EpochGroup.build(rdzv.store, record.epoch, rank, len(record.members), backend=backend,
-                             timeout_s=timeout_s, poll_s=poll_s, should_cancel=newer)
+    group = EpochGroup.build(group_store(), record.epoch, rank, len(record.members),
+                             backend=backend, timeout_s=timeout_s, poll_s=poll_s,
+                             should_cancel=newer)
     try:
-        holders = [a for a in arrivals if a.has_state]
-        if not holders:
-            # Nobody holds live state: every worker reads the same checkpoint, or, if there
-            # is none, rank 0's fresh initialization becomes the state of all.
-            if load_from_disk():
-                return Formed(group, rank, False)
-            source, needers = 0, list(range(1, len(arrivals)))
-        else:
-            best = max(a.step for a in holders)
-            source = next(r for r, a in enumerate(arrivals) if a.has_state and a.step == best)
-            needers = [r for r, a in enumerate(arrivals) if not (a.has_state and a.step == best)]
+        source, needers = _plan_transfer(record, arrivals, rank, load_from_disk)
         if needers:
             _transfer(rdzv, group, record.epoch, rank, source, poll_s, newer, live_state, load_state,
                       worker)

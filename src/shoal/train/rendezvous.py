@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import datetime
 import json
-import time
 
 import torch.distributed as dist
 
-from shoal.spec.elastic import MembershipEpoch, StepDecision, WorkerArrival
+from shoal.spec.elastic import MembershipEpoch, ProgressBeat, StepDecision, WorkerArrival
 from shoal.train.errors import TrainError
 
 _CONNECT_TIMEOUT_S = 60.0
@@ -23,6 +22,10 @@ _CONNECT_TIMEOUT_S = 60.0
 
 class RendezvousError(TrainError):
     """The rendezvous store cannot be reached or answered nonsense."""
+
+
+class RunFailed(TrainError):
+    """The membership authority gave up on the run (it cannot make progress)."""
 
 
 def connect(host: str, port: int, *, is_master: bool = False,
@@ -95,6 +98,10 @@ class Rendezvous:
         index = self.store.add("requests", 1)
         self.store.set(f"request/{index}", "1")  # wakes the authority's watcher
 
+    def wake_watchers(self) -> None:
+        """Return a watcher's pending `wait_request` (so a stopping authority can join it)."""
+        self._notify()
+
     def wait_request(self, index: int, timeout_s: float) -> bool:
         return self.wait_keys([f"request/{index}"], timeout_s)
 
@@ -102,7 +109,6 @@ class Rendezvous:
         return self.store.add("requests", 0)
 
     def request_join(self, worker: str) -> None:
-        self.heartbeat(worker)  # the authority reads members' heartbeats from admission on
         index = self.store.add("joins", 1)
         self.store.set(f"join/{index}", worker)
         self._notify()
@@ -128,22 +134,39 @@ class Rendezvous:
     def leaving(self, workers: list[str]) -> list[str]:
         return [w for w in workers if self.store.check([f"leave/{w}"])]
 
-    def request_reform(self, epoch: int) -> None:
-        """Ask for a new epoch with the same live members (after a failed step)."""
-        self.store.set(f"reform/{epoch}", "1")
+    def report_exit(self, worker: str) -> None:
+        """A launcher saw this worker's process exit (on any host): drop it now."""
+        self.store.set(f"exit/{worker}", "1")
         self._notify()
 
-    def reform_requested(self, epoch: int) -> bool:
-        return self.store.check([f"reform/{epoch}"])
+    def exited(self, workers: list[str]) -> list[str]:
+        return [w for w in workers if self.store.check([f"exit/{w}"])]
+
+    def request_reform(self, epoch: int, state_source: str | None = None) -> None:
+        """Ask for a new epoch with the same live members (after a failed step);
+        with `state_source`, every other member adopts that member's state."""
+        self.store.set(f"reform/{epoch}", state_source or "")
+        self._notify()
+
+    def reform_requested(self, epoch: int) -> tuple[bool, str | None]:
+        """(requested, state source) for a reform of `epoch`."""
+        key = f"reform/{epoch}"
+        if not self.store.check([key]):
+            return False, None
+        return True, self.store.get(key).decode() or None
 
     # -- liveness and speed ----------------------------------------------
 
-    def heartbeat(self, worker: str) -> None:
-        self.store.set(f"hb/{worker}", repr(time.time()))
+    def beat(self, worker: str, beat: ProgressBeat) -> None:
+        """Record a progress point of `worker` (see ProgressBeat)."""
+        self.store.set(f"hb/{worker}", beat.model_dump_json())
 
-    def heartbeats(self, workers: list[str]) -> dict[str, bytes]:
-        # Every member set its heartbeat key before asking to join, so all exist.
-        return dict(zip(workers, self.store.multi_get([f"hb/{w}" for w in workers])))
+    def beats(self, workers: list[str]) -> dict[str, ProgressBeat | None]:
+        keys = [f"hb/{w}" for w in workers]
+        present = [w for w, k in zip(workers, keys) if self.store.check([k])]
+        values = self.store.multi_get([f"hb/{w}" for w in present]) if present else []
+        found = {w: ProgressBeat.model_validate_json(v) for w, v in zip(present, values)}
+        return {w: found.get(w) for w in workers}
 
     def report_speed(self, worker: str, samples_per_s: float) -> None:
         self.store.set(f"speed/{worker}", repr(samples_per_s))
@@ -173,6 +196,19 @@ class Rendezvous:
 
     def done(self) -> bool:
         return self.store.check(["done"])
+
+    def mark_failed(self, reason: str) -> None:
+        """The authority gives up: every worker stops with `reason`."""
+        self.store.set("failed", reason)
+        self.store.set("done", "1")
+
+    def failure(self) -> str | None:
+        return self.store.get("failed").decode() if self.store.check(["failed"]) else None
+
+    def check_failed(self) -> None:
+        reason = self.failure()
+        if reason is not None:
+            raise RunFailed(reason)
 
     def wait_keys(self, keys: list[str], timeout_s: float) -> bool:
         """True once every key exists; False after `timeout_s` (cancellable loops poll this)."""

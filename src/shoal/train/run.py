@@ -3,14 +3,16 @@
     run = shoal.train.join()
     model, optimizer = run.wrap(model, optimizer)
     for batch in run.batches(dataset, global_batch=256, steps=1000):
-        run.backward(model_loss(model, batch))
-        run.step()
+        loss = model_loss(model, batch)
+        loss.backward()            # or run.backward(loss), which also reports the loss
+        optimizer.step()
 
 `batches` yields this worker's share of each step (in micro-batches);
-`step` exchanges gradients when the share is done, commits or discards the
-step with every other worker, and re-forms the group when membership
-changes. Faults never reach the loop: a failed step is redone, with the
-same samples, by whoever is left.
+`optimizer.step()` folds the micro-batch's gradients into the exchange and,
+when the share is done, exchanges them, commits or discards the step with
+every other worker, and re-forms the group when membership changes. Faults
+never reach the loop: a failed step is redone, with the same samples, by
+whoever is left.
 """
 
 from __future__ import annotations
@@ -25,18 +27,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from shoal.spec.elastic import BatchPolicy, MembershipEpoch
+from shoal.spec.elastic import BatchPolicy, GuardVerdict, MembershipEpoch, Phase
 from shoal.train import inject
-from shoal.train.checkpoint import CheckpointStore, Snapshot, detached_copy
-from shoal.train.commit import Excluded, agree
+from shoal.train.checkpoint import CheckpointStore
+from shoal.train.commit import Ballot, Excluded, Proposer, agree
 from shoal.train.errors import TrainError
+from shoal.train.exchange import GradientExchange, StepScalars
+from shoal.train.fingerprint import fingerprint
 from shoal.train.group import EpochGroup, GroupCancelled, GroupFailed
-from shoal.train.guard import StepGuard, Verdict
+from shoal.train.guard import StepGuard
 from shoal.train.hashing import param_sha256
+from shoal.train.liveness import ProgressReporter
 from shoal.train.membership import form_epoch
-from shoal.train.order import DataOrder, share_positions, split_shares
+from shoal.train.order import DataOrder, share_positions
 from shoal.train.rendezvous import Rendezvous, connect
+from shoal.train.replica import ReplicaState
 from shoal.train.run_config import RunConfig
+from shoal.train.shares import ShareBalancer
 from shoal.train.step_log import StepLog
 
 log = logging.getLogger(__name__)
@@ -52,7 +59,8 @@ class ElasticOptimizer:
         self._run.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Gradients are owned by the run (they live in its exchange buffer)."""
+        # `.grad` holds only the current micro-batch (the run folds it away at step()).
+        self.inner.zero_grad(set_to_none)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -63,40 +71,42 @@ class Run:
         self.config = config
         self.worker = config.worker
         self.rdzv = Rendezvous(connect(config.host, config.port))
-        self.step_index = 0  # steps committed by the job so far
-        self.cursor = 0  # stream position of the next step's first sample
-        self.has_state = False
         self.left = False  # this worker handed over and left (SIGTERM)
-        self.lr_scale = 1.0  # `linear` batch policy: world / first world
         self.record: MembershipEpoch | None = None
         self.group: EpochGroup | None = None
         self.rank, self.world = 0, 0
+        self.balancer = ShareBalancer(config.worker, config.rebalance_interval,
+                                      config.speed_report_interval, config.slowdown)
         self.guard = StepGuard(config.guard)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
-        self._last_good: dict[str, Any] | None = None
-        self._weights: tuple[float, ...] = ()
-        self._speed: float | None = None
+        self.replica: ReplicaState | None = None
         self._leave_wanted = threading.Event()
         self._leave_posted = False
         self._awaiting_admission = False
         self._first_step_of_epoch = True
         self._final: dict[str, object] | None = None
-        self._base_world: int | None = None
         self._checkpoints = (CheckpointStore(config.checkpoint_dir, config.identity, config.checkpoint_keep)
                              if config.checkpoint_dir else None)
         self.step_log = StepLog(config.run_dir, self.worker)
-        self._heartbeat_stop = threading.Event()
-        threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
+        self.progress = ProgressReporter(self.worker, self._connect)
         signal.signal(signal.SIGTERM, lambda *_: self._leave_wanted.set())
+
+    def _connect(self) -> Rendezvous:
+        return Rendezvous(connect(self.config.host, self.config.port))
+
+    # The replica's position, held by its ReplicaState (what a peer sends a joiner).
+    step_index = property(lambda self: self.replica.step if self.replica else 0)
+    cursor = property(lambda self: self.replica.cursor if self.replica else 0)
+    has_state = property(lambda self: self.replica is not None and self.replica.held)
 
     # -- the user's side --------------------------------------------------
 
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              grad_clip: float = 0.0) -> tuple[torch.nn.Module, ElasticOptimizer]:
         self.model, self.optimizer, self.grad_clip = model, optimizer, grad_clip
-        self._params = [p for p in model.parameters() if p.requires_grad]
-        self._fresh_buffer()
+        self.exchange = GradientExchange(list(model.parameters()), len(optimizer.param_groups))
+        self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self._checkpoints)
         return model, ElasticOptimizer(self, optimizer)
 
     def batches(self, dataset: Any, global_batch: int, steps: int, *, seed: int = 0,
@@ -112,28 +122,32 @@ class Run:
             if self._leave_wanted.is_set() and self.world == 1:
                 self._last_one_leaves()
                 break
-            shares = self._shares(global_batch, policy)
+            shares = self.balancer.shares(global_batch, self.world, policy)
             ids = order.sample_ids(share_positions(self.cursor, shares, self.rank))
             self._begin(shares, global_batch=sum(shares))
+            self._injected_faults()
             if len(ids) == 0:
                 self._finish_step()
                 continue
             for chunk in np.array_split(ids, -(-len(ids) // (micro_batch or len(ids)))):
                 self._chunk = len(chunk)
                 yield _fetch(dataset, chunk)
-                if self._chunk:  # the loop must call run.step() after each batch
-                    raise TrainError("call run.step() (or optimizer.step()) once per batch")
+                if self._chunk:  # the loop must call optimizer.step() after each batch
+                    raise TrainError("call optimizer.step() (or run.step()) once per batch")
         self._finish(steps)
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward of a micro-batch's mean loss, weighted by its part of the global batch."""
-        weight = self._chunk / self._global_batch
+        """`loss.backward()` on a micro-batch's mean loss, and report the loss to the guard."""
         if inject.nan_loss(self.worker, self.step_index):
             loss = loss * float("nan")
-        (loss * weight).backward()
+        loss.backward()
         self._loss_sum += float(loss.detach()) * self._chunk
+        self._loss_samples += self._chunk
 
     def step(self) -> None:
+        """Fold this micro-batch's gradients in (weighted by its part of the global
+        batch); when the share is done, exchange and commit the step."""
+        self.exchange.fold(self._chunk / self._global_batch)
         self._done_samples += self._chunk
         self._chunk = 0
         if self._done_samples >= self._share:
@@ -144,107 +158,132 @@ class Run:
     def _begin(self, shares: tuple[int, ...], global_batch: int) -> None:
         self._shares_now, self._global_batch = shares, global_batch
         self._share, self._done_samples, self._chunk = shares[self.rank], 0, 0
-        self._loss_sum = 0.0
+        self._loss_sum, self._loss_samples = 0.0, 0
         self._attempt_start = time.time()
 
+    def _injected_faults(self) -> None:
+        """Faults from SHOAL_INJECT that only the worker itself can cause (tests, rehearsals)."""
+        hang_s = inject.hang_s(self.worker, self.step_index)
+        if hang_s:
+            log.warning("injected fault: hanging %.1f s before step %d", hang_s, self.step_index)
+            time.sleep(hang_s)
+        if inject.diverge(self.worker, self.step_index):
+            log.warning("injected fault: perturbing parameters before step %d", self.step_index)
+            with torch.no_grad():
+                for p in self.exchange.params:
+                    p.add_(1e-3)
+
     def _finish_step(self) -> None:
-        compute_s = time.time() - self._attempt_start
-        self._slow_down(compute_s)
-        self._measure_speed()
+        self.balancer.after_compute(self.rdzv, self._share, self._attempt_start, self.step_index)
         if self._leave_wanted.is_set() and not self._leave_posted:
-            self.rdzv.request_leave(self.worker)
+            self.rdzv.request_leave(self.worker)  # takes effect at this step's boundary
             self._leave_posted = True
-        self._sync_grads_into_buffer()
-        self._write_step_scalars()
-        ok = True
+        self.exchange.write_scalars(
+            self.rank, [float(g["lr"]) for g in self.optimizer.param_groups], self._share > 0,
+            self._loss_sum, self._loss_samples, fingerprint(self.exchange.params))
+        self.progress.reached(self.record.epoch, self.step_index, Phase.exchange)
+        ballot, scalars = self._exchange()
+        self.progress.reached(self.record.epoch, self.step_index, Phase.voted)
         try:
-            self.group.all_reduce(self._flat, self._membership_changed)
-        except (GroupFailed, GroupCancelled) as error:
-            log.info("[epoch %d rank %d] step %d exchange failed: %s",
-                     self.record.epoch, self.rank, self.step_index, error)
-            ok = False
-        try:
-            decision = agree(self.rdzv, self.record, self.rank, self.step_index, ok,
-                             poll_s=self.config.poll_s, weights=self._proposed_weights)
+            decision = agree(self.rdzv, self.record, self.rank, self.step_index, ballot,
+                             poll_s=self.config.poll_s, leaving=self._leave_posted,
+                             proposer=Proposer(self._proposed_weights, self._resync_source,
+                                               self._lost_member))
         except Excluded as error:
             log.warning("[worker %s] %s; rejoining with fresh state", self.worker, error)
             self._drop_group(stale=True)
             return
         if decision.commit:
-            self._apply()
+            self._apply(scalars, decision.verdict)
             if decision.weights:
-                self._weights = decision.weights
+                self.balancer.weights = decision.weights
         else:
-            self._fresh_buffer()  # a buffer handed to a failed collective is never reused
+            if decision.resync_from:
+                log.warning("[epoch %d] replicas differ at step %d; all adopt %s's state",
+                            self.record.epoch, self.step_index, decision.resync_from)
+            self.exchange.fresh(self.world)  # a buffer handed to a failed collective is never reused
         if not decision.commit or decision.next_epoch is not None:
             self._drop_group(stale=False)
 
-    def _write_step_scalars(self) -> None:
-        """After the gradients: each group's learning rate (from workers that ran the
-        loop body this step), how many did, the loss sum and the sample count."""
-        ran = 1.0 if self._share > 0 else 0.0
-        groups = self.optimizer.param_groups
-        tail = [float(g["lr"]) * ran for g in groups] + [ran, self._loss_sum, float(self._share)]
-        self._flat[self._grad_numel:] = torch.tensor(tail, dtype=self._flat.dtype)
+    def _exchange(self) -> tuple[Ballot, StepScalars | None]:
+        """All-reduce the step, then this member's ballot: did it work, what does the
+        guard say, do the replicas' fingerprints agree."""
+        try:
+            self.group.all_reduce(self.exchange.tensors(), self._membership_changed)
+        except (GroupFailed, GroupCancelled) as error:
+            log.info("[epoch %d rank %d] step %d exchange failed: %s",
+                     self.record.epoch, self.rank, self.step_index, error)
+            return Ballot(ok=False), None
+        scalars = self.exchange.read_scalars()
+        verdict, reason = self.guard.assess(scalars.mean_loss, self.exchange.gradients())
+        if reason:
+            log.warning("[epoch %d] step %d: %s (%s)", self.record.epoch, self.step_index,
+                        reason, verdict.value)
+        return Ballot(ok=True, verdict=verdict, diverged=len(set(scalars.fingerprints)) > 1), scalars
 
-    def _read_step_scalars(self) -> float:
-        """Agree on the learning rates (a worker with an empty share skipped the loop
-        body that sets them) and return the global mean loss."""
-        groups = self.optimizer.param_groups
-        tail = self._flat[self._grad_numel:].tolist()
-        ran = max(1.0, tail[len(groups)])
-        for g, lr_sum in zip(groups, tail):
-            g["lr"] = lr_sum / ran
-        return tail[-2] / max(1.0, tail[-1])
-
-    def _apply(self) -> None:
-        loss = self._read_step_scalars()
-        verdict, reason = self.guard.judge(loss, self._flat[: self._grad_numel])
-        if verdict is Verdict.apply:
+    def _apply(self, scalars: StepScalars, verdict: GuardVerdict) -> None:
+        # Every member agrees on the lrs: a worker with an empty share skipped the loop
+        # body that sets them.
+        for group, lr in zip(self.optimizer.param_groups, scalars.lrs):
+            group["lr"] = lr
+        self.guard.record(verdict, scalars.mean_loss)
+        if verdict is GuardVerdict.apply:
+            self.exchange.install()
             if self.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self._params, self.grad_clip)
+                torch.nn.utils.clip_grad_norm_(self.exchange.params, self.grad_clip)
             self._optimizer_step()
-        else:
-            log.warning("[epoch %d] step %d not applied: %s", self.record.epoch, self.step_index, reason)
-            if verdict is Verdict.rollback and self._last_good is not None:
-                self._load_model_state(self._last_good)
-                log.warning("rolled back model and optimizer to the last good state")
-        self._flat.zero_()
+        elif verdict is GuardVerdict.rollback:
+            self.replica.roll_back()
+        self.exchange.clear()
         t_commit = time.time()
-        self.step_index += 1
-        self.cursor += self._global_batch
+        self.replica.advance(self._global_batch, snapshot=verdict is GuardVerdict.apply)
         check = self.config.replica_check_interval
-        fingerprint = (param_sha256(self.model)
-                       if self._first_step_of_epoch or (check and self.step_index % check == 0) else None)
+        full_hash = (param_sha256(self.model)
+                     if self._first_step_of_epoch or (check and self.step_index % check == 0) else None)
         self._first_step_of_epoch = False
-        self.step_log.write(self, loss if verdict is Verdict.apply else None,
-                            verdict is Verdict.apply, t_commit, fingerprint)
-        if verdict is Verdict.apply and self.step_index % self.config.guard.snapshot_interval == 0:
-            self._last_good = detached_copy(self._model_state())
+        applied = verdict is GuardVerdict.apply
+        self.step_log.write(self, scalars.mean_loss if applied else None, applied, t_commit, full_hash)
         if self.rank == 0:
             self.rdzv.report_progress(self.step_index)
             if self._checkpoints and self.step_index % self.config.checkpoint_interval == 0:
-                self._checkpoints.save_async(self._snapshot())
+                self._checkpoints.save_async(self.replica.snapshot())
 
     def _optimizer_step(self) -> None:
-        if self.lr_scale != 1.0:
-            saved = [g["lr"] for g in self.optimizer.param_groups]
-            for g in self.optimizer.param_groups:
-                g["lr"] *= self.lr_scale
-            self.optimizer.step()
-            for g, lr in zip(self.optimizer.param_groups, saved):
-                g["lr"] = lr
-        else:
-            self.optimizer.step()
+        scale = self.balancer.lr_scale  # `linear` policy: world / first world
+        saved = [g["lr"] for g in self.optimizer.param_groups]
+        for g in self.optimizer.param_groups:
+            g["lr"] *= scale
+        self.optimizer.step()
+        for g, lr in zip(self.optimizer.param_groups, saved):
+            g["lr"] = lr
 
-    # -- membership ---------------------------------------------------------
+    # -- the deciding rank's questions ----------------------------------------
+
+    def _proposed_weights(self) -> tuple[float, ...] | None:
+        return self.balancer.proposal(self.rdzv, self.record.members, self.step_index)
+
+    def _resync_source(self) -> str:
+        """The member holding the most common fingerprint (the lowest rank on a tie)."""
+        prints = self.exchange.read_scalars().fingerprints
+        best = max(range(len(prints)), key=lambda r: (prints.count(prints[r]), -r))
+        return self.record.members[best]
+
+    def _lost_member(self, newest: MembershipEpoch) -> bool:
+        """Did `newest` drop a member of ours that gave no notice (died, stalled)?"""
+        dropped = [m for m in self.record.members if m not in newest.members]
+        if not dropped:
+            return False
+        gave_notice = set(self.rdzv.leaving(dropped)) - set(self.rdzv.exited(dropped))
+        return any(m not in gave_notice for m in dropped)
 
     def _membership_changed(self) -> bool:
-        """A newer epoch that drops one of our members makes the current exchange moot."""
+        """A newer epoch that loses one of our members makes the current exchange moot."""
         latest = self.rdzv.latest_epoch()
         if latest <= self.record.epoch:
             return False
-        return not set(self.record.members) <= set(self.rdzv.epoch(latest).members)
+        return self._lost_member(self.rdzv.epoch(latest))
+
+    # -- membership ---------------------------------------------------------
 
     def _enter_membership(self) -> bool:
         """Block until this worker is in a formed epoch; False once it has left."""
@@ -253,14 +292,16 @@ class Run:
             if record is None:
                 self.left = True
                 return False
+            self.progress.reached(record.epoch, self.step_index, Phase.arrived)
             try:
                 formed = form_epoch(
                     self.rdzv, record, self.worker, step=self.step_index, has_state=self.has_state,
                     backend=self.config.backend, timeout_s=self.config.collective_timeout_s,
                     poll_s=self.config.poll_s,
                     newer=lambda epoch=record.epoch: self.rdzv.latest_epoch() > epoch,
-                    live_state=self.state_dict, load_state=self.load_state_dict,
-                    load_from_disk=self._load_checkpoint)
+                    live_state=self.replica.state_dict, load_state=self.replica.load_state_dict,
+                    load_from_disk=self.replica.load_checkpoint,
+                    group_store=lambda: connect(self.config.host, self.config.port))
             except (GroupFailed, GroupCancelled) as error:
                 log.info("[worker %s] epoch %d did not form (%s); trying the next", self.worker,
                          record.epoch, error)
@@ -268,10 +309,11 @@ class Run:
                 continue
             self.record, self.group = record, formed.group
             self.rank, self.world = formed.rank, len(record.members)
-            self._weights = record.weights
-            self.has_state = True
+            self.balancer.weights = record.weights
+            self.balancer.base_world = self.balancer.base_world or self.world
+            self.replica.held = True
+            self.exchange.fresh(self.world)
             self._first_step_of_epoch = True
-            self._base_world = self._base_world or self.world
             log.info("[epoch %d rank %d/%d] formed at step %d (%s)%s", record.epoch, self.rank,
                      self.world, self.step_index, record.reason,
                      " after receiving state" if formed.received_state else "")
@@ -282,6 +324,7 @@ class Run:
         None if this worker wants to leave and is no longer a member."""
         seen = self.record.epoch if self.record is not None else -1
         while True:
+            self.rdzv.check_failed()
             latest = self.rdzv.latest_epoch()
             record = self.rdzv.epoch(latest) if latest >= 0 else None
             if record is not None and self.worker in record.members:
@@ -292,7 +335,7 @@ class Run:
                 return None  # leaving, or the job finished before this worker got in
             elif not self._awaiting_admission:
                 if self.record is not None:
-                    self.has_state = False  # dropped while stalled: our state is stale
+                    self.replica.held = False  # dropped while stalled: our state is stale
                 elif self.config.spare and not self.rdzv.activated(self.worker):
                     # A warm spare: started, model built, waiting to be called in.
                     time.sleep(self.config.poll_s * 10)
@@ -306,111 +349,15 @@ class Run:
             self.group.abandon()
         self.group = None
         if stale:
-            self.has_state = False
-            self._fresh_buffer()
+            self.replica.held = False
+            self.exchange.fresh(self.world)
 
-    def _shares(self, global_batch: int, policy: BatchPolicy) -> tuple[int, ...]:
-        if policy is BatchPolicy.linear:
-            per_worker = max(1, global_batch // self._base_world)
-            self.lr_scale = self.world / self._base_world
-            return tuple(per_worker for _ in range(self.world))
-        # A slow worker keeps at least a quarter of an equal share: enough to keep
-        # measuring its speed, so a noisy measurement cannot starve it for good.
-        return split_shares(global_batch, list(self._weights),
-                            min_share=max(1, global_batch // (4 * self.world)))
-
-    # -- speed, buffers and state --------------------------------------------
-
-    def _slow_down(self, compute_s: float) -> None:
-        """Simulated slower device (SHOAL_SLOWDOWN, for tests and benchmarks)."""
-        if self.config.slowdown > 1.0 and compute_s > 0:
-            time.sleep((self.config.slowdown - 1.0) * compute_s)
-
-    def _measure_speed(self) -> None:
-        """This worker's samples/s over the attempt, a simulated slowdown included."""
-        if self._share == 0:
-            return
-        elapsed = max(1e-6, time.time() - self._attempt_start)
-        speed = self._share / elapsed
-        self._speed = speed if self._speed is None else 0.8 * self._speed + 0.2 * speed
-        if self.step_index % self.config.speed_report_interval == 0:
-            self.rdzv.report_speed(self.worker, self._speed)
-
-    def _proposed_weights(self) -> tuple[float, ...] | None:
-        """New shares from measured speeds, every rebalance_interval steps, if they moved >10%."""
-        interval = self.config.rebalance_interval
-        if not interval or (self.step_index + 1) % interval:
-            return None
-        speeds = self.rdzv.speeds(self.record.members)
-        if any(s is None for s in speeds):
-            return None
-        total_new, total_old = sum(speeds), sum(self._weights)
-        moved = max(abs(n / total_new - o / total_old) for n, o in zip(speeds, self._weights))
-        return tuple(speeds) if moved > 0.1 / len(speeds) else None
-
-    def _fresh_buffer(self) -> None:
-        """One flat buffer for all gradients (+ step scalars), parameters' .grad as views."""
-        total = sum(p.numel() for p in self._params)
-        self._grad_numel = total
-        scalars = len(self.optimizer.param_groups) + 3  # see _write_step_scalars
-        self._flat = torch.zeros(total + scalars, dtype=torch.float32, device=self._params[0].device)
-        offset = 0
-        for p in self._params:
-            p.grad = self._flat[offset: offset + p.numel()].view_as(p)
-            offset += p.numel()
-
-    def _sync_grads_into_buffer(self) -> None:
-        """If user code replaced .grad (e.g. zero_grad(set_to_none=True)), copy it back in."""
-        offset = 0
-        for p in self._params:
-            view = self._flat[offset: offset + p.numel()]
-            if p.grad is None:
-                view.zero_()
-            elif p.grad.data_ptr() != view.data_ptr():
-                view.copy_(p.grad.reshape(-1))
-            p.grad = view.view_as(p)
-            offset += p.numel()
-
-    def _model_state(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-
-    def _load_model_state(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything a replica needs to continue exactly where this one is."""
-        return {**self._model_state(), "rng": torch.get_rng_state(), "step": self.step_index,
-                "cursor": self.cursor, "guard": self.guard.state_dict(), "base_world": self._base_world}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._load_model_state(state)
-        torch.set_rng_state(state["rng"])
-        self.step_index, self.cursor = state["step"], state["cursor"]
-        self.guard.load_state_dict(state["guard"])
-        self._base_world = state.get("base_world") or self._base_world
-        self._fresh_buffer()
-
-    def _snapshot(self) -> Snapshot:
-        return Snapshot(self.step_index, self.cursor, detached_copy(self.state_dict()))
-
-    def _load_checkpoint(self) -> bool:
-        if self._checkpoints is None:
-            return False
-        snapshot = self._checkpoints.load_latest()
-        if snapshot is None:
-            return False
-        self.load_state_dict({**snapshot.state, "step": snapshot.step, "cursor": snapshot.cursor})
-        log.info("[worker %s] restored step %d from %s", self.worker, snapshot.step,
-                 self._checkpoints.directory)
-        return True
-
-    # -- liveness and the end ------------------------------------------------
+    # -- the end ---------------------------------------------------------------
 
     def _last_one_leaves(self) -> None:
         """No peer to hand over to: leave the state on disk for whoever comes next."""
         if self._checkpoints is not None:
-            self._checkpoints.save_async(self._snapshot())
+            self._checkpoints.save_async(self.replica.snapshot())
             self._checkpoints.wait()
             log.warning("[worker %s] last worker leaving: checkpoint of step %d written",
                         self.worker, self.step_index)
@@ -420,25 +367,16 @@ class Run:
         self.rdzv.request_leave(self.worker)
         self.left = True
 
-    def _heartbeat(self) -> None:
-        # Its own store connection: the main thread may be blocked in a store call.
-        rdzv = Rendezvous(connect(self.config.host, self.config.port))
-        while not self._heartbeat_stop.wait(self.config.heartbeat_s):
-            try:
-                rdzv.heartbeat(self.worker)
-            except (RuntimeError, OSError) as error:
-                log.debug("heartbeat failed: %s", error)
-
     def _finish(self, steps: int) -> None:
         if self.group is not None and self.rank == 0 and self.step_index >= steps and not self.left:
             if self._checkpoints is not None:
-                self._checkpoints.save_async(self._snapshot())
+                self._checkpoints.save_async(self.replica.snapshot())
             self._final = {"steps": self.step_index, "param_sha256": param_sha256(self.model)}
             self.rdzv.mark_done(self._final)
         if self._checkpoints is not None:
             self._checkpoints.close()
         self.step_log.close()
-        self._heartbeat_stop.set()
+        self.progress.stop()
         if self.group is not None:
             self.group.abandon()
             self.group = None

@@ -1,0 +1,86 @@
+"""Liveness by progress: the authority fences a member that falls behind.
+
+Every member reports the progress points it reaches in an epoch (arrived,
+entered a step's exchange, voted: shoal.train.liveness). The member that
+got furthest is the lead; a member still short of the lead's point after
+a deadline is fenced, whether its process is stopped, hung in its data
+loader or merely far slower than the rest. The deadline follows the job:
+a multiple of the median step time plus a margin, never below a floor;
+reaching an epoch's barrier gets twice that, since members finish the
+step in flight before they switch epochs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from shoal.control.errors import ControlError
+from shoal.spec.elastic import Phase, ProgressBeat
+
+
+@dataclass(frozen=True)
+class LivenessConfig:
+    floor_s: float = 1.0  # never fence a member sooner than this
+    step_multiple: float = 3.0  # deadline: this many median step times ...
+    margin_s: float = 0.25  # ... plus this
+    initial_s: float = 10.0  # deadline until a few step times are measured
+    history: int = 20  # step times in the median
+
+    def __post_init__(self) -> None:
+        if self.floor_s <= 0 or self.initial_s <= 0 or self.step_multiple < 1 or self.margin_s < 0:
+            raise ControlError("liveness: floor_s and initial_s must be positive, "
+                               "step_multiple at least 1, margin_s not negative")
+
+
+class ProgressWatch:
+    """What the authority knows of its members' progress in the current epoch."""
+
+    def __init__(self, config: LivenessConfig) -> None:
+        self.config = config
+        self.epoch = -1
+        self._lead, self._lead_at = 0, 0.0
+        self._voted_step, self._voted_at = -1, 0.0
+        self.step_times: deque[float] = deque(maxlen=config.history)
+
+    def reset(self, epoch: int, now: float) -> None:
+        """A new epoch was published: nobody has reached anything in it yet."""
+        self.epoch, self._lead, self._lead_at = epoch, 0, now
+
+    def step_deadline_s(self) -> float:
+        if len(self.step_times) < 3:
+            return max(self.config.floor_s, self.config.initial_s)
+        typical = statistics.median(self.step_times)
+        return max(self.config.floor_s, self.config.step_multiple * typical + self.config.margin_s)
+
+    def _deadline_s(self) -> float:
+        # While the lead has only arrived, the others may still be finishing a step.
+        return self.step_deadline_s() * (2 if self._lead <= 1 else 1)
+
+    def laggards(self, beats: dict[str, ProgressBeat | None], now: float) -> list[str]:
+        """Members short of the lead's progress point for longer than the deadline."""
+        counts = {w: b.count if b is not None and b.epoch == self.epoch else 0
+                  for w, b in beats.items()}
+        self._measure_steps(beats, now)
+        lead = max(counts.values(), default=0)
+        if lead > self._lead:
+            self._lead, self._lead_at = lead, now
+        if lead == 0 or now - self._lead_at <= self._deadline_s():
+            return []
+        return [w for w, count in counts.items() if count < lead]
+
+    def seconds_to_next_deadline(self, now: float) -> float:
+        return max(0.0, self._lead_at + self._deadline_s() - now)
+
+    def _measure_steps(self, beats: dict[str, ProgressBeat | None], now: float) -> None:
+        """Step time: between first sightings of votes on later steps (the authority
+        may see several steps pass between two looks; each gets an equal part)."""
+        voted = [b.step for b in beats.values()
+                 if b is not None and b.epoch == self.epoch and b.phase is Phase.voted]
+        if not voted or max(voted) <= self._voted_step:
+            return
+        newest = max(voted)
+        if self._voted_step >= 0:
+            self.step_times.append((now - self._voted_at) / (newest - self._voted_step))
+        self._voted_step, self._voted_at = newest, now

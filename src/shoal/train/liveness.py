@@ -1,0 +1,62 @@
+"""Liveness as progress: the worker reports each progress point it reaches.
+
+The training thread only records the point (arrived at an epoch, entered
+a step's exchange, voted); a thread with its own store connection writes
+it, so reporting costs the step no round trip. A worker hung in its data
+loader or a device wait reaches no new point, and the authority sees it
+fall behind its peers (shoal.control.liveness) whether or not its
+process still runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from shoal.spec.elastic import Phase, ProgressBeat
+from shoal.train.rendezvous import Rendezvous
+
+log = logging.getLogger(__name__)
+
+
+class ProgressReporter:
+    def __init__(self, worker: str, connect: Callable[[], Rendezvous]) -> None:
+        self.worker = worker
+        self._connect = connect
+        self._epoch, self._count = -1, 0
+        self._latest: ProgressBeat | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._write, name="progress", daemon=True)
+        self._thread.start()
+
+    def reached(self, epoch: int, step: int, phase: Phase) -> None:
+        """Record a progress point; the count restarts with every epoch."""
+        with self._lock:
+            if epoch != self._epoch:
+                self._epoch, self._count = epoch, 0
+            self._count += 1
+            self._latest = ProgressBeat(epoch=epoch, count=self._count, step=step, phase=phase)
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def _write(self) -> None:
+        rdzv = self._connect()
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                beat, self._latest = self._latest, None
+            if beat is not None:
+                try:
+                    rdzv.beat(self.worker, beat)
+                except (RuntimeError, OSError) as error:  # the store is down or unreachable
+                    log.debug("progress report failed: %s", error)
+            if self._stop.is_set():
+                return

@@ -1,0 +1,63 @@
+"""Who computes how much of each step: shares from measured device speed.
+
+Each worker measures its own samples/s (a simulated slowdown included) and
+publishes it; every `rebalance_interval` steps the deciding voter proposes
+new weights if the speeds moved, and the step's decision carries them, so
+every member switches shares at the same step.
+"""
+
+from __future__ import annotations
+
+import time
+
+from shoal.spec.elastic import BatchPolicy
+from shoal.train.order import split_shares
+from shoal.train.rendezvous import Rendezvous
+
+
+class ShareBalancer:
+    def __init__(self, worker: str, rebalance_interval: int, report_interval: int,
+                 slowdown: float) -> None:
+        self.worker = worker
+        self.rebalance_interval = rebalance_interval
+        self.report_interval = report_interval
+        self.slowdown = slowdown  # simulate a device this many times slower
+        self.weights: tuple[float, ...] = ()
+        self.base_world: int | None = None  # world size of the first epoch (linear policy)
+        self.lr_scale = 1.0  # linear policy: world / base world
+        self._speed: float | None = None
+
+    def shares(self, global_batch: int, world: int, policy: BatchPolicy) -> tuple[int, ...]:
+        if policy is BatchPolicy.linear:
+            per_worker = max(1, global_batch // self.base_world)
+            self.lr_scale = world / self.base_world
+            return tuple(per_worker for _ in range(world))
+        # A slow worker keeps at least a quarter of an equal share: enough to keep
+        # measuring its speed, so a noisy measurement cannot starve it for good.
+        return split_shares(global_batch, list(self.weights),
+                            min_share=max(1, global_batch // (4 * world)))
+
+    def after_compute(self, rdzv: Rendezvous, share: int, started: float, step: int) -> None:
+        """Apply the simulated slowdown, then update and publish this worker's speed."""
+        compute_s = time.time() - started
+        if self.slowdown > 1.0 and compute_s > 0:
+            time.sleep((self.slowdown - 1.0) * compute_s)
+        if share == 0:
+            return
+        speed = share / max(1e-6, time.time() - started)
+        self._speed = speed if self._speed is None else 0.8 * self._speed + 0.2 * speed
+        if step % self.report_interval == 0:
+            rdzv.report_speed(self.worker, self._speed)
+
+    def proposal(self, rdzv: Rendezvous, members: tuple[str, ...],
+                 step: int) -> tuple[float, ...] | None:
+        """New weights from measured speeds, every interval, if they moved by >10%."""
+        interval = self.rebalance_interval
+        if not interval or (step + 1) % interval:
+            return None
+        speeds = rdzv.speeds(members)
+        if any(s is None for s in speeds):
+            return None
+        total_new, total_old = sum(speeds), sum(self.weights)
+        moved = max(abs(n / total_new - o / total_old) for n, o in zip(speeds, self.weights))
+        return tuple(speeds) if moved > 0.1 / len(speeds) else None
