@@ -11,8 +11,14 @@ signals cannot reach: SHOAL_INJECT is a comma-separated list of
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import time
+
+import torch
+
+log = logging.getLogger(__name__)
 
 
 def _entries() -> list[str]:
@@ -68,3 +74,16 @@ def hang_s(worker: str, step: int) -> float:
 def diverge(worker: str, step: int) -> bool:
     return any(first == step for first, _, _ in _steps("diverge", worker)) and \
         _first_to_claim(f"diverge-{worker}-{step}")
+
+
+def worker_faults(worker: str, step: int, params: list[torch.Tensor]) -> None:
+    """Before computing `step`: the faults only the worker itself can cause."""
+    seconds = hang_s(worker, step)
+    if seconds:
+        log.warning("injected fault: hanging %.1f s before step %d", seconds, step)
+        time.sleep(seconds)
+    if diverge(worker, step):
+        log.warning("injected fault: perturbing parameters before step %d", step)
+        with torch.no_grad():
+            for p in params:
+                p.add_(1e-3)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -27,18 +26,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from shoal.spec.elastic import BatchPolicy, GuardVerdict, MembershipEpoch, Phase
+from shoal.spec.elastic import BatchPolicy, GuardVerdict, Phase
 from shoal.train import inject
 from shoal.train.checkpoint import CheckpointStore
 from shoal.train.commit import Ballot, Excluded, Proposer, agree
 from shoal.train.errors import TrainError
 from shoal.train.exchange import GradientExchange, StepScalars
 from shoal.train.fingerprint import fingerprint
-from shoal.train.group import EpochGroup, GroupCancelled, GroupFailed
+from shoal.train.group import GroupCancelled, GroupFailed
 from shoal.train.guard import StepGuard
 from shoal.train.hashing import param_sha256
 from shoal.train.liveness import ProgressReporter
-from shoal.train.membership import form_epoch
+from shoal.train.member import Membership
 from shoal.train.order import DataOrder, share_positions
 from shoal.train.rendezvous import Rendezvous, connect
 from shoal.train.replica import ReplicaState
@@ -72,25 +71,20 @@ class Run:
         self.worker = config.worker
         self.rdzv = Rendezvous(connect(config.host, config.port))
         self.left = False  # this worker handed over and left (SIGTERM)
-        self.record: MembershipEpoch | None = None
-        self.group: EpochGroup | None = None
-        self.rank, self.world = 0, 0
         self.balancer = ShareBalancer(config.worker, config.rebalance_interval,
                                       config.speed_report_interval, config.slowdown)
         self.guard = StepGuard(config.guard)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.replica: ReplicaState | None = None
-        self._leave_wanted = threading.Event()
-        self._leave_posted = False
-        self._awaiting_admission = False
         self._first_step_of_epoch = True
         self._final: dict[str, object] | None = None
         self._checkpoints = (CheckpointStore(config.checkpoint_dir, config.identity, config.checkpoint_keep)
                              if config.checkpoint_dir else None)
         self.step_log = StepLog(config.run_dir, self.worker)
         self.progress = ProgressReporter(self.worker, self._connect)
-        signal.signal(signal.SIGTERM, lambda *_: self._leave_wanted.set())
+        self.membership = Membership(config, self.rdzv, self.progress)
+        signal.signal(signal.SIGTERM, lambda *_: self.membership.leave_wanted.set())
 
     def _connect(self) -> Rendezvous:
         return Rendezvous(connect(self.config.host, self.config.port))
@@ -98,7 +92,11 @@ class Run:
     # The replica's position, held by its ReplicaState (what a peer sends a joiner).
     step_index = property(lambda self: self.replica.step if self.replica else 0)
     cursor = property(lambda self: self.replica.cursor if self.replica else 0)
-    has_state = property(lambda self: self.replica is not None and self.replica.held)
+    # This worker's place in the current epoch (they change per epoch).
+    record = property(lambda self: self.membership.record)
+    group = property(lambda self: self.membership.group)
+    rank = property(lambda self: self.membership.rank)
+    world = property(lambda self: self.membership.world)
 
     # -- the user's side --------------------------------------------------
 
@@ -119,13 +117,13 @@ class Run:
         while self._enter_membership():
             if self.step_index >= steps:
                 break
-            if self._leave_wanted.is_set() and self.world == 1:
+            if self.membership.leave_wanted.is_set() and self.world == 1:
                 self._last_one_leaves()
                 break
             shares = self.balancer.shares(global_batch, self.world, policy)
             ids = order.sample_ids(share_positions(self.cursor, shares, self.rank))
             self._begin(shares, global_batch=sum(shares))
-            self._injected_faults()
+            inject.worker_faults(self.worker, self.step_index, self.exchange.params)
             if len(ids) == 0:
                 self._finish_step()
                 continue
@@ -161,23 +159,9 @@ class Run:
         self._loss_sum, self._loss_samples = 0.0, 0
         self._attempt_start = time.time()
 
-    def _injected_faults(self) -> None:
-        """Faults from SHOAL_INJECT that only the worker itself can cause (tests, rehearsals)."""
-        hang_s = inject.hang_s(self.worker, self.step_index)
-        if hang_s:
-            log.warning("injected fault: hanging %.1f s before step %d", hang_s, self.step_index)
-            time.sleep(hang_s)
-        if inject.diverge(self.worker, self.step_index):
-            log.warning("injected fault: perturbing parameters before step %d", self.step_index)
-            with torch.no_grad():
-                for p in self.exchange.params:
-                    p.add_(1e-3)
-
     def _finish_step(self) -> None:
         self.balancer.after_compute(self.rdzv, self._share, self._attempt_start, self.step_index)
-        if self._leave_wanted.is_set() and not self._leave_posted:
-            self.rdzv.request_leave(self.worker)  # takes effect at this step's boundary
-            self._leave_posted = True
+        self.membership.post_leave()  # a spot notice takes effect at this step's boundary
         self.exchange.write_scalars(
             self.rank, [float(g["lr"]) for g in self.optimizer.param_groups], self._share > 0,
             self._loss_sum, self._loss_samples, fingerprint(self.exchange.params))
@@ -186,9 +170,9 @@ class Run:
         self.progress.reached(self.record.epoch, self.step_index, Phase.voted)
         try:
             decision = agree(self.rdzv, self.record, self.rank, self.step_index, ballot,
-                             poll_s=self.config.poll_s, leaving=self._leave_posted,
+                             poll_s=self.config.poll_s, leaving=self.membership.leave_posted,
                              proposer=Proposer(self._proposed_weights, self._resync_source,
-                                               self._lost_member))
+                                               self.membership.lost_member))
         except Excluded as error:
             log.warning("[worker %s] %s; rejoining with fresh state", self.worker, error)
             self._drop_group(stale=True)
@@ -209,7 +193,7 @@ class Run:
         """All-reduce the step, then this member's ballot: did it work, what does the
         guard say, do the replicas' fingerprints agree."""
         try:
-            self.group.all_reduce(self.exchange.tensors(), self._membership_changed)
+            self.group.all_reduce(self.exchange.tensors(), self.membership.changed)
         except (GroupFailed, GroupCancelled) as error:
             log.info("[epoch %d rank %d] step %d exchange failed: %s",
                      self.record.epoch, self.rank, self.step_index, error)
@@ -268,86 +252,23 @@ class Run:
         best = max(range(len(prints)), key=lambda r: (prints.count(prints[r]), -r))
         return self.record.members[best]
 
-    def _lost_member(self, newest: MembershipEpoch) -> bool:
-        """Did `newest` drop a member of ours that gave no notice (died, stalled)?"""
-        dropped = [m for m in self.record.members if m not in newest.members]
-        if not dropped:
-            return False
-        gave_notice = set(self.rdzv.leaving(dropped)) - set(self.rdzv.exited(dropped))
-        return any(m not in gave_notice for m in dropped)
-
-    def _membership_changed(self) -> bool:
-        """A newer epoch that loses one of our members makes the current exchange moot."""
-        latest = self.rdzv.latest_epoch()
-        if latest <= self.record.epoch:
-            return False
-        return self._lost_member(self.rdzv.epoch(latest))
-
     # -- membership ---------------------------------------------------------
 
     def _enter_membership(self) -> bool:
         """Block until this worker is in a formed epoch; False once it has left."""
-        while self.group is None:
-            record = self._next_record()
-            if record is None:
-                self.left = True
-                return False
-            self.progress.reached(record.epoch, self.step_index, Phase.arrived)
-            try:
-                formed = form_epoch(
-                    self.rdzv, record, self.worker, step=self.step_index, has_state=self.has_state,
-                    backend=self.config.backend, timeout_s=self.config.collective_timeout_s,
-                    poll_s=self.config.poll_s,
-                    newer=lambda epoch=record.epoch: self.rdzv.latest_epoch() > epoch,
-                    live_state=self.replica.state_dict, load_state=self.replica.load_state_dict,
-                    load_from_disk=self.replica.load_checkpoint,
-                    group_store=lambda: connect(self.config.host, self.config.port))
-            except (GroupFailed, GroupCancelled) as error:
-                log.info("[worker %s] epoch %d did not form (%s); trying the next", self.worker,
-                         record.epoch, error)
-                self.record = record
-                continue
-            self.record, self.group = record, formed.group
-            self.rank, self.world = formed.rank, len(record.members)
-            self.balancer.weights = record.weights
-            self.balancer.base_world = self.balancer.base_world or self.world
-            self.replica.held = True
-            self.exchange.fresh(self.world)
-            self._first_step_of_epoch = True
-            log.info("[epoch %d rank %d/%d] formed at step %d (%s)%s", record.epoch, self.rank,
-                     self.world, self.step_index, record.reason,
-                     " after receiving state" if formed.received_state else "")
+        if self.group is not None:
+            return True
+        if not self.membership.enter(self.replica):
+            self.left = True
+            return False
+        self.balancer.weights = self.record.weights
+        self.balancer.base_world = self.balancer.base_world or self.world
+        self.exchange.fresh(self.world)
+        self._first_step_of_epoch = True
         return True
 
-    def _next_record(self) -> MembershipEpoch | None:
-        """The next epoch that includes this worker (asking to join when none does);
-        None if this worker wants to leave and is no longer a member."""
-        seen = self.record.epoch if self.record is not None else -1
-        while True:
-            self.rdzv.check_failed()
-            latest = self.rdzv.latest_epoch()
-            record = self.rdzv.epoch(latest) if latest >= 0 else None
-            if record is not None and self.worker in record.members:
-                if latest > seen:
-                    self._awaiting_admission = False
-                    return record
-            elif self._leave_wanted.is_set() or self.rdzv.done():
-                return None  # leaving, or the job finished before this worker got in
-            elif not self._awaiting_admission:
-                if self.record is not None:
-                    self.replica.held = False  # dropped while stalled: our state is stale
-                elif self.config.spare and not self.rdzv.activated(self.worker):
-                    # A warm spare: started, model built, waiting to be called in.
-                    time.sleep(self.config.poll_s * 10)
-                    continue
-                self.rdzv.request_join(self.worker)
-                self._awaiting_admission = True
-            time.sleep(self.config.poll_s)
-
     def _drop_group(self, stale: bool) -> None:
-        if self.group is not None:
-            self.group.abandon()
-        self.group = None
+        self.membership.drop_group()
         if stale:
             self.replica.held = False
             self.exchange.fresh(self.world)
@@ -377,9 +298,7 @@ class Run:
             self._checkpoints.close()
         self.step_log.close()
         self.progress.stop()
-        if self.group is not None:
-            self.group.abandon()
-            self.group = None
+        self.membership.drop_group()
         log.info("[worker %s] %s at step %d", self.worker,
                  "left" if self.left else "finished", self.step_index)
 

@@ -1,0 +1,117 @@
+"""This worker's membership: which epoch it is in, its group and rank, and
+getting into the next epoch (asking to join, waiting as a warm spare,
+forming the group and receiving state), or leaving.
+
+Membership changes only at step boundaries; during a step the run asks
+`lost_member` whether a newer epoch dropped a member that gave no notice,
+which makes the step in flight moot.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from shoal.spec.elastic import MembershipEpoch, Phase
+from shoal.train.group import EpochGroup, GroupCancelled, GroupFailed
+from shoal.train.liveness import ProgressReporter
+from shoal.train.membership import form_epoch
+from shoal.train.rendezvous import Rendezvous, connect
+from shoal.train.replica import ReplicaState
+from shoal.train.run_config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+class Membership:
+    def __init__(self, config: RunConfig, rdzv: Rendezvous, progress: ProgressReporter) -> None:
+        self.config, self.rdzv, self.progress = config, rdzv, progress
+        self.worker = config.worker
+        self.record: MembershipEpoch | None = None
+        self.group: EpochGroup | None = None
+        self.rank, self.world = 0, 0
+        self.leave_wanted = threading.Event()  # set by SIGTERM (a spot notice)
+        self.leave_posted = False  # the authority was told; the leave lands at a step boundary
+        self._awaiting_admission = False
+
+    def post_leave(self) -> None:
+        """Tell the authority before this step's exchange: the step still counts."""
+        if self.leave_wanted.is_set() and not self.leave_posted:
+            self.rdzv.request_leave(self.worker)
+            self.leave_posted = True
+
+    def lost_member(self, newest: MembershipEpoch) -> bool:
+        """Did `newest` drop a member of ours that gave no notice (died, stalled)?"""
+        dropped = [m for m in self.record.members if m not in newest.members]
+        if not dropped:
+            return False
+        gave_notice = set(self.rdzv.leaving(dropped)) - set(self.rdzv.exited(dropped))
+        return any(m not in gave_notice for m in dropped)
+
+    def changed(self) -> bool:
+        """A newer epoch that loses one of our members makes the current exchange moot."""
+        latest = self.rdzv.latest_epoch()
+        if latest <= self.record.epoch:
+            return False
+        return self.lost_member(self.rdzv.epoch(latest))
+
+    def enter(self, replica: ReplicaState) -> bool:
+        """Block until this worker is in a formed epoch; False once it has left."""
+        while self.group is None:
+            record = self._next_record(replica)
+            if record is None:
+                return False
+            self.progress.reached(record.epoch, replica.step, Phase.arrived)
+            try:
+                formed = form_epoch(
+                    self.rdzv, record, self.worker, step=replica.step, has_state=replica.held,
+                    backend=self.config.backend, timeout_s=self.config.collective_timeout_s,
+                    poll_s=self.config.poll_s,
+                    newer=lambda epoch=record.epoch: self.rdzv.latest_epoch() > epoch,
+                    live_state=replica.state_dict, load_state=replica.load_state_dict,
+                    load_from_disk=replica.load_checkpoint,
+                    group_store=lambda: connect(self.config.host, self.config.port))
+            except (GroupFailed, GroupCancelled) as error:
+                log.info("[worker %s] epoch %d did not form (%s); trying the next", self.worker,
+                         record.epoch, error)
+                self.record = record
+                continue
+            self.record, self.group = record, formed.group
+            self.rank, self.world = formed.rank, len(record.members)
+            replica.held = True
+            log.info("[epoch %d rank %d/%d] formed at step %d (%s)%s", record.epoch, self.rank,
+                     self.world, replica.step, record.reason,
+                     " after receiving state" if formed.received_state else "")
+        return True
+
+    def _next_record(self, replica: ReplicaState) -> MembershipEpoch | None:
+        """The next epoch that includes this worker (asking to join when none does);
+        None if this worker wants to leave and is no longer a member."""
+        seen = self.record.epoch if self.record is not None else -1
+        while True:
+            self.rdzv.check_failed()
+            latest = self.rdzv.latest_epoch()
+            record = self.rdzv.epoch(latest) if latest >= 0 else None
+            if record is not None and self.worker in record.members:
+                if latest > seen:
+                    self._awaiting_admission = False
+                    return record
+            elif self.leave_wanted.is_set() or self.rdzv.done():
+                return None  # leaving, or the job finished before this worker got in
+            elif not self._awaiting_admission:
+                if self.record is not None:
+                    replica.held = False  # dropped while stalled: our state is stale
+                elif self.config.spare and not self.rdzv.activated(self.worker):
+                    # A warm spare: started, model built, waiting to be called in.
+                    time.sleep(self.config.poll_s * 10)
+                    continue
+                self.rdzv.request_join(self.worker)
+                self._awaiting_admission = True
+            time.sleep(self.config.poll_s)
+
+    def drop_group(self) -> None:
+        """Leave the current epoch's group (it goes to the graveyard, never reused)."""
+        if self.group is not None:
+            self.group.abandon()
+        self.group = None
