@@ -355,21 +355,29 @@ class Launcher:
 
     def _leave_gracefully(self, grace_s: float) -> tuple[int, int]:
         """SIGTERM every member, the first one last: on one host it is then alone and writes
-        the last checkpoint; across hosts it hands over to the other hosts' workers."""
-        deadline = time.monotonic() + grace_s
+        the last checkpoint; across hosts it hands over to the other hosts' workers. The
+        others get half the grace period, the last one the rest."""
+        start = time.monotonic()
         self._resume_stalled()
         for spare in self._spares:  # a spare holds no state
             self.workers[spare].kill()
         members = [p for w, p in self.workers.items() if p.alive() and w not in self._spares]
-        for wave in (members[1:], members[:1]):
-            for process in wave:
-                process.signal(signal.SIGTERM)
-            for process in wave:
-                process.wait(deadline - time.monotonic())
-        killed = [p for p in members if p.alive()]
-        for process in killed:
+        killed = (self._leave(members[1:], until=start + grace_s / 2)
+                  + self._leave(members[:1], until=start + grace_s))
+        return len(members) - killed, killed
+
+    @staticmethod
+    def _leave(wave: list[WorkerProcess], until: float) -> int:
+        """Ask `wave` to leave; kill whoever is still there at `until`. Returns how many."""
+        for process in wave:
+            process.signal(signal.SIGTERM)
+        for process in wave:
+            process.wait(until - time.monotonic())
+        stubborn = [p for p in wave if p.alive()]
+        for process in stubborn:
+            log.warning("%s did not leave within the grace period; killed", process.worker)
             process.kill()
-        return len(members) - len(killed), len(killed)
+        return len(stubborn)
 
     def _resume_stalled(self) -> None:
         for worker in self._stalled:
