@@ -1,10 +1,14 @@
-"""Elastic runtime benchmark: recovery from SIGKILL against torchrun and
-torchft, data exactness, and fault-free overhead against static DDP, all on
-the same model (bench/elastic-gpt.toml) and workers, in one run.
+"""Elastic runtime benchmark: one fault (kill, host-kill, partition or stall)
+applied the same way to shoal, torchrun and torchft — the same victims
+(rotating over ranks, rank 0 first), at the same seconds after each system's
+start, with the detection settings written into the result — plus data
+exactness and fault-free overhead against static DDP, all in one run.
 
     .venv/bin/pip install -e '.[bench]'
-    .venv/bin/python -m bench.elastic [--workers 3] [--kills 5] [--interval-s 12]
+    .venv/bin/python -m bench.elastic --fault kill [--workers 3] [--count 3] [--spares 1]
 
+kill and stall run on this host; host-kill and partition put every worker of
+every system on a host of its own (network namespaces, needs root).
 Prints progress to stderr and, as its last line, one JSON object.
 """
 
@@ -14,16 +18,21 @@ import argparse
 import json
 import sys
 
-from bench.shoal_side import median, run_shoal, samples_per_s, steps_per_s
+from bench.fault_plan import Fault, FaultPlan
+from bench.figures import figures_of, median, summary
+from bench.shoal_side import (
+    run_shoal, samples_per_s, shoal_detection, shoal_under_plan, steps_per_s,
+)
 
 JOB = "bench/elastic-gpt.toml"
+HOST_FAULTS = (Fault.host_kill, Fault.partition)
 
 
 def log(message: str) -> None:
     print(f"[bench.elastic] {message}", file=sys.stderr, flush=True)
 
 
-def measure_overhead(workers: int, steps: int, warmup: int, rounds: int) -> tuple[float, float, float, float]:
+def measure_overhead(workers: int, steps: int, warmup: int, rounds: int) -> dict[str, float]:
     """Alternate static DDP and shoal (no faults) so both see the same machine load."""
     from bench.reference.ddp_ref import static_ddp_throughput
 
@@ -35,77 +44,118 @@ def measure_overhead(workers: int, steps: int, warmup: int, rounds: int) -> tupl
         rate.append(steps_per_s(records, warmup))
         log(f"round {round_index + 1}: ddp {ddp[-1]:.1f} samples/s, shoal {shoal[-1]:.1f} samples/s")
     ddp_m, shoal_m = median(ddp), median(shoal)
-    return round(1.0 - shoal_m / ddp_m, 4), ddp_m, shoal_m, median(rate)
+    return {"overhead": round(1.0 - shoal_m / ddp_m, 4), "ddp_samples_per_s": ddp_m,
+            "shoal_samples_per_s": shoal_m, "steps_per_s": median(rate)}
 
 
-def measure_shoal_faults(workers: int, kills: int, interval_s: float, steps_per_second: float):
-    """SIGKILL one worker every interval (a replacement joins 3 s later), `kills` times."""
-    period = max(20, round(interval_s * steps_per_second))
-    warm = max(20, round(5 * steps_per_second))
-    chaos = ",".join(f"kill@step{warm + k * period},join@step{warm + k * period + period // 3}"
-                     for k in range(kills))
-    total = warm + kills * period + period
-    report, _ = run_shoal(JOB, workers, total, chaos)
-    killed = [f for f in report.faults if f.kind.value == "kill"]
-    return report, killed
+def run_references(plan: FaultPlan, skip: set[str], collective_timeout_s: float) -> dict[str, dict]:
+    """torchrun and torchft through the same plan; a system that cannot run says why."""
+    from bench.reference.torchft_ref import LighthouseConfig, torchft_detection, torchft_under_plan
+    from bench.reference.torchrun_ref import torchrun_detection, torchrun_under_plan
+
+    lighthouse = LighthouseConfig()
+    results: dict[str, dict] = {}
+    if "torchrun" not in skip:
+        commits, applied, launch_t = torchrun_under_plan(JOB, plan)
+        results["torchrun"] = {**summary(figures_of(commits, applied, launch_t, plan)),
+                               "detection": torchrun_detection()}
+        log(f"torchrun: {_brief(results['torchrun'])}")
+    if "torchft" not in skip:
+        commits, applied, launch_t = torchft_under_plan(JOB, plan, lighthouse=lighthouse,
+                                                        timeout_s=collective_timeout_s)
+        results["torchft"] = {**summary(figures_of(commits, applied, launch_t, plan)),
+                              "detection": torchft_detection(lighthouse, collective_timeout_s)}
+        log(f"torchft: {_brief(results['torchft'])}")
+    return results
+
+
+def _brief(result: dict) -> str:
+    return ", ".join(f"{k} {result[k]}" for k in ("rto_s", "rto_full_s", "lost_s", "steps_lost"))
+
+
+def targets(fault: Fault, shoal: dict, refs: dict, exact: dict, spares: int,
+            overhead: float | None) -> dict[str, bool | None]:
+    """Each target of issue 7; None where this run does not measure it."""
+    ft = refs.get("torchft", {})
+
+    def at_most(value, bound, reference):
+        if value is None:
+            return False
+        return value <= bound and (reference is None or value <= reference)
+
+    step = shoal["median_step_s"]
+    return {
+        "partition_rto_le_2s_and_torchft": (at_most(shoal["rto_s"], 2.0, ft.get("rto_s"))
+                                            if fault is Fault.partition else None),
+        "kill_spare_rto_full_le_1s_and_torchft": (
+            at_most(shoal["rto_full_s"], 1.0, ft.get("rto_full_s"))
+            if fault is Fault.kill and spares > 0 else None),
+        "stall_lost_le_3_steps_plus_1s": (
+            shoal["lost_s"] is not None and step is not None and shoal["lost_s"] <= 3 * step + 1.0
+            if fault is Fault.stall else None),
+        "exact": all(v == 0 for v in exact.values()),
+        "overhead_le_3pct": None if overhead is None else overhead <= 0.03,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fault", type=Fault, choices=list(Fault), default=Fault.kill)
     parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--kills", type=int, default=5)
-    parser.add_argument("--interval-s", type=float, default=12.0)
+    parser.add_argument("--count", "--kills", type=int, default=3, help="faults to apply")
+    parser.add_argument("--first-s", type=float, default=25.0)
+    parser.add_argument("--interval-s", type=float, default=15.0)
+    parser.add_argument("--stall-s", type=float, default=5.0)
+    parser.add_argument("--spares", type=int, default=1, help="warm spares (shoal and torchft)")
+    parser.add_argument("--detect-s", type=float, default=1.0,
+                        help="shoal's liveness floor and torchft's heartbeat timeout")
+    parser.add_argument("--collective-timeout-s", type=float, default=5.0,
+                        help="torchft's collective timeout (shoal has none: its liveness decides)")
     parser.add_argument("--overhead-steps", type=int, default=150)
     parser.add_argument("--overhead-rounds", type=int, default=3)
-    parser.add_argument("--skip-references", action="store_true",
-                        help="shoal only (when the bench extra is not installed)")
+    parser.add_argument("--skip", action="append", default=[],
+                        choices=["overhead", "torchrun", "torchft"])
     args = parser.parse_args()
+    skip = set(args.skip)
+    plan = FaultPlan(args.fault, args.count, args.workers, args.first_s, args.interval_s,
+                     args.stall_s)
+    log(f"plan: {plan.describe()}")
 
-    overhead, ddp_tp, shoal_tp, rate = measure_overhead(args.workers, args.overhead_steps, 20,
-                                                        args.overhead_rounds)
-    log(f"overhead {overhead:+.3f} (ddp {ddp_tp} vs shoal {shoal_tp} samples/s)")
+    result: dict[str, object] = {"fault": plan.fault.value, "plan": plan.describe(),
+                                 "workers": args.workers, "spares": args.spares}
+    overhead = None
+    if "overhead" not in skip:
+        measured = measure_overhead(args.workers, args.overhead_steps, 20, args.overhead_rounds)
+        overhead, rate = measured["overhead"], measured["steps_per_s"]
+        result.update(measured)
+        log(f"overhead {overhead:+.3f}")
+    else:
+        _, records = run_shoal(JOB, args.workers, 80)
+        rate = steps_per_s(records, 20)
 
-    report, killed = measure_shoal_faults(args.workers, args.kills, args.interval_s, rate)
-    shoal_rtos = [f.recovery_s for f in killed]
-    log(f"shoal RTO per kill: {shoal_rtos}")
+    if plan.fault in HOST_FAULTS:
+        from bench.hosts import run_on_hosts
 
-    torchrun_rtos = torchft_rtos = []
-    if not args.skip_references:
-        from bench.reference.torchft_ref import torchft_faults
-        from bench.reference.torchrun_ref import torchrun_faults
+        shoal, refs, exact = run_on_hosts(JOB, plan, rate, args, skip, log)
+    else:
+        steps = int(rate * plan.end_s * 1.3) + 100
+        report, commits, applied, launch_t = shoal_under_plan(JOB, plan, steps, args.spares,
+                                                              args.detect_s)
+        shoal = {**summary(figures_of(commits, applied, launch_t, plan)),
+                 "detection": shoal_detection(args.detect_s)}
+        exact = {"samples_skipped": report.samples_skipped,
+                 "samples_duplicated": report.samples_duplicated,
+                 "replica_mismatches": report.replica_mismatches, "steps_lost": shoal["steps_lost"]}
+        log(f"shoal: {_brief(shoal)}")
+        refs = run_references(plan, skip, args.collective_timeout_s)
 
-        torchrun_rtos = [f.rto_s for f in torchrun_faults(JOB, args.workers, args.kills, args.interval_s)]
-        log(f"torchrun RTO per kill: {torchrun_rtos}")
-        torchft_rtos = [f.rto_s for f in torchft_faults(JOB, args.workers, args.kills, args.interval_s)]
-        log(f"torchft RTO per kill: {torchft_rtos}")
-
-    rto, torchrun_rto, torchft_rto = median(shoal_rtos), median(torchrun_rtos), median(torchft_rtos)
-    result = {
-        "rto_s": rto,
-        "torchrun_rto_s": torchrun_rto,
-        "torchft_rto_s": torchft_rto,
-        "rpo_steps": max((f.steps_lost for f in killed), default=0),
-        "overhead": overhead,
-        "samples_skipped": report.samples_skipped,
-        "samples_duplicated": report.samples_duplicated,
-        "replica_mismatches": report.replica_mismatches,
-        "kills": len(killed),
-        "rto_s_each": shoal_rtos,
-        "detection_s_each": [f.detection_s for f in killed],
-        "torchrun_rto_s_each": torchrun_rtos,
-        "torchft_rto_s_each": torchft_rtos,
-        "ddp_samples_per_s": ddp_tp,
-        "shoal_samples_per_s": shoal_tp,
-        "workers": args.workers,
-    }
-    result["targets_met"] = {
-        "rto_le_1s": rto is not None and rto <= 1.0,
-        "rto_le_torchrun_over_20": None if torchrun_rto is None else rto <= torchrun_rto / 20,
-        "rto_le_torchft": None if torchft_rto is None else rto <= torchft_rto,
-        "rpo_zero": result["rpo_steps"] == 0,
-        "overhead_le_3pct": overhead <= 0.03,
-        "exact_data": report.samples_skipped == 0 and report.samples_duplicated == 0,
-    }
+    result.update({k: shoal[k] for k in ("rto_s", "rto_full_s", "lost_s", "median_step_s")})
+    result.update(exact)
+    for name, ref in refs.items():
+        result.update({f"{name}_{k}": ref.get(k) for k in ("rto_s", "rto_full_s", "lost_s")})
+    result["shoal"] = shoal
+    result.update(refs)
+    result["targets_met"] = targets(plan.fault, shoal, refs, exact, args.spares, overhead)
     print(json.dumps(result))
 
 

@@ -9,6 +9,8 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: see shoal.cli.main
@@ -19,6 +21,9 @@ from shoal.control.chaos import parse_chaos
 from shoal.control.elastic_report import lineage
 from shoal.control.launcher import Launcher, LaunchConfig
 from shoal.train.step_log import read_step_logs
+
+from bench.fault_plan import Applied, FaultPlan, drive
+from bench.figures import Commit
 
 
 def run_shoal(job_path: str, workers: int, steps: int, chaos: str = "",
@@ -56,3 +61,117 @@ def steps_per_s(steps: list[StepRecord], warmup_steps: int) -> float:
 def median(values: list[float]) -> float | None:
     values = [v for v in values if v is not None]
     return round(statistics.median(values), 4) if values else None
+
+
+def shoal_detection(stall_deadline_s: float) -> dict[str, float]:
+    """shoal's detection settings, as its launcher runs them."""
+    from shoal.control.liveness import LivenessConfig
+
+    live = LivenessConfig(floor_s=stall_deadline_s)
+    return {"liveness_floor_s": live.floor_s, "liveness_step_multiple": live.step_multiple,
+            "liveness_margin_s": live.margin_s, "exit_reported_by_launcher": True}
+
+
+class ShoalTarget:
+    """A one-host shoal launcher (in a thread of this process) as the fault driver's target.
+
+    A fault's replacement is the launcher's own `join` chaos event, scheduled 20 ms after
+    the fault so that it always lands after it; with spares > 0 it calls in a warm spare.
+    """
+
+    def __init__(self, launcher, run_dir: Path) -> None:
+        self.launcher, self.run_dir = launcher, run_dir
+        self.launch_t = 0.0
+        self.outcome: dict[str, object] = {}
+        self.thread = threading.Thread(target=self._run, name="shoal-launcher", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        deadline = time.time() + 60
+        while not (self.run_dir / "launch.json").exists():
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"the shoal launcher did not start: {self.outcome}")
+            time.sleep(0.01)
+        time.sleep(0.01)  # written in one call; give it a moment to be complete
+        self.launch_t = json.loads((self.run_dir / "launch.json").read_text())["t0"]
+
+    def _run(self) -> None:
+        try:
+            self.outcome["report"] = self.launcher.run()
+        except BaseException as error:  # handed to the driver's thread through healthy()
+            self.outcome["error"] = error
+
+    def healthy(self) -> None:
+        if "error" in self.outcome:
+            raise RuntimeError(f"shoal failed: {self.outcome['error']}")
+        if not self.thread.is_alive():
+            raise RuntimeError("shoal finished before the fault plan did; raise the step count")
+
+    def victim_pids(self, rank: int, whole_host: bool) -> list[int]:
+        if whole_host:
+            raise ValueError("host-kill needs hosts: run it with the namespaced placement")
+        return worker_pids(self.run_dir, _last_epoch(self.run_dir)["members"][rank])
+
+    def partition(self, rank: int) -> None:
+        raise ValueError("partition needs hosts: run it with the namespaced placement")
+
+    def replace(self, k: int) -> None:
+        pass  # the launcher's join event (see the class docstring)
+
+    def finish(self, timeout_s: float) -> ElasticReport:
+        self.thread.join(timeout_s)
+        if self.thread.is_alive():
+            raise RuntimeError(f"shoal did not finish within {timeout_s:.0f} s of the plan's end")
+        self.healthy_end()
+        return self.outcome["report"]  # type: ignore[return-value]
+
+    def healthy_end(self) -> None:
+        if "error" in self.outcome:
+            raise RuntimeError(f"shoal failed: {self.outcome['error']}")
+
+
+def worker_pids(run_dir: Path, worker: str) -> list[int]:
+    """The process of shoal worker `worker` of the run in `run_dir`, found by its environment
+    (so the launcher's internals, and which host runs it, do not matter)."""
+    wanted = {f"SHOAL_WORKER={worker}".encode(), f"SHOAL_RUN_DIR={run_dir}".encode()}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = set((entry / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if wanted <= environ:
+            found.append(int(entry.name))
+    if not found:
+        raise RuntimeError(f"no process of shoal worker {worker}")
+    return found
+
+
+def _last_epoch(run_dir: Path) -> dict:
+    lines = (run_dir / "epochs.jsonl").read_text().splitlines()
+    return json.loads([line for line in lines if line.strip()][-1])
+
+
+def shoal_under_plan(job_path: str, plan: FaultPlan, steps: int, spares: int,
+                     stall_deadline_s: float) -> tuple[ElasticReport, list[Commit], list[Applied], float]:
+    """Run shoal through `plan` (launcher on this host); the run ends after `steps` steps."""
+    job = load_job(job_path, overrides={"steps": steps})
+    joins = [f"join@{plan.at_s(k) + 0.02:g}s" for k in range(plan.count) if plan.fault.removes_worker]
+    with tempfile.TemporaryDirectory(prefix="shoal-bench-") as scratch:
+        run_dir = Path(scratch) / "run"
+        config = LaunchConfig(
+            command=[sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json", job.model_dump_json()],
+            workers=plan.workers, run_dir=run_dir, chaos=parse_chaos(",".join(joins)),
+            timeout_s=plan.end_s * 4 + 300, spares=spares, stall_deadline_s=stall_deadline_s,
+            env={"SHOAL_CHECKPOINT_DIR": str(Path(scratch) / "ckpt"),
+                 "SHOAL_CHECKPOINT_INTERVAL": str(job.checkpoint.interval_steps),
+                 "SHOAL_IDENTITY": json.dumps(job.resume_identity())},
+        )
+        target = ShoalTarget(Launcher(config), run_dir)
+        target.start()
+        applied = drive(plan, target)
+        report = target.finish(timeout_s=plan.end_s * 3 + 300)
+        commits = [Commit(r.step, r.t_start, r.t_commit, r.world) for r in read_step_logs(run_dir)]
+        return report, commits, applied, target.launch_t

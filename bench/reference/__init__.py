@@ -11,11 +11,10 @@ import importlib
 # Imported on first use, so that `python -m bench.reference.<module>` does not
 # find its own module already imported by the package.
 _EXPORTS = {
-    "FaultResult": "bench.reference.common",
     "ReferenceRunError": "bench.reference.common",
     "static_ddp_throughput": "bench.reference.ddp_ref",
-    "torchrun_faults": "bench.reference.torchrun_ref",
-    "torchft_faults": "bench.reference.torchft_ref",
+    "torchrun_under_plan": "bench.reference.torchrun_ref",
+    "torchft_under_plan": "bench.reference.torchft_ref",
 }
 __all__ = list(_EXPORTS)
 

@@ -1,4 +1,4 @@
-"""What the reference harnesses share: the fault result, step logs (one JSON
+"""What the reference harnesses share: step logs (one JSON
 line per committed step and worker), their arithmetic, free ports and a run
 directory whose processes are all killed on the way out.
 """
@@ -13,25 +13,16 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from shoal.control.recovery import recovery_s, steps_lost
+from bench.figures import Commit
+
 
 
 class ReferenceRunError(RuntimeError):
     """A reference system did not start, hung, or died where it should have recovered."""
-
-
-@dataclass(frozen=True)
-class FaultResult:
-    t: float  # seconds from the launch of the reference to the SIGKILL
-    rto_s: float | None  # shoal.control.recovery.recovery_s; None if the log ended too soon
-    steps_lost: int  # committed steps that had to be computed again after the kill
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -44,6 +35,7 @@ class StepLine:
     world: int  # workers whose gradients the step averaged
     worker: str
     attempt: int  # torchrun restart count (0 for torchft: its steps never run twice)
+    rank: int = -1  # the worker's rank in the step's group
 
 
 class StepLogWriter:
@@ -72,38 +64,10 @@ def read_step_logs(directory: Path) -> list[StepLine]:
     return lines
 
 
-def step_spans(lines: Iterable[StepLine]) -> list[tuple[float, float]]:
-    """(t_start, t_commit) per step attempt: earliest start to latest commit over its workers."""
-    merged: dict[tuple[int, int], tuple[float, float]] = {}
-    for line in lines:
-        key = (line.attempt, line.step)
-        start, end = merged.get(key, (line.t_start, line.t_commit))
-        merged[key] = (min(start, line.t_start), max(end, line.t_commit))
-    return sorted(merged.values())
-
-
-def fault_results(lines: Sequence[StepLine], fault_times: Sequence[float],
-                  launch_t: float) -> list[FaultResult]:
-    """RTO and steps lost per fault; each fault is judged on the steps before the next one."""
-    results = []
-    for i, fault_t in enumerate(fault_times):
-        next_t = fault_times[i + 1] if i + 1 < len(fault_times) else float("inf")
-        after = [s for s in lines if fault_t <= s.t_start < next_t]
-        committed_before = {s.step for s in lines if s.t_commit <= fault_t}
-        resumed_from = min((s.step for s in after), default=None)
-        lost = 0 if resumed_from is None else steps_lost(sorted(committed_before), resumed_from)
-        results.append(FaultResult(round(fault_t - launch_t, 3),
-                                   _rounded(recovery_s(step_spans(after), fault_t)), lost))
-    return results
-
-
-def steps_started_after(lines: Iterable[StepLine], t: float) -> int:
-    """Distinct step attempts that started at or after wall time `t`."""
-    return len({(s.attempt, s.step) for s in lines if s.t_start >= t})
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
+def latest_holder(lines: Iterable[StepLine], rank: int) -> str | None:
+    """The worker that most recently committed a step at `rank`."""
+    found = max((line for line in lines if line.rank == rank), key=lambda l: l.t_commit, default=None)
+    return None if found is None else found.worker
 
 
 def free_port() -> int:
@@ -224,3 +188,7 @@ def exit_on_sigterm() -> None:
 
 def _raise_exit(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+def commits_of(lines: Iterable[StepLine]) -> list[Commit]:
+    return [Commit(s.step, s.t_start, s.t_commit, s.world) for s in lines]

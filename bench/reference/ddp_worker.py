@@ -106,7 +106,7 @@ def main() -> None:
             training.optimizer.step()
             training.optimizer.zero_grad(set_to_none=True)
             step += 1
-            log.write(StepLine(step - 1, t_start, time.time(), world, f"rank{rank}", attempt))
+            log.write(StepLine(step - 1, t_start, time.time(), world, f"rank{rank}", attempt, rank))
             if checkpoints is not None and rank == 0 and step % job.checkpoint.interval_steps == 0:
                 checkpoints.save_async(take_snapshot(step, step * job.global_batch,
                                                      training.model, training.optimizer))

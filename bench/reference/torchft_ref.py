@@ -1,27 +1,16 @@
 """torchft: per-step quorum through a lighthouse, live recovery from a peer.
 
 One torchft replica group (one process) per worker, all on one lighthouse with
---min_replicas 1 and join/heartbeat timeouts of 1 s (LighthouseConfig says why
-not the 200 ms of NOTES: below the step time, replicas fell into alternating
-pairs). Each replica runs bench.reference.torchft_worker (Manager, synchronous
-quorum, manager.allreduce on a flat gradient, OptimizerWrapper / should_commit).
-Every `interval_s` one replica is SIGKILLed and a replacement joins at once; it
+--min_replicas 1 (LighthouseConfig says why its timeouts are what they are).
+Each replica runs bench.reference.torchft_worker (Manager, synchronous quorum,
+manager.allreduce on a flat gradient, OptimizerWrapper / should_commit). The
+fault driver (bench.fault_plan) hits the replica holding a rank; a fault that
+removes it calls in a warm spare, exactly as shoal's launcher does: one spare
+is kept started (torch imported, model built) and contacts the lighthouse only
+once called in, and a new spare starts as soon as one is called in. The spare
 heals from a live peer over HTTP, which restores the world size.
 
-The replacement is a warm spare by default: started (torch imported, model
-built) after the previous fault's recovery is measured and before this kill,
-it contacts the lighthouse only after the kill. On a cluster it would start on
-a machine of its own; here, started after the kill, its 5-9 s of Python and
-torch start-up take the two cores from the survivors, and recovery_s's steady
-window then lands on slowed steps or not, so RTOs swung between 0.5 and 8 s
-(shoal's joiners are warm spares too). --cold-respawn measures that case anyway.
-
-Per kill: rto_s is shoal.control.recovery.recovery_s over the steps that started
-between this kill and the next; steps_lost counts steps committed before the
-kill that ran again after it (0 unless every replica died).
-
-    .venv/bin/python -m bench.reference.torchft_ref --job bench/elastic-gpt.toml \\
-        --workers 3 --kills 2 --interval-s 12
+    .venv/bin/python -m bench.reference.torchft_ref --workers 3 --fault kill --count 2
 """
 
 from __future__ import annotations
@@ -35,12 +24,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from subprocess import Popen
 
+from bench.fault_plan import Applied, Fault, FaultPlan, drive
+from bench.figures import Commit, figures_of
 from bench.reference.common import (
-    FaultResult, ReferenceRunError, RunDirectory, exit_on_sigterm, fault_results, free_port,
-    read_step_logs, wait_until, worker_env, worker_threads,
+    ReferenceRunError, RunDirectory, commits_of, exit_on_sigterm, free_port, latest_holder,
+    read_step_logs, worker_env, worker_threads,
 )
-from bench.reference.faults import KillSchedule, run_kills
 from bench.reference.training import cache_corpus, check_workers
+
 
 @dataclass(frozen=True)
 class LighthouseConfig:
@@ -53,37 +44,34 @@ class LighthouseConfig:
     heartbeat_timeout_ms: int = 1000
     quorum_tick_ms: int = 20  # how often a waiting quorum is re-checked
 
-    def command(self, port: int) -> list[str]:
+    def command(self, port: int, bind: str = "127.0.0.1") -> list[str]:
         binary = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent))
         if binary is None:
             raise ReferenceRunError("torchft_lighthouse not found next to this Python; "
                                     "install the bench extra: pip install -e '.[bench]'")
         return [binary, "--min_replicas", "1", "--join_timeout_ms", str(self.join_timeout_ms),
                 "--heartbeat_timeout_ms", str(self.heartbeat_timeout_ms),
-                "--quorum_tick_ms", str(self.quorum_tick_ms), "--bind", f"127.0.0.1:{port}"]
+                "--quorum_tick_ms", str(self.quorum_tick_ms), "--bind", f"{bind}:{port}"]
 
 
 class Replicas:
-    """The lighthouse and one replica process per slot; the kill loop's FaultTarget.
-
-    A killed slot is refilled by a replica with a fresh id: a warm spare that was
-    started (torch imported, model built) before the kill and is released right
-    after it, or, with warm_spare=False, a process started after the kill.
-    """
+    """The lighthouse, one replica process per worker and a warm spare: a fault target."""
 
     def __init__(self, run: RunDirectory, job_path: str, corpus: Path, workers: int,
-                 warm_spare: bool, lighthouse: LighthouseConfig) -> None:
+                 lighthouse: LighthouseConfig, timeout_s: float, warm_spare: bool = True) -> None:
         port = free_port()
         self.run, self.workers, self.warm_spare = run, workers, warm_spare
+        self.launch_t = time.time()
         self.lighthouse = run.start(lighthouse.command(port), "lighthouse.log", worker_env())
         self.base = [sys.executable, "-m", "bench.reference.torchft_worker",
                      "--job", str(Path(job_path).resolve()), "--corpus", str(corpus),
                      "--run-dir", str(run.path), "--lighthouse", f"http://127.0.0.1:{port}",
-                     "--threads", str(worker_threads(workers))]
+                     "--threads", str(worker_threads(workers)), "--timeout-s", str(timeout_s)]
         (run.path / "spares").mkdir()
         self.started = 0  # replica processes started, for unique ids
-        self.slots: list[tuple[str, Popen]] = [self._start() for _ in range(workers)]
-        self.spare: tuple[str, Popen] | None = None
+        self.live: dict[str, Popen] = dict(self._start() for _ in range(workers))
+        self.gone: set[str] = set()  # replicas a fault removed (their exit is expected)
+        self.spare: tuple[str, Popen] | None = self._start(spare=True) if warm_spare else None
 
     def _start(self, spare: bool = False) -> tuple[str, Popen]:
         replica_id = f"replica{self.started}"
@@ -99,68 +87,79 @@ class Replicas:
     def healthy(self) -> None:
         if self.lighthouse.poll() is not None:
             raise ReferenceRunError(f"torchft lighthouse exited: {self.run.tail('lighthouse.log')}")
-        for replica_id, process in self.slots + ([self.spare] if self.spare else []):
-            if process.poll() is not None:
+        for replica_id, process in list(self.live.items()) + ([self.spare] if self.spare else []):
+            if process.poll() is not None and replica_id not in self.gone:
                 raise ReferenceRunError(f"torchft {replica_id} exited with {process.returncode}: "
                                         f"{self.run.tail(f'{replica_id}.log')}")
 
-    def prepare_kill(self, k: int) -> None:
-        if not self.warm_spare:
-            return
-        self.spare = self._start(spare=True)
-        ready = self._go_file(self.spare[0]).with_suffix(".ready")
-        wait_until(ready.exists, 120.0, f"spare {self.spare[0]} to start")
+    def holder(self, rank: int) -> str:
+        replica_id = latest_holder(read_step_logs(self.run.logs), rank)
+        if replica_id is None or replica_id not in self.live:
+            raise ReferenceRunError(f"no live torchft replica holds rank {rank}")
+        return replica_id
 
-    def victim_pid(self, k: int) -> int:
-        return self.slots[k % self.workers][1].pid
+    def victim_pids(self, rank: int, whole_host: bool) -> list[int]:
+        if whole_host:
+            raise ValueError("host-kill needs hosts: run it with the namespaced placement")
+        replica_id = self.holder(rank)
+        self.last_victim = replica_id
+        return [self.live[replica_id].pid]
 
-    def after_kill(self, k: int) -> None:
-        slot = k % self.workers
-        self.slots[slot][1].wait()
+    def partition(self, rank: int) -> None:
+        raise ValueError("partition needs hosts: run it with the namespaced placement")
+
+    def replace(self, k: int) -> None:
+        victim = self.last_victim
+        self.gone.add(victim)
+        del self.live[victim]
         if self.spare is not None:
             self._go_file(self.spare[0]).touch()
-            self.slots[slot], self.spare = self.spare, None
+            self.live[self.spare[0]] = self.spare[1]
+            self.spare = self._start(spare=True)
         else:
-            self.slots[slot] = self._start()
+            replica_id, process = self._start()
+            self.live[replica_id] = process
 
 
-def torchft_faults(job_path: str, workers: int, kills: int, interval_s: float, *,
-                   warm_spare: bool = True,
-                   lighthouse: LighthouseConfig = LighthouseConfig()) -> list[FaultResult]:
-    """SIGKILL one torchft replica every `interval_s`, `kills` times, replacing each."""
-    job = check_workers(job_path, workers)
-    schedule = KillSchedule(kills, interval_s)
+def torchft_under_plan(job_path: str, plan: FaultPlan, *, warm_spare: bool = True,
+                       lighthouse: LighthouseConfig = LighthouseConfig(),
+                       timeout_s: float = 5.0) -> tuple[list[Commit], list[Applied], float]:
+    """Run torchft replicas through `plan`; the commits every replica logged."""
+    job = check_workers(job_path, plan.workers)
     with RunDirectory("torchft") as run:
         corpus = cache_corpus(job, run.path)
-        launch_t = time.time()
-        fault_times = run_kills(run, schedule, Replicas(run, job_path, corpus, workers, warm_spare,
-                                                          lighthouse))
-        return fault_results(read_step_logs(run.logs), fault_times, launch_t)
+        target = Replicas(run, job_path, corpus, plan.workers, lighthouse, timeout_s, warm_spare)
+        applied = drive(plan, target)
+        return commits_of(read_step_logs(run.logs)), applied, target.launch_t
+
+
+def torchft_detection(lighthouse: LighthouseConfig, timeout_s: float) -> dict[str, float]:
+    return {"lighthouse_join_timeout_s": lighthouse.join_timeout_ms / 1000,
+            "lighthouse_heartbeat_timeout_s": lighthouse.heartbeat_timeout_ms / 1000,
+            "heartbeat_every_s": 0.1, "collective_timeout_s": timeout_s}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--job", default="bench/elastic-gpt.toml")
     parser.add_argument("--workers", type=int, default=3)
-    parser.add_argument("--kills", type=int, default=2)
-    parser.add_argument("--interval-s", type=float, default=12.0)
+    parser.add_argument("--fault", type=Fault, default=Fault.kill)
+    parser.add_argument("--count", type=int, default=2)
+    parser.add_argument("--interval-s", type=float, default=15.0)
     parser.add_argument("--cold-respawn", action="store_true",
-                        help="start each replacement after its kill instead of as a warm spare")
+                        help="start each replacement after its fault instead of as a warm spare")
     parser.add_argument("--join-timeout-ms", type=int, default=LighthouseConfig.join_timeout_ms)
     parser.add_argument("--heartbeat-timeout-ms", type=int,
                         default=LighthouseConfig.heartbeat_timeout_ms)
     args = parser.parse_args()
     lighthouse = LighthouseConfig(args.join_timeout_ms, args.heartbeat_timeout_ms)
+    plan = FaultPlan(args.fault, args.count, args.workers, interval_s=args.interval_s)
     exit_on_sigterm()
-    started = time.monotonic()
-    results = torchft_faults(args.job, args.workers, args.kills, args.interval_s,
-                             warm_spare=not args.cold_respawn, lighthouse=lighthouse)
-    print(json.dumps({
-        "reference": "torchft", "workers": args.workers, "warm_spare": not args.cold_respawn,
-        "lighthouse": asdict(lighthouse),
-        "faults": [r.as_dict() for r in results],
-        "wall_s": round(time.monotonic() - started, 1),
-    }))
+    commits, applied, launch_t = torchft_under_plan(args.job, plan, warm_spare=not args.cold_respawn,
+                                                    lighthouse=lighthouse)
+    print(json.dumps({"reference": "torchft", "plan": plan.describe(),
+                      "detection": torchft_detection(lighthouse, 5.0),
+                      "faults": [asdict(f) for f in figures_of(commits, applied, launch_t, plan)]}))
 
 
 if __name__ == "__main__":

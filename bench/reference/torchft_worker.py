@@ -55,7 +55,7 @@ def wait_as_spare(go: Path) -> None:
 
 
 def build_manager(training: GPTTraining, replica_id: str, lighthouse: str,
-                  timeout_s: float, quorum_timeout_s: float) -> Manager:
+                  timeout_s: float, quorum_timeout_s: float, address: str) -> Manager:
     model, optimizer = training.model, training.optimizer
 
     def state_dict() -> dict[str, object]:
@@ -78,8 +78,8 @@ def build_manager(training: GPTTraining, replica_id: str, lighthouse: str,
         state_dict=state_dict, min_replica_size=1, use_async_quorum=False,
         timeout=timeout, quorum_timeout=timedelta(seconds=quorum_timeout_s),
         connect_timeout=timeout,
-        rank=0, world_size=1, store_addr="127.0.0.1", store_port=store.port,
-        lighthouse_addr=lighthouse, replica_id=replica_id,
+        rank=0, world_size=1, store_addr=address, store_port=store.port,
+        lighthouse_addr=lighthouse, replica_id=replica_id, hostname=address,
     )
 
 
@@ -94,6 +94,8 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=5.0)
     parser.add_argument("--quorum-timeout-s", type=float, default=60.0)
     parser.add_argument("--wait-for", type=Path)
+    parser.add_argument("--address", default="127.0.0.1",
+                        help="this host's address, as peers reach it (across namespaced hosts)")
     args = parser.parse_args()
 
     (args.run_dir / "pids" / args.replica_id).write_text(str(os.getpid()))
@@ -101,7 +103,7 @@ def main() -> None:
     if args.wait_for is not None:
         wait_as_spare(args.wait_for)
     manager = build_manager(training, args.replica_id, args.lighthouse, args.timeout_s,
-                            args.quorum_timeout_s)
+                            args.quorum_timeout_s, args.address)
     optimizer = OptimizerWrapper(manager, training.optimizer)
     gradient = FlatGradient(list(training.model.parameters()))
     log = StepLogWriter(args.run_dir / "steps" / f"{args.replica_id}.jsonl")
@@ -121,7 +123,8 @@ def main() -> None:
         training.prepare_update(step)
         optimizer.step()  # applies only if manager.should_commit()
         if manager.current_step() > step:
-            log.write(StepLine(step, t_start, time.time(), world, args.replica_id, 0))
+            logged_rank = -1 if rank is None else rank  # -1: not in this step's quorum
+            log.write(StepLine(step, t_start, time.time(), world, args.replica_id, 0, logged_rank))
 
 
 if __name__ == "__main__":
