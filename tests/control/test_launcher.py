@@ -144,3 +144,15 @@ def test_sigterm_on_a_real_run_leaves_the_last_checkpoint(tmp_path, cli_env):
     assert "stopped by SIGTERM: 2 worker(s) handed over and left, 0 killed" in stderr
     assert "last worker leaving: checkpoint of step" in (tmp_path / "run" / "w0.log").read_text()
     assert list((tmp_path / "ckpt").glob("step-*.pt"))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--serve"], "--serve and --node need --rendezvous HOST:PORT"),
+    (["--rendezvous", "10.0.0.1"], "is not HOST:PORT"),
+    (["--rendezvous", "127.0.0.1:1", "--report", "r.json"], "--report is written by the serving host"),
+])
+def test_cli_multi_host_mistakes_are_one_line(tmp_path, cli_env, flags, message):
+    done = subprocess.run(shoal_command("run", "examples/elastic_mlp.py", "--workers", "1",
+                                        "--run-dir", str(tmp_path / "run"), *flags),
+                          env=cli_env, capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr

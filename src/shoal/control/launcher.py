@@ -161,12 +161,13 @@ class Launcher:
             self.pool.wake_stalled(now)
             self._check_workers_left(now)
             time.sleep(SUPERVISE_EVERY_S)
+        # Read now: once this host's workers are gone, the serving host may close the store.
+        failure = self.rdzv.failure()
         if self.server is not None:
             self.server.stop_authority()  # workers exiting at the end are not faults
         self.pool.wait_for_exit(FINISH_GRACE_S)
         if self.server is not None and self.config.rendezvous is not None:
             self._linger_for_other_hosts()
-        failure = self.rdzv.failure()
         if failure:
             raise ControlError(f"the membership authority gave the run up: {failure}")
 
