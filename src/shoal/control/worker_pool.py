@@ -66,15 +66,16 @@ class WorkerPool:
     # -- chaos -----------------------------------------------------------
 
     def inject(self, event: ChaosEvent, elapsed_s: float) -> FaultEvent | None:
+        now = time.time()  # before acting: the authority may answer before we return
         if event.kind is FaultKind.join:
             worker = self._join_one()
             log.info("chaos %s: %s joins", event, worker)
-            return FaultEvent(event.kind, worker, time.time())
+            return FaultEvent(event.kind, worker, now)
         worker = self._target(event)
         if worker is None:
             log.warning("chaos %s: no live worker to target; skipped", event)
             return None
-        fault = FaultEvent(event.kind, worker, time.time())
+        fault = FaultEvent(event.kind, worker, now)
         process = self.workers[worker]
         if event.kind is FaultKind.kill:
             process.kill()
