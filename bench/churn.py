@@ -1,7 +1,9 @@
-"""Churn benchmark: a worker is killed every 15 s and a replacement joins (from
-a warm spare by default), for at least 3 minutes; committed-work efficiency
-is the useful samples/s over what a fault-free run gives at the same average
-world size (measured in the same run at 2 and 3 workers, interpolated).
+"""Churn benchmark: a worker killed every 15 s (rotating over ranks, rank 0
+first) and a replacement called in from a warm spare, for shoal and for
+torchft on the same schedule in the same run. Efficiency is the useful
+samples/s while the faults go on over what the same system gives fault-free
+with the full world (measured in the same run): the capacity lost to the
+dead worker counts against it, as it does for the job.
 
     .venv/bin/python -m bench.churn [--workers 3] [--interval-s 15] [--duration-s 180]
 
@@ -13,8 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 
-from bench.shoal_side import median, run_shoal, samples_per_s, steps_per_s
+from bench.fault_plan import Applied, Fault, FaultPlan
+from bench.figures import Commit, figures_of, median, progress
+from bench.shoal_side import run_shoal, samples_per_s, shoal_detection, shoal_under_plan, steps_per_s
 
 JOB = "bench/elastic-gpt.toml"
 WARMUP = 20
@@ -24,19 +29,19 @@ def log(message: str) -> None:
     print(f"[bench.churn] {message}", file=sys.stderr, flush=True)
 
 
-def time_weighted_world(steps) -> float:
-    """Average world size over the run, each step weighted by how long it took to commit."""
-    total = weighted = 0.0
-    for before, step in zip(steps, steps[1:]):
-        dt = step.t_commit - before.t_commit
-        total += dt
-        weighted += dt * step.world
-    return weighted / total
+def useful_rate(commits: Sequence[Commit], start_t: float, end_t: float, batch: int) -> float:
+    """Samples/s of the steps that advanced the job between start_t and end_t."""
+    advanced = sum(1 for c in progress(commits) if start_t < c.t_commit <= end_t)
+    return advanced * batch / (end_t - start_t)
 
 
-def fault_free(workers: int, steps: int) -> tuple[float, float]:
-    _, records = run_shoal(JOB, workers, steps)
-    return samples_per_s(records, WARMUP), steps_per_s(records, WARMUP)
+def steady_rate(commits: Sequence[Commit], batch: int, skip: int = WARMUP) -> float:
+    line = progress(commits)[skip:]
+    return (len(line) - 1) * batch / (line[-1].t_commit - line[0].t_commit)
+
+
+def churn_window(plan: FaultPlan, applied: list[Applied], launch_t: float) -> tuple[float, float]:
+    return applied[0].t, launch_t + plan.end_s
 
 
 def main() -> None:
@@ -44,51 +49,68 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--interval-s", type=float, default=15.0)
     parser.add_argument("--duration-s", type=float, default=180.0)
-    parser.add_argument("--join-after-s", type=float, default=2.0)
-    parser.add_argument("--first-fault-s", type=float, default=20.0)
+    parser.add_argument("--first-s", type=float, default=25.0)
     parser.add_argument("--spares", type=int, default=1,
-                        help="warm spares the replacements come from (0: start each one cold)")
+                        help="warm spares the replacements come from (shoal and torchft alike)")
+    parser.add_argument("--detect-s", type=float, default=1.0)
+    parser.add_argument("--skip-torchft", action="store_true")
     args = parser.parse_args()
+    from shoal.spec import load_job
 
-    reference = {}
-    for world in (args.workers - 1, args.workers):
-        reference[world] = fault_free(world, 200)
-        log(f"fault-free at {world} workers: {reference[world][0]:.1f} samples/s")
-
+    batch = load_job(JOB).global_batch
     kills = int(args.duration_s // args.interval_s)
-    chaos = ",".join(
-        f"kill:{k}@{args.first_fault_s + k * args.interval_s:g}s,"
-        f"join@{args.first_fault_s + k * args.interval_s + args.join_after_s:g}s"
-        for k in range(kills))
-    end_s = args.first_fault_s + kills * args.interval_s + 5.0
-    slowest_rate = reference[args.workers - 1][1]
-    steps = int(slowest_rate * end_s)
-    log(f"{kills} kills, one every {args.interval_s:g} s; {steps} steps")
-    report, records = run_shoal(JOB, args.workers, steps, chaos, timeout_s=end_s * 4 + 300,
-                                spares=args.spares)
+    plan = FaultPlan(Fault.kill, kills, args.workers, args.first_s, args.interval_s,
+                     tail_s=args.interval_s)
+    log(f"plan: {plan.describe()}")
 
-    kept = [r for r in records if r.step >= WARMUP]
-    achieved = samples_per_s(records, WARMUP)
-    world = time_weighted_world(kept)
-    low, high = args.workers - 1, args.workers
-    fraction = min(1.0, max(0.0, world - low))
-    expected = reference[low][0] + fraction * (reference[high][0] - reference[low][0])
-    kills_done = [f for f in report.faults if f.kind.value == "kill"]
-    result = {
-        "efficiency": round(achieved / expected, 4),
-        "samples_per_s": round(achieved, 2),
-        "fault_free_samples_per_s_at_avg_world": round(expected, 2),
-        "avg_world": round(world, 3),
-        "fault_free_samples_per_s": {str(w): round(v[0], 2) for w, v in reference.items()},
-        "kills": len(kills_done),
-        "spares": args.spares,
-        "duration_s": round(kept[-1].t_commit - kept[0].t_commit, 1),
-        "rto_s_median": median([f.recovery_s for f in kills_done]),
-        "steps_lost": sum(f.steps_lost for f in kills_done),
-        "samples_skipped": report.samples_skipped,
-        "samples_duplicated": report.samples_duplicated,
+    _, records = run_shoal(JOB, args.workers, 200)
+    shoal_free, rate = samples_per_s(records, WARMUP), steps_per_s(records, WARMUP)
+    log(f"shoal fault-free at {args.workers} workers: {shoal_free:.1f} samples/s")
+    report, commits, applied, launch_t = shoal_under_plan(
+        JOB, plan, int(rate * plan.end_s * 1.3) + 100, args.spares, args.detect_s)
+    shoal_rate = useful_rate(commits, *churn_window(plan, applied, launch_t), batch)
+    shoal_faults = figures_of(commits, applied, launch_t, plan)
+    log(f"shoal under churn: {shoal_rate:.1f} samples/s")
+    result: dict[str, object] = {
+        "efficiency": round(shoal_rate / shoal_free, 4),
+        "samples_per_s": round(shoal_rate, 2), "fault_free_samples_per_s": round(shoal_free, 2),
+        "plan": plan.describe(), "spares": args.spares,
+        "rto_s_median": median([f.rto_s for f in shoal_faults]),
+        "rto_full_s_median": median([f.rto_full_s for f in shoal_faults]),
+        "steps_lost": sum(f.steps_lost for f in shoal_faults),
+        "samples_skipped": report.samples_skipped, "samples_duplicated": report.samples_duplicated,
         "replica_mismatches": report.replica_mismatches,
-        "target_met": achieved / expected >= 0.85,
+        "detection": {"shoal": shoal_detection(args.detect_s)},
+    }
+    ft_eff = None
+    if not args.skip_torchft:
+        from bench.reference.torchft_ref import (
+            LighthouseConfig, torchft_detection, torchft_fault_free, torchft_under_plan,
+        )
+
+        free_commits, _ = torchft_fault_free(JOB, args.workers, 60.0)
+        ft_free = steady_rate(free_commits, batch)
+        log(f"torchft fault-free at {args.workers} workers: {ft_free:.1f} samples/s")
+        ft_commits, ft_applied, ft_launch = torchft_under_plan(JOB, plan,
+                                                               warm_spare=args.spares > 0)
+        ft_rate = useful_rate(ft_commits, *churn_window(plan, ft_applied, ft_launch), batch)
+        ft_faults = figures_of(ft_commits, ft_applied, ft_launch, plan)
+        ft_eff = ft_rate / ft_free
+        log(f"torchft under churn: {ft_rate:.1f} samples/s")
+        result.update({
+            "torchft_efficiency": round(ft_eff, 4), "torchft_samples_per_s": round(ft_rate, 2),
+            "torchft_fault_free_samples_per_s": round(ft_free, 2),
+            "efficiency_ratio": round(result["efficiency"] / ft_eff, 3) if ft_eff > 0 else None,
+            "torchft_rto_s_median": median([f.rto_s for f in ft_faults]),
+            "torchft_rto_full_s_median": median([f.rto_full_s for f in ft_faults]),
+        })
+        result["detection"]["torchft"] = torchft_detection(LighthouseConfig(), 5.0)
+    efficiency = result["efficiency"]
+    result["targets_met"] = {
+        "efficiency_ge_0_85": efficiency >= 0.85,
+        "efficiency_ge_2x_torchft": None if ft_eff is None else efficiency >= 2 * ft_eff,
+        "exact": all(result[k] == 0 for k in ("steps_lost", "samples_skipped",
+                                               "samples_duplicated", "replica_mismatches")),
     }
     print(json.dumps(result))
 

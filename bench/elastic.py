@@ -103,7 +103,9 @@ def main() -> None:
     parser.add_argument("--fault", type=Fault, choices=list(Fault), default=Fault.kill)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--count", "--kills", type=int, default=3, help="faults to apply")
-    parser.add_argument("--first-s", type=float, default=25.0)
+    parser.add_argument("--first-s", type=float, default=None,
+                        help="seconds after start of the first fault (default 25; 60 for the "
+                             "host faults, whose 2W+1 namespaced processes start slowly here)")
     parser.add_argument("--interval-s", type=float, default=15.0)
     parser.add_argument("--stall-s", type=float, default=5.0)
     parser.add_argument("--spares", type=int, default=1, help="warm spares (shoal and torchft)")
@@ -117,8 +119,9 @@ def main() -> None:
                         choices=["overhead", "torchrun", "torchft"])
     args = parser.parse_args()
     skip = set(args.skip)
-    plan = FaultPlan(args.fault, args.count, args.workers, args.first_s, args.interval_s,
-                     args.stall_s)
+    first_s = args.first_s if args.first_s is not None else (
+        60.0 if args.fault in HOST_FAULTS else 25.0)
+    plan = FaultPlan(args.fault, args.count, args.workers, first_s, args.interval_s, args.stall_s)
     log(f"plan: {plan.describe()}")
 
     result: dict[str, object] = {"fault": plan.fault.value, "plan": plan.describe(),

@@ -4,8 +4,10 @@ same way the references' throughput is read from theirs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -61,6 +63,19 @@ def steps_per_s(steps: list[StepRecord], warmup_steps: int) -> float:
 def median(values: list[float]) -> float | None:
     values = [v for v in values if v is not None]
     return round(statistics.median(values), 4) if values else None
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str):
+    """A temporary directory, kept (and its path logged) when SHOAL_BENCH_KEEP=1, to debug."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield path
+    finally:
+        if os.environ.get("SHOAL_BENCH_KEEP") == "1":
+            print(f"[bench] kept {path}", file=sys.stderr, flush=True)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def shoal_detection(stall_deadline_s: float) -> dict[str, float]:
@@ -159,7 +174,7 @@ def shoal_under_plan(job_path: str, plan: FaultPlan, steps: int, spares: int,
     """Run shoal through `plan` (launcher on this host); the run ends after `steps` steps."""
     job = load_job(job_path, overrides={"steps": steps})
     joins = [f"join@{plan.at_s(k) + 0.02:g}s" for k in range(plan.count) if plan.fault.removes_worker]
-    with tempfile.TemporaryDirectory(prefix="shoal-bench-") as scratch:
+    with scratch_dir("shoal-bench-") as scratch:
         run_dir = Path(scratch) / "run"
         config = LaunchConfig(
             command=[sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json", job.model_dump_json()],

@@ -133,6 +133,20 @@ def torchft_under_plan(job_path: str, plan: FaultPlan, *, warm_spare: bool = Tru
         return commits_of(read_step_logs(run.logs)), applied, target.launch_t
 
 
+def torchft_fault_free(job_path: str, workers: int, duration_s: float,
+                       lighthouse: LighthouseConfig = LighthouseConfig(),
+                       timeout_s: float = 5.0) -> tuple[list[Commit], float]:
+    """torchft replicas with no fault for `duration_s`: the full world's own rate."""
+    job = check_workers(job_path, workers)
+    with RunDirectory("torchft") as run:
+        corpus = cache_corpus(job, run.path)
+        target = Replicas(run, job_path, corpus, workers, lighthouse, timeout_s, warm_spare=False)
+        while time.time() < target.launch_t + duration_s:
+            target.healthy()
+            time.sleep(0.2)
+        return commits_of(read_step_logs(run.logs)), target.launch_t
+
+
 def torchft_detection(lighthouse: LighthouseConfig, timeout_s: float) -> dict[str, float]:
     return {"lighthouse_join_timeout_s": lighthouse.join_timeout_ms / 1000,
             "lighthouse_heartbeat_timeout_s": lighthouse.heartbeat_timeout_ms / 1000,
