@@ -80,6 +80,36 @@ def test_a_member_that_falls_behind_is_fenced_however_alive_it_is(rdzv):
     assert rdzv.epoch(1).members == ("a",) and rdzv.epoch(1).reason == "stall:b"
 
 
+def test_a_member_that_cannot_reach_the_store_is_fenced_even_if_all_wait_at_one_point(rdzv):
+    """Every member is in the same exchange (a partition cut c off mid-collective):
+    nobody is behind, but a and b keep refreshing their point and c does not."""
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=3, liveness=FAST))
+    for who in "abc":
+        rdzv.request_join(who)
+    authority.tick(0.0)
+    for who in "abc":
+        _beat(rdzv, who, 0, 2, 0, Phase.exchange)
+    authority.tick(0.1)
+    for waits, now in enumerate((0.3, 0.5, 0.7), start=1):
+        for who in "ab":
+            rdzv.beat(who, ProgressBeat(epoch=0, count=2, step=0, phase=Phase.exchange, waits=waits))
+        authority.tick(now)
+    assert rdzv.epoch(1).members == ("a", "b") and rdzv.epoch(1).reason == "stall:c"
+
+
+def test_members_that_all_go_quiet_together_are_not_fenced(rdzv):
+    """All computing a long step (or an evaluation): no one is waiting on anyone."""
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST))
+    rdzv.request_join("a")
+    rdzv.request_join("b")
+    authority.tick(0.0)
+    for who in "ab":
+        _beat(rdzv, who, 0, 3, 0, Phase.voted)
+    for now in (0.1, 1.0, 2.0, 5.0):
+        authority.tick(now)
+    assert rdzv.latest_epoch() == 0
+
+
 def test_the_deadline_follows_measured_step_times():
     from shoal.control.liveness import ProgressWatch
 

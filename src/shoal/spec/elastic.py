@@ -58,6 +58,10 @@ class ProgressBeat(Frozen):
     count: int = Field(ge=0)  # progress points reached in this epoch (arrival = 1)
     step: int = Field(ge=0)
     phase: Phase
+    # Refreshes while waiting on peers at this point (a barrier, an exchange): they
+    # show the member can still reach the store, so one that cannot (partitioned,
+    # frozen) stands out even when every member waits at the same point.
+    waits: int = Field(0, ge=0)
 
 
 class GuardVerdict(str, enum.Enum):

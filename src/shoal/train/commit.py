@@ -77,10 +77,12 @@ def _propose(rdzv: Rendezvous, epoch: MembershipEpoch, total: int,
 
 
 def agree(rdzv: Rendezvous, epoch: MembershipEpoch, rank: int, step: int, ballot: Ballot, *,
-          poll_s: float, proposer: Proposer, leaving: bool = False) -> StepDecision:
+          poll_s: float, proposer: Proposer, leaving: bool = False,
+          waiting: Callable[[], None] = lambda: None) -> StepDecision:
     """Cast `ballot` for `step` and return the decision every rank will follow.
 
     `leaving`: this worker gave notice; a newer epoch without it is expected.
+    `waiting`: called while the decision is awaited (liveness refresh).
     """
     e, world = epoch.epoch, len(epoch.members)
     total = rdzv.add_vote(e, step, ballot.value())
@@ -90,6 +92,7 @@ def agree(rdzv: Rendezvous, epoch: MembershipEpoch, rank: int, step: int, ballot
         decided = rdzv.wait_decision(e, step, poll_s)
         if decided is not None:
             return decided
+        waiting()
         rdzv.check_failed()
         latest = rdzv.latest_epoch()
         if latest > e:

@@ -1,8 +1,9 @@
 """Liveness as progress: the worker reports each progress point it reaches.
 
 The training thread only records the point (arrived at an epoch, entered
-a step's exchange, voted); a thread with its own store connection writes
-it, so reporting costs the step no round trip. A worker hung in its data
+a step's exchange, voted), and, while it waits on peers, refreshes it every
+`refresh_s`; a thread with its own store connection writes it, so
+reporting costs the step no round trip. A worker hung in its data
 loader or a device wait reaches no new point, and the authority sees it
 fall behind its peers (shoal.control.liveness) whether or not its
 process still runs.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from shoal.spec.elastic import Phase, ProgressBeat
@@ -21,8 +23,12 @@ log = logging.getLogger(__name__)
 
 
 class ProgressReporter:
-    def __init__(self, worker: str, connect: Callable[[], Rendezvous]) -> None:
+    def __init__(self, worker: str, connect: Callable[[], Rendezvous],
+                 refresh_s: float = 0.25) -> None:
         self.worker = worker
+        self.refresh_s = refresh_s
+        self._point: ProgressBeat | None = None
+        self._refreshed_at = 0.0
         self._connect = connect
         self._epoch, self._count = -1, 0
         self._latest: ProgressBeat | None = None
@@ -38,7 +44,18 @@ class ProgressReporter:
             if epoch != self._epoch:
                 self._epoch, self._count = epoch, 0
             self._count += 1
-            self._latest = ProgressBeat(epoch=epoch, count=self._count, step=step, phase=phase)
+            self._point = ProgressBeat(epoch=epoch, count=self._count, step=step, phase=phase)
+            self._latest, self._refreshed_at = self._point, time.monotonic()
+        self._wake.set()
+
+    def waiting(self) -> None:
+        """Still at the last point, waiting on peers: refresh it (at most every refresh_s)."""
+        now = time.monotonic()
+        if self._point is None or now - self._refreshed_at < self.refresh_s:
+            return
+        with self._lock:
+            self._point = self._point.model_copy(update={"waits": self._point.waits + 1})
+            self._latest, self._refreshed_at = self._point, now
         self._wake.set()
 
     def stop(self) -> None:

@@ -50,7 +50,11 @@ class Membership:
         return any(m not in gave_notice for m in dropped)
 
     def changed(self) -> bool:
-        """A newer epoch that loses one of our members makes the current exchange moot."""
+        """A newer epoch that loses one of our members makes the current exchange moot.
+
+        Asked over and over while waiting on peers, so it also refreshes our progress
+        point: the authority sees we can still reach the store."""
+        self.progress.waiting()
         latest = self.rdzv.latest_epoch()
         if latest <= self.record.epoch:
             return False
@@ -68,7 +72,7 @@ class Membership:
                     self.rdzv, record, self.worker, step=replica.step, has_state=replica.held,
                     backend=self.config.backend, timeout_s=self.config.collective_timeout_s,
                     poll_s=self.config.poll_s,
-                    newer=lambda epoch=record.epoch: self.rdzv.latest_epoch() > epoch,
+                    newer=lambda epoch=record.epoch: self._newer_than(epoch),
                     live_state=replica.state_dict, load_state=replica.load_state_dict,
                     load_from_disk=replica.load_checkpoint,
                     group_store=lambda: connect(self.config.host, self.config.port))
@@ -84,6 +88,10 @@ class Membership:
                      self.world, replica.step, record.reason,
                      " after receiving state" if formed.received_state else "")
         return True
+
+    def _newer_than(self, epoch: int) -> bool:
+        self.progress.waiting()  # waiting on peers at the barrier or in a state transfer
+        return self.rdzv.latest_epoch() > epoch
 
     def _next_record(self, replica: ReplicaState) -> MembershipEpoch | None:
         """The next epoch that includes this worker (asking to join when none does);

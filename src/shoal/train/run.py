@@ -172,7 +172,8 @@ class Run:
             decision = agree(self.rdzv, self.record, self.rank, self.step_index, ballot,
                              poll_s=self.config.poll_s, leaving=self.membership.leave_posted,
                              proposer=Proposer(self._proposed_weights, self._resync_source,
-                                               self.membership.lost_member))
+                                               self.membership.lost_member),
+                             waiting=self.progress.waiting)
         except Excluded as error:
             log.warning("[worker %s] %s; rejoining with fresh state", self.worker, error)
             self._drop_group(stale=True)
