@@ -7,19 +7,20 @@ import threading
 import pytest
 
 from shoal.control.authority import AuthorityConfig, MembershipAuthority
-from shoal.control.launcher import free_port
+from shoal.control.serve import RendezvousServer
 from shoal.control.liveness import LivenessConfig
 from shoal.spec.elastic import GuardVerdict, MembershipEpoch, Phase, ProgressBeat
 from shoal.train.commit import Ballot, Excluded, Proposer, agree
-from shoal.train.rendezvous import Rendezvous, RunFailed, connect
+from shoal.train.rendezvous import RunFailed
 
 FAST = LivenessConfig(floor_s=0.5, initial_s=0.5)
 
 
 @pytest.fixture
 def rdzv():
-    store = connect("127.0.0.1", free_port(), is_master=True)
-    return Rendezvous(store)
+    server = RendezvousServer("127.0.0.1")  # binds its own port: no race
+    yield server.rdzv
+    server.close()
 
 
 def test_authority_forms_drops_admits_and_reforms(rdzv):

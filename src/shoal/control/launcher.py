@@ -82,7 +82,7 @@ class Launcher:
         """This host's name in worker ids; a name already taken in this job (two hosts with
         one hostname, or a restarted host) gets a suffix, so ids never repeat."""
         node = self.config.node or socket.gethostname()
-        claims = self.rdzv.store.add(f"launcher/node/{node}", 1)
+        claims = self.rdzv.claim_node(node)
         if claims == 1:
             return node
         log.warning("node name %r is already in this job; this host's workers are %s.%d-w<i>",
@@ -244,14 +244,6 @@ class Launcher:
         speeds = {w: s for w, s in zip(members, self.rdzv.speeds(members)) if s}
         return build_report(self.config.run_dir, self.faults, started,
                             final=self.rdzv.final() if self.rdzv.done() else {}, speeds=speeds)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free right now, for tests that host a store without a launcher (racy by
-    nature: the launcher itself binds its store's socket and hands it over)."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def worker_command(script: str, args: list[str]) -> list[str]:

@@ -134,6 +134,10 @@ class Rendezvous:
     def leaving(self, workers: list[str]) -> list[str]:
         return [w for w in workers if self.store.check([f"leave/{w}"])]
 
+    def claim_node(self, node: str) -> int:
+        """Claim a host name for worker ids; 1 for the first claim, 2 for the next..."""
+        return self.store.add(f"launcher/node/{node}", 1)
+
     def report_exit(self, worker: str) -> None:
         """A launcher saw this worker's process exit (on any host): drop it now."""
         self.store.set(f"exit/{worker}", "1")
