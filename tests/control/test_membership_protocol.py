@@ -61,16 +61,22 @@ def test_an_exit_reported_by_another_hosts_launcher_drops_the_worker(rdzv):
     assert rdzv.epoch(1).members == ("a",) and rdzv.epoch(1).reason == "exit:b"
 
 
-def _beat(rdzv, worker, epoch, count, step, phase):
-    rdzv.beat(worker, ProgressBeat(epoch=epoch, count=count, step=step, phase=phase))
+def _beat(rdzv, worker, epoch, count, step, phase, waits=0):
+    rdzv.beat(worker, ProgressBeat(epoch=epoch, count=count, step=step, phase=phase, waits=waits))
+
+
+def _started(rdzv, members: str) -> MembershipAuthority:
+    """An authority whose first epoch holds `members` (one letter each)."""
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=len(members), liveness=FAST))
+    for who in members:
+        rdzv.request_join(who)
+    authority.tick(0.0)
+    return authority
 
 
 def test_a_member_that_falls_behind_is_fenced_however_alive_it_is(rdzv):
     """b's process runs (it could be beating a heartbeat) but makes no progress."""
-    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST))
-    rdzv.request_join("a")
-    rdzv.request_join("b")
-    authority.tick(0.0)
+    authority = _started(rdzv, "ab")
     for who in "ab":
         _beat(rdzv, who, 0, 1, 0, Phase.arrived)
     _beat(rdzv, "a", 0, 2, 0, Phase.exchange)  # a computed its share; b hangs in its loader
@@ -84,26 +90,20 @@ def test_a_member_that_falls_behind_is_fenced_however_alive_it_is(rdzv):
 def test_a_member_that_cannot_reach_the_store_is_fenced_even_if_all_wait_at_one_point(rdzv):
     """Every member is in the same exchange (a partition cut c off mid-collective):
     nobody is behind, but a and b keep refreshing their point and c does not."""
-    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=3, liveness=FAST))
-    for who in "abc":
-        rdzv.request_join(who)
-    authority.tick(0.0)
+    authority = _started(rdzv, "abc")
     for who in "abc":
         _beat(rdzv, who, 0, 2, 0, Phase.exchange)
     authority.tick(0.1)
     for waits, now in enumerate((0.3, 0.5, 0.7), start=1):
         for who in "ab":
-            rdzv.beat(who, ProgressBeat(epoch=0, count=2, step=0, phase=Phase.exchange, waits=waits))
+            _beat(rdzv, who, 0, 2, 0, Phase.exchange, waits)
         authority.tick(now)
     assert rdzv.epoch(1).members == ("a", "b") and rdzv.epoch(1).reason == "stall:c"
 
 
 def test_members_that_all_go_quiet_together_are_not_fenced(rdzv):
     """All computing a long step (or an evaluation): no one is waiting on anyone."""
-    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST))
-    rdzv.request_join("a")
-    rdzv.request_join("b")
-    authority.tick(0.0)
+    authority = _started(rdzv, "ab")
     for who in "ab":
         _beat(rdzv, who, 0, 3, 0, Phase.voted)
     for now in (0.1, 1.0, 2.0, 5.0):
