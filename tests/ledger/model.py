@@ -49,6 +49,8 @@ class Record:
     open_disputes: dict[int, tuple[int, str]] = field(default_factory=dict)
     settled: set[int] = field(default_factory=set)
     violations: list[str] = field(default_factory=list)  # facts that break a rule of purpose
+    # (job, provider, price, term) that the provider itself signed an acceptance of
+    signed: set[tuple[int, str, int, int]] = field(default_factory=set)
 
     def note(self, event: ChainEvent, now: int) -> None:
         """Fold one event of a successful call into the record."""
@@ -59,6 +61,10 @@ class Record:
             self.submitters[a["job"]] = a["submitter"]
         elif event.name == "LeaseOpened":
             self.leases[key] = LeaseFacts(a["price"], a["term_s"])
+            if a["locked"]:  # opened with the provider's signed acceptance
+                self.leases[key].accepted_at = now
+                if (*key, a["price"], a["term_s"]) not in self.signed:
+                    self.violations.append(f"{key} bound to terms {a['price']}, {a['term_s']} it did not sign")
         elif event.name == "LeaseAccepted":
             self.leases[key].accepted_at = now
         elif event.name == "WorkBooked":

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from shoal.ledger.acceptance import acceptance_row, sign_acceptance
 from tests.ledger.machine import (
     ANYONE,
     CONFIG,
@@ -62,6 +63,25 @@ class MarketMachine(MarketHarness, RuleBasedStateMachine):
         s, job = self._as(who), self.job(data)
         terms = {self.addresses[p]: (price, term_s) for p in providers}
         self.send(s.address, lambda: self.ledger.open_leases(s, job, terms))
+
+    @rule(who=WHO, data=st.data(), providers=st.lists(st.sampled_from([5, 6, 7, 8, 9]), min_size=1, max_size=3),
+          signer=st.sampled_from([None, None, 0, 9]), price=st.integers(1, 1_200), term_s=st.integers(1, 3000),
+          altered=st.booleans())
+    def open_accepted_leases(self, who, data, providers, signer, price, term_s, altered):
+        # Acceptances signed by the provider (None) or by another key, for these
+        # terms or altered after signing; sent past the client's own check.
+        s, job = self._as(who), self.job(data)
+        deadline = self.chain.w3.eth.get_block("latest")["timestamp"] + 100
+        rows = []
+        for p in providers:
+            provider = self.accounts[p]
+            key = provider if signer is None else self.accounts[signer]
+            signed = sign_acceptance(key, self.chain.chain_id, self.ledger.address, job, price, term_s, deadline)
+            signed = signed.model_copy(update={"provider": provider.address} | ({"term_s": term_s + 1} if altered else {}))
+            if signer is None:
+                self.rec.signed.add((job, provider.address, price, term_s))
+            rows.append(acceptance_row(signed))
+        self.send(s.address, lambda: self.ledger._transact(s, "open_accepted_leases", job, rows, items=len(rows)))
 
     @rule(who=WHO, data=st.data(), skew=st.sampled_from([0, 0, 0, -1, 1]), root=st.binary(min_size=32, max_size=32))
     def anchor(self, who, data, skew, root):

@@ -56,7 +56,7 @@ def _leases(ledger: Any, job: int) -> list[dict[str, Any]]:
         provider = e.args.get("provider")
         if e.name == "LeaseOpened":
             rows[provider] = {"provider": provider, "price_wei_per_s": e.args["price"],
-                              "term_s": e.args["term_s"], "locked_wei": 0, "verified_s": 0, "paid_wei": 0}
+                              "term_s": e.args["term_s"], "locked_wei": e.args["locked"], "verified_s": 0, "paid_wei": 0}
         elif e.name == "LeaseAccepted":
             rows[provider]["locked_wei"] = e.args["locked"]
         elif e.name == "WorkBooked":

@@ -9,8 +9,9 @@
         stipend and falls back to a credit when the push fails. Every
         external function holds the (transient) reentrancy lock.
 @dev    The rules that keep parties honest (README, "Settlement"):
-        - a provider accepts a lease before it can be billed, and accepting
-          locks stake equal to the most the lease can earn (price x term,
+        - a provider accepts a lease before it can be billed, by calling
+          `accept` or by signing the lease's terms (EIP-712) for the
+          operator's `open_accepted_leases`; accepting locks stake equal to the most the lease can earn (price x term,
           at least min_stake); unbonding never reaches locked stake, and the
           lock is released only when the lease is paid after its job's
           dispute window, or taken by a slash;
@@ -39,6 +40,7 @@ TERM_SHIFT: constant(uint256) = 136
 ACCEPTED_SHIFT: constant(uint256) = 176
 EPOCH_SHIFT: constant(uint256) = 216
 EPOCH_MASK: constant(uint256) = 2**32 - 1
+BOOK_KEEP: constant(uint256) = ~((SECONDS_MASK << BOOKED_SHIFT) | (EPOCH_MASK << EPOCH_SHIFT))
 LEASE_OPEN: constant(uint256) = 2**248
 LEASE_DISPUTED: constant(uint256) = 2**249
 LEASE_SLASHED: constant(uint256) = 2**250
@@ -46,6 +48,18 @@ LEASE_SLASHED: constant(uint256) = 2**250
 # A stake is one word too: active stake (bits 0-127), of which locked (128-255).
 STAKE_MASK: constant(uint256) = 2**128 - 1
 LOCKED_SHIFT: constant(uint256) = 128
+
+# EIP-712: a provider accepts a lease by signing its job, price, term and a
+# deadline, bound to this contract on this chain. A (job, provider) lease is
+# opened at most once (its word stays set until the job is settled, and a
+# settled job opens no leases), so one signature opens at most one lease.
+DOMAIN_TYPEHASH: constant(bytes32) = keccak256("EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)")
+DOMAIN_NAME_HASH: constant(bytes32) = keccak256("shoal compute market")
+DOMAIN_VERSION_HASH: constant(bytes32) = keccak256("1")
+ACCEPTANCE_TYPEHASH: constant(bytes32) = keccak256("LeaseAcceptance(uint256 job,address provider,uint256 price,uint256 termS,uint256 deadline)")
+# secp256k1's order / 2: a signature with a higher s is the mirror image of a
+# valid one (the same signer); only the low one is accepted (as in EIP-2).
+HALF_CURVE_ORDER: constant(uint256) = 57896044618658097711785492504343953926418782139537452191302581570759080747168  # 0x7fff...ffff5d576e7357a4501ddfe92f46681b20a0
 
 BPS: constant(uint256) = 10_000
 MAX_BATCH: constant(uint256) = 256
@@ -62,6 +76,16 @@ struct Job:
     last_active: uint256  # last operator action on the job (silence deadline)
     epochs: uint256  # number of anchored epochs; the next epoch index
     settled_at: uint256
+
+# A provider's signed agreement to a lease's terms (see ACCEPTANCE_TYPEHASH).
+struct Acceptance:
+    provider: address
+    price: uint256  # wei per second
+    term_s: uint256
+    deadline: uint256  # chain time after which the signature opens nothing
+    v: uint8
+    r: bytes32
+    s: bytes32
 
 # Dispute states
 DISPUTE_OPEN: constant(uint256) = 1
@@ -89,11 +113,15 @@ event JobFunded:
     amount: uint256
     max_price: uint256
 
+# Events of batch calls (opening, booking, paying) are one log per call,
+# with a column per field: entry i is provider[i]'s. The Python client
+# (shoal.ledger.events) reads each as one record per provider.
 event LeaseOpened:
     job: indexed(uint256)
-    provider: indexed(address)
-    price: uint256
-    term_s: uint256
+    provider: DynArray[address, MAX_BATCH]
+    price: DynArray[uint256, MAX_BATCH]
+    term_s: DynArray[uint256, MAX_BATCH]
+    locked: DynArray[uint256, MAX_BATCH]  # collateral locked if it opened accepted; 0 if only offered
 
 event LeaseAccepted:
     job: indexed(uint256)
@@ -105,12 +133,13 @@ event Anchored:
     epoch: uint256
     root: bytes32
 
+# One per `book` call: provider[i] worked seconds[i] in the epoch (cost: its
+# lease's price x seconds). The client reads it as one record per provider.
 event WorkBooked:
     job: indexed(uint256)
-    provider: indexed(address)
     epoch: uint256
-    seconds: uint256
-    cost: uint256
+    provider: DynArray[address, MAX_BATCH]
+    seconds: DynArray[uint256, MAX_BATCH]
 
 event JobSettled:
     job: indexed(uint256)
@@ -119,12 +148,13 @@ event JobSettled:
     refund: uint256
     by_submitter: bool
 
+# The operator's fee on each amount is amount x fee_bps / 10000 (fee_bps of the
+# job: 0 once reclaimed), credited to the operator.
 event Paid:
     job: indexed(uint256)
-    provider: indexed(address)
-    amount: uint256
-    fee: uint256
-    pushed: bool
+    provider: DynArray[address, MAX_BATCH]
+    amount: DynArray[uint256, MAX_BATCH]
+    pushed: DynArray[bool, MAX_BATCH]
 
 event Staked:
     provider: indexed(address)
@@ -324,20 +354,98 @@ def fund(job: uint256):
     log JobFunded(job=job, submitter=msg.sender, amount=msg.value, max_price=self.jobs[job].max_price)
 
 
+@internal
+@view
+def _new_lease(job: uint256, provider: address, price: uint256, term_s: uint256, max_price: uint256) -> uint256:
+    assert provider != empty(address), "input: provider must be a nonzero address"
+    assert price > 0 and price <= max_price, "input: lease price must be 1 wei/s up to the job's max price"
+    assert term_s > 0 and term_s <= SECONDS_MASK, "input: lease term must be 1 to 2**40-1 seconds"
+    assert self.leases[job][provider] == 0, "state: provider already has a lease on this job"
+    return price | (term_s << TERM_SHIFT) | LEASE_OPEN
+
+
+@internal
+def _lock(provider: address, lease: uint256) -> uint256:
+    # Locks the lease's collateral out of free stake; 0 if there is too little.
+    collateral: uint256 = self._collateral(lease)
+    word: uint256 = self.stakes[provider]
+    if (word >> LOCKED_SHIFT) + collateral > word & STAKE_MASK:
+        return 0
+    self.stakes[provider] = word + (collateral << LOCKED_SHIFT)
+    return collateral
+
+
 @external
 def open_leases(job: uint256, providers: DynArray[address, MAX_BATCH], prices: DynArray[uint256, MAX_BATCH], terms_s: DynArray[uint256, MAX_BATCH]):
+    # Offers: each provider must still `accept` its lease before it is billed.
     assert msg.sender == self.operator, "role: only the operator may open leases"
     self._require_open(job)
     assert len(providers) == len(prices) and len(prices) == len(terms_s), "input: providers, prices and terms differ in length"
     max_price: uint256 = self.jobs[job].max_price
+    locked: DynArray[uint256, MAX_BATCH] = []
     for i: uint256 in range(len(providers), bound=MAX_BATCH):
-        provider: address = providers[i]
-        assert provider != empty(address), "input: provider must be a nonzero address"
-        assert prices[i] > 0 and prices[i] <= max_price, "input: lease price must be 1 wei/s up to the job's max price"
-        assert terms_s[i] > 0 and terms_s[i] <= SECONDS_MASK, "input: lease term must be 1 to 2**40-1 seconds"
-        assert self.leases[job][provider] == 0, "state: provider already has a lease on this job"
-        self.leases[job][provider] = prices[i] | (terms_s[i] << TERM_SHIFT) | LEASE_OPEN
-        log LeaseOpened(job=job, provider=provider, price=prices[i], term_s=terms_s[i])
+        self.leases[job][providers[i]] = self._new_lease(job, providers[i], prices[i], terms_s[i], max_price)
+        locked.append(0)
+    log LeaseOpened(job=job, provider=providers, price=prices, term_s=terms_s, locked=locked)
+    self.jobs[job].last_active = block.timestamp
+
+
+@internal
+@view
+def _domain_separator() -> bytes32:
+    # Computed per call, so that a signature for one fork of a chain does not
+    # open leases on the other.
+    return keccak256(abi_encode(DOMAIN_TYPEHASH, DOMAIN_NAME_HASH, DOMAIN_VERSION_HASH, chain.id, self))
+
+
+@internal
+@pure
+def _acceptance_digest(domain: bytes32, job: uint256, provider: address, price: uint256, term_s: uint256, deadline: uint256) -> bytes32:
+    fields: bytes32 = keccak256(abi_encode(ACCEPTANCE_TYPEHASH, job, provider, price, term_s, deadline))
+    return keccak256(concat(b"\x19\x01", domain, fields))
+
+
+@external
+@view
+def acceptance_digest(job: uint256, provider: address, price: uint256, term_s: uint256, deadline: uint256) -> bytes32:
+    """@notice The EIP-712 digest a provider signs to accept these terms here."""
+    return self._acceptance_digest(self._domain_separator(), job, provider, price, term_s, deadline)
+
+
+@external
+def open_accepted_leases(job: uint256, acceptances: DynArray[Acceptance, MAX_BATCH]):
+    # Leases the providers accepted by signature: no transaction of their own.
+    # A lease whose provider lacks the free stake now opens only offered (it
+    # may `accept` later), so unbonding after signing cannot revert the batch.
+    assert msg.sender == self.operator, "role: only the operator may open leases"
+    self._require_open(job)
+    max_price: uint256 = self.jobs[job].max_price
+    domain: bytes32 = self._domain_separator()
+    providers: DynArray[address, MAX_BATCH] = []
+    prices: DynArray[uint256, MAX_BATCH] = []
+    terms_s: DynArray[uint256, MAX_BATCH] = []
+    locks: DynArray[uint256, MAX_BATCH] = []
+    for a: Acceptance in acceptances:
+        lease: uint256 = self._new_lease(job, a.provider, a.price, a.term_s, max_price)
+        assert block.timestamp <= a.deadline, "time: the provider's signed acceptance has expired"
+        assert convert(a.s, uint256) <= HALF_CURVE_ORDER, "input: signature s must be in the lower half of the curve order"
+        fields: bytes32 = keccak256(abi_encode(ACCEPTANCE_TYPEHASH, job, a.provider, a.price, a.term_s, a.deadline))
+        digest: bytes32 = keccak256(concat(b"\x19\x01", domain, fields))
+        assert ecrecover(digest, a.v, a.r, a.s) == a.provider, "role: the acceptance is not signed by the lease's provider"
+        # Inline `_lock`: the stake word is read and written once.
+        collateral: uint256 = max(unsafe_mul(a.price, a.term_s), min_stake)
+        word: uint256 = self.stakes[a.provider]
+        locked: uint256 = 0
+        if (word >> LOCKED_SHIFT) + collateral <= word & STAKE_MASK:
+            self.stakes[a.provider] = word + (collateral << LOCKED_SHIFT)
+            lease |= block.timestamp << ACCEPTED_SHIFT
+            locked = collateral
+        self.leases[job][a.provider] = lease
+        providers.append(a.provider)
+        prices.append(a.price)
+        terms_s.append(a.term_s)
+        locks.append(locked)
+    log LeaseOpened(job=job, provider=providers, price=prices, term_s=terms_s, locked=locks)
     self.jobs[job].last_active = block.timestamp
 
 
@@ -348,13 +456,10 @@ def accept(job: uint256):
     lease: uint256 = self.leases[job][msg.sender]
     assert lease & LEASE_OPEN != 0, "state: no lease for this provider on this job"
     assert self._accepted_at(lease) == 0, "state: lease is already accepted"
-    collateral: uint256 = self._collateral(lease)
-    word: uint256 = self.stakes[msg.sender]
-    locked: uint256 = (word >> LOCKED_SHIFT) + collateral
-    assert locked <= word & STAKE_MASK, "funds: free stake is below the lease's collateral (price x term, at least min_stake)"
-    self.stakes[msg.sender] = (word & STAKE_MASK) | (locked << LOCKED_SHIFT)
+    locked: uint256 = self._lock(msg.sender, lease)
+    assert locked != 0, "funds: free stake is below the lease's collateral (price x term, at least min_stake)"
     self.leases[job][msg.sender] = lease | (block.timestamp << ACCEPTED_SHIFT)
-    log LeaseAccepted(job=job, provider=msg.sender, locked=collateral)
+    log LeaseAccepted(job=job, provider=msg.sender, locked=locked)
 
 
 @external
@@ -370,24 +475,6 @@ def anchor(job: uint256, epoch: uint256, root: bytes32):
     log Anchored(job=job, epoch=epoch, root=root)
 
 
-@internal
-def _book_one(job: uint256, epoch: uint256, provider: address, seconds: uint256) -> uint256:
-    lease: uint256 = self.leases[job][provider]
-    assert lease & LEASE_OPEN != 0, "state: provider has no lease on this job"
-    assert lease & LEASE_SLASHED == 0, "state: provider was slashed on this job"
-    accepted_at: uint256 = self._accepted_at(lease)
-    assert accepted_at != 0, "state: provider has not accepted this lease"
-    assert epoch >= (lease >> EPOCH_SHIFT) & EPOCH_MASK, "state: work is already booked for this epoch (or a later one)"
-    booked: uint256 = ((lease >> BOOKED_SHIFT) & SECONDS_MASK) + seconds
-    assert booked <= block.timestamp - accepted_at, "input: more seconds than have passed since the lease was accepted"
-    assert booked <= (lease >> TERM_SHIFT) & SECONDS_MASK, "input: more seconds than the lease's term"
-    keep: uint256 = lease & ~((SECONDS_MASK << BOOKED_SHIFT) | (EPOCH_MASK << EPOCH_SHIFT))
-    self.leases[job][provider] = keep | (booked << BOOKED_SHIFT) | ((epoch + 1) << EPOCH_SHIFT)
-    cost: uint256 = (lease & PRICE_MASK) * seconds
-    log WorkBooked(job=job, provider=provider, epoch=epoch, seconds=seconds, cost=cost)
-    return cost
-
-
 @external
 def book(job: uint256, epoch: uint256, providers: DynArray[address, MAX_BATCH], seconds: DynArray[uint256, MAX_BATCH]):
     assert msg.sender == self.operator, "role: only the operator may book verified work"
@@ -397,12 +484,24 @@ def book(job: uint256, epoch: uint256, providers: DynArray[address, MAX_BATCH], 
     owed: uint256 = self.jobs[job].owed
     fee: uint256 = self.jobs[job].fee
     for i: uint256 in range(len(providers), bound=MAX_BATCH):
-        lease: uint256 = self.leases[job][providers[i]]
-        cost: uint256 = self._book_one(job, epoch, providers[i], seconds[i])
+        provider: address = providers[i]
+        lease: uint256 = self.leases[job][provider]
+        assert lease & LEASE_OPEN != 0, "state: provider has no lease on this job"
+        assert lease & LEASE_SLASHED == 0, "state: provider was slashed on this job"
+        accepted_at: uint256 = self._accepted_at(lease)
+        assert accepted_at != 0, "state: provider has not accepted this lease"
+        assert epoch >= (lease >> EPOCH_SHIFT) & EPOCH_MASK, "state: work is already booked for this epoch (or a later one)"
+        before: uint256 = (lease >> BOOKED_SHIFT) & SECONDS_MASK
+        booked: uint256 = before + seconds[i]
+        assert booked <= block.timestamp - accepted_at, "input: more seconds than have passed since the lease was accepted"
+        assert booked <= (lease >> TERM_SHIFT) & SECONDS_MASK, "input: more seconds than the lease's term"
+        self.leases[job][provider] = (lease & BOOK_KEEP) | (booked << BOOKED_SHIFT) | ((epoch + 1) << EPOCH_SHIFT)
+        # Bounded, so unchecked: price < 2**96, booked <= term < 2**40, fee_bps <= 10**4.
+        price: uint256 = lease & PRICE_MASK
         # The fee is reserved per lease as it will be paid, rounding included.
-        earned: uint256 = self._earned(lease)
-        fee += ((earned + cost) * fee_bps // BPS) - (earned * fee_bps // BPS)
-        owed += cost
+        fee = unsafe_add(fee, unsafe_div(unsafe_mul(unsafe_mul(price, booked), fee_bps), BPS) - unsafe_div(unsafe_mul(unsafe_mul(price, before), fee_bps), BPS))
+        owed = unsafe_add(owed, unsafe_mul(price, seconds[i]))
+    log WorkBooked(job=job, epoch=epoch, provider=providers, seconds=seconds)
     # The fee rides on top of the providers' pay, so escrow must cover both.
     assert owed + fee <= self.jobs[job].escrow, "funds: escrow cannot cover this work; the submitter must fund the job"
     self.jobs[job].owed = owed
@@ -448,16 +547,12 @@ def reclaim(job: uint256):
 
 # ---------------------------------------------------------------- paying providers
 @internal
-def _release(job: uint256, provider: address, lease: uint256) -> (uint256, uint256):
+def _release(job: uint256, provider: address, lease: uint256) -> uint256:
     # Clearing the word refunds most of its write cost and marks it paid.
     self.leases[job][provider] = 0
     if self._accepted_at(lease) != 0:
         self._unlock(provider, self._collateral(lease), False)
-    amount: uint256 = self._earned(lease)
-    fee: uint256 = amount * self.jobs[job].fee_bps // BPS
-    if fee > 0:
-        self.credits[self.operator] += fee
-    return amount, fee
+    return self._earned(lease)
 
 
 @internal
@@ -468,6 +563,13 @@ def _require_payable_job(job: uint256):
     assert block.timestamp >= settled_at + dispute_window_s, "time: earnings are paid after the job's dispute window"
 
 
+@internal
+def _credit_fee(job: uint256, amount: uint256):
+    fee: uint256 = amount * self.jobs[job].fee_bps // BPS
+    if fee > 0:
+        self.credits[self.operator] += fee
+
+
 @external
 def payout(job: uint256, providers: DynArray[address, MAX_BATCH]):
     # Anyone may push providers their earnings; the 2300-gas stipend cannot
@@ -475,19 +577,29 @@ def payout(job: uint256, providers: DynArray[address, MAX_BATCH]):
     # Leases that cannot be paid (paid already, slashed, disputed) are
     # skipped, so one front-run claim cannot revert a whole batch.
     self._require_payable_job(job)
+    paid: DynArray[address, MAX_BATCH] = []
+    amounts: DynArray[uint256, MAX_BATCH] = []
+    pushes: DynArray[bool, MAX_BATCH] = []
+    fee_bps_: uint256 = self.jobs[job].fee_bps
+    fees: uint256 = 0
     for provider: address in providers:
         lease: uint256 = self.leases[job][provider]
         if lease & (LEASE_OPEN | LEASE_DISPUTED | LEASE_SLASHED) != LEASE_OPEN:
             continue
-        amount: uint256 = 0
-        fee: uint256 = 0
-        amount, fee = self._release(job, provider, lease)
+        amount: uint256 = self._release(job, provider, lease)
         pushed: bool = False
         if amount > 0:
             pushed = raw_call(provider, b"", value=amount, gas=0, revert_on_failure=False)
             if not pushed:
                 self.credits[provider] += amount
-        log Paid(job=job, provider=provider, amount=amount, fee=fee, pushed=pushed)
+        # The fee is per lease (amount < 2**136), as it was reserved when booked.
+        fees = unsafe_add(fees, unsafe_div(unsafe_mul(amount, fee_bps_), BPS))
+        paid.append(provider)
+        amounts.append(amount)
+        pushes.append(pushed)
+    if fees > 0:
+        self.credits[self.operator] += fees
+    log Paid(job=job, provider=paid, amount=amounts, pushed=pushes)
 
 
 @external
@@ -497,11 +609,10 @@ def claim(job: uint256):
     assert lease & LEASE_OPEN != 0, "state: provider has no unpaid lease on this job"
     assert lease & LEASE_SLASHED == 0, "state: provider was slashed on this job and is not paid for it"
     assert lease & LEASE_DISPUTED == 0, "state: a dispute on this lease is open"
-    amount: uint256 = 0
-    fee: uint256 = 0
-    amount, fee = self._release(job, msg.sender, lease)
+    amount: uint256 = self._release(job, msg.sender, lease)
     self.credits[msg.sender] += amount
-    log Paid(job=job, provider=msg.sender, amount=amount, fee=fee, pushed=False)
+    self._credit_fee(job, amount)
+    log Paid(job=job, provider=[msg.sender], amount=[amount], pushed=[False])
 
 
 @external

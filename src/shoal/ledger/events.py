@@ -19,6 +19,8 @@ def _plain(value: Any) -> int | str | bool:
     """An ABI value as JSON-able data: bytes become 0x-hex, addresses stay checksummed."""
     if isinstance(value, bytes):
         return "0x" + value.hex()
+    if isinstance(value, str) and Web3.is_address(value):
+        return Web3.to_checksum_address(value)
     if isinstance(value, (bool, int, str)):
         return value
     raise TypeError(f"unexpected event value {value!r}")
@@ -36,12 +38,17 @@ class EventDecoder:
             topic = bytes(Web3.keccak(text=f"{item['name']}({types})"))
             self._by_topic[topic] = item
 
-    def decode(self, log: Any) -> ChainEvent | None:
-        """The event of `log`, or None if the log is not one of this ABI's events."""
+    def decode(self, log: Any) -> tuple[ChainEvent, ...]:
+        """The records of `log`; none if it is not one of this ABI's events.
+
+        A batch event (one log per `book` or `payout` call, its per-provider
+        fields as equal-length arrays) becomes one record per provider, so
+        readers see the same records whatever the batch size.
+        """
         topics = [bytes(t) for t in log["topics"]]
         item = self._by_topic.get(topics[0]) if topics else None
         if item is None:
-            return None
+            return ()
         indexed = [i for i in item["inputs"] if i.get("indexed")]
         plain = [i for i in item["inputs"] if not i.get("indexed")]
         args: dict[str, Any] = {}
@@ -49,16 +56,20 @@ class EventDecoder:
             args[spec["name"]] = abi_decode([spec["type"]], topic)[0]
         values = abi_decode([i["type"] for i in plain], bytes(log["data"]))
         args.update({spec["name"]: value for spec, value in zip(plain, values, strict=True)})
-        for name, value in args.items():
-            if isinstance(value, str) and Web3.is_address(value):
-                args[name] = Web3.to_checksum_address(value)
-        return ChainEvent(
-            name=item["name"],
-            block=int(log["blockNumber"]),
-            tx_hash="0x" + bytes(log["transactionHash"]).hex(),
-            log_index=int(log["logIndex"]),
-            args={k: _plain(v) for k, v in args.items()},
+        columns = {k: v for k, v in args.items() if isinstance(v, (list, tuple))}
+        scalars = {k: v for k, v in args.items() if k not in columns}
+        count = len(next(iter(columns.values()))) if columns else 1
+        return tuple(
+            ChainEvent(
+                name=item["name"],
+                block=int(log["blockNumber"]),
+                tx_hash="0x" + bytes(log["transactionHash"]).hex(),
+                log_index=int(log["logIndex"]),
+                item=i,
+                args={k: _plain(v) for k, v in (scalars | {k: c[i] for k, c in columns.items()}).items()},
+            )
+            for i in range(count)
         )
 
     def decode_all(self, logs: Iterable[Any]) -> tuple[ChainEvent, ...]:
-        return tuple(e for e in (self.decode(log) for log in logs) if e is not None)
+        return tuple(e for log in logs for e in self.decode(log))

@@ -14,12 +14,13 @@ from typing import Any
 from eth_account.signers.local import LocalAccount
 from web3 import Web3
 
+from shoal.ledger.acceptance import acceptance_row, sign_acceptance, signer_of
 from shoal.ledger.artifact import load_artifact
 from shoal.ledger.chain import Chain
 from shoal.ledger.errors import ChainUnavailable, ContractRevert, LedgerError
 from shoal.ledger.transact import Sender
 from shoal.ledger.views import LedgerReader
-from shoal.spec.ledger import LedgerConfig, TxOutcome
+from shoal.spec.ledger import LeaseAcceptance, LedgerConfig, TxOutcome
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ GAS_LIMITS: dict[str, int] = {
     "create_job": 250_000,
     "fund": 80_000,
     "open_leases": 60_000,
+    "open_accepted_leases": 60_000,
     "accept": 90_000,
     "anchor": 120_000,
     "book": 80_000,
@@ -51,7 +53,7 @@ GAS_LIMITS: dict[str, int] = {
     "resolve_dispute": 400_000,
     "expire_dispute": 150_000,
 }
-GAS_PER_ITEM: dict[str, int] = {"open_leases": 40_000, "book": 35_000, "payout": 60_000}
+GAS_PER_ITEM: dict[str, int] = {"open_leases": 40_000, "open_accepted_leases": 50_000, "book": 35_000, "payout": 60_000}
 BOOK_ATTEMPTS = 3  # a retry re-reads the chain first, so it never books twice
 
 
@@ -178,6 +180,32 @@ class Ledger(LedgerReader):
             columns = [list(c) for c in zip(*batch, strict=True)]
             outcomes.append(self._transact(operator, "open_leases", job, *columns, items=len(batch)))
         return outcomes
+
+    def open_accepted_leases(
+        self, operator: LocalAccount, job: int, acceptances: Sequence[LeaseAcceptance]
+    ) -> list[TxOutcome]:
+        """Open leases that their providers accepted by signature, in batches.
+
+        Each signature is checked here first, so one bad one is named instead
+        of reverting a batch. A provider whose free stake is below the
+        collateral gets an offered lease (its LeaseOpened has `locked` 0).
+        """
+        rows = []
+        for a in acceptances:
+            if a.job != job or signer_of(a, self.chain.chain_id, self.address) != a.provider:
+                raise LedgerError(f"the acceptance from {a.provider} is not its signature for job {job} here")
+            rows.append(acceptance_row(a))
+        return [
+            self._transact(operator, "open_accepted_leases", job, rows[i : i + MAX_BATCH],
+                           items=len(rows[i : i + MAX_BATCH]))
+            for i in range(0, len(rows), MAX_BATCH)
+        ]
+
+    def sign_acceptance(
+        self, provider: LocalAccount, job: int, price_wei_per_s: int, term_s: int, deadline: int
+    ) -> LeaseAcceptance:
+        """`provider` agrees to these terms on `job` of this market (no transaction)."""
+        return sign_acceptance(provider, self.chain.chain_id, self.address, job, price_wei_per_s, term_s, deadline)
 
     def accept(self, provider: LocalAccount, job: int) -> TxOutcome:
         """Agree to the lease offered on `job`, locking its collateral from free stake."""

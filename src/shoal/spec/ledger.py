@@ -85,6 +85,24 @@ class Lease(Frozen):
         return self.next_epoch > epoch
 
 
+class LeaseAcceptance(Frozen):
+    """A provider's EIP-712 signature agreeing to one lease's terms.
+
+    The operator sends it with `open_accepted_leases`, so the provider needs
+    no transaction of its own; it is bound to one contract on one chain, one
+    job and these terms, and void after `deadline` (chain time).
+    """
+
+    job: int = Field(ge=1)
+    provider: Address
+    price_wei_per_s: int = Field(ge=1)
+    term_s: int = Field(ge=1)
+    deadline: int = Field(ge=0)
+    v: int = Field(ge=27, le=28)
+    r: Hash32
+    s: Hash32
+
+
 class Stake(Frozen):
     provider: Address
     active_wei: Wei  # staked and not unbonding, locked part included
@@ -126,6 +144,7 @@ class ChainEvent(Frozen):
     block: int = Field(ge=0)
     tx_hash: Hash32
     log_index: int = Field(ge=0)
+    item: int = Field(0, ge=0)  # position in a batch event (one log, a record per provider)
     args: dict[str, int | str | bool]
 
 
