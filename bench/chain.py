@@ -3,8 +3,11 @@
 Prints one JSON line: `gas` (operation -> gas used), `settle_gas_per_provider`
 (settling a job with N providers and pushing every provider its pay, over N),
 `job_gas_per_provider` (every transaction a provider's lease costs from open
-to paid: the batched offer, the provider's own `accept`, one booking, its
-share of `settle` and the batched push, over N),
+to paid, over N: the operator's batched `open_accepted_leases` carrying each
+provider's EIP-712 acceptance (signature check and stake lock included), one
+batched booking, its share of `settle` and of the batched push; the provider
+sends nothing), `job_gas_per_provider_by_call` (the same with a batched offer
+and the provider's own `accept` transaction instead of a signature),
 `job_gas_by_steps` (a whole job's chain gas for different step counts at a
 fixed number of epochs), `anchors_per_s`, and the reference it is read
 against: a plain ETH transfer, the least any per-provider payment can cost.
@@ -79,9 +82,7 @@ def run_job(ledger: Ledger, accounts, providers: list, roots: list[bytes], secon
     add("create_job", created)
     job = created.returned
     term_s = seconds * len(roots)
-    add("open_leases", ledger.open_leases(operator, job, {p.address: (GWEI, term_s) for p in providers}))
-    for p in providers:
-        add("accept", ledger.accept(p, job))
+    add("open_accepted_leases", ledger.open_accepted_leases(operator, job, signed(ledger, providers, job, term_s)))
     for epoch, root in enumerate(roots):
         ledger.chain.advance_time(seconds)
         add("anchor", ledger.anchor(operator, job, epoch, root))
@@ -92,14 +93,28 @@ def run_job(ledger: Ledger, accounts, providers: list, roots: list[bytes], secon
     return gas
 
 
-def lease_costs(ledger: Ledger, accounts, providers: list) -> dict[str, int]:
-    """Gas of a one-epoch job with every provider: each step summed over providers."""
+def signed(ledger: Ledger, providers: list, job: int, term_s: int) -> list:
+    """Each provider's acceptance of a lease on `job` at 1 gwei/s, valid for an hour."""
+    deadline = int(ledger.chain.w3.eth.get_block("latest")["timestamp"]) + 3600
+    return [ledger.sign_acceptance(p, job, GWEI, term_s, deadline) for p in providers]
+
+
+def lease_costs(ledger: Ledger, accounts, providers: list, by_call: bool = False) -> dict[str, int]:
+    """Gas of a one-epoch job with every provider: each step summed over providers.
+
+    Accepted by signature in the operator's batch, or (by_call) offered in a
+    batch and accepted by each provider's own transaction.
+    """
     operator, submitter = accounts[1], accounts[3]
     job = ledger.create_job(submitter, GWEI, 10**18).returned
     addresses = [p.address for p in providers]
-    costs = {"open_leases": sum(o.gas_used for o in ledger.open_leases(
-        operator, job, {a: (GWEI, 3600) for a in addresses}))}
-    costs["accept"] = sum(ledger.accept(p, job).gas_used for p in providers)
+    if by_call:
+        costs = {"open_leases": sum(o.gas_used for o in ledger.open_leases(
+            operator, job, {a: (GWEI, 3600) for a in addresses}))}
+        costs["accept"] = sum(ledger.accept(p, job).gas_used for p in providers)
+    else:
+        costs = {"open_accepted_leases": sum(o.gas_used for o in ledger.open_accepted_leases(
+            operator, job, signed(ledger, providers, job, 3600)))}
     ledger.chain.advance_time(3600)
     ledger.anchor(operator, job, 0, keccak(b"big"))
     costs["book"] = sum(o.gas_used for o in ledger.book(operator, job, 0, dict.fromkeys(addresses, 3600)))
@@ -158,10 +173,11 @@ def main() -> None:
     n = args.providers
     providers = fresh_providers(ledger, owner, n, 10**16)
     costs = lease_costs(ledger, acc, providers)
+    by_call = lease_costs(ledger, acc, fresh_providers(ledger, owner, n, 10**16), by_call=True)
     paid_gas = costs["settle"] + costs["payout"]
     gas[f"book_{n}_providers"] = costs["book"]
     gas[f"payout_{n}_providers"] = costs["payout"]
-    gas[f"open_leases_{n}_providers"] = costs["open_leases"]
+    gas[f"open_accepted_leases_{n}_providers"] = costs["open_accepted_leases"]
     self_paid = fresh_providers(ledger, owner, 4, 10**16)
     small = ledger.create_job(submitter, GWEI, 10**18).returned
     ledger.open_leases(operator, small, {p.address: (GWEI, 3600) for p in self_paid})
@@ -200,6 +216,11 @@ def main() -> None:
         "book_gas_per_provider": round(gas[f"book_{n}_providers"] / n),
         "job_gas_per_provider": round(sum(costs.values()) / n),
         "job_gas_per_provider_parts": {k: round(v / n) for k, v in costs.items()},
+        "job_gas_per_provider_by_call": round(sum(by_call.values()) / n),
+        "job_gas_per_provider_by_call_parts": {k: round(v / n) for k, v in by_call.items()},
+        "job_gas_counts": "every transaction of a one-epoch job with N providers, over N; "
+                          "base fees of batch transactions included; the provider sends none "
+                          "(by_call: it sends accept)",
         "self_claim_and_withdraw_gas_per_provider": round(sum(self_gas) / len(self_gas)),
         "job_gas_by_steps": job_gas,
         "anchors_per_s": round(anchors_per_s, 1),
