@@ -20,7 +20,7 @@ from pathlib import Path
 
 from shoal.spec import load_job
 
-from bench.fault_plan import Fault, FaultPlan, drive
+from bench.fault_plan import FaultPlan, drive
 from bench.figures import Commit, figures_of, summary
 from bench.shoal_side import scratch_dir, shoal_detection
 from tests.harness.netns import Host, Network, ensure_tools

@@ -137,12 +137,9 @@ class ShoalTarget:
         self.thread.join(timeout_s)
         if self.thread.is_alive():
             raise RuntimeError(f"shoal did not finish within {timeout_s:.0f} s of the plan's end")
-        self.healthy_end()
-        return self.outcome["report"]  # type: ignore[return-value]
-
-    def healthy_end(self) -> None:
         if "error" in self.outcome:
             raise RuntimeError(f"shoal failed: {self.outcome['error']}")
+        return self.outcome["report"]  # type: ignore[return-value]
 
 
 def worker_pids(run_dir: Path, worker: str) -> list[int]:
