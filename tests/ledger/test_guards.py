@@ -58,7 +58,8 @@ def test_reentrant_payout_push_becomes_a_single_credit(hostile, reentry):
     _call(s.ledger, s.a.stranger, receiver, "set_reentry", REENTRIES[reentry], s.job)
     [out] = s.ledger.payout(s.a.stranger, s.job, [receiver.address, receiver.address])
     paid = [e for e in out.events if e.name == "Paid"]
-    assert len(paid) == 1 and paid[0].args["pushed"] is False  # the stipend cannot re-enter
+    credited = [e for e in out.events if e.name == "PaidAsCredit"]
+    assert len(paid) == 1 and len(credited) == 1  # the stipend cannot re-enter: the push failed
     assert s.ledger.credit_of(receiver.address) == 300 * GWEI
     assert s.ledger.stake_of(receiver.address).locked_wei == 0
 
