@@ -29,8 +29,12 @@ def test_job_lifecycle(chain):
     created = ledger.create_job(sub, max_price_wei_per_s=GWEI, deposit_wei=10**15)
     job = created.returned
     w.paid(sub.address, created)
-    terms = {p1.address: (GWEI, 1000), p2.address: (GWEI // 2, 1000), p3.address: (GWEI, 1000)}
-    w.paid(op.address, ledger.open_leases(op, job, terms))
+    terms = {p1.address: (GWEI, 1000), p2.address: (GWEI // 2, 1000)}
+    w.paid(op.address, ledger.open_leases(op, job, terms))  # offers, accepted below by call
+    # p3 accepts by signing (EIP-712, this chain's id and this contract): no transaction of its own.
+    deadline = chain.w3.eth.get_block("latest")["timestamp"] + 600
+    w.paid(op.address, ledger.open_accepted_leases(op, job, [ledger.sign_acceptance(p3, job, GWEI, 1000, deadline)]))
+    assert ledger.stake_of(p3.address).locked_wei == COLLATERAL
     with w.refused(op.address, InvalidInput, "max price"):
         ledger.open_lease(op, job, a.stranger.address, GWEI + 1, 1000)
     with w.refused(a.stranger.address, Unauthorized, "operator"):
@@ -38,7 +42,7 @@ def test_job_lifecycle(chain):
     w.paid(op.address, ledger.anchor(op, job, 0, b"\x01" * 32))
     with w.refused(op.address, InvalidState, "not accepted"):
         ledger.book(op, job, 0, {p1.address: 1})  # nobody is billed for a lease it did not accept
-    for p in (p1, p2, p3):
+    for p in (p1, p2):
         w.paid(p.address, ledger.accept(p, job))
     assert ledger.stake_of(p1.address).locked_wei == COLLATERAL
 

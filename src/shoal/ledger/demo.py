@@ -1,7 +1,9 @@
 """A short settlement story on a dev chain, for `shoal chain demo` and examples.
 
-Providers stake, a submitter funds a job, the operator offers leases and the
-providers accept them (locking collateral), the operator anchors one Merkle
+Providers stake, a submitter funds a job, the providers sign their
+acceptance of the operator's terms and the operator opens the leases with
+those signatures (locking collateral; one provider accepts by calling
+`accept` instead, to show both paths), the operator anchors one Merkle
 root per epoch and books verified seconds; one provider is caught cheating
 and slashed through a dispute; the job settles, its dispute window passes
 (a dev chain's clock is moved on) and everyone is paid.
@@ -54,9 +56,12 @@ def run_demo(chain: Chain, providers: int = 3, epochs: int = 2, seconds_per_epoc
         ledger.stake(w, 10**17)
     job = ledger.create_job(submitter, 2 * GWEI, 10**17).returned
     term_s = epochs * seconds_per_epoch
-    ledger.open_leases(operator, job, {w.address: (GWEI + i * GWEI // 4, term_s) for i, w in enumerate(workers)})
-    for w in workers:
-        ledger.accept(w, job)
+    prices = [GWEI + i * GWEI // 4 for i in range(providers)]
+    deadline = int(chain.w3.eth.get_block("latest")["timestamp"]) + 600
+    signed = [ledger.sign_acceptance(w, job, price, term_s, deadline) for w, price in zip(workers[1:], prices[1:])]
+    ledger.open_accepted_leases(operator, job, signed)
+    ledger.open_lease(operator, job, workers[0].address, prices[0], term_s)
+    ledger.accept(workers[0], job)
     addresses = [w.address for w in workers]
     for epoch in range(epochs):
         chain.advance_time(seconds_per_epoch)  # the epoch's work takes its time
