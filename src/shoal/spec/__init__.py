@@ -29,9 +29,29 @@ from shoal.spec.ledger import (
     Stake,
     TxOutcome,
 )
+from shoal.spec.market import (
+    Bid,
+    DeviceLease,
+    FillStatus,
+    JobFill,
+    Offer,
+    PreemptionNotice,
+    PriceTable,
+    ReferencePrice,
+    Tenancy,
+)
 from shoal.spec.report import TrainReport
 
 __all__ = [
+    "Bid",
+    "DeviceLease",
+    "FillStatus",
+    "JobFill",
+    "Offer",
+    "PreemptionNotice",
+    "PriceTable",
+    "ReferencePrice",
+    "Tenancy",
     "Anchor",
     "ChainEvent",
     "Dispute",
