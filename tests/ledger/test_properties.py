@@ -77,7 +77,8 @@ class MarketMachine(MarketHarness, RuleBasedStateMachine):
             provider = self.accounts[p]
             key = provider if signer is None else self.accounts[signer]
             signed = sign_acceptance(key, self.chain.chain_id, self.ledger.address, job, price, term_s, deadline)
-            signed = signed.model_copy(update={"provider": provider.address} | ({"term_s": term_s + 1} if altered else {}))
+            changes = {"provider": provider.address} | ({"term_s": term_s + 1} if altered else {})
+            signed = signed.model_copy(update=changes)
             if signer is None:
                 self.rec.signed.add((job, provider.address, price, term_s))
             rows.append(acceptance_row(signed))
