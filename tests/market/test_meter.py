@@ -91,8 +91,8 @@ def test_spend_stays_within_escrow_when_the_pause_advice_is_followed(
             break
         now += fraction * step_bound  # each step takes at most the bound it was checked with
     stop = now + checkpoint  # checkpoint, then release every device
-    ended = tuple(l.model_copy(update={"ends_at_s": min(stop, l.ends_at_s or math.inf)})
-                  for l in held)
+    ended = tuple(l.model_copy(update={"ends_at_s": stop if l.ends_at_s is None
+                                       else min(stop, l.ends_at_s)}) for l in held)
     assert JobMeter("j", budget, ended).accrued_wei(stop + 10**6) <= budget
 
 
