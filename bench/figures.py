@@ -31,12 +31,14 @@ class FaultFigures:
     rto_s: float | None  # survivor rate: shoal.control.recovery.recovery_s
     rto_full_s: float | None  # full world at 90% of the pre-fault rate (None: never in the window)
     lost_s: float | None  # window time minus the time the pre-fault full world needs for its work
+    pause_s: float | None  # time the job stood still: commit gaps over 3 pre-fault steps, summed
     steps_lost: int  # committed before the fault and committed again after it
     pre_step_s: float | None  # median gap between commits before the fault (full world)
 
 
 PRE_FAULT_STEPS = 10  # commits before a fault that set its pre-fault rate
 SUSTAIN_STEPS = 3  # consecutive commits that must run at the full rate
+STILL_STEPS = 3  # a gap between commits this many steps long is the job standing still
 ATTEMPT_GAP_S = 0.5  # commits of one step further apart than this are separate attempts
 
 
@@ -91,6 +93,8 @@ def fault_figures(commits: Sequence[Commit], fault_t: float, next_t: float, laun
         rto_s=_r(recovery_s(spans, fault_t)),
         rto_full_s=_r(None if pre is None else _full_rate_from(line, fault_t, next_t, pre, full_world)),
         lost_s=_r(None if pre is None else _lost_s(line, fault_t, min(next_t, fault_t + window_s), pre)),
+        pause_s=_r(None if pre is None else _pause_s(line, fault_t, min(next_t, fault_t + window_s),
+                                                        pre)),
         steps_lost=len(redone), pre_step_s=_r(pre),
     )
 
@@ -134,9 +138,22 @@ def summary(faults: list[FaultFigures]) -> dict[str, object]:
     return {"rto_s": median([f.rto_s for f in faults]),
             "rto_full_s": median([f.rto_full_s for f in faults]),
             "lost_s": median([f.lost_s for f in faults]),
+            "pause_s": median([f.pause_s for f in faults]),
             "median_step_s": median([f.pre_step_s for f in faults]),
             "steps_lost": sum(f.steps_lost for f in faults),
             "faults": [asdict(f) for f in faults]}
+
+
+def _pause_s(line: list[Commit], fault_t: float, end_t: float, pre_gap: float) -> float | None:
+    """Time without progress in [fault, end]: every gap between commits longer than
+    STILL_STEPS pre-fault steps, less one step each. Unlike lost_s it does not move with
+    the load of a shared machine, which changes step times by 2x but stops nothing."""
+    if not line or line[-1].t_commit < end_t:
+        return None
+    before = [c.t_commit for c in line if c.t_commit <= fault_t][-1:]
+    times = before + [c.t_commit for c in line if fault_t < c.t_commit <= end_t]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return sum(g - pre_gap for g in gaps if g > STILL_STEPS * pre_gap)
 
 
 def median(values: Sequence[float | None]) -> float | None:
