@@ -9,6 +9,7 @@ so the same book always clears the same way.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -17,9 +18,13 @@ from shoal.spec.market import Bid, DeviceLease, FillStatus, Offer, Tenancy
 
 def satisfies(offer: Offer, bid: Bid) -> bool:
     """Whether one device meets every requirement of the bid, price included."""
+    return offer.price_wei_per_s <= bid.max_price_wei_per_s and fits_device(offer, bid)
+
+
+def fits_device(offer: Offer, bid: Bid) -> bool:
+    """Whether the device itself would do, whatever it asks."""
     return (
-        offer.price_wei_per_s <= bid.max_price_wei_per_s
-        and offer.speed_samples_per_s >= bid.min_speed_samples_per_s
+        offer.speed_samples_per_s >= bid.min_speed_samples_per_s
         and offer.memory_gb >= bid.min_memory_gb
         and (not bid.regions or offer.region in bid.regions)
         and offer.tenancy in bid.tenancies
@@ -31,9 +36,16 @@ def rank(offer: Offer) -> tuple[int, float, str]:
     return (offer.price_wei_per_s, -offer.speed_samples_per_s, offer.offer_id)
 
 
-def cheapest(bid: Bid, offers: Iterable[Offer], count: int) -> list[Offer]:
-    """Up to `count` offers that satisfy the bid, cheapest first."""
-    return sorted((o for o in offers if satisfies(o, bid)), key=rank)[:max(count, 0)]
+def cheapest(bid: Bid, offers: Iterable[Offer], count: int, ranked: bool = False) -> list[Offer]:
+    """Up to `count` offers that satisfy the bid, cheapest first.
+
+    `ranked`: the offers already come in `rank` order, so the scan stops at
+    the count-th fit (a clearing round ranks the free offers once for all jobs).
+    """
+    fitting = (o for o in offers if satisfies(o, bid))
+    if ranked:
+        return list(itertools.islice(fitting, max(count, 0)))
+    return sorted(fitting, key=rank)[:max(count, 0)]
 
 
 @dataclass(frozen=True)
@@ -70,7 +82,7 @@ def _victim_order(candidate: Preemptible) -> tuple[int, tuple[int, float, str]]:
 
 
 def select(bid: Bid, held: int, free: Sequence[Offer],
-           preemptible: Sequence[Preemptible] = ()) -> Selection:
+           preemptible: Sequence[Preemptible] = (), ranked: bool = False) -> Selection:
     """Fill the bid's shortfall over `held` leases: free offers first, then preemption.
 
     Preemption disrupts another job, so it only makes up what free offers
@@ -80,7 +92,7 @@ def select(bid: Bid, held: int, free: Sequence[Offer],
     need = bid.workers - held
     if need <= 0:
         return Selection(FillStatus.full)
-    chosen = cheapest(bid, free, need)
+    chosen = cheapest(bid, free, need, ranked)
     short = need - len(chosen)
     taken: list[Preemptible] = []
     if short > 0:
@@ -97,8 +109,8 @@ def select(bid: Bid, held: int, free: Sequence[Offer],
 
 def shortfall_reason(bid: Bid, held: int, offers: Sequence[Offer], reachable: int) -> str:
     """Why a bid is short, with the change that would help most."""
-    over_price = [o for o in offers if o.price_wei_per_s > bid.max_price_wei_per_s
-                  and satisfies(o.model_copy(update={"price_wei_per_s": bid.max_price_wei_per_s}), bid)]
+    over_price = [o for o in offers
+                  if o.price_wei_per_s > bid.max_price_wei_per_s and fits_device(o, bid)]
     head = (f"job '{bid.job}' can reach {reachable} of {bid.workers} workers "
             f"(minimum {bid.min_workers}; holds {held})")
     if over_price:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shoal.market.auction import Preemptible, select
+from shoal.market.auction import Preemptible, rank, select
 from shoal.market.book import LeaseBook
 from shoal.market.errors import BidConflict, ClockWentBack, JobFinished, MarketError, UnknownJob
 from shoal.market.meter import JobMeter, stop_time_within
@@ -58,6 +58,10 @@ class Clearing:
     @property
     def notices(self) -> tuple[PreemptionNotice, ...]:
         return tuple(n for f in self.fills for n in f.notices)
+
+    def notices_to(self, job: str) -> tuple[PreemptionNotice, ...]:
+        """Notices the coordinator must pass to `job`'s workers (a graceful leave by `ends_at_s`)."""
+        return tuple(n for n in self.notices if n.lease.job == job)
 
 
 class Market:
@@ -143,7 +147,7 @@ class Market:
     def clear(self, now_s: float) -> Clearing:
         """One auction round: jobs in priority order, each the cheapest devices that fit."""
         stopped = self.advance(now_s)
-        free = {o.offer_id: o for o in self.book.free_offers(now_s)}
+        free = {o.offer_id: o for o in sorted(self.book.free_offers(now_s), key=rank)}
         preemptible = {c.lease.offer_id: c for c in self.book.preemptible(now_s)}
         fills = [self._fill(account, now_s, free, preemptible)
                  for account in sorted(self._accounts.values(),
@@ -168,7 +172,9 @@ class Market:
             return JobFill(job=bid.job, status=FillStatus.paused, held=len(held),
                            reason=f"job '{bid.job}' is paused or its escrow is spent: "
                                   "top it up and resume it")
-        chosen = select(bid, len(held), list(free.values()), list(preemptible.values()))
+        # Only strictly lower priorities can lose a device to this job (select checks it too).
+        lower = [c for c in preemptible.values() if c.lease.priority < bid.priority]
+        chosen = select(bid, len(held), list(free.values()), lower, ranked=True)
         new = [self._lease(bid, free.pop(o.offer_id), now_s) for o in chosen.free]
         notices = [self._preempt(bid, preemptible.pop(c.lease.offer_id), now_s)
                    for c in chosen.taken]
@@ -193,7 +199,7 @@ class Market:
 
     def _trim(self, bid: Bid, now_s: float) -> None:
         """A bid that now wants fewer workers lets its dearest devices go at once."""
-        held = sorted(self.book.held(bid.job), key=lambda l: (-l.price_wei_per_s, l.lease))
+        held = sorted(self.book.held(bid.job), key=lambda lease: (-lease.price_wei_per_s, lease.lease))
         for lease in held[:max(0, len(held) - bid.workers)]:
             self.book.end(lease.lease, now_s)
 
@@ -208,7 +214,7 @@ class Market:
                 f"job '{bid.job}': budget_wei {bid.budget_wei} is below the escrow already "
                 f"committed ({account.budget_wei}); escrow is only added to (top up), never "
                 "withdrawn while leases run")
-        dearest = max((l.price_wei_per_s for l in self.book.held(bid.job)), default=0)
+        dearest = max((lease.price_wei_per_s for lease in self.book.held(bid.job)), default=0)
         if bid.max_price_wei_per_s < dearest:
             raise BidConflict(
                 f"job '{bid.job}': max_price_wei_per_s {bid.max_price_wei_per_s} is below the "
