@@ -29,6 +29,28 @@ def test_jobs_are_served_in_priority_order():
     assert round_.fill("low").new_leases[0].offer_id == "dear"
 
 
+def _cleared_in_order(seed: int) -> dict[str, list[str]]:
+    import random
+
+    offers = [offer(f"o{i}", 100 + 50 * (i % 3), speed=5.0 * (1 + i % 2)) for i in range(8)]
+    bids = [bid(f"j{i}", 1 + i % 3, priority=i % 2, max_price=150 + 50 * (i % 2))
+            for i in range(5)]
+    random.Random(seed).shuffle(offers)
+    random.Random(seed + 1).shuffle(bids)
+    market = market_with(*offers)
+    for b in bids:
+        market.submit(b, 0.0)
+    cleared = market.clear(0.0)
+    return {f.job: sorted(lease.offer_id for lease in f.new_leases) for f in cleared.fills}
+
+
+def test_the_same_offers_and_bids_clear_the_same_way_whatever_their_arrival_order():
+    first = _cleared_in_order(0)
+    assert all(_cleared_in_order(seed) == first for seed in range(1, 6))
+    # Every device a bid could afford was leased; the two at 200 wei/s exceed the 150 of j4.
+    assert sum(map(len, first.values())) == 6 and first["j4"] == []
+
+
 def test_a_lease_reports_its_discount_against_on_demand():
     market = market_with(offer("o", 250, kind="h100"))
     market.submit(bid("j"), 0.0)
@@ -54,6 +76,7 @@ def test_a_higher_priority_job_preempts_a_lower_spot_lease_with_notice():
     market.submit(bid("high", priority=5), 10.0)
     fill = market.clear(10.0).fill("high")
     (notice,) = fill.notices
+    assert market.clear(10.0).notices == () and notice.lease.job == "low"
     assert notice.lease == victim and notice.by_job == "high" and notice.ends_at_s == 40.0
     (taken,) = fill.new_leases
     assert taken.start_s == 40.0  # the new holder starts when the victim's notice is over

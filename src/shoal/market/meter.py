@@ -51,7 +51,8 @@ class JobMeter:
     def burn_wei_per_s(self, now_s: float) -> int:
         """Wei per second the leases running at `now_s` cost."""
         return sum(lease.price_wei_per_s for lease in self.leases
-                   if _running_between(lease, now_s, now_s))
+                   if lease.start_s <= now_s
+                   and (lease.ends_at_s is None or lease.ends_at_s > now_s))
 
     def exhausted_at_s(self, now_s: float) -> float:
         """Earliest time the escrow could be spent, if nothing changes (inf: never).
