@@ -22,6 +22,7 @@ class Commit:
     t_start: float
     t_commit: float
     world: int
+    attempt: int = 0  # torchrun's restart count, shoal's epoch; a redone step has a newer one
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,14 @@ def fault_figures(commits: Sequence[Commit], fault_t: float, next_t: float, laun
     gaps = [b.t_commit - a.t_commit for a, b in zip(before, before[1:])]
     pre = statistics.median(gaps) if gaps else None
     after = [c for c in commits if fault_t <= c.t_start < next_t]
-    high = max((c.step for c in commits if c.t_commit <= fault_t), default=-1)
-    redone = {c.step for c in commits if c.t_commit > fault_t and c.step <= high}
+    # Redone: committed again after the fault in a newer attempt (a worker that was stopped
+    # and commits the same attempt late has not redone anything).
+    attempt_before: dict[int, int] = {}
+    for c in commits:
+        if c.t_commit <= fault_t:
+            attempt_before[c.step] = max(c.attempt, attempt_before.get(c.step, -1))
+    redone = {c.step for c in commits
+              if c.t_commit > fault_t and c.attempt > attempt_before.get(c.step, c.attempt)}
     spans = attempt_spans(after)
     return FaultFigures(
         t=round(fault_t - launch_t, 3), victim_rank=victim_rank,

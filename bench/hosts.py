@@ -142,7 +142,7 @@ def shoal_on_hosts(job_path: str, plan: FaultPlan, steps: int, detect_s: float, 
             time.sleep(0.2)
         records = read_step_logs(run_dir)
         report = build_report(run_dir, [], target.launch_t, final={})
-        commits = [Commit(r.step, r.t_start, r.t_commit, r.world) for r in records]
+        commits = [Commit(r.step, r.t_start, r.t_commit, r.world, r.epoch) for r in records]
         return report, commits, applied, target.launch_t
     finally:
         hosts.close()

@@ -185,5 +185,5 @@ def shoal_under_plan(job_path: str, plan: FaultPlan, steps: int, spares: int,
         target.start()
         applied = drive(plan, target)
         report = target.finish(timeout_s=plan.end_s * 3 + 300)
-        commits = [Commit(r.step, r.t_start, r.t_commit, r.world) for r in read_step_logs(run_dir)]
+        commits = [Commit(r.step, r.t_start, r.t_commit, r.world, r.epoch) for r in read_step_logs(run_dir)]
         return report, commits, applied, target.launch_t

@@ -191,4 +191,4 @@ def _raise_exit(signum: int, frame: object) -> None:
 
 
 def commits_of(lines: Iterable[StepLine]) -> list[Commit]:
-    return [Commit(s.step, s.t_start, s.t_commit, s.world) for s in lines]
+    return [Commit(s.step, s.t_start, s.t_commit, s.world, s.attempt) for s in lines]
