@@ -23,7 +23,7 @@ class LeaseFacts:
     accepted_at: int = 0  # chain time; 0 until accepted
     booked: dict[int, int] = field(default_factory=dict)  # epoch -> seconds
     last_booked_at: int = 0
-    paid: int = 0  # pay received, pushed or credited
+    paid: int = 0  # pay credited (the provider withdraws it with the rest of its credit)
     paid_events: int = 0
     slashed: bool = False
 
@@ -76,6 +76,8 @@ class Record:
             lease.paid += a["amount"]
             lease.paid_events += 1
         elif event.name == "Slashed":
+            if self.leases[key].paid:  # its earnings stay credited, withdrawable
+                self.violations.append(f"{key} slashed after it was credited {self.leases[key].paid}")
             self.leases[key].slashed = True
         elif event.name == "JobSettled":
             self.settled.add(a["job"])

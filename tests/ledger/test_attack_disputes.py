@@ -158,3 +158,29 @@ def test_expired_dispute_returns_the_bond_and_releases_pay(embedded_chain, stage
     assert s.ledger.dispute(dispute).state is DisputeState.expired
     assert s.ledger.lease(s.job, cheat.address).unpaid is False
     assert s.ledger.stake_of(cheat.address).locked_wei == 0
+
+
+def test_cheat_cannot_be_credited_before_the_window_to_escape_a_slash(embedded_chain, stage):
+    """Earnings are credited only once the window has passed, when no slash can come: a
+    cheat that rushes to be credited (itself or through its sock) gets nothing to withdraw."""
+    cheat = stage.a.providers[2]
+
+    def honest(s):
+        s.spent(s.ledger.settle(s.a.operator, s.job))
+        _referee_slashes(s)
+
+    def attack(s):
+        s.spent(s.ledger.settle(s.a.operator, s.job))
+        embedded_chain.advance_time(WINDOW_S - 5)
+        with pytest.raises(OutsideTimeWindow, match="after the job's dispute window"):
+            s.ledger.claim(cheat, s.job)
+        with pytest.raises(OutsideTimeWindow, match="after the job's dispute window"):
+            s.ledger.payout(s.a.stranger, s.job, [cheat.address])
+        with pytest.raises(InsufficientFunds, match="nothing to withdraw"):
+            s.ledger.withdraw(cheat)
+        _referee_slashes(s)  # still inside the window
+
+    before, after = compare(embedded_chain, stage, honest, attack)
+    _assert_no_gain(stage, before, after)
+    assert stage.ledger.credit_of(cheat.address) == 0
+    assert stage.ledger.lease(stage.job, cheat.address).slashed

@@ -90,7 +90,9 @@ def test_job_lifecycle(chain):
     with w.refused(p1.address, InvalidState, "no unpaid lease"):
         ledger.claim(p1, job)  # paid once only
 
-    for acct in (sub, op, wb, p1):
+    with w.refused(p3.address, InsufficientFunds, "nothing to withdraw"):
+        ledger.withdraw(p3)  # the slashed cheat was credited nothing
+    for acct in (sub, op, wb, p1, p2):  # p2 was credited by the batch: it withdraws like the rest
         w.paid(acct.address, ledger.withdraw(acct))
     with w.refused(sub.address, InsufficientFunds, "nothing to withdraw"):
         ledger.withdraw(sub)

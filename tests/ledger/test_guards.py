@@ -1,10 +1,11 @@
 """The contract against a reentrant receiver, and the gas budget of settlement.
 
-The functions that send ETH are `withdraw` (the whole credit, full gas) and
-`payout` (a push with a 2300-gas stipend). A receiver that re-enters the
-market from either, with each call that could pay it again, must end with
-exactly what it was owed, once. Paying providers must stay within 30,000 gas
-each (settle plus the batched push), as bench/chain.py reports.
+The one function that sends ETH is `withdraw` (the whole credit, full gas);
+`payout` only credits, so it never calls a receiver. A receiver that
+re-enters the market from `withdraw`, with each call that could pay it
+again, must end with exactly what it was owed, once, and a receiver that
+refuses ETH must block nobody else. Paying providers must stay within 30,000
+gas each (settle plus the batched credit), as bench/chain.py reports.
 """
 
 from __future__ import annotations
@@ -53,15 +54,22 @@ def hostile(embedded_chain):
 
 
 @pytest.mark.parametrize("reentry", REENTRIES)
-def test_reentrant_payout_push_becomes_a_single_credit(hostile, reentry):
+def test_hostile_receiver_in_a_payout_is_credited_once_and_blocks_nobody(hostile, reentry):
     s, receiver = hostile
-    _call(s.ledger, s.a.stranger, receiver, "set_reentry", REENTRIES[reentry], s.job)
-    [out] = s.ledger.payout(s.a.stranger, s.job, [receiver.address, receiver.address])
-    paid = [e for e in out.events if e.name == "Paid"]
-    credited = [e for e in out.events if e.name == "PaidAsCredit"]
-    assert len(paid) == 1 and len(credited) == 1  # the stipend cannot re-enter: the push failed
-    assert s.ledger.credit_of(receiver.address) == 300 * GWEI
-    assert s.ledger.stake_of(receiver.address).locked_wei == 0
+    chain, led = s.chain, s.ledger
+    _call(led, s.a.stranger, receiver, "set_reentry", REENTRIES[reentry], s.job)
+    [out] = led.payout(s.a.stranger, s.job, [receiver.address, *s.providers, receiver.address])
+    paid = [e.args["provider"] for e in out.events if e.name == "Paid"]
+    assert paid == [receiver.address, *s.providers]  # once each; nothing was sent, so nothing re-entered
+    assert chain.balance(receiver.address) == 0 and led.credit_of(receiver.address) == 300 * GWEI
+    assert led.stake_of(receiver.address).locked_wei == 0
+    for p in s.a.providers:  # the honest providers withdraw, whatever the receiver does with its own
+        before = chain.balance(p.address)
+        done = led.withdraw(p)
+        assert chain.balance(p.address) - before + done.fee_wei == 300 * GWEI
+    with pytest.raises(ContractRevert):
+        _call(led, s.a.stranger, receiver, "withdraw")  # it refuses (re-enters): only it waits
+    assert led.credit_of(receiver.address) == 300 * GWEI
 
 
 @pytest.mark.parametrize("reentry", REENTRIES)
@@ -101,8 +109,8 @@ def test_settlement_gas_per_provider(embedded_chain):
     led.book(a.operator, job, 0, {p.address: 3600 for p in providers})
     settle = led.settle(a.operator, job)
     chain.advance_time(WINDOW_S)
-    before = [chain.balance(p.address) for p in providers]
     payouts = led.payout(a.operator, job, [p.address for p in providers])
     per_provider = (settle.gas_used + sum(o.gas_used for o in payouts)) / len(providers)
     assert per_provider <= 30_000, per_provider
-    assert [chain.balance(p.address) - b for p, b in zip(providers, before)] == [3600 * GWEI] * 20
+    assert [led.credit_of(p.address) for p in providers] == [3600 * GWEI] * 20
+    assert all(led.stake_of(p.address).locked_wei == 0 for p in providers)

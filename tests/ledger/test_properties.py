@@ -6,9 +6,10 @@ invariants come from what the market is for, not from its rules: ETH is
 conserved; nobody is paid for a slashed lease; locked stake covers what open
 leases can still earn; nothing is booked before acceptance, twice for an
 epoch, or beyond the time and term agreed. At the end of each run the
-market is wound up honestly, and the honest provider must have been paid in
-full for its booked work and the honest submitter must have lost no more
-than the verified work it bought (plus the fee on it).
+market is wound up honestly, and the honest provider must have been credited
+in full for its booked work and be able to withdraw it, and the honest
+submitter must have lost no more than the verified work it bought (plus the
+fee on it).
 """
 
 from __future__ import annotations
@@ -221,6 +222,16 @@ class MarketMachine(MarketHarness, RuleBasedStateMachine):
         bound = sum(self.rec.job_cost_bound(j, CONFIG.fee_bps) for j in jobs)
         assert self.wealth(honest_s) - self.start[honest_s] >= -bound
 
+    def honest_provider_withdraws_its_credit(self):
+        """Its credit (earnings, released stake) reaches its wallet, whatever others did."""
+        honest = self.accounts[HONEST_PROVIDER]
+        credit = self.ledger.credit_of(honest.address)
+        if credit:
+            before = self.chain.balance(honest.address)
+            [done] = self.send(honest.address, lambda: self.ledger.withdraw(honest))
+            assert self.chain.balance(honest.address) - before + done.fee_wei == credit
+        assert self.ledger.credit_of(honest.address) == 0
+
     def wind_up(self):
         """Let every timeout pass, close disputes, settle, pay everyone: as honest parties would."""
         roles = self.ledger.roles()
@@ -234,6 +245,7 @@ class MarketMachine(MarketHarness, RuleBasedStateMachine):
         for job in sorted(self.rec.deposits):
             providers = sorted(p for (j, p) in self.rec.leases if j == job)
             self.send(operator.address, lambda job=job, ps=providers: self.ledger.payout(operator, job, ps))
+        self.honest_provider_withdraws_its_credit()
         assert not self.rec.open_disputes
         self.contract_can_pay_every_credit_and_stake()
         self.eth_is_conserved()

@@ -4,9 +4,9 @@
 """
 @title shoal compute market: escrow, stakes, work anchors and settlement
 @notice Holds money and commitments only (hashes, counts, wei), never tensors.
-        Every payment is a pull: amounts become credits that their owner
-        withdraws, except `payout`, which pushes earnings with a 2300-gas
-        stipend and falls back to a credit when the push fails. Every
+        Every payment is a pull: amounts (earnings too) become credits that
+        their owner withdraws, so `withdraw` is the only call that sends ETH,
+        and a receiver that refuses ETH blocks nobody but itself. Every
         external function holds the (transient) reentrancy lock.
 @dev    The rules that keep parties honest (README, "Settlement"):
         - a provider accepts a lease before it can be billed, by calling
@@ -45,9 +45,15 @@ LEASE_OPEN: constant(uint256) = 2**248
 LEASE_DISPUTED: constant(uint256) = 2**249
 LEASE_SLASHED: constant(uint256) = 2**250
 
-# A stake is one word too: active stake (bits 0-127), of which locked (128-255).
-STAKE_MASK: constant(uint256) = 2**128 - 1
-LOCKED_SHIFT: constant(uint256) = 128
+# An account is one word too, so that paying a provider (unlocking its
+# collateral and crediting its earnings) is one write: active stake (bits
+# 0-84), of which locked (85-169), and credit, the wei it may withdraw
+# (170-255). No field can exceed what the contract holds, which deposits keep
+# at most MAX_HELD, so none can overflow into the next.
+STAKE_MASK: constant(uint256) = 2**85 - 1
+LOCKED_SHIFT: constant(uint256) = 85
+CREDIT_SHIFT: constant(uint256) = 170
+MAX_HELD: constant(uint256) = 2**85 - 1  # wei, about 38.7 million ETH
 
 # EIP-712: a provider accepts a lease by signing its job, price, term and a
 # deadline, bound to this contract on this chain. A (job, provider) lease is
@@ -148,18 +154,13 @@ event JobSettled:
     refund: uint256
     by_submitter: bool
 
-# The operator's fee on each amount is amount x fee_bps / 10000 (fee_bps of the
-# job: 0 once reclaimed), credited to the operator.
+# provider[i]'s earnings, amount[i], were credited to it (it withdraws
+# them). The operator's fee on each amount is amount x fee_bps / 10000
+# (fee_bps of the job: 0 once reclaimed), credited to the operator.
 event Paid:
     job: indexed(uint256)
     provider: DynArray[address, MAX_BATCH]
     amount: DynArray[uint256, MAX_BATCH]
-
-# A recipient refused `payout`'s push, so its amount became a credit.
-event PaidAsCredit:
-    job: indexed(uint256)
-    provider: indexed(address)
-    amount: uint256
 
 event Staked:
     provider: indexed(address)
@@ -217,7 +218,7 @@ job_count: public(uint256)
 leases: public(HashMap[uint256, HashMap[address, uint256]])
 roots: public(HashMap[uint256, HashMap[uint256, bytes32]])
 
-stakes: public(HashMap[address, uint256])
+accounts: public(HashMap[address, uint256])  # stake, locked and credit (see CREDIT_SHIFT)
 unbonding: public(HashMap[address, uint256])
 release_at: public(HashMap[address, uint256])
 
@@ -225,8 +226,6 @@ disputes: public(HashMap[uint256, Dispute])
 dispute_count: public(uint256)
 # Open disputes of each lease, oldest first.
 lease_disputes: HashMap[uint256, HashMap[address, DynArray[uint256, MAX_OPEN_DISPUTES]]]
-
-credits: public(HashMap[address, uint256])
 
 
 @deploy
@@ -302,12 +301,22 @@ def _accepted_at(lease: uint256) -> uint256:
 
 
 @internal
-def _unlock(provider: address, amount: uint256, slashed: bool):
-    word: uint256 = self.stakes[provider]
-    active: uint256 = word & STAKE_MASK
-    if slashed:
-        active -= amount
-    self.stakes[provider] = active | (((word >> LOCKED_SHIFT) - amount) << LOCKED_SHIFT)
+@pure
+def _locked(word: uint256) -> uint256:
+    return (word >> LOCKED_SHIFT) & STAKE_MASK
+
+
+@internal
+def _credit(account: address, amount: uint256):
+    # Below 2**85 (MAX_HELD), as the field it adds to: no carry out.
+    self.accounts[account] += amount << CREDIT_SHIFT
+
+
+@internal
+@view
+def _check_held():
+    # Every field of an account word is at most what the contract holds.
+    assert self.balance <= MAX_HELD, "funds: the contract holds at most 2**85-1 wei"
 
 
 # ---------------------------------------------------------------- jobs
@@ -332,6 +341,7 @@ def _in_window(job: uint256) -> bool:
 def create_job(max_price: uint256) -> uint256:
     assert msg.value > 0, "funds: a job needs a nonzero escrow deposit"
     assert max_price > 0 and max_price <= PRICE_MASK, "input: max price must be 1 to 2**96-1 wei per second"
+    self._check_held()
     job: uint256 = self.job_count + 1
     self.job_count = job
     self.jobs[job] = Job(
@@ -355,6 +365,7 @@ def fund(job: uint256):
     self._require_open(job)
     assert msg.sender == self.jobs[job].submitter, "role: only the job's submitter may fund it"
     assert msg.value > 0, "funds: send a nonzero amount to fund a job"
+    self._check_held()
     self.jobs[job].escrow += msg.value
     log JobFunded(job=job, submitter=msg.sender, amount=msg.value, max_price=self.jobs[job].max_price)
 
@@ -373,10 +384,10 @@ def _new_lease(job: uint256, provider: address, price: uint256, term_s: uint256,
 def _lock(provider: address, lease: uint256) -> uint256:
     # Locks the lease's collateral out of free stake; 0 if there is too little.
     collateral: uint256 = self._collateral(lease)
-    word: uint256 = self.stakes[provider]
-    if (word >> LOCKED_SHIFT) + collateral > word & STAKE_MASK:
+    word: uint256 = self.accounts[provider]
+    if self._locked(word) + collateral > word & STAKE_MASK:
         return 0
-    self.stakes[provider] = word + (collateral << LOCKED_SHIFT)
+    self.accounts[provider] = word + (collateral << LOCKED_SHIFT)
     return collateral
 
 
@@ -439,10 +450,10 @@ def open_accepted_leases(job: uint256, acceptances: DynArray[Acceptance, MAX_BAT
         assert ecrecover(digest, a.v, a.r, a.s) == a.provider, "role: the acceptance is not signed by the lease's provider"
         # Inline `_lock`: the stake word is read and written once.
         collateral: uint256 = max(unsafe_mul(a.price, a.term_s), min_stake)
-        word: uint256 = self.stakes[a.provider]
+        word: uint256 = self.accounts[a.provider]
         locked: uint256 = 0
-        if (word >> LOCKED_SHIFT) + collateral <= word & STAKE_MASK:
-            self.stakes[a.provider] = word + (collateral << LOCKED_SHIFT)
+        if self._locked(word) + collateral <= word & STAKE_MASK:
+            self.accounts[a.provider] = word + (collateral << LOCKED_SHIFT)
             lease |= block.timestamp << ACCEPTED_SHIFT
             locked = collateral
         self.leases[job][a.provider] = lease
@@ -526,7 +537,7 @@ def _close(job: uint256, by_submitter: bool):
     refund: uint256 = self.jobs[job].escrow - owed - fee
     self.jobs[job].settled_at = block.timestamp
     if refund > 0:
-        self.credits[self.jobs[job].submitter] += refund
+        self._credit(self.jobs[job].submitter, refund)
     log JobSettled(job=job, owed=owed, fee=fee, refund=refund, by_submitter=by_submitter)
 
 
@@ -553,11 +564,13 @@ def reclaim(job: uint256):
 # ---------------------------------------------------------------- paying providers
 @internal
 def _release(job: uint256, provider: address, lease: uint256) -> uint256:
-    # Clearing the word refunds most of its write cost and marks it paid.
+    # Clearing the word refunds most of its write cost and marks it paid;
+    # unlocking the collateral and crediting the earnings is one write.
     self.leases[job][provider] = 0
+    amount: uint256 = self._earned(lease)
     if self._accepted_at(lease) != 0:
-        self._unlock(provider, self._collateral(lease), False)
-    return self._earned(lease)
+        self.accounts[provider] = self.accounts[provider] - (self._collateral(lease) << LOCKED_SHIFT) + (amount << CREDIT_SHIFT)
+    return amount
 
 
 @internal
@@ -572,15 +585,16 @@ def _require_payable_job(job: uint256):
 def _credit_fee(job: uint256, amount: uint256):
     fee: uint256 = amount * self.jobs[job].fee_bps // BPS
     if fee > 0:
-        self.credits[self.operator] += fee
+        self._credit(self.operator, fee)
 
 
 @external
 def payout(job: uint256, providers: DynArray[address, MAX_BATCH]):
-    # Anyone may push providers their earnings; the 2300-gas stipend cannot
-    # re-enter, and a recipient that refuses the push gets a credit instead.
-    # Leases that cannot be paid (paid already, slashed, disputed) are
-    # skipped, so one front-run claim cannot revert a whole batch.
+    # Anyone may credit providers their earnings (each withdraws when it
+    # likes); nothing is sent, so no recipient can re-enter or refuse. Only
+    # after the window, so a credited lease can no longer be slashed. Leases
+    # that cannot be paid (paid already, slashed, disputed) are skipped, so
+    # one front-run claim cannot revert a whole batch.
     self._require_payable_job(job)
     paid: DynArray[address, MAX_BATCH] = []
     amounts: DynArray[uint256, MAX_BATCH] = []
@@ -592,20 +606,17 @@ def payout(job: uint256, providers: DynArray[address, MAX_BATCH]):
             continue
         # `_release`, inlined: this loop is most of what paying a provider costs.
         self.leases[job][provider] = 0
-        if self._accepted_at(lease) != 0:
-            self.stakes[provider] -= self._collateral(lease) << LOCKED_SHIFT
         # Bounded: price < 2**96, booked seconds < 2**40, fee_bps <= 10**4.
         amount: uint256 = unsafe_mul(lease & PRICE_MASK, (lease >> BOOKED_SHIFT) & SECONDS_MASK)
-        if amount > 0:
-            if not raw_call(provider, b"", value=amount, gas=0, revert_on_failure=False):
-                self.credits[provider] += amount
-                log PaidAsCredit(job=job, provider=provider, amount=amount)
+        if self._accepted_at(lease) != 0:
+            # One write: the collateral unlocked, the earnings credited.
+            self.accounts[provider] = self.accounts[provider] - (self._collateral(lease) << LOCKED_SHIFT) + (amount << CREDIT_SHIFT)
         # The fee is per lease, as it was reserved when its work was booked.
         fees = unsafe_add(fees, unsafe_div(unsafe_mul(amount, fee_bps_), BPS))
         paid.append(provider)
         amounts.append(amount)
     if fees > 0:
-        self.credits[self.operator] += fees
+        self._credit(self.operator, fees)
     log Paid(job=job, provider=paid, amount=amounts)
 
 
@@ -617,16 +628,17 @@ def claim(job: uint256):
     assert lease & LEASE_SLASHED == 0, "state: provider was slashed on this job and is not paid for it"
     assert lease & LEASE_DISPUTED == 0, "state: a dispute on this lease is open"
     amount: uint256 = self._release(job, msg.sender, lease)
-    self.credits[msg.sender] += amount
     self._credit_fee(job, amount)
     log Paid(job=job, provider=[msg.sender], amount=[amount])
 
 
 @external
 def withdraw():
-    amount: uint256 = self.credits[msg.sender]
-    assert amount > 0, "funds: nothing to withdraw; credits come from refunds, fees, rewards, released stake"
-    self.credits[msg.sender] = 0
+    # All of the account's credit, however many jobs' earnings it collects.
+    word: uint256 = self.accounts[msg.sender]
+    amount: uint256 = word >> CREDIT_SHIFT
+    assert amount > 0, "funds: nothing to withdraw; credits come from earnings, refunds, fees, rewards, released stake"
+    self.accounts[msg.sender] = word & (2**CREDIT_SHIFT - 1)
     log Withdrawn(account=msg.sender, amount=amount)
     raw_call(msg.sender, b"", value=amount)
 
@@ -636,20 +648,17 @@ def withdraw():
 @payable
 def stake():
     assert msg.value > 0, "funds: send a nonzero amount to stake"
-    word: uint256 = self.stakes[msg.sender]
-    active: uint256 = (word & STAKE_MASK) + msg.value
-    assert active <= STAKE_MASK, "input: stake too large"
-    self.stakes[msg.sender] = (word & ~STAKE_MASK) | active
+    self._check_held()  # so the active field cannot overflow
+    self.accounts[msg.sender] += msg.value
     log Staked(provider=msg.sender, amount=msg.value)
 
 
 @external
 def unbond(amount: uint256):
     assert amount > 0, "input: unbond a nonzero amount"
-    word: uint256 = self.stakes[msg.sender]
-    active: uint256 = word & STAKE_MASK
-    assert amount + (word >> LOCKED_SHIFT) <= active, "funds: cannot unbond stake that is locked by open leases or not staked"
-    self.stakes[msg.sender] = word - amount
+    word: uint256 = self.accounts[msg.sender]
+    assert amount + self._locked(word) <= word & STAKE_MASK, "funds: cannot unbond stake that is locked by open leases or not staked"
+    self.accounts[msg.sender] = word - amount
     self.unbonding[msg.sender] += amount
     # A new request restarts the delay.
     release: uint256 = block.timestamp + unbonding_delay_s
@@ -663,7 +672,7 @@ def release_stake():
     assert amount > 0, "state: no stake is unbonding"
     assert block.timestamp >= self.release_at[msg.sender], "time: stake is still unbonding"
     self.unbonding[msg.sender] = 0
-    self.credits[msg.sender] += amount
+    self._credit(msg.sender, amount)
     log StakeReleased(provider=msg.sender, amount=amount)
 
 
@@ -674,7 +683,7 @@ def _end_disputes(job: uint256, provider: address, state: uint256):
     for d: uint256 in self.lease_disputes[job][provider]:
         self.disputes[d].state = state
         challenger: address = self.disputes[d].challenger
-        self.credits[challenger] += self.disputes[d].bond
+        self._credit(challenger, self.disputes[d].bond)
         log DisputeClosed(dispute=d, state=state, bond_to=challenger)
     self.lease_disputes[job][provider] = []
 
@@ -687,9 +696,9 @@ def _slash(job: uint256, provider: address, whistleblower: address):
     assert self._accepted_at(lease) != 0, "state: provider never accepted this lease"
     # The lease's collateral is locked, so it is all there to take.
     taken: uint256 = self._collateral(lease)
-    self._unlock(provider, taken, True)
+    self.accounts[provider] -= (taken << LOCKED_SHIFT) + taken  # out of locked and active stake
     reward: uint256 = taken * whistleblower_bps // BPS
-    self.credits[whistleblower] += reward
+    self._credit(whistleblower, reward)
     # The cheat forfeits its pay for this job and the operator its fee on
     # it: both go back to the submitter, through the escrow while the job is
     # open, as a credit once settled.
@@ -700,7 +709,7 @@ def _slash(job: uint256, provider: address, whistleblower: address):
     to_submitter: uint256 = taken - reward
     if self.jobs[job].settled_at != 0:
         to_submitter += forfeited + fee
-    self.credits[self.jobs[job].submitter] += to_submitter
+    self._credit(self.jobs[job].submitter, to_submitter)
     self.leases[job][provider] = (lease | LEASE_SLASHED) & ~LEASE_DISPUTED
     log Slashed(job=job, provider=provider, amount=taken, whistleblower=whistleblower, reward=reward, forfeited=forfeited)
 
@@ -720,6 +729,7 @@ def slash(job: uint256, provider: address, whistleblower: address):
 @payable
 def open_dispute(job: uint256, provider: address) -> uint256:
     assert msg.value >= min_bond, "funds: a dispute needs a bond of at least min_bond"
+    self._check_held()
     assert self.jobs[job].submitter != empty(address), "state: no such job"
     assert self._in_window(job), "time: the job's dispute window has closed"
     lease: uint256 = self.leases[job][provider]
@@ -747,7 +757,7 @@ def open_dispute(job: uint256, provider: address) -> uint256:
 def _drop_dispute(dispute: uint256, state: uint256, bond_to: address):
     d: Dispute = self.disputes[dispute]
     self.disputes[dispute].state = state
-    self.credits[bond_to] += d.bond
+    self._credit(bond_to, d.bond)
     rest: DynArray[uint256, MAX_OPEN_DISPUTES] = []
     for other: uint256 in self.lease_disputes[d.job][d.provider]:
         if other != dispute:

@@ -6,7 +6,7 @@ those signatures (locking collateral; one provider accepts by calling
 `accept` instead, to show both paths), the operator anchors one Merkle
 root per epoch and books verified seconds; one provider is caught cheating
 and slashed through a dispute; the job settles, its dispute window passes
-(a dev chain's clock is moved on) and everyone is paid.
+(a dev chain's clock is moved on), everyone is credited and withdraws.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def run_demo(chain: Chain, providers: int = 3, epochs: int = 2, seconds_per_epoc
     ledger.resolve_dispute(referee, dispute, upheld=True)
     ledger.settle(operator, job)
     chain.advance_time(window_s)
-    ledger.payout(operator, job, addresses)  # the slashed cheat is skipped
-    for account in (submitter, operator, whistleblower):
+    ledger.payout(operator, job, addresses)  # credits each provider's pay; the slashed cheat is skipped
+    for account in (submitter, operator, whistleblower, *workers[:-1]):
         ledger.withdraw(account)
     roles = {"owner": owner, "operator": operator, "referee": referee,
              "submitter": submitter, "whistleblower": whistleblower}

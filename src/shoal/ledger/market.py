@@ -28,7 +28,7 @@ MAX_BATCH = 256  # longest provider list in one `book` or `payout`; as in the co
 
 # Gas limits: the measured worst case (bench/chain.py prints the measured
 # figures) plus headroom, so no transaction waits on eth_estimateGas. Batch
-# calls add a per-item limit; the push in `payout` may fall back to a credit.
+# calls add a per-item limit.
 GAS_LIMITS: dict[str, int] = {
     "deploy": 5_500_000,
     "set_operator": 60_000,
@@ -53,7 +53,7 @@ GAS_LIMITS: dict[str, int] = {
     "resolve_dispute": 400_000,
     "expire_dispute": 150_000,
 }
-GAS_PER_ITEM: dict[str, int] = {"open_leases": 40_000, "open_accepted_leases": 50_000, "book": 35_000, "payout": 60_000}
+GAS_PER_ITEM: dict[str, int] = {"open_leases": 40_000, "open_accepted_leases": 50_000, "book": 35_000, "payout": 30_000}
 BOOK_ATTEMPTS = 3  # a retry re-reads the chain first, so it never books twice
 
 
@@ -254,7 +254,10 @@ class Ledger(LedgerReader):
 
     # ------------------------------------------------------------ paying out
     def payout(self, sender: LocalAccount, job: int, providers: Sequence[str]) -> list[TxOutcome]:
-        """Push each provider its earnings for a settled job (anyone may send this)."""
+        """Credit each provider its earnings for a settled job, past its window (anyone may send this).
+
+        Nothing is sent: each provider collects its credit with `withdraw`.
+        """
         addresses = [Web3.to_checksum_address(p) for p in providers]
         return [
             self._transact(sender, "payout", job, addresses[i : i + MAX_BATCH], items=len(addresses[i : i + MAX_BATCH]))

@@ -26,7 +26,7 @@ from shoal.spec.ledger import (
     Stake,
 )
 
-# Layout of a lease word and a stake word; mirrors the constants in compute_market.vy.
+# Layout of a lease word and an account word; mirrors the constants in compute_market.vy.
 PRICE_MASK = 2**96 - 1
 SECONDS_MASK = 2**40 - 1
 BOOKED_SHIFT, TERM_SHIFT, ACCEPTED_SHIFT, EPOCH_SHIFT = 96, 136, 176, 216
@@ -34,7 +34,8 @@ EPOCH_MASK = 2**32 - 1
 LEASE_OPEN = 1 << 248
 LEASE_DISPUTED = 1 << 249
 LEASE_SLASHED = 1 << 250
-STAKE_MASK = 2**128 - 1
+STAKE_MASK = 2**85 - 1
+LOCKED_SHIFT, CREDIT_SHIFT = 85, 170
 ZERO_ADDRESS = "0x" + "00" * 20
 
 
@@ -103,17 +104,18 @@ class LedgerReader:
 
     def stake_of(self, provider: str) -> Stake:
         provider = Web3.to_checksum_address(provider)
-        word = int(self._read("stakes", provider))
+        word = int(self._read("accounts", provider))
         return Stake(
             provider=provider,
             active_wei=word & STAKE_MASK,
-            locked_wei=word >> 128,
+            locked_wei=(word >> LOCKED_SHIFT) & STAKE_MASK,
             unbonding_wei=self._read("unbonding", provider),
             release_at=self._read("release_at", provider),
         )
 
     def credit_of(self, account: str) -> int:
-        return int(self._read("credits", Web3.to_checksum_address(account)))
+        """Wei the account may withdraw: earnings, refunds, fees, rewards, bonds, released stake."""
+        return int(self._read("accounts", Web3.to_checksum_address(account))) >> CREDIT_SHIFT
 
     def dispute(self, dispute: int) -> Dispute:
         job, provider, challenger, bond, opened_at, state = self._read("disputes", dispute)

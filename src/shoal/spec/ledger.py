@@ -63,7 +63,7 @@ class JobEscrow(Frozen):
 
 
 class Lease(Frozen):
-    """One provider's lease on a job; `unpaid` is False once paid or never opened."""
+    """One provider's lease on a job; `unpaid` is False once paid (earnings credited) or never opened."""
 
     job: int = Field(ge=1)
     provider: Address
