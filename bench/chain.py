@@ -1,16 +1,22 @@
 """Gas and throughput of shoal's settlement contract on the embedded chain.
 
 Prints one JSON line: `gas` (operation -> gas used), `settle_gas_per_provider`
-(settling a job with N providers and pushing every provider its pay, over N),
-`job_gas_per_provider` (every transaction a provider's lease costs from open
-to paid, over N: the operator's batched `open_accepted_leases` carrying each
-provider's EIP-712 acceptance (signature check and stake lock included), one
-batched booking, its share of `settle` and of the batched push; the provider
-sends nothing), `job_gas_per_provider_by_call` (the same with a batched offer
-and the provider's own `accept` transaction instead of a signature),
-`job_gas_by_steps` (a whole job's chain gas for different step counts at a
-fixed number of epochs), `anchors_per_s`, and the reference it is read
-against: a plain ETH transfer, the least any per-provider payment can cost.
+(settling a job with N providers and crediting every provider its pay, over
+N), `job_gas_per_provider` (every transaction a provider's lease costs from
+open to credited, over N: the operator's batched `open_accepted_leases`
+carrying each provider's EIP-712 acceptance (signature check and stake lock
+included), one batched booking, its share of `settle` and of the batched
+`payout`, which credits its pay and unlocks its collateral in one write; the
+provider sends nothing), and next to it what getting the ETH out costs:
+`withdraw_gas` (the provider's own `withdraw`, which collects all its
+credit, however many jobs it holds), `job_gas_per_provider_with_withdraw_each_job`
+(the worst case: one withdraw per job) and `..._withdraw_every_10_jobs`
+(one withdraw per ten jobs). `job_gas_per_provider_by_call` is the first
+with a batched offer and the provider's own `accept` instead of a
+signature; `job_gas_by_steps` is a whole job's chain gas for different step
+counts at a fixed number of epochs; then `anchors_per_s`, and the reference
+they are read against: a plain ETH transfer, the least any transaction that
+moves ETH to a provider can cost.
 
     .venv/bin/python bench/chain.py [--providers 100] [--anchors 200]
 """
@@ -124,6 +130,12 @@ def lease_costs(ledger: Ledger, accounts, providers: list, by_call: bool = False
     return costs
 
 
+def withdraw_gas(ledger: Ledger, providers: list) -> int:
+    """Mean gas of each provider's `withdraw` of its credit (its stake stays, as between jobs)."""
+    used = [ledger.withdraw(p).gas_used for p in providers]
+    return round(sum(used) / len(used))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--providers", type=int, default=100)
@@ -169,10 +181,11 @@ def main() -> None:
     ledger.accept(p1, second)
     gas["slash"] = ledger.slash(referee, second, p1.address, wb.address).gas_used
 
-    # A job with N providers: offer, accept, book, settle once, push every provider its pay.
+    # A job with N providers: open (signed acceptances), book, settle once, credit every provider its pay.
     n = args.providers
     providers = fresh_providers(ledger, owner, n, 10**16)
     costs = lease_costs(ledger, acc, providers)
+    withdraw = withdraw_gas(ledger, providers)
     by_call = lease_costs(ledger, acc, fresh_providers(ledger, owner, n, 10**16), by_call=True)
     paid_gas = costs["settle"] + costs["payout"]
     gas[f"book_{n}_providers"] = costs["book"]
@@ -207,6 +220,7 @@ def main() -> None:
         ledger.anchor(operator, anchored, epoch, root)
     anchors_per_s = args.anchors / (time.perf_counter() - start)
 
+    per_provider = round(sum(costs.values()) / n)
     result = {
         "bench": "chain",
         "chain": "embedded (eth-tester + py-evm, Prague rules)",
@@ -214,13 +228,20 @@ def main() -> None:
         "providers": n,
         "settle_gas_per_provider": round(paid_gas / n),
         "book_gas_per_provider": round(gas[f"book_{n}_providers"] / n),
-        "job_gas_per_provider": round(sum(costs.values()) / n),
+        "job_gas_per_provider": per_provider,
         "job_gas_per_provider_parts": {k: round(v / n) for k, v in costs.items()},
+        "withdraw_gas": withdraw,
+        "job_gas_per_provider_with_withdraw_each_job": per_provider + withdraw,
+        "job_gas_per_provider_withdraw_every_10_jobs": per_provider + round(withdraw / 10),
         "job_gas_per_provider_by_call": round(sum(by_call.values()) / n),
         "job_gas_per_provider_by_call_parts": {k: round(v / n) for k, v in by_call.items()},
-        "job_gas_counts": "every transaction of a one-epoch job with N providers, over N; "
-                          "base fees of batch transactions included; the provider sends none "
-                          "(by_call: it sends accept)",
+        "job_gas_counts": "job_gas_per_provider: every transaction of a one-epoch job with N providers, "
+                          "over N (open_accepted_leases with signed acceptances, book, settle, payout "
+                          "crediting each provider); base fees of batch transactions included; the "
+                          "provider sends none (by_call: it sends accept). It ends with the pay credited "
+                          "in the contract, not in the provider's wallet: withdraw_gas is the provider's "
+                          "own transaction (base fee included) that moves all its credit out, added "
+                          "once per job (with_withdraw_each_job) or once per 10 jobs (every_10_jobs)",
         "self_claim_and_withdraw_gas_per_provider": round(sum(self_gas) / len(self_gas)),
         "job_gas_by_steps": job_gas,
         "anchors_per_s": round(anchors_per_s, 1),
