@@ -5,7 +5,9 @@ The one function that sends ETH is `withdraw` (the whole credit, full gas);
 re-enters the market from `withdraw`, with each call that could pay it
 again, must end with exactly what it was owed, once, and a receiver that
 refuses ETH must block nobody else. Paying providers must stay within 30,000
-gas each (settle plus the batched credit), as bench/chain.py reports.
+gas each (settle plus the batched credit), as bench/chain.py reports. A whale
+that fills the contract to its cap cannot overflow one field of its account
+word into the next.
 """
 
 from __future__ import annotations
@@ -15,9 +17,15 @@ from pathlib import Path
 import pytest
 import vyper
 from eth_account import Account
+from eth_tester import EthereumTester, PyEVMBackend
+from web3 import EthereumTesterProvider, Web3
 
-from shoal.ledger import ContractRevert
-from tests.ledger.stage import GWEI, MIN_STAKE, SILENCE_S, STAKE, WINDOW_S, staged
+from shoal.ledger import Chain, ContractRevert, InsufficientFunds
+from shoal.ledger.chain import ChainKind
+from tests.ledger.conftest import Actors, deploy
+from tests.ledger.stage import CONFIG, GWEI, MIN_STAKE, SILENCE_S, STAKE, UNBOND_S, WINDOW_S, staged
+
+MAX_HELD = 2**85 - 1  # wei; the contract's cap, which keeps each field of an account word exact
 
 RECEIVER = Path(__file__).resolve().parent / "contracts" / "reentrant_receiver.vy"
 REENTRIES = {"withdraw": 1, "claim": 2, "payout": 3, "reclaim": 4}
@@ -114,3 +122,26 @@ def test_settlement_gas_per_provider(embedded_chain):
     assert per_provider <= 30_000, per_provider
     assert [led.credit_of(p.address) for p in providers] == [3600 * GWEI] * 20
     assert all(led.stake_of(p.address).locked_wei == 0 for p in providers)
+
+
+def test_a_whale_cannot_overflow_an_account_word():
+    """Stake, locked stake and credit share one word: filled to the contract's cap, each stays exact."""
+    state = PyEVMBackend.generate_genesis_state(overrides={"balance": 2**87}, num_accounts=10)
+    tester = EthereumTester(PyEVMBackend(genesis_state=state))
+    chain = Chain(Web3(EthereumTesterProvider(tester)), ChainKind.embedded, tester=tester)
+    a = Actors.of(chain)
+    led = deploy(chain, a, **CONFIG)
+    whale, other = a.providers[0], a.providers[1]
+    led.stake(whale, MAX_HELD)
+    for deposit in (lambda: led.stake(other, 1), lambda: led.stake(whale, 1),
+                    lambda: led.create_job(a.submitters[0], GWEI, 1)):
+        with pytest.raises(InsufficientFunds, match="at most 2\\*\\*85-1 wei"):
+            deposit()
+    assert led.stake_of(whale.address).active_wei == MAX_HELD and led.credit_of(whale.address) == 0
+    led.unbond(whale, MAX_HELD)
+    chain.advance_time(UNBOND_S)
+    led.release_stake(whale)
+    assert led.credit_of(whale.address) == MAX_HELD and led.stake_of(whale.address).active_wei == 0
+    before = chain.balance(whale.address)
+    done = led.withdraw(whale)
+    assert chain.balance(whale.address) - before + done.fee_wei == MAX_HELD and led.balance() == 0
