@@ -604,13 +604,8 @@ def payout(job: uint256, providers: DynArray[address, MAX_BATCH]):
         lease: uint256 = self.leases[job][provider]
         if lease & (LEASE_OPEN | LEASE_DISPUTED | LEASE_SLASHED) != LEASE_OPEN:
             continue
-        # `_release`, inlined: this loop is most of what paying a provider costs.
-        self.leases[job][provider] = 0
-        # Bounded: price < 2**96, booked seconds < 2**40, fee_bps <= 10**4.
-        amount: uint256 = unsafe_mul(lease & PRICE_MASK, (lease >> BOOKED_SHIFT) & SECONDS_MASK)
-        if self._accepted_at(lease) != 0:
-            # One write: the collateral unlocked, the earnings credited.
-            self.accounts[provider] = self.accounts[provider] - (self._collateral(lease) << LOCKED_SHIFT) + (amount << CREDIT_SHIFT)
+        amount: uint256 = self._release(job, provider, lease)
+        # Bounded: amount = price x booked seconds < 2**136, fee_bps <= 10**4.
         # The fee is per lease, as it was reserved when its work was booked.
         fees = unsafe_add(fees, unsafe_div(unsafe_mul(amount, fee_bps_), BPS))
         paid.append(provider)
