@@ -112,14 +112,17 @@ def main() -> None:
     parser.add_argument("--spares", type=int, default=1, help="warm spares (shoal and torchft)")
     parser.add_argument("--detect-s", type=float, default=1.0,
                         help="shoal's liveness floor and torchft's heartbeat timeout")
-    parser.add_argument("--collective-timeout-s", type=float, default=5.0,
-                        help="torchft's collective timeout (shoal has none: its liveness decides)")
+    parser.add_argument("--collective-timeout-s", type=float, default=None,
+                        help="torchft's collective timeout, its deadline for a silent peer "
+                             "(default: --detect-s, the same as shoal's liveness floor)")
     parser.add_argument("--overhead-steps", type=int, default=150)
     parser.add_argument("--overhead-rounds", type=int, default=3)
     parser.add_argument("--skip", action="append", default=[],
                         choices=["overhead", "torchrun", "torchft"])
     args = parser.parse_args()
     skip = set(args.skip)
+    if args.collective_timeout_s is None:
+        args.collective_timeout_s = args.detect_s
     first_s = args.first_s if args.first_s is not None else (
         60.0 if args.fault in HOST_FAULTS else 25.0)
     plan = FaultPlan(args.fault, args.count, args.workers, first_s, args.interval_s, args.stall_s)
