@@ -118,12 +118,14 @@ def test_the_deadline_follows_measured_step_times():
                                          margin_s=0.1))
     watch.reset(0, 0.0)
     assert watch.step_deadline_s() == 30.0  # nothing measured yet
-    for step in range(6):
-        now = 1.0 + 0.5 * step
-        beats = {w: ProgressBeat(epoch=0, count=2 + 2 * step, step=step, phase=Phase.voted)
+    for look in range(6):
+        now = 1.0 + 0.5 * look
+        # Each look catches the members in some phase of a later step (never a vote),
+        # two steps on from the last look: each step took 0.25 s.
+        beats = {w: ProgressBeat(epoch=0, count=2 + 4 * look, step=2 * look, phase=Phase.exchange)
                  for w in "ab"}
         assert watch.laggards(beats, now) == []
-    assert watch.step_deadline_s() == pytest.approx(3 * 0.5 + 0.1)
+    assert watch.step_deadline_s() == pytest.approx(3 * 0.25 + 0.1)
 
 
 def test_reforms_that_never_commit_give_the_run_up(rdzv):

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from shoal.control.errors import ControlError
-from shoal.spec.elastic import Phase, ProgressBeat
+from shoal.spec.elastic import ProgressBeat
 
 
 @dataclass(frozen=True)
@@ -95,13 +95,14 @@ class ProgressWatch:
         return max(0.0, oldest + self._deadline_s() - now)
 
     def _measure_steps(self, beats: dict[str, ProgressBeat | None], now: float) -> None:
-        """Step time: between first sightings of votes on later steps (the authority
-        may see several steps pass between two looks; each gets an equal part)."""
-        voted = [b.step for b in beats.values()
-                 if b is not None and b.epoch == self.epoch and b.phase is Phase.voted]
-        if not voted or max(voted) <= self._voted_step:
+        """Step time: between first sightings of later steps in any member's report (the
+        authority may see several steps pass between two looks; each gets an equal part).
+        Any phase counts: a member's reporter sends only its latest point, so a look may
+        never catch a vote."""
+        steps = [b.step for b in beats.values() if b is not None]
+        if not steps or max(steps) <= self._voted_step:
             return
-        newest = max(voted)
+        newest = max(steps)
         if self._voted_step >= 0:
             self.step_times.append((now - self._voted_at) / (newest - self._voted_step))
         self._voted_step, self._voted_at = newest, now
