@@ -156,3 +156,23 @@ def test_cli_multi_host_mistakes_are_one_line(tmp_path, cli_env, flags, message)
                                         "--run-dir", str(tmp_path / "run"), *flags),
                           env=cli_env, capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_spare_starts_at_low_priority_and_a_called_in_one_gets_full_priority(tmp_path):
+    """A spare's start-up must not slow the job on a shared machine; once it is a member
+    it must not be the slow one."""
+    from shoal.control.worker_process import WorkerProcess
+
+    command = [sys.executable, "-c", "import threading, time; "
+               "threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(30)"]
+    spare = WorkerProcess("s", command, dict(os.environ), tmp_path / "s.log", lambda w: None,
+                          niceness=10)
+    try:
+        time.sleep(0.5)
+        tasks = os.listdir(f"/proc/{spare.pid}/task")
+        assert len(tasks) == 2
+        assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in tasks} == {10}
+        spare.renice(0)
+        assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in tasks} == {0}
+    finally:
+        spare.kill()

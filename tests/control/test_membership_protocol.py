@@ -40,14 +40,16 @@ def test_authority_forms_drops_admits_and_reforms(rdzv):
 
     rdzv.request_join("c")
     authority.tick(0.03)
+    assert rdzv.latest_epoch() == 1  # a join waits a moment for a fault to publish with
+    authority.tick(0.2)
     assert rdzv.epoch(2).members == ("a", "c") and rdzv.epoch(2).reason == "join"
 
     rdzv.request_reform(2)
-    authority.tick(0.04)
+    authority.tick(0.3)
     assert rdzv.epoch(3).members == ("a", "c") and rdzv.epoch(3).reason == "reform"
 
     rdzv.request_leave("c")
-    authority.tick(0.05)
+    authority.tick(0.4)
     assert rdzv.epoch(4).members == ("a",) and rdzv.epoch(4).reason == "leave:c"
 
 
@@ -109,6 +111,41 @@ def test_members_that_all_go_quiet_together_are_not_fenced(rdzv):
     for now in (0.1, 1.0, 2.0, 5.0):
         authority.tick(now)
     assert rdzv.latest_epoch() == 0
+
+
+def test_a_replacement_called_in_at_a_fault_joins_in_the_same_epoch(rdzv):
+    alive = {"a": True, "b": True, "c": True}
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST),
+                                    process_alive=lambda w: alive.get(w))
+    rdzv.request_join("a")
+    rdzv.request_join("b")
+    authority.tick(0.0)
+    rdzv.request_join("c")  # the spare is called in first ...
+    authority.tick(0.01)
+    alive["b"] = False  # ... and the exit is seen a moment later
+    authority.tick(0.03)
+    assert rdzv.latest_epoch() == 1
+    assert rdzv.epoch(1).members == ("a", "c") and rdzv.epoch(1).reason == "exit:b"
+
+
+def test_a_joiner_waiting_at_the_barrier_never_gets_the_state_holders_fenced(rdzv):
+    """a and b are stuck in the previous epoch's exchange (a peer was cut off, and
+    they wait out its deadline); the fresh joiner c arrives at once. Only c is ahead,
+    but c holds no state: fencing a and b would lose the job's state."""
+    authority = _started(rdzv, "ab")
+    for who in "ab":
+        _beat(rdzv, who, 0, 2, 0, Phase.exchange)
+    rdzv.request_join("c")
+    authority.tick(0.1)
+    authority.tick(0.25)  # the join is published: epoch 1 = a, b, c
+    assert rdzv.epoch(1).members == ("a", "b", "c")
+    _beat(rdzv, "c", 1, 1, 0, Phase.arrived)
+    for waits, now in enumerate((0.5, 1.0, 1.5, 2.0, 2.5, 3.0), start=1):
+        for who in "ab":  # still waiting in epoch 0's exchange, and saying so
+            _beat(rdzv, who, 0, 2, 0, Phase.exchange, waits)
+        _beat(rdzv, "c", 1, 1, 0, Phase.arrived, waits)
+        authority.tick(now)
+    assert rdzv.latest_epoch() == 1
 
 
 def test_the_deadline_follows_measured_step_times():

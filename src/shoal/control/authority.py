@@ -36,6 +36,9 @@ class AuthorityConfig:
     # Requests and process exits wake the authority at once (notify()); without
     # them it wakes at the next fencing deadline, or this often at most.
     check_s: float = 0.05
+    # A join waits this long for a fault (an exit, a stall) to publish with, so that a
+    # replacement called in at a fault costs the job one new epoch, not two.
+    join_batch_s: float = 0.1
     # Re-forms of the same members in a row with no step committed in between,
     # after which the run is given up instead of looping.
     max_failed_reforms: int = 5
@@ -62,6 +65,7 @@ class MembershipAuthority:
         self.members: tuple[str, ...] = ()
         self.failure: str | None = None
         self._pending: list[str] = []  # registered, not yet admitted
+        self._pending_since = 0.0  # when the oldest of them registered
         self._joins_seen = 0
         self._requests_seen = 0
         self._exited: set[str] = set()
@@ -124,7 +128,7 @@ class MembershipAuthority:
         reform, source = False, None
         if requests != self._requests_seen:  # only then is there anything to read
             self._requests_seen = requests
-            self._take_joins()
+            self._take_joins(now)
             leaving = self.rdzv.leaving(list(self.members))
             self._exited.update(self.rdzv.exited(list(self.members) + self._pending))
             if self.epoch >= 0:
@@ -138,9 +142,11 @@ class MembershipAuthority:
         rejoining = [w for w in self._pending if w in self.members]
         if dropped or rejoining:
             survivors = tuple(m for m in self.members if m not in dropped and m not in rejoining)
-            self._publish(survivors + tuple(self._admit(survivors)), ",".join(reasons) or "rejoin", now)
-        elif self._pending:
-            self._publish(self.members + tuple(self._admit(self.members)), "join", now)
+            self._publish(survivors + tuple(self._admit(survivors)), ",".join(reasons) or "rejoin",
+                          now, veterans=survivors)
+        elif self._pending and now - self._pending_since >= self.config.join_batch_s:
+            self._publish(self.members + tuple(self._admit(self.members)), "join", now,
+                          veterans=self.members)
         elif reform:
             self._reform(source, now)
 
@@ -158,10 +164,13 @@ class MembershipAuthority:
             self.rdzv.mark_failed(self.failure)
             self._stop.set()
             return
-        self._publish(self.members, "resync" if source else "reform", now, state_source=source)
+        self._publish(self.members, "resync" if source else "reform", now, state_source=source,
+                      veterans=self.members)
 
-    def _take_joins(self) -> None:
+    def _take_joins(self, now: float) -> None:
         self._joins_seen, joined = self.rdzv.joins_since(self._joins_seen)
+        if joined and not self._pending:
+            self._pending_since = now
         for worker in joined:
             if worker not in self._pending:
                 # A member that registers again (fenced, then woke up) is re-admitted fresh.
@@ -193,7 +202,7 @@ class MembershipAuthority:
         return dropped, reasons
 
     def _publish(self, members: tuple[str, ...], reason: str, now: float,
-                 state_source: str | None = None) -> None:
+                 state_source: str | None = None, veterans: tuple[str, ...] = ()) -> None:
         if members != self.members:
             self._failed_reforms = 0
         self.members = members
@@ -203,7 +212,7 @@ class MembershipAuthority:
         self.epoch += 1
         record = MembershipEpoch(epoch=self.epoch, members=members, weights=self._weights(members),
                                  reason=reason, state_source=state_source)
-        self._watch.reset(self.epoch, now)
+        self._watch.reset(self.epoch, now, veterans)
         self.rdzv.publish_epoch(record)
         entry = {"t": time.time(), "epoch": self.epoch, "members": list(members), "reason": reason}
         log.info("epoch %d: %d members %s (%s)", self.epoch, len(members), list(members), reason)

@@ -42,20 +42,33 @@ class LivenessConfig:
                                "step_multiple at least 1, margin_s not negative")
 
 
+Position = tuple[int, int]  # (epoch, progress points reached in it)
+
+
 class ProgressWatch:
-    """What the authority knows of its members' progress in the current epoch."""
+    """What the authority knows of its members' progress.
+
+    Reports are compared across epochs as (epoch, count): members switch to a new
+    epoch only at a step boundary, so the previous epoch's progress still counts.
+    Only veterans (members that hold the job's state: they were in the previous
+    epoch) set the pace: a joiner waiting at the barrier never gets the members
+    it is waiting for fenced, and so never costs the job its state.
+    """
 
     def __init__(self, config: LivenessConfig) -> None:
         self.config = config
-        self.reset(-1, 0.0)
+        self.epoch, self._started_at = -1, 0.0
+        self._veterans: frozenset[str] = frozenset()
+        self._lead: Position = (-1, 0)
+        self._lead_at = 0.0
+        self._seen: dict[str, tuple[int, int, int] | None] = {}  # last (epoch, count, waits)
+        self._changed_at: dict[str, float] = {}  # when that last changed
         self._voted_step, self._voted_at = -1, 0.0
         self.step_times: deque[float] = deque(maxlen=config.history)
 
-    def reset(self, epoch: int, now: float) -> None:
-        """A new epoch was published: nobody has reached anything in it yet."""
-        self.epoch, self._lead, self._lead_at = epoch, 0, now
-        self._seen: dict[str, tuple[int, int]] = {}  # member: its last (count, waits)
-        self._changed_at: dict[str, float] = {}  # member: when that last changed
+    def reset(self, epoch: int, now: float, veterans: tuple[str, ...] = ()) -> None:
+        """A new epoch was published; `veterans` were members of the previous one."""
+        self.epoch, self._started_at, self._veterans = epoch, now, frozenset(veterans)
 
     def step_deadline_s(self) -> float:
         if len(self.step_times) < 3:
@@ -64,31 +77,40 @@ class ProgressWatch:
         return max(self.config.floor_s, self.config.step_multiple * typical + self.config.margin_s)
 
     def _deadline_s(self) -> float:
-        # While the lead has only arrived, the others may still be finishing a step.
-        return self.step_deadline_s() * (2 if self._lead <= 1 else 1)
+        # While the lead has only arrived at the newest epoch, the others may still be
+        # finishing a step in the previous one.
+        arriving = self._lead[0] == self.epoch and self._lead[1] <= 1
+        return self.step_deadline_s() * (2 if arriving else 1)
 
     def laggards(self, beats: dict[str, ProgressBeat | None], now: float) -> list[str]:
-        """Members short of the lead's progress point for longer than the deadline."""
-        current = {w: (b.count, b.waits) if b is not None and b.epoch == self.epoch else (0, 0)
-                   for w, b in beats.items()}
-        for worker, seen in current.items():
-            if self._seen.get(worker) != seen:
-                self._seen[worker], self._changed_at[worker] = seen, now
+        """Members behind the lead, or silent while a veteran waits, past the deadline."""
+        positions = self._observe(beats, now)
         self._measure_steps(beats, now)
-        counts = {w: seen[0] for w, seen in current.items()}
-        lead = max(counts.values(), default=0)
-        if lead > self._lead:
+        pace = [w for w in positions if w in self._veterans] or list(positions)
+        lead = max((positions[w] for w in pace), default=(-1, 0))
+        if lead != self._lead:
             self._lead, self._lead_at = lead, now
         deadline = self._deadline_s()
-        behind = [] if lead == 0 or now - self._lead_at <= deadline else \
-            [w for w, count in counts.items() if count < lead]
-        return behind + [w for w in self._silent(counts, now, deadline) if w not in behind]
+        behind = [w for w, at in positions.items() if at < lead and now - self._behind_since(w) > deadline]
+        quiet = [w for w in positions if now - self._changed_at[w] > deadline and w not in behind]
+        silent = [w for w in quiet
+                  if any(o != w and now - self._changed_at[o] <= deadline
+                         and positions[o] >= positions[w] for o in pace)]
+        return behind + silent
 
-    def _silent(self, counts: dict[str, int], now: float, deadline: float) -> list[str]:
-        quiet = [w for w in counts if now - self._changed_at[w] > deadline]
-        return [w for w in quiet
-                if any(now - self._changed_at[o] <= deadline and counts[o] >= counts[w]
-                       for o in counts if o != w)]
+    def _observe(self, beats: dict[str, ProgressBeat | None], now: float) -> dict[str, Position]:
+        for worker, beat in beats.items():
+            key = None if beat is None else (beat.epoch, beat.count, beat.waits)
+            if worker not in self._changed_at or self._seen.get(worker) != key:
+                self._seen[worker], self._changed_at[worker] = key, now
+        return {w: (b.epoch, b.count) if b is not None else (-1, 0) for w, b in beats.items()}
+
+    def _behind_since(self, worker: str) -> float:
+        # A newcomer is behind from the moment it was admitted, not from when the lead
+        # got where it is.
+        if worker in self._veterans:
+            return self._lead_at
+        return max(self._lead_at, self._started_at)
 
     def seconds_to_next_deadline(self, now: float) -> float:
         oldest = min([self._lead_at, *self._changed_at.values()])

@@ -19,6 +19,9 @@ from shoal.spec.elastic import FaultKind
 log = logging.getLogger(__name__)
 
 
+SPARE_NICENESS = 10
+
+
 class WorkerPool:
     def __init__(self, config: LaunchConfig, node: str, env: dict[str, str],
                  on_exit: Callable[[str], None], activate: Callable[[str], None]) -> None:
@@ -43,8 +46,11 @@ class WorkerPool:
         # Like torchrun: without a cap, every worker starts one OpenMP thread per core, and
         # oversubscribed spinning threads make each step many times slower.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // config.workers)))
+        # A spare starts at low priority: on a machine it shares with training, its start-up
+        # (importing torch, building the model) must not slow the job it stands by for.
         self.workers[worker] = WorkerProcess(worker, config.command, env,
-                                             config.run_dir / f"{worker}.log", self.on_exit)
+                                             config.run_dir / f"{worker}.log", self.on_exit,
+                                             niceness=SPARE_NICENESS if spare else 0)
         if spare:
             self.spares.append(worker)
         return worker
@@ -92,6 +98,7 @@ class WorkerPool:
         while self.spares:
             spare = self.spares.pop(0)
             if self.workers[spare].alive():
+                self.workers[spare].renice(0)  # a member now: full priority
                 self.activate(spare)
                 self.spawn(len(self.workers), spare=True)
                 return spare

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with(parent_pid: int) -> Callable[[], None]:
+def _die_with(parent_pid: int, niceness: int) -> Callable[[], None]:
     """Runs in the child between fork and exec (async-signal-safe calls only)."""
     libc = ctypes.CDLL(None, use_errno=True)
 
@@ -30,6 +30,8 @@ def _die_with(parent_pid: int) -> Callable[[], None]:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the launcher died before prctl took effect
             os.kill(os.getpid(), signal.SIGKILL)
+        if niceness:
+            os.nice(niceness)
 
     return setup
 
@@ -38,13 +40,14 @@ class WorkerProcess:
     """A started worker; `on_exit(worker)` runs in a watcher thread when it exits."""
 
     def __init__(self, worker: str, command: list[str], env: dict[str, str], log_path: Path,
-                 on_exit: Callable[[str], None]) -> None:
+                 on_exit: Callable[[str], None], niceness: int = 0) -> None:
         self.worker = worker
         with open(log_path, "ab") as output:
             # PDEATHSIG is tied to the thread that forks; the launcher forks from the thread
             # that runs it and lives as long, so that thread's end is the launcher's end.
             self.process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT,
-                                            process_group=0, preexec_fn=_die_with(os.getpid()))
+                                            process_group=0,
+                                            preexec_fn=_die_with(os.getpid(), niceness))
         self._on_exit = on_exit
         self._watcher = threading.Thread(target=self._watch, name=f"exit-{worker}", daemon=True)
         self._watcher.start()
@@ -55,6 +58,19 @@ class WorkerProcess:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def renice(self, niceness: int) -> None:
+        """Set every thread's niceness (Linux keeps one per thread). Lowering it needs
+        privilege (root or CAP_SYS_NICE); without it the worker keeps its niceness,
+        which only slows it where the CPU is contended (its share then shrinks)."""
+        try:
+            for task in os.listdir(f"/proc/{self.pid}/task"):
+                os.setpriority(os.PRIO_PROCESS, int(task), niceness)
+        except PermissionError:
+            log.warning("cannot renice %s to %d (needs root or CAP_SYS_NICE); it keeps its "
+                        "lower priority", self.worker, niceness)
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # it exited meanwhile
 
     def signal(self, signum: int) -> None:
         """Send `signum` to the worker itself (not its children)."""
