@@ -134,11 +134,6 @@ class EpochGroup:
         works = [self.pg.allreduce([t], dist.AllreduceOptions()) for t in tensors]
         self._run(works, tensors, should_cancel, "all-reduce")
 
-    def all_reduce_max(self, tensor: torch.Tensor, should_cancel: ShouldCancel) -> None:
-        options = dist.AllreduceOptions()
-        options.reduceOp = dist.ReduceOp.MAX
-        self._run([self.pg.allreduce([tensor], options)], [tensor], should_cancel, "all-reduce")
-
     def broadcast(self, tensor: torch.Tensor, root: int, should_cancel: ShouldCancel) -> None:
         options = dist.BroadcastOptions()
         options.rootRank = root

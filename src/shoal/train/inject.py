@@ -11,6 +11,7 @@ signals cannot reach: SHOAL_INJECT is a comma-separated list of
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -21,8 +22,14 @@ import torch
 log = logging.getLogger(__name__)
 
 
-def _entries() -> list[str]:
-    return [e.strip() for e in os.environ.get("SHOAL_INJECT", "").split(",") if e.strip()]
+def _entries() -> tuple[str, ...]:
+    return _parse(os.environ.get("SHOAL_INJECT", ""))
+
+
+@functools.lru_cache(maxsize=4)
+def _parse(text: str) -> tuple[str, ...]:
+    """Parsed once per value: the hooks run on every step and micro-batch."""
+    return tuple(e.strip() for e in text.split(",") if e.strip())
 
 
 def die_sending_state(worker: str, step: int) -> bool:

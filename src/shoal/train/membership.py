@@ -46,7 +46,6 @@ def _wait_arrivals(rdzv: Rendezvous, record: MembershipEpoch, poll_s: float,
 def _plan_transfer(record: MembershipEpoch, arrivals: list[WorkerArrival], rank: int,
                    load_from_disk: Callable[[], bool]) -> tuple[int, list[int]]:
     """(source rank, ranks that receive its state). One member decides every restore."""
-    everyone_else = [r for r in range(len(arrivals)) if r != 0]
     if record.state_source is not None:
         # Replicas were found to differ: the authority named whose state stands.
         source = record.members.index(record.state_source)
@@ -58,7 +57,7 @@ def _plan_transfer(record: MembershipEpoch, arrivals: list[WorkerArrival], rank:
         # the same state even if their disks differ or a checkpoint lands meanwhile.
         if rank == 0:
             load_from_disk()
-        return 0, everyone_else
+        return 0, list(range(1, len(arrivals)))
     best = max(a.step for a in holders)
     source = next(r for r, a in enumerate(arrivals) if a.has_state and a.step == best)
     return source, [r for r, a in enumerate(arrivals) if not (a.has_state and a.step == best)]

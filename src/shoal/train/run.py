@@ -171,7 +171,8 @@ class Run:
         try:
             decision = agree(self.rdzv, self.record, self.rank, self.step_index, ballot,
                              poll_s=self.config.poll_s, leaving=self.membership.leave_posted,
-                             proposer=Proposer(self._proposed_weights, self._resync_source,
+                             proposer=Proposer(self._proposed_weights,
+                                               lambda: _most_common(self.record.members, scalars),
                                                self.membership.lost_member),
                              waiting=self.progress.waiting)
         except Excluded as error:
@@ -247,12 +248,6 @@ class Run:
     def _proposed_weights(self) -> tuple[float, ...] | None:
         return self.balancer.proposal(self.rdzv, self.record.members, self.step_index)
 
-    def _resync_source(self) -> str:
-        """The member holding the most common fingerprint (the lowest rank on a tie)."""
-        prints = self.exchange.read_scalars().fingerprints
-        best = max(range(len(prints)), key=lambda r: (prints.count(prints[r]), -r))
-        return self.record.members[best]
-
     # -- membership ---------------------------------------------------------
 
     def _enter_membership(self) -> bool:
@@ -313,6 +308,14 @@ class Run:
         if self._final is not None:
             self._final.update(figures)
             self.rdzv.mark_done(self._final)
+
+
+def _most_common(members: tuple[str, ...], scalars: StepScalars) -> str:
+    """The member holding the most common fingerprint (the lowest rank on a tie): whose
+    state all adopt after a divergence. Only asked when the exchange worked."""
+    prints = scalars.fingerprints
+    best = max(range(len(prints)), key=lambda r: (prints.count(prints[r]), -r))
+    return members[best]
 
 
 def _num_samples(dataset: Any) -> int:

@@ -26,7 +26,6 @@ class RunConfig:
     backend: str = "gloo"
     collective_timeout_s: float = 30.0  # how long an abandoned collective may linger
     poll_s: float = 0.005  # how often waits check for a newer membership epoch
-    heartbeat_s: float = 0.5
     checkpoint_dir: str | None = None
     checkpoint_interval: int = 100
     checkpoint_keep: int = 3
@@ -41,8 +40,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise TrainError(f"rendezvous port {self.port} is not a valid TCP port")
-        if self.poll_s <= 0 or self.heartbeat_s <= 0 or self.collective_timeout_s <= 0:
-            raise TrainError("poll_s, heartbeat_s and collective_timeout_s must be positive")
+        if self.poll_s <= 0 or self.collective_timeout_s <= 0:
+            raise TrainError("poll_s and collective_timeout_s must be positive")
         if self.slowdown < 1.0:
             raise TrainError("slowdown must be at least 1.0")
 
