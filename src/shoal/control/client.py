@@ -1,0 +1,131 @@
+"""A client of the coordinator's API that signs what it sends: used by the
+CLI, the provider agent and the benchmarks alike."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+import httpx
+from eth_account.signers.local import LocalAccount
+from pydantic import BaseModel, TypeAdapter
+
+from shoal.control.errors import ControlError
+from shoal.control.identity import sign_request
+from shoal.spec.coordinator import (
+    AgentRegistration, AgentView, Event, Heartbeat, HeartbeatReply, Info, JobSubmission, JobView,
+    OfferTerms, OfferView, Participant, ProviderView, Registration, TopUp,
+)
+
+T = TypeVar("T")
+
+
+class CoordinatorRefused(ControlError):
+    """The coordinator answered with a 4xx: the request changed nothing."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"coordinator refused ({status}): {detail}")
+        self.status, self.detail = status, detail
+
+
+class CoordinatorClient:
+    def __init__(self, url: str, account: LocalAccount | None = None,
+                 timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.account = account
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
+        self._info: Info | None = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ plumbing
+    def info(self) -> Info:
+        if self._info is None:
+            self._info = self._get("/v1/info", Info)
+        return self._info
+
+    def request(self, method: str, path: str, body: BaseModel | None = None,
+                params: dict[str, Any] | None = None, sign: bool = True) -> Any:
+        content = b"" if body is None else body.model_dump_json().encode()
+        request = self._http.build_request(method, path, content=content, params=params,
+                                           headers={"content-type": "application/json"})
+        if sign:
+            if self.account is None:
+                raise ControlError("this call changes state and must be signed: give a key "
+                                   "(--key PATH; create one with `shoal key new PATH`)")
+            target = request.url.raw_path.decode("latin-1")
+            request.headers.update(sign_request(self.account, self.info().audience, method,
+                                                target, content))
+        try:
+            response = self._http.send(request)
+        except httpx.HTTPError as error:
+            raise ControlError(f"cannot reach the coordinator at {self.url}: {error}; "
+                               "is it running (`shoal coordinator`)?") from None
+        if response.status_code >= 400:
+            raise CoordinatorRefused(response.status_code, _detail(response))
+        return response.json()
+
+    def _get(self, path: str, kind: type[T], **params: Any) -> T:
+        data = self.request("GET", path, params={k: v for k, v in params.items() if v is not None},
+                            sign=False)
+        return TypeAdapter(kind).validate_python(data)
+
+    def _post(self, path: str, body: BaseModel | None, kind: type[T]) -> T:
+        return TypeAdapter(kind).validate_python(self.request("POST", path, body))
+
+    # ------------------------------------------------------------ the API
+    def register(self, registration: Registration) -> Participant:
+        return self._post("/v1/participants", registration, Participant)
+
+    def register_agent(self, registration: AgentRegistration) -> AgentView:
+        return self._post("/v1/agents", registration, AgentView)
+
+    def heartbeat(self, agent_id: str, beat: Heartbeat) -> HeartbeatReply:
+        return self._post(f"/v1/agents/{agent_id}/heartbeat", beat, HeartbeatReply)
+
+    def post_offer(self, terms: OfferTerms) -> OfferView:
+        return self._post("/v1/offers", terms, OfferView)
+
+    def withdraw_offer(self, offer_id: str) -> OfferView:
+        return TypeAdapter(OfferView).validate_python(
+            self.request("DELETE", f"/v1/offers/{offer_id}"))
+
+    def submit(self, submission: JobSubmission) -> JobView:
+        return self._post("/v1/jobs", submission, JobView)
+
+    def top_up(self, job_id: str, amount_wei: int) -> JobView:
+        return self._post(f"/v1/jobs/{job_id}/top-up", TopUp(amount_wei=amount_wei), JobView)
+
+    def job_action(self, job_id: str, action: str) -> JobView:
+        """pause, resume or cancel."""
+        return self._post(f"/v1/jobs/{job_id}/{action}", None, JobView)
+
+    def job(self, job_id: str) -> JobView:
+        return self._get(f"/v1/jobs/{job_id}", JobView)
+
+    def jobs(self, submitter: str | None = None) -> list[JobView]:
+        return self._get("/v1/jobs", list[JobView], submitter=submitter)
+
+    def providers(self) -> list[ProviderView]:
+        return self._get("/v1/providers", list[ProviderView])
+
+    def events(self, job: str | None = None, after: int = 0, limit: int = 200) -> list[Event]:
+        return self._get("/v1/events", list[Event], job=job, after=after, limit=limit)
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail", response.text)
+    except (json.JSONDecodeError, AttributeError):
+        return response.text[:500]
+    if isinstance(detail, list):  # FastAPI's 422: name each field that is wrong
+        return "; ".join(f"{'.'.join(str(p) for p in d.get('loc', ())[1:])}: {d.get('msg')}"
+                         for d in detail)
+    return str(detail)

@@ -1,0 +1,448 @@
+"""The coordinator's service: who may do what, the market, and the store, kept
+in step. No HTTP here: the API calls these methods with the verified signer.
+
+Every change is one transaction that writes the market's journal, the rows
+the API reads, and an audit event together, so the store never shows a
+lease the market would not rebuild after a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from shoal.control.coordinator import journal
+from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.control.coordinator.settings import CoordinatorSettings
+from shoal.control.coordinator.views import (
+    agent_view, event_view, job_view, offer_view, participant_view,
+)
+from shoal.control.identity import Signer, Unauthenticated
+from shoal.control.store.database import open_store_engine
+from shoal.control.store.schema import (
+    AgentRow, EventRow, JobRow, LeaseRow, MarketCommandRow, NonceRow, OfferRow, ParticipantRow,
+)
+from shoal.market import Clearing, Market, MarketConfig, MarketError
+from shoal.spec.coordinator import (
+    SELF_SERVICE_ROLES, AgentRegistration, AgentView, Assignment, Event, Grant, Heartbeat,
+    HeartbeatReply, JobStatus, JobSubmission, JobView, OfferTerms, OfferView, Participant, Registration, Role,
+)
+from shoal.spec.errors import SpecError
+from shoal.spec.market import Bid, DeviceLease, FillStatus, Offer
+
+log = logging.getLogger(__name__)
+COORDINATOR = "coordinator"  # the actor of the coordinator's own decisions
+
+
+class Coordinator:
+    """One coordinator's state: a market rebuilt from its journal, and the store."""
+
+    def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.engine = engine or open_store_engine(settings.store_url)
+        self._clock = clock
+        self._lock = threading.RLock()  # one writer: the market is not thread-safe
+        self.market = Market(settings.price_table(),
+                             MarketConfig(notice_period_s=settings.notice_period_s))
+        self._fill_status: dict[str, str] = {}
+        self._last_s = 0.0
+        self._rebuild()
+
+    # ------------------------------------------------------------ time and transactions
+    def now_s(self) -> float:
+        """Wall time that never runs backwards (the market refuses a clock that does)."""
+        with self._lock:
+            self._last_s = max(self._last_s, self._clock())
+            return self._last_s
+
+    @contextmanager
+    def _change(self) -> Iterator[Session]:
+        """The lock and one transaction; a failed commit rebuilds the market from the store."""
+        with self._lock:
+            try:
+                with Session(self.engine, expire_on_commit=False) as session, session.begin():
+                    yield session
+            except (MarketError, SpecError, Conflict, Forbidden, NotFound, Unauthenticated):
+                raise  # refused before anything was applied to the market
+            except Exception:
+                log.exception("store write failed; rebuilding the market from the journal")
+                self._rebuild()
+                raise
+
+    def _rebuild(self) -> None:
+        with self._lock, Session(self.engine) as session:
+            self.market = Market(self.market.prices, self.market.config)
+            rows = session.scalars(select(MarketCommandRow).order_by(MarketCommandRow.seq))
+            count = 0
+            for row in rows:
+                result = journal.apply(self.market, row.kind, row.payload, row.at_s)
+                if isinstance(result, Clearing):
+                    self._fill_status.update({f.job: f.status.value for f in result.fills})
+                self._last_s = max(self._last_s, row.at_s)
+                count += 1
+            if count:
+                log.info("market rebuilt from %d journaled commands", count)
+
+    def _command(self, session: Session, kind: str, payload: dict[str, Any], at_s: float) -> Any:
+        result = journal.apply(self.market, kind, payload, at_s)
+        session.add(MarketCommandRow(at_s=at_s, kind=kind, payload=payload))
+        return result
+
+    @staticmethod
+    def _event(session: Session, at_s: float, actor: str, kind: str,
+               job_id: str | None = None, **detail: Any) -> None:
+        session.add(EventRow(at_s=at_s, actor=actor, kind=kind, job_id=job_id, detail=detail))
+
+    # ------------------------------------------------------------ identity
+    def consume_nonce(self, signer: Signer) -> None:
+        """A nonce counts once: a replayed request is refused before it is looked at."""
+        try:
+            with Session(self.engine) as session, session.begin():
+                session.add(NonceRow(address=signer.address, nonce=signer.nonce,
+                                     seen_at_s=self.now_s()))
+        except IntegrityError:
+            raise Unauthenticated("this nonce was already used: a replayed request "
+                                  "is refused; sign the request again") from None
+
+    def role_of(self, address: str) -> Role | None:
+        if address in self.settings.operators:
+            return Role.operator
+        with Session(self.engine) as session:
+            row = session.get(ParticipantRow, address)
+            return Role(row.role) if row else None
+
+    def register(self, signer: str, registration: Registration) -> Participant:
+        if registration.role not in SELF_SERVICE_ROLES:
+            raise Forbidden(f"the {registration.role.value} role is granted by an operator; "
+                            "register as a submitter or a provider")
+        with self._change() as session:
+            row = session.get(ParticipantRow, signer)
+            if row is not None and row.role != registration.role.value:
+                raise Conflict(f"{signer} is registered as a {row.role}; use another key "
+                               f"for the {registration.role.value} role")
+            now = self.now_s()
+            if row is None:
+                row = ParticipantRow(address=signer, role=registration.role.value,
+                                     name=registration.name, registered_at_s=now)
+                session.add(row)
+            row.name = registration.name
+            self._event(session, now, signer, "registered", role=row.role, name=row.name)
+            return participant_view(row)
+
+    def grant(self, operator: str, grant: Grant) -> Participant:
+        from eth_utils import to_checksum_address
+
+        address = to_checksum_address(grant.address)
+        with self._change() as session:
+            now = self.now_s()
+            row = session.get(ParticipantRow, address)
+            if row is None:
+                row = ParticipantRow(address=address, role=grant.role.value, name=grant.name,
+                                     registered_at_s=now)
+                session.add(row)
+            row.role, row.name = grant.role.value, grant.name
+            self._event(session, now, operator, "granted", address=address, role=row.role)
+            return participant_view(row)
+
+    # ------------------------------------------------------------ providers
+    def register_agent(self, provider: str, registration: AgentRegistration) -> AgentView:
+        bad = [d.device_kind for d in registration.devices if not d.collective_ok]
+        if bad:
+            raise Conflict(f"agent '{registration.agent_id}': the pre-flight collective failed "
+                           f"on {bad}; fix the backend before offering these devices")
+        with self._change() as session:
+            now = self.now_s()
+            row = session.get(AgentRow, registration.agent_id)
+            if row is not None and row.provider != provider:
+                raise Forbidden(f"agent '{registration.agent_id}' belongs to another provider")
+            devices = [d.model_dump(mode="json") for d in registration.devices]
+            if row is None:
+                row = AgentRow(agent_id=registration.agent_id, provider=provider,
+                               registered_at_s=now, running=[], region=registration.region,
+                               devices=devices, last_seen_s=now)
+                session.add(row)
+            row.region, row.devices, row.last_seen_s = registration.region, devices, now
+            self._event(session, now, provider, "agent_registered",
+                        agent_id=row.agent_id, region=row.region, devices=devices)
+            return agent_view(row, now, self.settings.agent_timeout_s)
+
+    def post_offer(self, provider: str, terms: OfferTerms) -> OfferView:
+        with self._change() as session:
+            now = self.now_s()
+            agent = self._own_agent(session, provider, terms.agent_id)
+            if terms.device >= len(agent.devices):
+                raise NotFound(f"agent '{agent.agent_id}' measured {len(agent.devices)} "
+                               f"device(s); there is no device {terms.device}")
+            measured = agent.devices[terms.device]
+            row = session.get(OfferRow, terms.offer_id)
+            if row is not None and row.provider != provider:
+                raise Forbidden(f"offer '{terms.offer_id}' belongs to another provider")
+            speed = measured["speed_samples_per_s"]
+            if row is not None and row.marked_down:
+                speed = min(speed, row.speed_samples_per_s)  # a re-post does not undo a mark-down
+            offer = Offer(offer_id=terms.offer_id, provider=provider,
+                          device_kind=measured["device_kind"], speed_samples_per_s=speed,
+                          memory_gb=measured["memory_gb"], region=agent.region,
+                          price_wei_per_s=terms.price_wei_per_s, tenancy=terms.tenancy)
+            reference = self._command(session, "post_offer",
+                                      {"offer": offer.model_dump(mode="json")}, now)
+            if row is None:
+                row = OfferRow(offer_id=offer.offer_id, provider=provider, marked_down=False)
+                session.add(row)
+            row.agent_id, row.device, row.device_kind = agent.agent_id, terms.device, offer.device_kind
+            row.region, row.speed_samples_per_s, row.memory_gb = offer.region, speed, offer.memory_gb
+            row.price_wei_per_s, row.tenancy = offer.price_wei_per_s, offer.tenancy.value
+            row.reference_wei_per_s, row.withdrawn = reference, False
+            self._event(session, now, provider, "offer_posted", offer_id=offer.offer_id,
+                        price_wei_per_s=str(offer.price_wei_per_s), tenancy=offer.tenancy.value)
+            return offer_view(row)
+
+    def withdraw_offer(self, actor: str, offer_id: str, reason: str = "withdrawn") -> OfferView:
+        with self._change() as session:
+            now = self.now_s()
+            row = session.get(OfferRow, offer_id)
+            if row is None:
+                raise NotFound(f"no offer '{offer_id}'")
+            if actor not in (row.provider, COORDINATOR):
+                raise Forbidden(f"offer '{offer_id}' belongs to another provider")
+            if not row.withdrawn:
+                ended = self._command(session, "withdraw_offer",
+                                      {"offer_id": offer_id, "provider": row.provider}, now)
+                self._store_leases(session, ended)
+                row.withdrawn = True
+                self._event(session, now, actor, "offer_withdrawn", offer_id=offer_id,
+                            reason=reason, ended_leases=[lease.lease for lease in ended])
+            return offer_view(row)
+
+    def heartbeat(self, provider: str, agent_id: str, beat: Heartbeat) -> HeartbeatReply:
+        """Note the agent alive; answer with the workers it must run and those to stop.
+
+        No market call and no lock: a beat touches one agent's row, so a
+        thousand agents beating cannot queue behind a clearing round.
+        """
+        now = self.now_s()
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            agent = self._own_agent(session, provider, agent_id)
+            agent.last_seen_s, agent.running = now, sorted(set(beat.running))
+            leases = self.leases_of_agent(session, agent_id)
+            current = [lease for lease in leases
+                       if lease.ends_at_s is None or lease.ends_at_s > now]
+            files = {row.job_id: row.job_file for row in session.scalars(
+                select(JobRow).where(JobRow.job_id.in_({lease.job for lease in current})))}
+        open_numbers = {lease.lease for lease in current if lease.start_s <= now}
+        return HeartbeatReply(
+            at_s=now,
+            assignments=tuple(Assignment(lease=lease, job_file=files[lease.job],
+                                         ends_at_s=lease.ends_at_s)
+                              for lease in current if lease.lease in open_numbers),
+            stop=tuple(n for n in beat.running if n not in open_numbers))
+
+    def _own_agent(self, session: Session, provider: str, agent_id: str) -> AgentRow:
+        agent = session.get(AgentRow, agent_id)
+        if agent is None:
+            raise NotFound(f"no agent '{agent_id}': register it (POST /v1/agents) first")
+        if agent.provider != provider:
+            raise Forbidden(f"agent '{agent_id}' belongs to another provider")
+        return agent
+
+    # ------------------------------------------------------------ submitters
+    def submit_job(self, submitter: str, submission: JobSubmission) -> JobView:
+        _check_job_file(submission.job_file)
+        job_id = f"{submission.name}-{secrets.token_hex(4)}"
+        bid = Bid(job=job_id, **submission.model_dump(exclude={"name", "job_file"}))
+        with self._change() as session:
+            now = self.now_s()
+            self._command(session, "submit", {"bid": bid.model_dump(mode="json")}, now)
+            row = JobRow(job_id=job_id, name=submission.name, submitter=submitter,
+                         job_file=submission.job_file, bid=bid.model_dump(mode="json"),
+                         status=JobStatus.waiting.value, created_at_s=now)
+            session.add(row)
+            self._event(session, now, submitter, "job_submitted", job_id,
+                        workers=bid.workers, budget_wei=str(bid.budget_wei),
+                        max_price_wei_per_s=str(bid.max_price_wei_per_s))
+            return job_view(row, self.market.meter(job_id), now)
+
+    def top_up(self, submitter: str, job_id: str, amount_wei: int) -> JobView:
+        """Add escrow; a job paused for want of it resumes at the next round."""
+        with self._change() as session:
+            now = self.now_s()
+            row = self._own_job(session, submitter, job_id)
+            self._command(session, "top_up", {"job": job_id, "amount_wei": str(amount_wei)}, now)
+            if row.status == JobStatus.paused.value:
+                self._command(session, "resume", {"job": job_id}, now)
+                row.status = JobStatus.waiting.value
+            self._event(session, now, submitter, "job_topped_up", job_id,
+                        amount_wei=str(amount_wei))
+            return job_view(row, self.market.meter(job_id), now)
+
+    def set_paused(self, actor: str, job_id: str, paused: bool) -> JobView:
+        with self._change() as session:
+            now = self.now_s()
+            row = self._own_job(session, actor, job_id)
+            if paused:
+                self._store_leases(session, self._command(session, "pause", {"job": job_id}, now))
+                row.status = JobStatus.paused.value
+            else:
+                self._command(session, "resume", {"job": job_id}, now)
+                row.status = JobStatus.waiting.value
+            self._event(session, now, actor, "job_paused" if paused else "job_resumed", job_id)
+            return job_view(row, self.market.meter(job_id), now)
+
+    def end_job(self, actor: str, job_id: str, status: JobStatus) -> JobView:
+        """Finish or cancel: every lease ends now, so nothing bills idle."""
+        with self._change() as session:
+            now = self.now_s()
+            row = self._own_job(session, actor, job_id)
+            meter = self._command(session, "finish", {"job": job_id}, now)
+            self._store_leases(session, meter.leases)
+            row.status = status.value
+            self._event(session, now, actor, f"job_{status.value}", job_id,
+                        spent_wei=str(meter.accrued_wei(now)))
+            return job_view(row, meter, now)
+
+    def _own_job(self, session: Session, actor: str, job_id: str) -> JobRow:
+        row = session.get(JobRow, job_id)
+        if row is None:
+            raise NotFound(f"no job '{job_id}'")
+        if actor not in (row.submitter, COORDINATOR) and self.role_of(actor) is not Role.operator:
+            raise Forbidden(f"job '{job_id}' belongs to another submitter")
+        if row.status in (JobStatus.finished.value, JobStatus.cancelled.value):
+            raise Conflict(f"job '{job_id}' is {row.status}; submit a new job")
+        return row
+
+    # ------------------------------------------------------------ the market's rounds
+    def clear(self) -> Clearing:
+        """One market round; journaled and stored only when it changed something."""
+        with self._change() as session:
+            now = self.now_s()
+            clearing = self.market.clear(now)
+            if not journal.changed(clearing, self._fill_status):
+                return clearing
+            session.add(MarketCommandRow(at_s=now, kind="clear", payload={}))
+            self._store_leases(session, clearing.stopped)
+            for fill in clearing.fills:
+                self._store_leases(session, fill.new_leases)
+                self._store_leases(session, [n.lease for n in fill.notices])
+                self._note_fill(session, now, fill)
+            self._fill_status.update({f.job: f.status.value for f in clearing.fills})
+            return clearing
+
+    def _note_fill(self, session: Session, now: float, fill: Any) -> None:
+        row = session.get(JobRow, fill.job)
+        if row is None or row.status in (JobStatus.finished.value, JobStatus.cancelled.value):
+            return
+        status = {FillStatus.full: JobStatus.running, FillStatus.partial: JobStatus.running,
+                  FillStatus.unfilled: JobStatus.waiting,
+                  FillStatus.paused: JobStatus.paused}[fill.status]
+        if status.value != row.status or fill.new_leases or fill.notices:
+            row.status = status.value
+            self._event(session, now, COORDINATOR, "job_filled", fill.job,
+                        status=fill.status.value, held=fill.held, reason=fill.reason,
+                        new_leases=[lease.lease for lease in fill.new_leases],
+                        notices=[n.lease.lease for n in fill.notices])
+
+    def _store_leases(self, session: Session, leases: Any) -> None:
+        for lease in leases:
+            lease = self.market.book.leases.get(lease.lease, lease)  # the latest ends_at_s
+            offer = session.get(OfferRow, lease.offer_id)
+            row = session.get(LeaseRow, lease.lease)
+            if row is None:
+                row = LeaseRow(lease=lease.lease, job_id=lease.job, offer_id=lease.offer_id,
+                               provider=lease.provider, price_wei_per_s=lease.price_wei_per_s,
+                               start_s=lease.start_s)
+                session.add(row)
+            row.ends_at_s, row.value = lease.ends_at_s, lease.model_dump(mode="json")
+            if offer is None:
+                raise Conflict(f"lease {lease.lease} names unknown offer {lease.offer_id}")
+
+    def reap_lost_agents(self) -> list[str]:
+        """Withdraw the offers of agents silent past the timeout: their leases end, and the
+        next round leases replacements. Returns the agents found lost."""
+        now = self.now_s()
+        with Session(self.engine) as session:
+            lost = session.scalars(select(AgentRow.agent_id).where(
+                AgentRow.last_seen_s < now - self.settings.agent_timeout_s)).all()
+            offers = session.scalars(select(OfferRow.offer_id).where(
+                OfferRow.agent_id.in_(lost), OfferRow.withdrawn.is_(False))).all()
+        for offer_id in offers:
+            self.withdraw_offer(COORDINATOR, offer_id, reason="agent lost")
+        return list(lost) if offers else []
+
+    def prune_nonces(self) -> int:
+        """Forget nonces older than two skew windows: their requests are refused as stale."""
+        horizon = self.now_s() - 2 * self.settings.max_skew_s
+        with Session(self.engine) as session, session.begin():
+            return session.execute(delete(NonceRow).where(NonceRow.seen_at_s < horizon)).rowcount
+
+    # ------------------------------------------------------------ reads
+    def job(self, job_id: str) -> JobView:
+        with self._lock, Session(self.engine) as session:
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise NotFound(f"no job '{job_id}'")
+            return job_view(row, self._meter(job_id), self.now_s())
+
+    def jobs(self, submitter: str | None = None) -> list[JobView]:
+        with self._lock, Session(self.engine) as session:
+            query = select(JobRow).order_by(JobRow.created_at_s)
+            if submitter:
+                query = query.where(JobRow.submitter == submitter)
+            now = self.now_s()
+            return [job_view(row, self._meter(row.job_id), now) for row in session.scalars(query)]
+
+    def _meter(self, job_id: str) -> Any:
+        try:
+            return self.market.meter(job_id)
+        except MarketError:
+            return None
+
+    def agents(self) -> list[AgentView]:
+        now = self.now_s()
+        with Session(self.engine) as session:
+            return [agent_view(row, now, self.settings.agent_timeout_s)
+                    for row in session.scalars(select(AgentRow).order_by(AgentRow.agent_id))]
+
+    def offers(self) -> list[OfferView]:
+        with Session(self.engine) as session:
+            return [offer_view(row) for row in
+                    session.scalars(select(OfferRow).order_by(OfferRow.offer_id))]
+
+    def participants(self) -> list[Participant]:
+        with Session(self.engine) as session:
+            return [participant_view(row) for row in
+                    session.scalars(select(ParticipantRow).order_by(ParticipantRow.address))]
+
+    def events(self, job_id: str | None = None, after: int = 0, limit: int = 200) -> list[Event]:
+        with Session(self.engine) as session:
+            query = select(EventRow).where(EventRow.seq > after).order_by(EventRow.seq).limit(limit)
+            if job_id is not None:
+                query = query.where(EventRow.job_id == job_id)
+            return [event_view(row) for row in session.scalars(query)]
+
+    def leases_of_agent(self, session: Session, agent_id: str) -> list[DeviceLease]:
+        rows = session.scalars(select(LeaseRow).join(OfferRow, LeaseRow.offer_id == OfferRow.offer_id)
+                               .where(OfferRow.agent_id == agent_id).order_by(LeaseRow.lease))
+        return [DeviceLease.model_validate(row.value) for row in rows]
+
+
+def _check_job_file(text: str) -> None:
+    """Refuse a job file `shoal train` would refuse, before anyone is paid to run it."""
+    import tomllib
+
+    from shoal.spec.jobfile import parse_job
+
+    try:
+        values = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise SpecError(f"job_file: malformed TOML ({error})") from None
+    parse_job(values, source="job_file")

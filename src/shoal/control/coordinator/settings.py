@@ -1,0 +1,64 @@
+"""The coordinator's settings: from flags, or SHOAL_COORDINATOR_* variables.
+
+Defaults are for one machine (SQLite beside the run, loopback only). A
+coordinator bound beyond loopback must name its operators: otherwise no
+one could grant verifiers, and a store of strangers' money would run with
+no one able to administer it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shoal.spec.market import PriceTable, ReferencePrice
+
+DEFAULT_PRICES = Path(__file__).with_name("prices.toml")
+
+
+class CoordinatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SHOAL_COORDINATOR_", frozen=True)
+
+    store_url: str = "sqlite:///runs/coordinator/store.db"
+    host: str = "127.0.0.1"
+    port: int = Field(8470, ge=0, le=65535)
+    # Named in every signed message, so a request cannot be replayed at another coordinator.
+    audience: str = Field("shoal-local", min_length=1, max_length=64)
+    operators: tuple[str, ...] = ()  # addresses with the operator role
+    max_skew_s: float = Field(30.0, gt=0)  # signed times further from our clock are refused
+    max_body_bytes: int = Field(256 * 1024, ge=1024)
+    heartbeat_s: float = Field(1.0, gt=0)  # what agents are told to beat at
+    agent_timeout_s: float = Field(5.0, gt=0)  # silent this long: its leases are replaced
+    clear_interval_s: float = Field(1.0, gt=0)  # a market round every this often
+    notice_period_s: float = Field(30.0, ge=0)  # spot preemption notice
+    prices_file: Path = DEFAULT_PRICES
+
+    @field_validator("operators")
+    @classmethod
+    def _addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from eth_utils import is_address, to_checksum_address
+
+        bad = [a for a in value if not is_address(a)]
+        if bad:
+            raise ValueError(f"operators must be 0x addresses; not: {bad}")
+        return tuple(to_checksum_address(a) for a in value)
+
+    @model_validator(mode="after")
+    def _safe_beyond_loopback(self) -> CoordinatorSettings:
+        if self.host not in ("127.0.0.1", "localhost", "::1") and not self.operators:
+            raise ValueError(f"binding {self.host} exposes the coordinator beyond this "
+                             "machine: name at least one operator address")
+        if self.agent_timeout_s <= 2 * self.heartbeat_s:
+            raise ValueError("agent_timeout_s must exceed two heartbeats, or one late "
+                             "beat would get an agent's leases replaced")
+        return self
+
+    def price_table(self) -> PriceTable:
+        """The on-demand reference prices offers are checked against (wei per second)."""
+        values = tomllib.loads(self.prices_file.read_text())
+        return PriceTable(prices=tuple(
+            ReferencePrice(device_kind=kind, on_demand_wei_per_s=price)
+            for kind, price in values.get("on_demand_wei_per_s", {}).items()))

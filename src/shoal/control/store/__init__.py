@@ -1,0 +1,1 @@
+"""The coordinator's store: SQLAlchemy tables, migrations, and data access."""

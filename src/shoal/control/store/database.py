@@ -1,0 +1,73 @@
+"""Open the coordinator's store: an engine on SQLite (default) or PostgreSQL,
+migrated to the current schema before anyone uses it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+
+from shoal.control.store.errors import StoreError
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001
+    cursor = dbapi_connection.cursor()
+    # WAL lets readers run beside the one writer; NORMAL sync is safe under WAL
+    # (a power cut may lose the last commits, never corrupt); the busy timeout
+    # makes a second writer wait instead of failing.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def open_engine(url: str) -> Engine:
+    """An engine for `url`; sqlite:///PATH and postgresql+psycopg://... are supported."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StoreError(f"store URL {url!r} is not a database URL: use sqlite:///PATH "
+                         "or postgresql+psycopg://USER@HOST:PORT/DB") from None
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(parsed, connect_args={"check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    if parsed.get_backend_name() == "postgresql":
+        if parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return create_engine(parsed, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    raise StoreError(f"store URL {url!r}: only SQLite and PostgreSQL stores are supported")
+
+
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to `revision` (idempotent: a current store is left as it is)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    try:
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+    except OperationalError as error:
+        raise StoreError(f"cannot reach the store at {engine.url.render_as_string()}: "
+                         f"{error.orig}; is the database running and the URL right?") from None
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def open_store_engine(url: str) -> Engine:
+    engine = open_engine(url)
+    migrate(engine)
+    return engine

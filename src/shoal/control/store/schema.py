@@ -1,0 +1,123 @@
+"""The coordinator's tables: participants, agents, offers, jobs, leases, the
+market's command journal, the audit log, and the nonces that stop replays.
+
+Money is integer wei kept as decimal text: SQLite would round a large
+NUMERIC to a float, and a wei lost to rounding is money lost.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+class Wei(TypeDecorator[int]):
+    """An integer of any size, stored as its decimal digits."""
+
+    impl = String(80)
+    cache_ok = True
+
+    def process_bind_param(self, value: int | None, dialect: object) -> str | None:
+        return None if value is None else str(int(value))
+
+    def process_result_value(self, value: str | None, dialect: object) -> int | None:
+        return None if value is None else int(value)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ParticipantRow(Base):
+    __tablename__ = "participants"
+    address: Mapped[str] = mapped_column(String(42), primary_key=True)  # checksummed
+    role: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(64))
+    registered_at_s: Mapped[float] = mapped_column(Float)
+
+
+class NonceRow(Base):
+    """A nonce seen from an address; kept for the skew window, then pruned."""
+
+    __tablename__ = "nonces"
+    address: Mapped[str] = mapped_column(String(42), primary_key=True)
+    nonce: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seen_at_s: Mapped[float] = mapped_column(Float, index=True)
+
+
+class AgentRow(Base):
+    __tablename__ = "agents"
+    agent_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    provider: Mapped[str] = mapped_column(ForeignKey("participants.address"), index=True)
+    region: Mapped[str] = mapped_column(String(128))
+    devices: Mapped[list] = mapped_column(JSON)  # Preflight values, as measured
+    registered_at_s: Mapped[float] = mapped_column(Float)
+    last_seen_s: Mapped[float] = mapped_column(Float)
+    running: Mapped[list] = mapped_column(JSON, default=list)  # lease numbers, as last reported
+
+
+class OfferRow(Base):
+    __tablename__ = "offers"
+    offer_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    provider: Mapped[str] = mapped_column(ForeignKey("participants.address"), index=True)
+    agent_id: Mapped[str] = mapped_column(ForeignKey("agents.agent_id"), index=True)
+    device: Mapped[int] = mapped_column(Integer)
+    device_kind: Mapped[str] = mapped_column(String(128))
+    region: Mapped[str] = mapped_column(String(128))
+    speed_samples_per_s: Mapped[float] = mapped_column(Float)
+    memory_gb: Mapped[float] = mapped_column(Float)
+    price_wei_per_s: Mapped[int] = mapped_column(Wei)
+    tenancy: Mapped[str] = mapped_column(String(16))
+    reference_wei_per_s: Mapped[int | None] = mapped_column(Wei, nullable=True)
+    withdrawn: Mapped[bool] = mapped_column(Boolean, default=False)
+    marked_down: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    job_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    submitter: Mapped[str] = mapped_column(ForeignKey("participants.address"), index=True)
+    job_file: Mapped[str] = mapped_column(Text)
+    bid: Mapped[dict] = mapped_column(JSON)  # the market Bid, budget as first escrowed
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    created_at_s: Mapped[float] = mapped_column(Float)
+
+
+class LeaseRow(Base):
+    """A device lease as the market made it; `ends_at_s` is set when it ends."""
+
+    __tablename__ = "leases"
+    lease: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    offer_id: Mapped[str] = mapped_column(ForeignKey("offers.offer_id"), index=True)
+    provider: Mapped[str] = mapped_column(String(42), index=True)
+    price_wei_per_s: Mapped[int] = mapped_column(Wei)
+    start_s: Mapped[float] = mapped_column(Float)
+    ends_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    value: Mapped[dict] = mapped_column(JSON)  # the DeviceLease, as last known
+
+
+class MarketCommandRow(Base):
+    """One call that changed the market, in order: replayed, they rebuild it exactly."""
+
+    __tablename__ = "market_commands"
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at_s: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(32))
+    payload: Mapped[dict] = mapped_column(JSON)
+
+
+class EventRow(Base):
+    """The audit log: every state change, by whom, when."""
+
+    __tablename__ = "events"
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at_s: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str] = mapped_column(String(42))
+    kind: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    detail: Mapped[dict] = mapped_column(JSON)
+
+    __table_args__ = (Index("ix_events_job_seq", "job_id", "seq"),)

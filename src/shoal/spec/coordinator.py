@@ -1,0 +1,225 @@
+"""Values that cross the coordinator's HTTP API: who is calling, what they
+register, offer and submit, and what the coordinator answers.
+
+The market's own values (offers, bids, leases) live in `spec.market`; these
+wrap them with the identity of the caller, who never states it in a body:
+the coordinator takes it from the request's signature.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from shoal.spec.job import Frozen
+from shoal.spec.market import DeviceLease, Name, PricePerSecond, Tenancy, Wei
+
+Address = Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{40}$")]
+Label = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+# A job file is small text; anything larger is refused before it is parsed.
+JOB_FILE_MAX_CHARS = 64 * 1024
+
+
+class Role(str, enum.Enum):
+    """What a key may do. Submitters and providers register themselves;
+    verifiers are named by an operator; operators by the coordinator's settings."""
+
+    submitter = "submitter"
+    provider = "provider"
+    verifier = "verifier"
+    operator = "operator"
+
+
+SELF_SERVICE_ROLES = frozenset({Role.submitter, Role.provider})
+
+
+class Registration(Frozen):
+    """A key asks for a role under a display name."""
+
+    role: Role
+    name: Label
+
+
+class Participant(Frozen):
+    address: Address
+    role: Role
+    name: Label
+    registered_at_s: float
+
+
+class Grant(Frozen):
+    """An operator gives a role (verifier, operator) to another key."""
+
+    address: Address
+    role: Role
+    name: Label
+
+
+class Backend(str, enum.Enum):
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+class Preflight(Frozen):
+    """What an agent measured on its own device before offering it."""
+
+    device_kind: Name
+    speed_samples_per_s: float = Field(gt=0.0, le=1e9)
+    memory_gb: float = Field(gt=0.0, le=1e6)
+    backend: Backend = Backend.gloo
+    collective_ok: bool  # a collective with the coordinator's probe completed
+
+
+class AgentRegistration(Frozen):
+    """An agent (a provider's machine) and the devices it measured."""
+
+    agent_id: Label
+    region: Name
+    devices: tuple[Preflight, ...] = Field(min_length=1, max_length=64)
+
+
+class AgentView(Frozen):
+    agent_id: Label
+    provider: Address
+    region: Name
+    devices: tuple[Preflight, ...]
+    registered_at_s: float
+    last_seen_s: float
+    online: bool
+
+
+class OfferTerms(Frozen):
+    """A device of a registered agent put on the market at a price.
+
+    Speed and memory are not stated here: they are the agent's measured
+    figures, so a provider cannot claim more than its pre-flight showed.
+    """
+
+    offer_id: Label
+    agent_id: Label
+    device: int = Field(0, ge=0, le=63)  # index into the agent's measured devices
+    price_wei_per_s: PricePerSecond
+    tenancy: Tenancy = Tenancy.spot
+
+
+class OfferView(Frozen):
+    offer_id: Label
+    provider: Address
+    agent_id: Label
+    device_kind: Name
+    region: Name
+    speed_samples_per_s: float  # what the market uses: measured, marked down if not met
+    memory_gb: float
+    price_wei_per_s: int
+    tenancy: Tenancy
+    reference_wei_per_s: int | None
+    withdrawn: bool
+    marked_down: bool
+
+
+class JobSubmission(Frozen):
+    """A job file and the terms its submitter will pay on."""
+
+    name: Label
+    job_file: str = Field(min_length=1, max_length=JOB_FILE_MAX_CHARS)  # TOML, as `shoal train` reads
+    workers: int = Field(ge=1, le=1024)
+    min_workers: int = Field(1, ge=1, le=1024)
+    min_speed_samples_per_s: float = Field(0.0, ge=0.0, le=1e9)
+    min_memory_gb: float = Field(0.0, ge=0.0, le=1e6)
+    regions: frozenset[Name] = Field(frozenset(), max_length=64)
+    tenancies: frozenset[Tenancy] = frozenset(Tenancy)
+    max_price_wei_per_s: PricePerSecond
+    budget_wei: Wei
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _min_fits(self) -> JobSubmission:
+        if self.min_workers > self.workers:
+            raise ValueError(f"min_workers ({self.min_workers}) must not exceed workers ({self.workers})")
+        if not self.tenancies:
+            raise ValueError("tenancies must name at least one of 'spot', 'on_demand'")
+        return self
+
+
+class JobStatus(str, enum.Enum):
+    waiting = "waiting"  # fewer than min_workers leased
+    running = "running"
+    paused = "paused"  # out of escrow or paused by its submitter; resumes when topped up
+    finished = "finished"
+    cancelled = "cancelled"
+
+
+class TopUp(Frozen):
+    amount_wei: int = Field(ge=1)
+
+
+class JobView(Frozen):
+    job_id: Label
+    name: Label
+    submitter: Address
+    status: JobStatus
+    workers: int
+    max_price_wei_per_s: int
+    budget_wei: int
+    spent_wei: int  # billed by now, per second of each lease
+    remaining_wei: int
+    priority: int
+    leases: tuple[DeviceLease, ...]  # which devices each lease holds, ended ones included
+    created_at_s: float
+
+
+class Heartbeat(Frozen):
+    """An agent is alive; it says which leases it is running workers for."""
+
+    running: tuple[int, ...] = Field((), max_length=64)  # lease numbers
+
+
+class Assignment(Frozen):
+    """What an agent must run: a worker for each open lease on its devices."""
+
+    lease: DeviceLease
+    job_file: str
+    ends_at_s: float | None  # a spot notice: leave gracefully by then
+
+
+class HeartbeatReply(Frozen):
+    at_s: float
+    assignments: tuple[Assignment, ...] = ()
+    stop: tuple[int, ...] = ()  # leases that ended: stop their workers now
+
+
+class Event(Frozen):
+    """One entry of the audit log: every state change, who made it, and when."""
+
+    seq: int
+    at_s: float
+    actor: str  # an address, or "coordinator" for its own decisions
+    kind: str
+    job_id: str | None = None
+    detail: dict[str, object] = Field(default_factory=dict)
+
+
+class Problem(Frozen):
+    """The JSON body of every 4xx answer."""
+
+    detail: str
+
+
+class ProviderView(Frozen):
+    """A provider with its agents and the devices it offers."""
+
+    address: Address
+    name: Label
+    agents: tuple[AgentView, ...]
+    offers: tuple[OfferView, ...]
+
+
+class Info(Frozen):
+    """What a client needs before it signs: whom to sign for, and how often to beat."""
+
+    audience: str
+    version: str
+    heartbeat_s: float
+    max_skew_s: float

@@ -1,0 +1,134 @@
+"""The coordinator end to end over HTTP on both stores: offers, a job, a lease
+with the device it holds, the agent told to run it, escrow and its pause, a
+lost agent replaced, and everything rebuilt after a restart."""
+
+from __future__ import annotations
+
+import time
+
+from eth_account import Account
+
+from shoal.control.coordinator import Coordinator
+from shoal.spec.coordinator import Heartbeat, JobStatus, JobSubmission, OfferTerms, Registration
+from tests.control.coordinator.conftest import TINY_JOB, Served, make_settings, provider_with_agent
+
+PRICE = 1_000_000  # wei per second, under the cpu reference
+
+
+def submit(client, workers=1, budget=10**12, max_price=2 * PRICE, name="tiny", **terms):
+    client.register(Registration(role="submitter", name="alice"))
+    return client.submit(JobSubmission(name=name, job_file=TINY_JOB, workers=workers,
+                                       max_price_wei_per_s=max_price, budget_wei=budget, **terms))
+
+
+def offer(client, agent_id="agent-a", offer_id="dev-a", price=PRICE, **terms):
+    provider_with_agent(client, agent_id)
+    return client.post_offer(OfferTerms(offer_id=offer_id, agent_id=agent_id,
+                                        price_wei_per_s=price, **terms))
+
+
+def beat_for(client, seconds, agent_id="agent-a"):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        client.heartbeat(agent_id, Heartbeat())
+        time.sleep(0.1)
+
+
+def test_a_job_is_leased_the_device_and_its_agent_told_to_run_it(served: Served):
+    provider, submitter = served.client(Account.create()), served.client(Account.create())
+    posted = offer(provider)
+    assert posted.speed_samples_per_s == 100.0  # the agent's measured figure, not a claim
+    job = submit(submitter)
+    assert job.status is JobStatus.waiting and job.leases == ()
+
+    served.app.state.rounds.once()
+    job = submitter.job(job.job_id)
+    assert job.status is JobStatus.running
+    (lease,) = job.leases
+    assert (lease.offer_id, lease.provider, lease.device_kind) == ("dev-a", provider.account.address, "cpu")
+    assert lease.price_wei_per_s == PRICE  # paid its asked price, not the ceiling
+
+    reply = provider.heartbeat("agent-a", Heartbeat())
+    (assignment,) = reply.assignments
+    assert assignment.lease.lease == lease.lease and assignment.job_file == TINY_JOB
+
+    cancelled = submitter.job_action(job.job_id, "cancel")
+    assert cancelled.status is JobStatus.cancelled
+    assert all(lease.ends_at_s is not None for lease in cancelled.leases)  # no idle billing
+    reply = provider.heartbeat("agent-a", Heartbeat(running=(lease.lease,)))
+    assert reply.assignments == () and reply.stop == (lease.lease,)
+    kinds = [e.kind for e in submitter.events(job=job.job_id)]
+    assert kinds == ["job_submitted", "job_filled", "job_cancelled"]
+
+
+def test_a_job_out_of_escrow_pauses_and_resumes_when_topped_up(served: Served):
+    provider, submitter = served.client(Account.create()), served.client(Account.create())
+    offer(provider)
+    job = submit(submitter, budget=2 * PRICE)  # two seconds of one device
+    served.app.state.rounds.once()
+    assert submitter.job(job.job_id).status is JobStatus.running
+    beat_for(provider, 2.2)  # the agent stays alive while the escrow runs out
+    served.app.state.rounds.once()
+    paused = submitter.job(job.job_id)
+    assert paused.status is JobStatus.paused
+    assert paused.spent_wei <= paused.budget_wei  # never billed past the escrow
+    assert all(lease.ends_at_s is not None for lease in paused.leases)
+
+    submitter.top_up(job.job_id, 100 * PRICE)
+    served.app.state.rounds.once()
+    resumed = submitter.job(job.job_id)
+    assert resumed.status is JobStatus.running
+    assert len([lease for lease in resumed.leases if lease.ends_at_s is None]) == 1
+
+
+def test_a_lost_agent_is_replaced_from_the_market(served: Served):
+    first, second = served.client(Account.create()), served.client(Account.create())
+    submitter = served.client(Account.create())
+    offer(first, "agent-a", "dev-a", price=PRICE)
+    offer(second, "agent-b", "dev-b", price=PRICE + 1)  # dearer: leased only as the replacement
+    job = submit(submitter)
+    served.app.state.rounds.once()
+    assert [lease.offer_id for lease in submitter.job(job.job_id).leases] == ["dev-a"]
+
+    deadline = time.monotonic() + 5  # agent-a goes silent; agent-b keeps beating
+    while time.monotonic() < deadline:
+        second.heartbeat("agent-b", Heartbeat())
+        served.app.state.rounds.once()
+        leases = submitter.job(job.job_id).leases
+        if any(lease.offer_id == "dev-b" for lease in leases):
+            break
+        time.sleep(0.2)
+    leases = {lease.offer_id: lease for lease in submitter.job(job.job_id).leases}
+    assert leases["dev-a"].ends_at_s is not None and leases["dev-b"].ends_at_s is None
+    lost = [e for e in submitter.events() if e.kind == "offer_withdrawn"]
+    assert lost and lost[0].detail["reason"] == "agent lost"
+
+
+def test_a_restarted_coordinator_rebuilds_the_same_market(store_url, operator):
+    coordinator = Coordinator(make_settings(store_url, operator))
+    served = Served(coordinator)
+    provider, submitter = served.client(Account.create()), served.client(Account.create())
+    offer(provider, "agent-a", "dev-a")
+    offer(provider, "agent-b", "dev-b")
+    job = submit(submitter, workers=2)
+    served.app.state.rounds.once()
+    submitter.top_up(job.job_id, 12345)
+    before = submitter.job(job.job_id)
+    served.stop()
+    coordinator.engine.dispose()
+
+    again = Coordinator(make_settings(store_url, operator))
+    meter = again.market.meter(job.job_id)
+    assert meter.leases == before.leases and meter.budget_wei == before.budget_wei
+    again.clear()  # a round after the restart leases nothing twice
+    assert again.market.meter(job.job_id).leases == before.leases
+    assert again.job(job.job_id).status is JobStatus.running
+    again.engine.dispose()
+
+
+def test_a_spot_only_bid_is_never_filled_with_on_demand(served: Served):
+    provider, submitter = served.client(Account.create()), served.client(Account.create())
+    offer(provider, tenancy="on_demand")
+    job = submit(submitter, tenancies=frozenset({"spot"}))
+    served.app.state.rounds.once()
+    assert submitter.job(job.job_id).leases == ()
