@@ -19,6 +19,11 @@ import typer
 
 from shoal import ShoalError, __version__
 from shoal.cli.chain_cmd import chain_app
+from shoal.cli.coordinator_cmd import coordinator_command
+from shoal.cli.market_cmd import (
+    cancel_command, events_command, jobs_command, key_app, providers_command, submit_command,
+    top_up_command,
+)
 from shoal.cli.run_cmd import run_command
 from shoal.cli.train_cmd import train_command
 
@@ -32,6 +37,14 @@ app = typer.Typer(
 app.command("train")(train_command)
 app.command("run")(run_command)
 app.add_typer(chain_app, name="chain")
+app.command("coordinator")(coordinator_command)
+app.command("submit")(submit_command)
+app.command("jobs")(jobs_command)
+app.command("providers")(providers_command)
+app.command("events")(events_command)
+app.command("top-up")(top_up_command)
+app.command("cancel")(cancel_command)
+app.add_typer(key_app, name="key")
 
 
 @app.callback()

@@ -1,0 +1,151 @@
+"""`shoal submit | jobs | providers | events | top-up | cancel | key new`: the
+coordinator's API from the command line, signed with the caller's key."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+URL = typer.Option("http://127.0.0.1:8470", "--coordinator", envvar="SHOAL_COORDINATOR_URL",
+                   help="The coordinator's URL.")
+KEY = typer.Option(None, "--key", envvar="SHOAL_KEY", help="File with your private key "
+                   "(`shoal key new PATH` makes one).")
+AS_JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
+key_app = typer.Typer(help="Keys that sign your requests to a coordinator.", no_args_is_help=True)
+
+
+def _client(url: str, key: Path | None = None):  # noqa: ANN202
+    from shoal.control.client import CoordinatorClient
+    from shoal.control.identity import load_key
+
+    return CoordinatorClient(url, load_key(str(key)) if key else None)
+
+
+def _print(data: list, as_json: bool, table: Table) -> None:
+    if as_json:
+        typer.echo(json.dumps([d.model_dump(mode="json") for d in data], indent=1))
+    else:
+        Console().print(table)
+
+
+@key_app.command("new")
+def key_new(path: Path = typer.Argument(..., help="Where to write the key (mode 600).")) -> None:
+    """Create a key file and print its address."""
+    from shoal.control.errors import ControlError
+    from shoal.control.identity import new_key
+
+    try:
+        account = new_key(str(path))
+    except FileExistsError:
+        raise ControlError(f"{path} exists; a key is never overwritten") from None
+    typer.echo(account.address)
+
+
+def submit_command(
+    job_file: Path = typer.Argument(..., help="The job file (TOML) to run."),
+    workers: int = typer.Option(..., "--workers", help="Devices wanted."),
+    max_price: int = typer.Option(..., "--max-price", help="Most wei per second per device."),
+    budget: int = typer.Option(..., "--budget", help="Wei escrowed for the job."),
+    min_workers: int = typer.Option(1, "--min-workers", help="Fewest devices to run with."),
+    priority: int = typer.Option(0, "--priority", help="Higher may preempt lower spot leases."),
+    spot_only: bool = typer.Option(False, "--spot-only", help="Never lease on-demand devices."),
+    region: list[str] = typer.Option([], "--region", help="Allowed region (repeatable)."),
+    url: str = URL, key: Path = KEY,
+) -> None:
+    """Submit a job with its budget and price ceiling; prints the job id."""
+    from pydantic import ValidationError
+
+    from shoal.control.client import CoordinatorRefused
+    from shoal.control.errors import ControlError
+    from shoal.spec.coordinator import JobSubmission, Registration
+
+    if not job_file.is_file():
+        raise ControlError(f"job file {job_file} not found")
+    with _client(url, key) as client:
+        try:
+            client.register(Registration(role="submitter", name=job_file.stem[:64] or "submitter"))
+        except CoordinatorRefused as refused:
+            if refused.status != 409:
+                raise
+        try:
+            submission = JobSubmission(
+                name=job_file.stem[:64], job_file=job_file.read_text(), workers=workers,
+                min_workers=min_workers, max_price_wei_per_s=max_price, budget_wei=budget,
+                priority=priority, regions=frozenset(region),
+                tenancies=frozenset({"spot"}) if spot_only else frozenset({"spot", "on_demand"}))
+        except ValidationError as error:
+            raise ControlError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                         for e in error.errors())) from None
+        job = client.submit(submission)
+    typer.echo(job.job_id)
+
+
+def jobs_command(url: str = URL, as_json: bool = AS_JSON) -> None:
+    """List jobs: status, devices held, spend against budget."""
+    with _client(url) as client:
+        jobs = client.jobs()
+    table = Table("job", "status", "workers", "held", "spent / budget (wei)", "devices")
+    now = time.time()
+    for job in jobs:
+        held = [lease for lease in job.leases if lease.ends_at_s is None or lease.ends_at_s > now]
+        table.add_row(job.job_id, job.status.value, str(job.workers), str(len(held)),
+                      f"{job.spent_wei} / {job.budget_wei}",
+                      ", ".join(f"{lease.offer_id} ({lease.device_kind}, {lease.region}, "
+                                f"{lease.price_wei_per_s} wei/s)" for lease in held))
+    _print(jobs, as_json, table)
+
+
+def providers_command(url: str = URL, as_json: bool = AS_JSON) -> None:
+    """List providers, their agents and their offers."""
+    with _client(url) as client:
+        providers = client.providers()
+    table = Table("provider", "name", "agents online", "offers (kind, speed, price)")
+    for p in providers:
+        table.add_row(p.address, p.name, f"{sum(a.online for a in p.agents)}/{len(p.agents)}",
+                      ", ".join(f"{o.offer_id} ({o.device_kind}, {o.speed_samples_per_s:g}/s, "
+                                f"{o.price_wei_per_s} wei/s{', withdrawn' if o.withdrawn else ''})"
+                                for o in p.offers))
+    _print(providers, as_json, table)
+
+
+def events_command(
+    job: str = typer.Argument(None, help="Only this job's events."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new events."),
+    url: str = URL, as_json: bool = AS_JSON,
+) -> None:
+    """Print the audit log: every state change, who made it, when."""
+    after = 0
+    with _client(url) as client:
+        while True:
+            for event in client.events(job=job, after=after, limit=1000):
+                after = event.seq
+                if as_json:
+                    typer.echo(event.model_dump_json())
+                else:
+                    stamp = time.strftime("%H:%M:%S", time.localtime(event.at_s))
+                    detail = " ".join(f"{k}={v}" for k, v in event.detail.items())
+                    typer.echo(f"{event.seq:>6} {stamp} {event.kind:<16} {event.job_id or '-'} "
+                               f"by {event.actor[:10]} {detail}")
+            if not follow:
+                return
+            time.sleep(1.0)
+
+
+def top_up_command(job: str = typer.Argument(...), amount: int = typer.Argument(..., help="wei"),
+                   url: str = URL, key: Path = KEY) -> None:
+    """Add escrow to your job; a job paused for want of it resumes."""
+    with _client(url, key) as client:
+        view = client.top_up(job, amount)
+    typer.echo(f"{view.job_id}: budget {view.budget_wei} wei, remaining {view.remaining_wei} wei")
+
+
+def cancel_command(job: str = typer.Argument(...), url: str = URL, key: Path = KEY) -> None:
+    """Cancel your job: every lease ends now."""
+    with _client(url, key) as client:
+        view = client.job_action(job, "cancel")
+    typer.echo(f"{view.job_id}: {view.status.value}, spent {view.spent_wei} wei")
