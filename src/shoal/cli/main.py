@@ -24,6 +24,7 @@ from shoal.cli.market_cmd import (
     cancel_command, events_command, jobs_command, key_app, providers_command, submit_command,
     top_up_command,
 )
+from shoal.cli.rendezvous_cmd import rendezvous_command
 from shoal.cli.run_cmd import run_command
 from shoal.cli.train_cmd import train_command
 
@@ -37,6 +38,7 @@ app = typer.Typer(
 app.command("train")(train_command)
 app.command("run")(run_command)
 app.add_typer(chain_app, name="chain")
+app.command("rendezvous")(rendezvous_command)
 app.command("coordinator")(coordinator_command)
 app.command("submit")(submit_command)
 app.command("jobs")(jobs_command)

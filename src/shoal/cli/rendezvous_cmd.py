@@ -1,0 +1,26 @@
+"""`shoal rendezvous`: host one job's store and membership authority, no workers
+(like torchrun's standalone rendezvous endpoint, or torchft's lighthouse)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def rendezvous_command(
+    bind: str = typer.Option("127.0.0.1", "--bind", help="Address the store listens on."),
+    port: int = typer.Option(0, "--port", help="TCP port (0: a free one, written to host.json)."),
+    run_dir: Path = typer.Option(..., "--run-dir", help="Where host.json, epochs and final.json go."),
+    min_workers: int = typer.Option(1, "--min-workers", min=1, help="Workers the first epoch waits for."),
+    stall_deadline_s: float = typer.Option(1.0, "--stall-deadline-s", min=0.1,
+                                           help="Least time a worker may fall behind before it is fenced."),
+    linger_s: float = typer.Option(10.0, "--linger-s", min=0.0,
+                                   help="Seconds to keep the store up after the job ends."),
+) -> None:
+    """Serve one job's rendezvous until it is done; workers join with --rendezvous HOST:PORT."""
+    from shoal.control.job_host import JobHostConfig, serve_job
+
+    final = serve_job(JobHostConfig(bind, port, run_dir, min_workers, stall_deadline_s, linger_s))
+    if "failed" in final:
+        raise typer.Exit(code=1)

@@ -1,0 +1,78 @@
+"""One job's rendezvous store and membership authority in a process of their
+own, with no workers: what the coordinator starts for each job it runs, and
+what `shoal rendezvous` runs on a host that trains nothing.
+
+Apart from the coordinator, a job host outlives the coordinator's restart:
+workers keep their rendezvous while the coordinator is down. It writes
+`host.json` (endpoint, pid) when it serves, and `final.json` when the job is
+done or given up, then lingers so late workers can still read the store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.control.authority import AuthorityConfig
+from shoal.control.liveness import LivenessConfig
+from shoal.control.serve import RendezvousServer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobHostConfig:
+    bind: str
+    port: int  # 0: a free port, written to host.json
+    run_dir: Path
+    min_workers: int = 1
+    stall_deadline_s: float = 1.0  # liveness floor, as `--stall-deadline-s` of the launcher
+    linger_s: float = 10.0  # after the end, other hosts' workers may still read the store
+
+
+def serve_job(config: JobHostConfig) -> dict[str, object]:
+    """Serve until the job is done or given up; returns what final.json holds."""
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    server = RendezvousServer(config.bind, config.port)
+    _write(config.run_dir / "host.json", {"endpoint": server.endpoint, "pid": os.getpid(),
+                                          "t0": time.time()})
+    (config.run_dir / "launch.json").write_text(json.dumps({"t0": time.time()}))
+    server.start_authority(
+        AuthorityConfig(min_workers=config.min_workers,
+                        liveness=LivenessConfig(floor_s=config.stall_deadline_s)),
+        process_alive=lambda worker: None,  # no worker runs here; their launchers report exits
+        event_log=config.run_dir / "epochs.jsonl")
+    log.info("job host on %s (run dir %s)", server.endpoint, config.run_dir)
+    try:
+        while not server.rdzv.done():
+            time.sleep(0.1)
+        failure = server.rdzv.failure()
+        server.stop_authority()
+        final = {"failed": failure} if failure else {"final": server.rdzv.final()}
+        _write(config.run_dir / "final.json", final)
+        time.sleep(config.linger_s)
+        return final
+    finally:
+        server.close()
+
+
+def read_host(run_dir: Path) -> dict[str, object] | None:
+    """The endpoint and pid a job host wrote, or None if it has not started yet."""
+    path = run_dir / "host.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def read_final(run_dir: Path) -> dict[str, object] | None:
+    path = run_dir / "final.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _write(path: Path, value: dict[str, object]) -> None:
+    """Whole or not at all: a reader never sees half a file."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(value))
+    partial.replace(path)
