@@ -149,6 +149,10 @@ class JobStatus(str, enum.Enum):
     paused = "paused"  # out of escrow or paused by its submitter; resumes when topped up
     finished = "finished"
     cancelled = "cancelled"
+    failed = "failed"  # given up by its authority, or its job host was lost
+
+
+ENDED = frozenset({JobStatus.finished, JobStatus.cancelled, JobStatus.failed})
 
 
 class TopUp(Frozen):
@@ -168,6 +172,7 @@ class JobView(Frozen):
     priority: int
     leases: tuple[DeviceLease, ...]  # which devices each lease holds, ended ones included
     created_at_s: float
+    rendezvous: str | None = None  # the job host's HOST:PORT once it serves
 
 
 class Heartbeat(Frozen):
@@ -181,6 +186,7 @@ class Assignment(Frozen):
 
     lease: DeviceLease
     job_file: str
+    rendezvous: str  # HOST:PORT of the job's host: run the worker with --rendezvous
     ends_at_s: float | None  # a spot notice: leave gracefully by then
 
 

@@ -47,7 +47,10 @@ def operator():
 
 
 def make_settings(store_url: str, operator=None, **overrides) -> CoordinatorSettings:
+    import tempfile
+
     values = dict(store_url=store_url, audience="shoal-test", heartbeat_s=0.2,
+                  data_dir=tempfile.mkdtemp(prefix="shoal-coordinator-"),
                   agent_timeout_s=1.0, clear_interval_s=0.1, notice_period_s=2.0)
     if operator is not None:
         values["operators"] = (operator.address,)
@@ -87,6 +90,7 @@ def served(store_url, operator) -> Iterator[Served]:
     serving = Served(coordinator)
     yield serving
     serving.stop()
+    coordinator.hosts.stop_all()
     coordinator.engine.dispose()
 
 

@@ -27,6 +27,20 @@ def offer(client, agent_id="agent-a", offer_id="dev-a", price=PRICE, **terms):
                                         price_wei_per_s=price, **terms))
 
 
+def until(read, ok, served, beat=(), timeout_s=60.0):
+    """Run market rounds until `ok(read())`; the agents in `beat` stay alive meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for client, agent_id in beat:
+            client.heartbeat(agent_id, Heartbeat())
+        served.app.state.rounds.once()
+        value = read()
+        if ok(value):
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"not reached in {timeout_s} s: {value}")
+
+
 def beat_for(client, seconds, agent_id="agent-a"):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -48,9 +62,13 @@ def test_a_job_is_leased_the_device_and_its_agent_told_to_run_it(served: Served)
     assert (lease.offer_id, lease.provider, lease.device_kind) == ("dev-a", provider.account.address, "cpu")
     assert lease.price_wei_per_s == PRICE  # paid its asked price, not the ceiling
 
+    assert provider.heartbeat("agent-a", Heartbeat()).assignments == ()  # no rendezvous yet
+    job = until(lambda: submitter.job(job.job_id), lambda j: j.rendezvous, served,
+                beat=[(provider, "agent-a")])
     reply = provider.heartbeat("agent-a", Heartbeat())
     (assignment,) = reply.assignments
     assert assignment.lease.lease == lease.lease and assignment.job_file == TINY_JOB
+    assert assignment.rendezvous == job.rendezvous
 
     cancelled = submitter.job_action(job.job_id, "cancel")
     assert cancelled.status is JobStatus.cancelled
@@ -58,7 +76,8 @@ def test_a_job_is_leased_the_device_and_its_agent_told_to_run_it(served: Served)
     reply = provider.heartbeat("agent-a", Heartbeat(running=(lease.lease,)))
     assert reply.assignments == () and reply.stop == (lease.lease,)
     kinds = [e.kind for e in submitter.events(job=job.job_id)]
-    assert kinds == ["job_submitted", "job_filled", "job_cancelled"]
+    assert kinds == ["job_submitted", "job_filled", "job_host_started", "job_rendezvous",
+                     "job_cancelled"]
 
 
 def test_a_job_out_of_escrow_pauses_and_resumes_when_topped_up(served: Served):
@@ -123,6 +142,7 @@ def test_a_restarted_coordinator_rebuilds_the_same_market(store_url, operator):
     again.clear()  # a round after the restart leases nothing twice
     assert again.market.meter(job.job_id).leases == before.leases
     assert again.job(job.job_id).status is JobStatus.running
+    coordinator.hosts.stop_all()
     again.engine.dispose()
 
 

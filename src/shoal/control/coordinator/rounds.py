@@ -33,6 +33,7 @@ class RoundLoop:
             log.warning("agents lost (silent > %.1f s): %s; their leases are replaced",
                         self.coordinator.settings.agent_timeout_s, ", ".join(lost))
         clearing = self.coordinator.clear()
+        self.coordinator.supervise_jobs()
         self.metrics.rounds.inc()
         self.metrics.leases.inc(sum(len(f.new_leases) for f in clearing.fills))
         self.metrics.notices.inc(len(clearing.notices))

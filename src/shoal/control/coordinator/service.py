@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from shoal.control.coordinator import journal
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.control.coordinator.job_hosts import JobHosts
 from shoal.control.coordinator.settings import CoordinatorSettings
 from shoal.control.coordinator.views import (
     agent_view, event_view, job_view, offer_view, participant_view,
@@ -33,7 +34,7 @@ from shoal.control.store.schema import (
 )
 from shoal.market import Clearing, Market, MarketConfig, MarketError
 from shoal.spec.coordinator import (
-    SELF_SERVICE_ROLES, AgentRegistration, AgentView, Assignment, Event, Grant, Heartbeat,
+    ENDED, SELF_SERVICE_ROLES, AgentRegistration, AgentView, Assignment, Event, Grant, Heartbeat,
     HeartbeatReply, JobStatus, JobSubmission, JobView, OfferTerms, OfferView, Participant, Registration, Role,
 )
 from shoal.spec.errors import SpecError
@@ -56,6 +57,8 @@ class Coordinator:
                              MarketConfig(notice_period_s=settings.notice_period_s))
         self._fill_status: dict[str, str] = {}
         self._last_s = 0.0
+        self.hosts = JobHosts(settings.data_dir / "jobs", settings.rendezvous_address,
+                              settings.stall_deadline_s)
         self._rebuild()
 
     # ------------------------------------------------------------ time and transactions
@@ -237,14 +240,17 @@ class Coordinator:
             leases = self.leases_of_agent(session, agent_id)
             current = [lease for lease in leases
                        if lease.ends_at_s is None or lease.ends_at_s > now]
-            files = {row.job_id: row.job_file for row in session.scalars(
+            jobs = {row.job_id: row for row in session.scalars(
                 select(JobRow).where(JobRow.job_id.in_({lease.job for lease in current})))}
         open_numbers = {lease.lease for lease in current if lease.start_s <= now}
         return HeartbeatReply(
             at_s=now,
-            assignments=tuple(Assignment(lease=lease, job_file=files[lease.job],
+            # A worker is assigned once its job's host serves: it has a rendezvous to join.
+            assignments=tuple(Assignment(lease=lease, job_file=jobs[lease.job].job_file,
+                                         rendezvous=jobs[lease.job].rendezvous,
                                          ends_at_s=lease.ends_at_s)
-                              for lease in current if lease.lease in open_numbers),
+                              for lease in current if lease.lease in open_numbers
+                              and jobs[lease.job].rendezvous),
             stop=tuple(n for n in beat.running if n not in open_numbers))
 
     def _own_agent(self, session: Session, provider: str, agent_id: str) -> AgentRow:
@@ -298,7 +304,7 @@ class Coordinator:
             self._event(session, now, actor, "job_paused" if paused else "job_resumed", job_id)
             return job_view(row, self.market.meter(job_id), now)
 
-    def end_job(self, actor: str, job_id: str, status: JobStatus) -> JobView:
+    def end_job(self, actor: str, job_id: str, status: JobStatus, **detail: Any) -> JobView:
         """Finish or cancel: every lease ends now, so nothing bills idle."""
         with self._change() as session:
             now = self.now_s()
@@ -307,7 +313,9 @@ class Coordinator:
             self._store_leases(session, meter.leases)
             row.status = status.value
             self._event(session, now, actor, f"job_{status.value}", job_id,
-                        spent_wei=str(meter.accrued_wei(now)))
+                        spent_wei=str(meter.accrued_wei(now)), **detail)
+            if status is not JobStatus.finished:
+                self.hosts.stop(job_id, row.host_pid)
             return job_view(row, meter, now)
 
     def _own_job(self, session: Session, actor: str, job_id: str) -> JobRow:
@@ -316,7 +324,7 @@ class Coordinator:
             raise NotFound(f"no job '{job_id}'")
         if actor not in (row.submitter, COORDINATOR) and self.role_of(actor) is not Role.operator:
             raise Forbidden(f"job '{job_id}' belongs to another submitter")
-        if row.status in (JobStatus.finished.value, JobStatus.cancelled.value):
+        if JobStatus(row.status) in ENDED:
             raise Conflict(f"job '{job_id}' is {row.status}; submit a new job")
         return row
 
@@ -339,7 +347,7 @@ class Coordinator:
 
     def _note_fill(self, session: Session, now: float, fill: Any) -> None:
         row = session.get(JobRow, fill.job)
-        if row is None or row.status in (JobStatus.finished.value, JobStatus.cancelled.value):
+        if row is None or JobStatus(row.status) in ENDED:
             return
         status = {FillStatus.full: JobStatus.running, FillStatus.partial: JobStatus.running,
                   FillStatus.unfilled: JobStatus.waiting,
@@ -364,6 +372,41 @@ class Coordinator:
             row.ends_at_s, row.value = lease.ends_at_s, lease.model_dump(mode="json")
             if offer is None:
                 raise Conflict(f"lease {lease.lease} names unknown offer {lease.offer_id}")
+
+    def supervise_jobs(self) -> None:
+        """Start a host for each job that holds devices; finish jobs whose host says so."""
+        with Session(self.engine) as session:
+            live = session.scalars(select(JobRow).where(JobRow.status.in_(
+                [JobStatus.waiting.value, JobStatus.running.value, JobStatus.paused.value]))).all()
+        for row in live:
+            if row.host_pid is None:
+                if row.status == JobStatus.running.value:
+                    self._start_host(row.job_id, int(row.bid["min_workers"]))
+                continue
+            state = self.hosts.state(row.job_id, row.host_pid)
+            if state.final is not None:
+                failed = state.final.get("failed")
+                self.end_job(COORDINATOR, row.job_id,
+                             JobStatus.failed if failed else JobStatus.finished,
+                             **({"reason": failed} if failed else state.final))
+            elif state.lost:
+                self.end_job(COORDINATOR, row.job_id, JobStatus.failed,
+                             reason="its job host exited without a final word")
+            elif state.rendezvous and state.rendezvous != row.rendezvous:
+                self._set_rendezvous(row.job_id, state.rendezvous)
+
+    def _start_host(self, job_id: str, min_workers: int) -> None:
+        with self._change() as session:
+            row = session.get(JobRow, job_id)
+            row.host_pid = self.hosts.start(job_id, min_workers)
+            self._event(session, self.now_s(), COORDINATOR, "job_host_started", job_id,
+                        pid=row.host_pid)
+
+    def _set_rendezvous(self, job_id: str, endpoint: str) -> None:
+        with self._change() as session:
+            session.get(JobRow, job_id).rendezvous = endpoint
+            self._event(session, self.now_s(), COORDINATOR, "job_rendezvous", job_id,
+                        rendezvous=endpoint)
 
     def reap_lost_agents(self) -> list[str]:
         """Withdraw the offers of agents silent past the timeout: their leases end, and the

@@ -35,6 +35,17 @@ class CoordinatorSettings(BaseSettings):
     clear_interval_s: float = Field(1.0, gt=0)  # a market round every this often
     notice_period_s: float = Field(30.0, ge=0)  # spot preemption notice
     prices_file: Path = DEFAULT_PRICES
+    data_dir: Path = Path("runs/coordinator")  # job hosts' run dirs (epochs, final figures)
+    # Where job hosts serve rendezvous; workers on other hosts must reach it
+    # (default: --host, or 127.0.0.1 when that is a wildcard).
+    rendezvous_bind: str | None = None
+    stall_deadline_s: float = Field(1.0, ge=0.1)  # job hosts' liveness floor
+
+    @property
+    def rendezvous_address(self) -> str:
+        if self.rendezvous_bind:
+            return self.rendezvous_bind
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "localhost") else self.host
 
     @field_validator("operators")
     @classmethod

@@ -49,14 +49,14 @@ def open_engine(url: str) -> Engine:
     raise StoreError(f"store URL {url!r}: only SQLite and PostgreSQL stores are supported")
 
 
-def migrate(engine: Engine, revision: str = "head") -> None:
-    """Bring the schema to `revision` (idempotent: a current store is left as it is)."""
+def migrate(engine: Engine, revision: str = "head", down: bool = False) -> None:
+    """Bring the schema up (or `down`) to `revision`; a store already there is left as it is."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     try:
         with engine.begin() as connection:
             config.attributes["connection"] = connection
-            command.upgrade(config, revision)
+            (command.downgrade if down else command.upgrade)(config, revision)
     except OperationalError as error:
         raise StoreError(f"cannot reach the store at {engine.url.render_as_string()}: "
                          f"{error.orig}; is the database running and the URL right?") from None

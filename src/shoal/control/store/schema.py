@@ -83,6 +83,9 @@ class JobRow(Base):
     bid: Mapped[dict] = mapped_column(JSON)  # the market Bid, budget as first escrowed
     status: Mapped[str] = mapped_column(String(16), index=True)
     created_at_s: Mapped[float] = mapped_column(Float)
+    # The job host serving its rendezvous (HOST:PORT) and its pid, once started.
+    rendezvous: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    host_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class LeaseRow(Base):

@@ -1,0 +1,103 @@
+"""The coordinator's job hosts: one process per running job serving its
+rendezvous and membership authority (shoal.control.job_host).
+
+They run in sessions of their own, so a coordinator killed with SIGKILL
+leaves them serving: workers keep training, and the coordinator, back from
+its store, finds each job's host by the pid and endpoint it recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.control.job_host import read_final, read_host
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HostState:
+    """What a round learns of one job's host."""
+
+    rendezvous: str | None = None  # HOST:PORT once it serves
+    pid: int | None = None
+    final: dict[str, object] | None = None  # set once the job is done or given up
+    lost: bool = False  # the process is gone and left no final word
+
+
+class JobHosts:
+    def __init__(self, jobs_dir: Path, bind: str, stall_deadline_s: float = 1.0) -> None:
+        self.jobs_dir, self.bind, self.stall_deadline_s = jobs_dir, bind, stall_deadline_s
+        self._children: dict[str, subprocess.Popen] = {}  # reaped here; adopted ones are not ours
+
+    def run_dir(self, job_id: str) -> Path:
+        return self.jobs_dir / job_id
+
+    def start(self, job_id: str, min_workers: int) -> int:
+        """Start the job's host; returns its pid (its endpoint shows in `state` once it serves)."""
+        run_dir = self.run_dir(job_id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "shoal.cli.main", "rendezvous", "--bind", self.bind,
+                   "--port", "0", "--run-dir", str(run_dir), "--min-workers", str(min_workers),
+                   "--stall-deadline-s", str(self.stall_deadline_s)]
+        with open(run_dir / "host.log", "ab") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True,
+                                       env={**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR"})
+        self._children[job_id] = process
+        log.info("job %s: host started (pid %d), run dir %s", job_id, process.pid, run_dir)
+        return process.pid
+
+    def state(self, job_id: str, pid: int | None) -> HostState:
+        run_dir = self.run_dir(job_id)
+        final = read_final(run_dir)
+        host = read_host(run_dir)
+        endpoint = str(host["endpoint"]) if host else None
+        alive = pid is not None and self._alive(job_id, pid)
+        return HostState(rendezvous=endpoint, pid=pid, final=final,
+                         lost=pid is not None and not alive and final is None)
+
+    def stop(self, job_id: str, pid: int | None) -> None:
+        """End a cancelled job's host (its workers are told to stop by their agents)."""
+        if pid is not None and self._alive(job_id, pid):
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        child = self._children.pop(job_id, None)
+        if child is not None:
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+    def stop_all(self) -> None:
+        """Stop every host this object started (tests; a coordinator's exit leaves them on)."""
+        for job_id, child in list(self._children.items()):
+            self.stop(job_id, child.pid)
+
+    def _alive(self, job_id: str, pid: int) -> bool:
+        child = self._children.get(job_id)
+        if child is not None and child.pid == pid:
+            return child.poll() is None
+        try:  # a host adopted after a restart: not our child, so only a signal 0 tells
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except (OSError, IndexError):
+        return False
