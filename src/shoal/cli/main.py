@@ -18,6 +18,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 import typer
 
 from shoal import ShoalError, __version__
+from shoal.cli.agent_cmd import agent_command
 from shoal.cli.chain_cmd import chain_app
 from shoal.cli.coordinator_cmd import coordinator_command
 from shoal.cli.market_cmd import (
@@ -40,6 +41,7 @@ app.command("run")(run_command)
 app.add_typer(chain_app, name="chain")
 app.command("rendezvous")(rendezvous_command)
 app.command("coordinator")(coordinator_command)
+app.command("agent")(agent_command)
 app.command("submit")(submit_command)
 app.command("jobs")(jobs_command)
 app.command("providers")(providers_command)
@@ -62,6 +64,8 @@ def _root(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    for chatty in ("httpx", "httpcore", "alembic"):  # a line per request or migration step
+        logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 def main() -> None:

@@ -1,0 +1,53 @@
+"""`shoal agent`: offer this machine's devices to a coordinator and run the
+workers of the leases they win."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+
+import typer
+
+from shoal.cli.market_cmd import KEY, URL
+
+log = logging.getLogger(__name__)
+
+
+def agent_command(
+    agent_id: str = typer.Option(..., "--agent-id", help="This agent's name (unique per coordinator)."),
+    devices: int = typer.Option(1, "--devices", min=1, help="Devices to offer."),
+    device_kind: str = typer.Option("cpu", "--device-kind", help="Kind, as in the price table."),
+    region: str = typer.Option("local", "--region", help="Where this machine is."),
+    price: int = typer.Option(1_000_000, "--price", min=1, help="Asked wei per second per device."),
+    on_demand: bool = typer.Option(False, "--on-demand", help="Offer on-demand (never preempted) "
+                                   "instead of spot."),
+    slowdown: float = typer.Option(1.0, "--slowdown", min=1.0, help="Pose as a device this many "
+                                   "times slower (demos and tests)."),
+    work_dir: Path = typer.Option(None, "--work-dir", help="Where lease workers run "
+                                  "(default runs/agent-ID)."),
+    grace_s: float = typer.Option(20.0, "--grace-s", min=0.0, help="Seconds a leaving worker "
+                                  "gets to hand over."),
+    url: str = URL, key: Path = KEY,
+) -> None:
+    """Pre-flight this machine, offer its devices, run workers for their leases."""
+    from shoal.control.agent import Agent, AgentConfig
+    from shoal.control.client import CoordinatorClient
+    from shoal.control.errors import ControlError
+    from shoal.control.identity import load_key
+    from shoal.spec.market import Tenancy
+
+    if key is None:
+        raise ControlError("an agent signs as its provider: give --key PATH "
+                           "(`shoal key new PATH` makes one)")
+    config = AgentConfig(agent_id=agent_id, work_dir=work_dir or Path("runs") / f"agent-{agent_id}",
+                         devices=devices, device_kind=device_kind, region=region,
+                         price_wei_per_s=price, slowdown=slowdown, grace_s=grace_s,
+                         tenancy=Tenancy.on_demand if on_demand else Tenancy.spot)
+    with CoordinatorClient(url, load_key(str(key))) as client:
+        agent = Agent(client, config)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: agent.stopping.set())
+        agent.enroll()
+        log.info("agent %s offers %d device(s) to %s", agent_id, devices, url)
+        agent.run()

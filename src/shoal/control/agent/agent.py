@@ -1,0 +1,110 @@
+"""The provider agent: registers its measured devices, offers them, beats to
+the coordinator, and runs a worker for each lease it is assigned.
+
+Through a coordinator outage it keeps its workers running and keeps trying:
+a lease ends only when the coordinator says so (or the agent stops).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.control.agent.leases import LeaseWorkers
+from shoal.control.agent.preflight import preflight
+from shoal.control.client import CoordinatorClient, CoordinatorRefused
+from shoal.control.errors import ControlError
+from shoal.spec.coordinator import AgentRegistration, Heartbeat, OfferTerms, Registration
+from shoal.spec.market import Tenancy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    agent_id: str
+    work_dir: Path
+    devices: int = 1
+    device_kind: str = "cpu"
+    region: str = "local"
+    price_wei_per_s: int = 1_000_000
+    tenancy: Tenancy = Tenancy.spot
+    slowdown: float = 1.0  # pose as a device this many times slower (demos, tests)
+    grace_s: float = 20.0  # a leaving worker's time to hand over before it is killed
+
+    def __post_init__(self) -> None:
+        if self.devices < 1:
+            raise ControlError("--devices must be at least 1")
+        if self.slowdown < 1.0:
+            raise ControlError("--slowdown must be at least 1 (1: this machine's own speed)")
+
+
+class Agent:
+    def __init__(self, client: CoordinatorClient, config: AgentConfig) -> None:
+        self.client, self.config = client, config
+        self.workers = LeaseWorkers(config.agent_id, config.work_dir, config.slowdown,
+                                    config.grace_s)
+        self.stopping = threading.Event()
+        self.offer_ids = [f"{config.agent_id}-d{i}" for i in range(config.devices)]
+
+    def enroll(self) -> None:
+        """Pre-flight, then register as a provider, register the agent, post its offers."""
+        c = self.config
+        measured = preflight(c.devices, c.device_kind, c.slowdown)
+        log.info("pre-flight: %d × %s at %.1f samples/s, %.1f GB, gloo collective %s",
+                 c.devices, c.device_kind, measured[0].speed_samples_per_s,
+                 measured[0].memory_gb, "ok" if measured[0].collective_ok else "FAILED")
+        try:
+            self.client.register(Registration(role="provider", name=c.agent_id))
+        except CoordinatorRefused as refused:
+            if refused.status != 409:
+                raise
+        self.client.register_agent(AgentRegistration(agent_id=c.agent_id, region=c.region,
+                                                     devices=measured))
+        self.post_offers()
+
+    def post_offers(self) -> None:
+        for index, offer_id in enumerate(self.offer_ids):
+            self.client.post_offer(OfferTerms(offer_id=offer_id, agent_id=self.config.agent_id,
+                                              device=index, tenancy=self.config.tenancy,
+                                              price_wei_per_s=self.config.price_wei_per_s))
+
+    def run(self) -> None:
+        """Beat until stopped; then the workers leave and the offers are withdrawn."""
+        period_s = self.client.info().heartbeat_s
+        offline_since: float | None = None
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            try:
+                reply = self.client.heartbeat(self.config.agent_id,
+                                              Heartbeat(running=self.workers.running()))
+                if offline_since is not None:
+                    log.info("coordinator back after %.1f s", time.monotonic() - offline_since)
+                    offline_since = None
+                    self._repost_if_withdrawn()
+                self.workers.follow(reply.assignments, reply.stop)
+            except ControlError as error:
+                if offline_since is None:
+                    offline_since = time.monotonic()
+                    log.warning("heartbeat failed (%s); workers keep running, retrying", error)
+            self.stopping.wait(max(0.0, period_s - (time.monotonic() - started)))
+        self._leave()
+
+    def _repost_if_withdrawn(self) -> None:
+        """Offers withdrawn while the coordinator could not hear us are posted again."""
+        mine = {o.offer_id: o for p in self.client.providers() for o in p.offers
+                if o.offer_id in self.offer_ids}
+        if any(o.withdrawn for o in mine.values()):
+            log.info("offers were withdrawn while we were unheard; posting them again")
+            self.post_offers()
+
+    def _leave(self) -> None:
+        self.workers.stop_all()
+        for offer_id in self.offer_ids:
+            try:
+                self.client.withdraw_offer(offer_id)
+            except ControlError as error:
+                log.warning("could not withdraw offer %s: %s", offer_id, error)

@@ -1,0 +1,80 @@
+"""A coordinator and three agents as separate processes on this host: a job
+leases two devices, one agent is killed, the market leases the third, its
+worker joins with state, and the job finishes with every lease ended."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from shoal.spec.coordinator import JobStatus, JobSubmission
+from tests.control.coordinator.e2e import Stack, job_toml, kill_group, submitter, wait_healthy
+
+PRICE = 1_000_000
+STEPS = 1500
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(read, ok, timeout_s: float, stack: Stack, what: str):
+    deadline = time.monotonic() + timeout_s
+    value = None
+    while time.monotonic() < deadline:
+        value = read()
+        if ok(value):
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout_s} s; last {value}\n{stack.logs()}")
+
+
+@pytest.mark.slow
+def test_a_killed_agent_is_replaced_and_the_job_finishes(tmp_path, cli_env):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    stack = Stack(tmp_path, {**cli_env, "SHOAL_COORDINATOR_DATA_DIR": str(tmp_path / "coord")})
+    try:
+        wait_healthy(url, stack.coordinator(f"sqlite:///{tmp_path}/store.db", "127.0.0.1", port))
+        # Posing as devices 4× slower than this CPU: a replacement has time to join.
+        agents = {name: stack.agent(name, url, PRICE + i, slowdown=4.0)
+                  for i, name in enumerate("abc")}
+        alice = submitter(url, tmp_path)
+        wait_for(lambda: sum(len(p.offers) for p in alice.providers()), lambda n: n == 3, 120,
+                 stack, "three agents offering")
+        from shoal.spec.coordinator import Registration
+
+        alice.register(Registration(role="submitter", name="alice"))
+        job = alice.submit(JobSubmission(name="e2e", job_file=job_toml(tmp_path / "ckpt", STEPS),
+                                         workers=2, min_workers=2, max_price_wei_per_s=2 * PRICE,
+                                         budget_wei=10**15))
+        run_dir = tmp_path / "coord" / "jobs" / job.job_id
+        wait_for(lambda: (run_dir / "epochs.jsonl").exists(), bool, 120, stack, "first epoch")
+        time.sleep(3)  # a few steps in
+        held = {lease.offer_id for lease in alice.job(job.job_id).leases if lease.ends_at_s is None}
+        assert held == {"a-d0", "b-d0"}  # the two cheapest
+        killed_at = time.time()
+        kill_group(agents["a"])
+
+        done = wait_for(lambda: alice.job(job.job_id), lambda j: j.status in (
+            JobStatus.finished, JobStatus.failed), 300, stack, "job end")
+        assert done.status is JobStatus.finished, stack.logs()
+        leases = {lease.offer_id: lease for lease in done.leases}
+        assert leases["a-d0"].ends_at_s < leases["c-d0"].start_s  # replaced, after the kill
+        assert leases["c-d0"].start_s >= killed_at
+        assert all(lease.ends_at_s is not None for lease in done.leases)  # released at the end
+        final = json.loads((run_dir / "final.json").read_text())["final"]
+        assert final["steps"] == STEPS
+        epochs = [json.loads(line) for line in (run_dir / "epochs.jsonl").read_text().splitlines()]
+        assert any(any(m.startswith("c-") for m in e.get("members", [])) for e in epochs), epochs
+        reasons = [e.detail.get("reason") for e in alice.events() if e.kind == "offer_withdrawn"]
+        assert "agent lost" in reasons
+        assert done.spent_wei == sum(
+            lease.price_wei_per_s * int(lease.ends_at_s - lease.start_s) for lease in done.leases)
+    finally:
+        stack.close()
