@@ -105,6 +105,13 @@ class Stack:
                           "--work-dir", str(self.tmp / agent_id), "--grace-s", "5", host=host)
 
     def close(self) -> None:
+        # Job hosts run in sessions of their own (they outlive a coordinator); end ours too.
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if str(self.tmp).encode() in cmdline.read_bytes() and b"rendezvous" in cmdline.read_bytes():
+                    os.kill(int(cmdline.parent.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
         for process in reversed(self.processes):
             if process.poll() is None:
                 try:

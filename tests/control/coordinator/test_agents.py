@@ -78,3 +78,45 @@ def test_a_killed_agent_is_replaced_and_the_job_finishes(tmp_path, cli_env):
             lease.price_wei_per_s * int(lease.ends_at_s - lease.start_s) for lease in done.leases)
     finally:
         stack.close()
+
+
+@pytest.mark.slow
+def test_a_sigkilled_coordinator_comes_back_and_the_job_carries_on(tmp_path, cli_env):
+    port = free_port()
+    url, store = f"http://127.0.0.1:{port}", f"sqlite:///{tmp_path}/store.db"
+    stack = Stack(tmp_path, {**cli_env, "SHOAL_COORDINATOR_DATA_DIR": str(tmp_path / "coord")})
+    try:
+        coordinator = stack.coordinator(store, "127.0.0.1", port)
+        wait_healthy(url, coordinator)
+        for i, name in enumerate("ab"):
+            stack.agent(name, url, PRICE + i, slowdown=4.0)
+        alice = submitter(url, tmp_path)
+        wait_for(lambda: sum(len(p.offers) for p in alice.providers()), lambda n: n == 2, 120,
+                 stack, "two agents offering")
+        from shoal.spec.coordinator import Registration
+
+        alice.register(Registration(role="submitter", name="alice"))
+        job = alice.submit(JobSubmission(name="e2e", job_file=job_toml(tmp_path / "ckpt", 800),
+                                         workers=2, min_workers=2, max_price_wei_per_s=2 * PRICE,
+                                         budget_wei=10**15))
+        run_dir = tmp_path / "coord" / "jobs" / job.job_id
+        wait_for(lambda: (run_dir / "epochs.jsonl").exists(), bool, 120, stack, "first epoch")
+        time.sleep(2)
+        before = alice.job(job.job_id)
+        kill_group(coordinator)  # the job host is in a session of its own: it keeps serving
+        time.sleep(4)  # an outage longer than the agents' timeout
+        assert not (run_dir / "final.json").exists(), "the job ended before the restart"
+        wait_healthy(url, stack.coordinator(store, "127.0.0.1", port))
+
+        done = wait_for(lambda: alice.job(job.job_id), lambda j: j.status in (
+            JobStatus.finished, JobStatus.failed), 300, stack, "job end")
+        assert done.status is JobStatus.finished, stack.logs()
+        assert json.loads((run_dir / "final.json").read_text())["final"]["steps"] == 800
+        epochs = [json.loads(line) for line in (run_dir / "epochs.jsonl").read_text().splitlines()]
+        assert len(epochs) == 1, epochs  # the workers never noticed the outage
+        assert [lease.lease for lease in done.leases] == [lease.lease for lease in before.leases]
+        kinds = [e.kind for e in alice.events(job=job.job_id)]
+        assert "offer_withdrawn" not in [e.kind for e in alice.events()]  # no one reaped
+        assert kinds[-1] == "job_finished"
+    finally:
+        stack.close()
