@@ -60,6 +60,7 @@ class Coordinator:
         self.hosts = JobHosts(settings.data_dir / "jobs", settings.rendezvous_address,
                               settings.stall_deadline_s)
         self._rebuild()
+        self.started_s = self.now_s()
 
     # ------------------------------------------------------------ time and transactions
     def now_s(self) -> float:
@@ -412,6 +413,8 @@ class Coordinator:
         """Withdraw the offers of agents silent past the timeout: their leases end, and the
         next round leases replacements. Returns the agents found lost."""
         now = self.now_s()
+        if now - self.started_s < self.settings.agent_timeout_s:
+            return []  # back from a restart: no one could be heard while we were down
         with Session(self.engine) as session:
             lost = session.scalars(select(AgentRow.agent_id).where(
                 AgentRow.last_seen_s < now - self.settings.agent_timeout_s)).all()
