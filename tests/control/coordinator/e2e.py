@@ -77,27 +77,31 @@ def kill_group(process: subprocess.Popen) -> None:
 class Stack:
     """A coordinator and its agents, each a `shoal` process with its own log."""
 
-    def __init__(self, tmp: Path, env: dict[str, str], popen=subprocess.Popen) -> None:
-        self.tmp, self.env, self.popen = tmp, {**env, **COORDINATOR_ENV}, popen
+    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+        self.tmp, self.env = tmp, {**env, **COORDINATOR_ENV}
         self.processes: list[subprocess.Popen] = []
 
-    def start(self, name: str, *args: str, host: str | None = None) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "ab")
+    def start(self, name: str, *args: str, host=None) -> subprocess.Popen:
+        """Run `shoal ARGS` here, or inside `host` (a namespaced host of tests.harness)."""
+        log = self.tmp / f"{name}.log"
         command = shoal_command(*args)
-        process = (self.popen(host, command, log) if host else
-                   subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True))
+        if host is not None:
+            process = host.popen(command, log=log, env=self.env)
+        else:
+            with open(log, "ab") as out:
+                process = subprocess.Popen(command, env=self.env, stdout=out,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
         self.processes.append(process)
         return process
 
-    def coordinator(self, store: str, bind: str, port: int, host: str | None = None,
+    def coordinator(self, store: str, bind: str, port: int, host=None,
                     operator: str | None = None) -> subprocess.Popen:
         args = ["coordinator", "--store", store, "--host", bind, "--port", str(port)]
         if operator:
             args += ["--operator", operator]
         return self.start("coordinator", *args, host=host)
 
-    def agent(self, agent_id: str, url: str, price: int, host: str | None = None,
+    def agent(self, agent_id: str, url: str, price: int, host=None,
               slowdown: float = 1.0) -> subprocess.Popen:
         key = key_file(self.tmp / f"{agent_id}.key")
         return self.start(agent_id, "agent", "--agent-id", agent_id, "--coordinator", url,

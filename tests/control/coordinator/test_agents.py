@@ -1,6 +1,7 @@
-"""A coordinator and three agents as separate processes on this host: a job
-leases two devices, one agent is killed, the market leases the third, its
-worker joins with state, and the job finishes with every lease ended."""
+"""A coordinator and agents as separate processes: across namespaced hosts, a
+job leases two devices, one agent's host is killed whole, the market leases
+the third, its worker joins with state, and the job finishes with every
+lease ended; on one host, a SIGKILLed coordinator comes back mid-job."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import time
 import pytest
 
 from shoal.spec.coordinator import JobStatus, JobSubmission
-from tests.control.coordinator.e2e import Stack, job_toml, kill_group, submitter, wait_healthy
+from tests.control.coordinator.e2e import (
+    Stack, job_toml, key_file, kill_group, submitter, wait_healthy,
+)
+from tests.harness import network  # noqa: F401  (the namespaced-hosts fixture)
 
 PRICE = 1_000_000
 STEPS = 1500
@@ -35,15 +39,22 @@ def wait_for(read, ok, timeout_s: float, stack: Stack, what: str):
 
 
 @pytest.mark.slow
-def test_a_killed_agent_is_replaced_and_the_job_finishes(tmp_path, cli_env):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+def test_a_killed_agent_host_is_replaced_and_the_job_finishes(network, tmp_path, cli_env):
+    hosts = {name: network.add_host(name) for name in ("ctl", "a", "b", "c")}
+    port, ctl = 8470, hosts["ctl"]
+    url = f"http://{ctl.address}:{port}"
     stack = Stack(tmp_path, {**cli_env, "SHOAL_COORDINATOR_DATA_DIR": str(tmp_path / "coord")})
     try:
-        wait_healthy(url, stack.coordinator(f"sqlite:///{tmp_path}/store.db", "127.0.0.1", port))
+        operator = key_file(tmp_path / "operator.key")
+        from eth_account import Account
+
+        coordinator = stack.coordinator(
+            f"sqlite:///{tmp_path}/store.db", ctl.address, port, host=ctl,
+            operator=Account.from_key(operator.read_text().strip()).address)
+        wait_healthy(url, coordinator)
         # Posing as devices 4× slower than this CPU: a replacement has time to join.
-        agents = {name: stack.agent(name, url, PRICE + i, slowdown=4.0)
-                  for i, name in enumerate("abc")}
+        for i, name in enumerate("abc"):
+            stack.agent(name, url, PRICE + i, host=hosts[name], slowdown=4.0)
         alice = submitter(url, tmp_path)
         wait_for(lambda: sum(len(p.offers) for p in alice.providers()), lambda n: n == 3, 120,
                  stack, "three agents offering")
@@ -59,7 +70,7 @@ def test_a_killed_agent_is_replaced_and_the_job_finishes(tmp_path, cli_env):
         held = {lease.offer_id for lease in alice.job(job.job_id).leases if lease.ends_at_s is None}
         assert held == {"a-d0", "b-d0"}  # the two cheapest
         killed_at = time.time()
-        kill_group(agents["a"])
+        hosts["a"].kill()  # the machine is gone: agent, launcher and worker at once
 
         done = wait_for(lambda: alice.job(job.job_id), lambda j: j.status in (
             JobStatus.finished, JobStatus.failed), 300, stack, "job end")
