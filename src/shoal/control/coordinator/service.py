@@ -28,7 +28,8 @@ from shoal.control.coordinator.views import (
     agent_view, event_view, job_view, offer_view, participant_view,
 )
 from shoal.control.identity import Signer, Unauthenticated
-from shoal.control.store.database import open_store_engine
+from shoal.control.store import beats
+from shoal.control.store.database import open_store_engine, write_transaction
 from shoal.control.store.schema import (
     AgentRow, EventRow, JobRow, LeaseRow, MarketCommandRow, NonceRow, OfferRow, ParticipantRow,
 )
@@ -110,10 +111,10 @@ class Coordinator:
     # ------------------------------------------------------------ identity
     def consume_nonce(self, signer: Signer) -> None:
         """A nonce counts once: a replayed request is refused before it is looked at."""
+        now = self.now_s()
         try:
-            with Session(self.engine) as session, session.begin():
-                session.add(NonceRow(address=signer.address, nonce=signer.nonce,
-                                     seen_at_s=self.now_s()))
+            with write_transaction(self.engine) as connection:
+                beats.record_nonce(connection, signer.address, signer.nonce, now)
         except IntegrityError:
             raise Unauthenticated("this nonce was already used: a replayed request "
                                   "is refused; sign the request again") from None
@@ -121,9 +122,9 @@ class Coordinator:
     def role_of(self, address: str) -> Role | None:
         if address in self.settings.operators:
             return Role.operator
-        with Session(self.engine) as session:
-            row = session.get(ParticipantRow, address)
-            return Role(row.role) if row else None
+        with self.engine.connect() as connection:
+            role = beats.role_of(connection, address)
+        return Role(role) if role else None
 
     def register(self, signer: str, registration: Registration) -> Participant:
         if registration.role not in SELF_SERVICE_ROLES:
@@ -232,26 +233,28 @@ class Coordinator:
         """Note the agent alive; answer with the workers it must run and those to stop.
 
         No market call and no lock: a beat touches one agent's row, so a
-        thousand agents beating cannot queue behind a clearing round.
+        thousand agents beating cannot queue behind a clearing round. Its
+        statements are plain SQL (`store.beats`) and its write is one short
+        transaction: a thousand agents beat every second.
         """
         now = self.now_s()
-        with Session(self.engine, expire_on_commit=False) as session, session.begin():
-            agent = self._own_agent(session, provider, agent_id)
-            agent.last_seen_s, agent.running = now, sorted(set(beat.running))
-            leases = self.leases_of_agent(session, agent_id)
-            current = [lease for lease in leases
-                       if lease.ends_at_s is None or lease.ends_at_s > now]
-            jobs = {row.job_id: row for row in session.scalars(
-                select(JobRow).where(JobRow.job_id.in_({lease.job for lease in current})))}
-        open_numbers = {lease.lease for lease in current if lease.start_s <= now}
+        with write_transaction(self.engine) as connection:
+            if not beats.note_beat(connection, provider, agent_id, sorted(set(beat.running)), now):
+                owner = beats.agent_owner(connection, agent_id)
+                if owner is None:
+                    raise NotFound(f"no agent '{agent_id}': register it (POST /v1/agents) first")
+                raise Forbidden(f"agent '{agent_id}' belongs to another provider")
+        with self.engine.connect() as connection:
+            current = [(DeviceLease.model_validate(value), job_file, rendezvous) for
+                       value, job_file, rendezvous in beats.current_leases(connection, agent_id, now)]
+        open_numbers = {lease.lease for lease, _, _ in current if lease.start_s <= now}
         return HeartbeatReply(
             at_s=now,
             # A worker is assigned once its job's host serves: it has a rendezvous to join.
-            assignments=tuple(Assignment(lease=lease, job_file=jobs[lease.job].job_file,
-                                         rendezvous=jobs[lease.job].rendezvous,
+            assignments=tuple(Assignment(lease=lease, job_file=job_file, rendezvous=rendezvous,
                                          ends_at_s=lease.ends_at_s)
-                              for lease in current if lease.lease in open_numbers
-                              and jobs[lease.job].rendezvous),
+                              for lease, job_file, rendezvous in current
+                              if lease.lease in open_numbers and rendezvous),
             stop=tuple(n for n in beat.running if n not in open_numbers))
 
     def _own_agent(self, session: Session, provider: str, agent_id: str) -> AgentRow:
@@ -474,11 +477,6 @@ class Coordinator:
             if job_id is not None:
                 query = query.where(EventRow.job_id == job_id)
             return [event_view(row) for row in session.scalars(query)]
-
-    def leases_of_agent(self, session: Session, agent_id: str) -> list[DeviceLease]:
-        rows = session.scalars(select(LeaseRow).join(OfferRow, LeaseRow.offer_id == OfferRow.offer_id)
-                               .where(OfferRow.agent_id == agent_id).order_by(LeaseRow.lease))
-        return [DeviceLease.model_validate(row.value) for row in rows]
 
 
 def _check_job_file(text: str) -> None:

@@ -3,18 +3,25 @@ migrated to the current schema before anyone uses it."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from weakref import WeakKeyDictionary
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
 from shoal.control.store.errors import StoreError
 
 MIGRATIONS = Path(__file__).with_name("migrations")
+# SQLite engines' writer locks (see `write_transaction`); PostgreSQL engines have none.
+_WRITERS: WeakKeyDictionary[Engine, threading.Lock] = WeakKeyDictionary()
+SQLITE_POOL = 48  # connections: one per API worker thread (anyio's 40) and the rounds, kept open
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001
@@ -39,14 +46,33 @@ def open_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(parsed, connect_args={"check_same_thread": False})
+        # A pool smaller than the API's worker threads closes and reopens
+        # connections under load, and each reopening runs the pragmas again.
+        pool = {"pool_size": SQLITE_POOL, "max_overflow": 8} if parsed.database not in (
+            None, "", ":memory:") else {}
+        engine = create_engine(parsed, connect_args={"check_same_thread": False}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
+        _WRITERS[engine] = threading.Lock()
         return engine
     if parsed.get_backend_name() == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
         return create_engine(parsed, pool_size=10, max_overflow=20, pool_pre_ping=True)
     raise StoreError(f"store URL {url!r}: only SQLite and PostgreSQL stores are supported")
+
+
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """One short write transaction, committed on leaving, rolled back on an error.
+
+    SQLite lets one writer in at a time and makes the others sleep and retry
+    (1, 2, 5, ... 100 ms) until it is free: under a thousand writes a second
+    that sleeping is the latency. This process's writers queue on a lock
+    instead and go in the moment it is free. PostgreSQL locks rows, not the
+    database, so its writers go straight in.
+    """
+    with _WRITERS.get(engine) or nullcontext(), engine.begin() as connection:
+        yield connection
 
 
 def migrate(engine: Engine, revision: str = "head", down: bool = False) -> None:
