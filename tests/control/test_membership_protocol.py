@@ -128,6 +128,26 @@ def test_a_replacement_called_in_at_a_fault_joins_in_the_same_epoch(rdzv):
     assert rdzv.epoch(1).members == ("a", "c") and rdzv.epoch(1).reason == "exit:b"
 
 
+def test_a_waiting_spare_is_woken_by_its_call_not_by_a_timer():
+    """A warm spare blocks on the store until it is called in, so its join request lands
+    beside the fault it replaces (and the authority publishes both as one epoch)."""
+    from shoal.train.rendezvous import Rendezvous, connect
+
+    server = RendezvousServer("127.0.0.1")
+    try:
+        spare = Rendezvous(connect("127.0.0.1", server.port))  # the spare's own connection
+        assert not spare.wait_activated("s", timeout_s=0.05)  # not called in yet
+        woken: list[bool] = []
+        waiter = threading.Thread(target=lambda: woken.append(
+            spare.wait_activated("s", timeout_s=120.0)))
+        waiter.start()
+        server.rdzv.activate("s")
+        waiter.join(timeout=30.0)
+        assert woken == [True]  # returned because it was called in, long before its timeout
+    finally:
+        server.close()
+
+
 def test_a_joiner_waiting_at_the_barrier_never_gets_the_state_holders_fenced(rdzv):
     """a and b are stuck in the previous epoch's exchange (a peer was cut off, and
     they wait out its deadline); the fresh joiner c arrives at once. Only c is ahead,

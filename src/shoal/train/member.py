@@ -23,6 +23,8 @@ from shoal.train.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
+SPARE_WAIT_S = 1.0  # a waiting spare looks at the job (failed, done) this often
+
 
 class Membership:
     def __init__(self, config: RunConfig, rdzv: Rendezvous, progress: ProgressReporter) -> None:
@@ -110,10 +112,9 @@ class Membership:
             elif not self._awaiting_admission:
                 if self.record is not None:
                     replica.held = False  # dropped while stalled: our state is stale
-                elif self.config.spare and not self.rdzv.activated(self.worker):
-                    # A warm spare: started, model built, waiting to be called in.
-                    time.sleep(self.config.poll_s * 10)
-                    continue
+                elif self.config.spare and not self.rdzv.wait_activated(self.worker,
+                                                                         SPARE_WAIT_S):
+                    continue  # a warm spare: started, model built, waiting to be called in
                 self.rdzv.request_join(self.worker)
                 self._awaiting_admission = True
             time.sleep(self.config.poll_s)

@@ -124,8 +124,11 @@ class Rendezvous:
         """Call a warm spare in: it asks to join at once."""
         self.store.set(f"activate/{worker}", "1")
 
-    def activated(self, worker: str) -> bool:
-        return self.store.check([f"activate/{worker}"])
+    def wait_activated(self, worker: str, timeout_s: float) -> bool:
+        """Block until a launcher calls this spare in (True), at most `timeout_s` (False).
+        The store answers the moment the key is set: the spare's join request then lands
+        beside the fault it replaces, and the two make one epoch instead of two."""
+        return self.wait_keys([f"activate/{worker}"], timeout_s)
 
     def request_leave(self, worker: str) -> None:
         self.store.set(f"leave/{worker}", "1")
