@@ -139,6 +139,7 @@ class MembershipAuthority:
                 self._pending = []
             return
         dropped, reasons = self._dropped(now, leaving)
+        dropped, reasons = self._keep_last_holder(dropped, reasons, leaving)
         rejoining = [w for w in self._pending if w in self.members]
         if dropped or rejoining:
             survivors = tuple(m for m in self.members if m not in dropped and m not in rejoining)
@@ -149,6 +150,17 @@ class MembershipAuthority:
                           veterans=self.members)
         elif reform:
             self._reform(source, now)
+
+    def _keep_last_holder(self, dropped: set[str], reasons: list[str],
+                          leaving: list[str]) -> tuple[set[str], list[str]]:
+        """When every member leaves at once (a paused job's leases all end), one leaver
+        stays a member for one more step boundary: alone, it writes the checkpoint that
+        whoever comes next restores from, instead of the state leaving with nobody."""
+        alive_leavers = [m for m in self.members if m in leaving and self._alive(m)]
+        if alive_leavers and dropped >= set(self.members) and not self._pending:
+            kept = alive_leavers[0]
+            return dropped - {kept}, [r for r in reasons if r != f"leave:{kept}"] + [f"holds-state:{kept}"]
+        return dropped, reasons
 
     def _reform(self, source: str | None, now: float) -> None:
         """Same members again; give up if that keeps failing with no step committed."""

@@ -1,0 +1,59 @@
+"""When every member leaves at once (a paused job: all its leases end together),
+one of them stays for one more step boundary to write the checkpoint, so the
+state does not leave with nobody; joiners later form a fresh epoch."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.control.authority import AuthorityConfig, MembershipAuthority
+from shoal.control.liveness import LivenessConfig
+from shoal.control.serve import RendezvousServer
+
+FAST = LivenessConfig(floor_s=0.5, initial_s=0.5)
+
+
+@pytest.fixture
+def rdzv():
+    server = RendezvousServer("127.0.0.1")
+    yield server.rdzv
+    server.close()
+
+
+def test_all_leaving_at_once_keeps_one_to_write_the_state(rdzv):
+    alive = {"a": True, "b": True}
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST),
+                                    process_alive=lambda w: alive.get(w))
+    rdzv.request_join("a")
+    rdzv.request_join("b")
+    authority.tick(0.0)
+    rdzv.request_leave("a")
+    rdzv.request_leave("b")
+    authority.tick(0.1)
+    kept = rdzv.epoch(1)
+    assert kept.members == ("a",) and kept.reason == "leave:b,holds-state:a"  # a stays, alone, one more step
+
+    rdzv.request_leave("a")  # a wrote the checkpoint and leaves again: still the last holder
+    authority.tick(0.2)
+    assert rdzv.latest_epoch() == 1
+    alive["a"] = False  # its process is gone: now nobody is left, and the authority waits
+    rdzv.report_exit("a")
+    authority.tick(0.3)
+    assert rdzv.latest_epoch() == 1 and authority.members == ()
+
+    rdzv.request_join("c")
+    rdzv.request_join("d")
+    authority.tick(0.4)
+    authority.tick(0.6)
+    fresh = rdzv.epoch(2)
+    assert fresh.members == ("c", "d") and fresh.reason == "join"
+
+
+def test_a_leaver_is_not_kept_while_others_stay(rdzv):
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST))
+    rdzv.request_join("a")
+    rdzv.request_join("b")
+    authority.tick(0.0)
+    rdzv.request_leave("a")
+    authority.tick(0.1)
+    assert rdzv.epoch(1).members == ("b",) and rdzv.epoch(1).reason == "leave:a"
