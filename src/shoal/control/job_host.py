@@ -1,6 +1,7 @@
 """One job's rendezvous store and membership authority in a process of their
 own, with no workers: what the coordinator starts for each job it runs, and
-what `shoal rendezvous` runs on a host that trains nothing.
+what `shoal rendezvous` runs on a host that trains nothing. It also writes
+the members' measured speeds (`speeds.json`) every two seconds.
 
 Apart from the coordinator, a job host outlives the coordinator's restart:
 workers keep their rendezvous while the coordinator is down. It writes
@@ -22,6 +23,7 @@ from shoal.control.liveness import LivenessConfig
 from shoal.control.serve import RendezvousServer
 
 log = logging.getLogger(__name__)
+SPEEDS_EVERY = 20  # ticks of 0.1 s between writes of the members' measured speeds
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,13 @@ def serve_job(config: JobHostConfig) -> dict[str, object]:
         event_log=config.run_dir / "epochs.jsonl")
     log.info("job host on %s (run dir %s)", server.endpoint, config.run_dir)
     try:
+        ticks = 0
         while not server.rdzv.done():
             time.sleep(0.1)
+            ticks += 1
+            if ticks % SPEEDS_EVERY == 0:
+                _write_speeds(server, config.run_dir)
+        _wait_for_exits(server, config.linger_s)
         failure = server.rdzv.failure()
         server.stop_authority()
         final = {"failed": failure} if failure else {"final": server.rdzv.final()}
@@ -58,6 +65,35 @@ def serve_job(config: JobHostConfig) -> dict[str, object]:
         return final
     finally:
         server.close()
+
+
+def _write_speeds(server: RendezvousServer, run_dir: Path) -> None:
+    """The current members' measured samples/s, for the coordinator to hold offers to."""
+    rdzv = server.rdzv
+    latest = rdzv.latest_epoch()
+    if latest < 0:
+        return
+    members = rdzv.epoch(latest).members
+    speeds = {m: s for m, s in zip(members, rdzv.speeds(members)) if s}
+    _write(run_dir / "speeds.json", {"epoch": latest, "speeds": speeds, "t": time.time()})
+
+
+def read_speeds(run_dir: Path) -> dict[str, float]:
+    path = run_dir / "speeds.json"
+    return json.loads(path.read_text())["speeds"] if path.exists() else {}
+
+
+def _wait_for_exits(server: RendezvousServer, timeout_s: float) -> None:
+    """Let the last members finish: the reporter adds figures (val_loss) after `done`,
+    and its launcher reports its exit once the last of them is in."""
+    rdzv = server.rdzv
+    latest = rdzv.latest_epoch()
+    members = list(rdzv.epoch(latest).members) if latest >= 0 else []
+    deadline = time.monotonic() + timeout_s
+    while members and time.monotonic() < deadline:
+        if set(rdzv.exited(members)) >= set(members):
+            return
+        time.sleep(0.1)
 
 
 def read_host(run_dir: Path) -> dict[str, object] | None:

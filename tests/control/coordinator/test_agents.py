@@ -131,3 +131,58 @@ def test_a_sigkilled_coordinator_comes_back_and_the_job_carries_on(tmp_path, cli
         assert kinds[-1] == "job_finished"
     finally:
         stack.close()
+
+
+def run_to_end(alice, stack, tmp_path, name: str, budget: int, steps: int, on_pause=None):
+    # One device: its share is the whole batch whoever holds it, so the arithmetic of a
+    # paused run and an unpaused one is the same and their parameters can match bit for bit
+    # (with several devices, shares follow measured speeds, which no two runs share).
+    job = alice.submit(JobSubmission(name=name, job_file=job_toml(tmp_path / f"ckpt-{name}", steps),
+                                     workers=1, max_price_wei_per_s=2 * PRICE, budget_wei=budget))
+    if on_pause is not None:
+        paused = wait_for(lambda: alice.job(job.job_id), lambda j: j.status in (
+            JobStatus.paused, JobStatus.finished, JobStatus.failed), 300, stack, "pause")
+        on_pause(job.job_id, paused)
+    done = wait_for(lambda: alice.job(job.job_id), lambda j: j.status in (
+        JobStatus.finished, JobStatus.failed), 300, stack, f"{name} end")
+    assert done.status is JobStatus.finished, stack.logs()
+    run_dir = tmp_path / "coord" / "jobs" / job.job_id
+    return done, json.loads((run_dir / "final.json").read_text())["final"], run_dir
+
+
+@pytest.mark.slow
+def test_a_job_out_of_escrow_pauses_with_its_state_and_finishes_as_if_never_paused(tmp_path, cli_env):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    stack = Stack(tmp_path, {**cli_env, "SHOAL_COORDINATOR_DATA_DIR": str(tmp_path / "coord")})
+    try:
+        wait_healthy(url, stack.coordinator(f"sqlite:///{tmp_path}/store.db", "127.0.0.1", port))
+        for i, name in enumerate("ab"):
+            stack.agent(name, url, PRICE, slowdown=4.0)
+        alice = submitter(url, tmp_path)
+        wait_for(lambda: sum(len(p.offers) for p in alice.providers()), lambda n: n == 2, 120,
+                 stack, "two agents offering")
+        from shoal.spec.coordinator import Registration
+
+        alice.register(Registration(role="submitter", name="alice"))
+        steps = 2000
+
+        def top_up(job_id, paused):
+            assert paused.status is JobStatus.paused, "the job ended before its escrow did"
+            assert paused.spent_wei <= paused.budget_wei  # never billed past the escrow
+            assert all(lease.ends_at_s is not None for lease in paused.leases)
+            time.sleep(8)  # the worker leaves at a step boundary and writes its state down
+            alice.top_up(job_id, 10**12)
+
+        paused_run, paused_final, run_dir = run_to_end(
+            alice, stack, tmp_path, "paused", budget=PRICE * 20, steps=steps, on_pause=top_up)
+        logs = "".join(p.read_text() for p in tmp_path.glob("[ab]/lease-*/run-*/*.log"))
+        assert "last worker leaving: checkpoint of step" in logs, stack.logs()
+        epochs = [json.loads(line) for line in (run_dir / "epochs.jsonl").read_text().splitlines()]
+        assert epochs[-1]["reason"] == "join" and len(epochs) >= 2, epochs  # resumed from disk
+        whole_run, whole_final, _ = run_to_end(alice, stack, tmp_path, "whole", budget=10**12,
+                                               steps=steps)
+        assert paused_final == whole_final  # same steps, same parameters, bit for bit
+        assert len(paused_run.leases) == 2 and len(whole_run.leases) == 1
+    finally:
+        stack.close()
