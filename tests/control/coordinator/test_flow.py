@@ -152,3 +152,33 @@ def test_a_spot_only_bid_is_never_filled_with_on_demand(served: Served):
     job = submit(submitter, tenancies=frozenset({"spot"}))
     served.app.state.rounds.once()
     assert submitter.job(job.job_id).leases == ()
+
+
+def test_an_offer_slower_than_its_claim_is_marked_down(served: Served):
+    import json
+
+    coordinator = served.app.state.coordinator
+    submitter = served.client(Account.create())
+    claims = {"honest-1": 100.0, "honest-2": 100.0, "inflated": 400.0}  # the liar claims 4×
+    for name, speed in claims.items():
+        provider = served.client(Account.create())
+        provider_with_agent(provider, name, speed=speed)
+        provider.post_offer(OfferTerms(offer_id=name, agent_id=name, price_wei_per_s=PRICE))
+    job = submit(submitter, workers=3)
+    served.app.state.rounds.once()
+    leases = {lease.offer_id: lease.lease for lease in submitter.job(job.job_id).leases}
+    # What the job host writes: each worker's measured job speed; all three run alike.
+    run_dir = coordinator.hosts.run_dir(job.job_id)
+    run_dir.mkdir(parents=True, exist_ok=True)  # the round started its job host
+    shown = {"honest-1": 30.0, "honest-2": 31.0, "inflated": 30.5}
+    (run_dir / "speeds.json").write_text(json.dumps({"epoch": 0, "speeds": {
+        f"{name}-l{leases[name]}-a0-w0": speed for name, speed in shown.items()}}))
+    coordinator.hold_offers_to_speeds(job.job_id)
+
+    views = {o["offer_id"]: o for o in served.client().request("GET", "/v1/offers", sign=False)}
+    assert views["inflated"]["marked_down"] and not views["honest-1"]["marked_down"]
+    assert views["inflated"]["speed_samples_per_s"] < 110.0  # what it showed, not 400
+    assert coordinator.market.book.offer("inflated").speed_samples_per_s < 110.0  # the auction too
+    coordinator.hold_offers_to_speeds(job.job_id)  # judged once: no second mark
+    marks = [e for e in submitter.events() if e.kind == "offer_marked_down"]
+    assert [e.detail["offer_id"] for e in marks] == ["inflated"]

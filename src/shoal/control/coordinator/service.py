@@ -23,6 +23,8 @@ from sqlalchemy.orm import Session
 from shoal.control.coordinator import journal
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.job_hosts import JobHosts
+from shoal.control.coordinator.markdown import lease_of, marked_down
+from shoal.control.job_host import read_speeds
 from shoal.control.coordinator.settings import CoordinatorSettings
 from shoal.control.coordinator.views import (
     agent_view, event_view, job_view, offer_view, participant_view,
@@ -396,8 +398,39 @@ class Coordinator:
             elif state.lost:
                 self.end_job(COORDINATOR, row.job_id, JobStatus.failed,
                              reason="its job host exited without a final word")
-            elif state.rendezvous and state.rendezvous != row.rendezvous:
-                self._set_rendezvous(row.job_id, state.rendezvous)
+            else:
+                if state.rendezvous and state.rendezvous != row.rendezvous:
+                    self._set_rendezvous(row.job_id, state.rendezvous)
+                self.hold_offers_to_speeds(row.job_id)
+
+    def hold_offers_to_speeds(self, job_id: str) -> None:
+        """Mark down the offers whose workers run well below what their agents claimed."""
+        observed_by_worker = read_speeds(self.hosts.run_dir(job_id))
+        if len(observed_by_worker) < 2:
+            return
+        with Session(self.engine) as session:
+            offers: dict[str, OfferRow] = {}
+            observed: dict[str, float] = {}
+            for worker, speed in observed_by_worker.items():
+                number = lease_of(worker)
+                lease = session.get(LeaseRow, number) if number is not None else None
+                if lease is not None and lease.job_id == job_id:
+                    offers[lease.offer_id] = session.get(OfferRow, lease.offer_id)
+                    observed[lease.offer_id] = speed
+            claimed = {o: row.speed_samples_per_s for o, row in offers.items()}
+        for offer_id, speed in marked_down(claimed, observed).items():
+            self._mark_down(offer_id, speed, claimed[offer_id], job_id)
+
+    def _mark_down(self, offer_id: str, speed: float, claimed: float, job_id: str) -> None:
+        with self._change() as session:
+            now, row = self.now_s(), session.get(OfferRow, offer_id)
+            if not row.withdrawn:
+                offer = self.market.book.offer(offer_id).model_copy(
+                    update={"speed_samples_per_s": speed})
+                self._command(session, "post_offer", {"offer": offer.model_dump(mode="json")}, now)
+            row.speed_samples_per_s, row.marked_down = speed, True
+            self._event(session, now, COORDINATOR, "offer_marked_down", job_id, offer_id=offer_id,
+                        claimed_samples_per_s=claimed, marked_samples_per_s=round(speed, 3))
 
     def _start_host(self, job_id: str, min_workers: int) -> None:
         with self._change() as session:
