@@ -186,3 +186,50 @@ def test_a_job_out_of_escrow_pauses_with_its_state_and_finishes_as_if_never_paus
         assert len(paused_run.leases) == 2 and len(whole_run.leases) == 1
     finally:
         stack.close()
+
+
+@pytest.mark.slow
+def test_a_spot_notice_is_a_graceful_leave_and_the_preempted_job_comes_back(tmp_path, cli_env):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**cli_env, "SHOAL_COORDINATOR_DATA_DIR": str(tmp_path / "coord"),
+           "SHOAL_COORDINATOR_NOTICE_PERIOD_S": "3"}
+    stack = Stack(tmp_path, env)
+    try:
+        wait_healthy(url, stack.coordinator(f"sqlite:///{tmp_path}/store.db", "127.0.0.1", port))
+        stack.agent("a", url, PRICE, slowdown=4.0)  # one spot device for two jobs
+        alice = submitter(url, tmp_path)
+        wait_for(lambda: sum(len(p.offers) for p in alice.providers()), lambda n: n == 1, 120,
+                 stack, "the agent offering")
+        from shoal.spec.coordinator import Registration
+
+        alice.register(Registration(role="submitter", name="alice"))
+
+        def submit(name, steps, priority):
+            return alice.submit(JobSubmission(
+                name=name, job_file=job_toml(tmp_path / f"ckpt-{name}", steps), workers=1,
+                max_price_wei_per_s=2 * PRICE, budget_wei=10**12, priority=priority))
+
+        low = submit("low", 1500, priority=0)
+        low_dir = tmp_path / "coord" / "jobs" / low.job_id
+        wait_for(lambda: (low_dir / "epochs.jsonl").exists(), bool, 120, stack, "low starts")
+        time.sleep(3)
+        high = submit("high", 200, priority=10)  # takes the device, with notice
+        high_done = wait_for(lambda: alice.job(high.job_id), lambda j: j.status in (
+            JobStatus.finished, JobStatus.failed), 300, stack, "high ends")
+        assert high_done.status is JobStatus.finished
+        low_done = wait_for(lambda: alice.job(low.job_id), lambda j: j.status in (
+            JobStatus.finished, JobStatus.failed), 300, stack, "low ends")
+        assert low_done.status is JobStatus.finished, stack.logs()
+        assert json.loads((low_dir / "final.json").read_text())["final"]["steps"] == 1500
+
+        first, *_, last = sorted(low_done.leases, key=lambda lease: lease.lease)
+        (taken,) = high_done.leases
+        assert first.ends_at_s <= taken.start_s  # the notice ran out before the new holder began
+        assert last.start_s >= taken.ends_at_s  # the device came back when high was done
+        logs = "".join(p.read_text() for p in tmp_path.glob("a/lease-*/worker.log"))
+        assert "spot notice" in (tmp_path / "a.log").read_text()
+        assert "last worker leaving: checkpoint of step" in "".join(
+            p.read_text() for p in tmp_path.glob("a/lease-*/run-*/*.log")), logs
+    finally:
+        stack.close()
