@@ -182,3 +182,22 @@ def test_an_offer_slower_than_its_claim_is_marked_down(served: Served):
     coordinator.hold_offers_to_speeds(job.job_id)  # judged once: no second mark
     marks = [e for e in submitter.events() if e.kind == "offer_marked_down"]
     assert [e.detail["offer_id"] for e in marks] == ["inflated"]
+
+
+def test_metrics_count_what_happened(served: Served):
+    import httpx
+
+    provider, submitter = served.client(Account.create()), served.client(Account.create())
+    offer(provider)
+    submit(submitter)
+    provider.heartbeat("agent-a", Heartbeat())
+    served.app.state.rounds.once()
+    httpx.post(f"{served.url}/v1/jobs", content=b"{}")  # unsigned: refused, and counted
+    text = httpx.get(f"{served.url}/metrics").text
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in text.splitlines() if line and not line.startswith("#")}
+    assert samples['shoal_jobs{status="running"}'] == 1
+    assert samples["shoal_agents_online"] == 1 and samples["shoal_workers_leased"] == 1
+    assert samples["shoal_agent_heartbeats_total"] >= 1
+    assert samples["shoal_leases_opened_total"] == 1
+    assert samples['shoal_requests_refused_total{reason="unauthenticated"}'] == 1
