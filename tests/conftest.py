@@ -11,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def tiny_job_toml(checkpoint_dir: Path, **top: object) -> str:
+def tiny_job_toml(checkpoint_dir: Path, interval_steps: int = 3, **top: object) -> str:
     """A job file for a model small enough to train dozens of steps in seconds."""
     values = {"name": "tiny", "seed": 7, "steps": 40, "global_batch": 8,
               "eval_interval": 20, "eval_batches": 2, **top}
@@ -32,7 +32,7 @@ lr = 0.003
 warmup_steps = 5
 [checkpoint]
 dir = "{checkpoint_dir}"
-interval_steps = 3
+interval_steps = {interval_steps}
 keep = 2
 """
 

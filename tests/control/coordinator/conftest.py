@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import uvicorn
@@ -15,21 +16,10 @@ from eth_account import Account
 from shoal.control.client import CoordinatorClient
 from shoal.control.coordinator import Coordinator, CoordinatorSettings, create_app
 from shoal.spec.coordinator import AgentRegistration, Backend, Preflight, Registration
+from tests.conftest import tiny_job_toml
 from tests.harness.postgres import postgres_server  # noqa: F401
 
-TINY_JOB = """name = "tiny"
-seed = 7
-steps = 20
-global_batch = 8
-[model]
-layers = 1
-heads = 2
-width = 32
-context = 32
-[data]
-corpus = "stdlib"
-max_bytes = 100000
-"""
+TINY_JOB = tiny_job_toml(Path("ckpt"), steps=20)  # only ever read, never run, here
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

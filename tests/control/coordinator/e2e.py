@@ -13,7 +13,7 @@ import httpx
 from eth_account import Account
 
 from shoal.control.client import CoordinatorClient
-from tests.conftest import shoal_command
+from tests.conftest import shoal_command, tiny_job_toml
 
 # Fast beats and short timeouts, so a lost agent is replaced in seconds.
 COORDINATOR_ENV = {"SHOAL_COORDINATOR_HEARTBEAT_S": "0.5", "SHOAL_COORDINATOR_AGENT_TIMEOUT_S": "3",
@@ -21,22 +21,7 @@ COORDINATOR_ENV = {"SHOAL_COORDINATOR_HEARTBEAT_S": "0.5", "SHOAL_COORDINATOR_AG
 
 
 def job_toml(checkpoint_dir: Path, steps: int) -> str:
-    return f"""name = "e2e"
-seed = 7
-steps = {steps}
-global_batch = 8
-[model]
-layers = 1
-heads = 2
-width = 32
-context = 32
-[data]
-corpus = "stdlib"
-max_bytes = 100000
-[checkpoint]
-dir = "{checkpoint_dir}"
-interval_steps = 20
-"""
+    return tiny_job_toml(checkpoint_dir, interval_steps=20, name="e2e", steps=steps)
 
 
 def key_file(path: Path) -> Path:
