@@ -75,9 +75,13 @@ class LeaseWorkers:
         job_file = lease_dir / "job.toml"
         job_file.write_text(assignment.job_file)
         node = f"{self.agent_id}-l{lease.lease}-a{attempt}"
+        # The submitter's job file never chooses where on this machine files are written:
+        # checkpoints go under the agent's own directory, one per job, kept across leases.
+        checkpoints = self.work_dir / "jobs" / lease.job / "checkpoints"
         command = [sys.executable, "-m", "shoal.cli.main", "train", str(job_file),
                    "--workers", "1", "--rendezvous", assignment.rendezvous, "--node", node,
-                   "--run-dir", str(lease_dir / f"run-{attempt}"), "--grace-s", str(self.grace_s)]
+                   "--run-dir", str(lease_dir / f"run-{attempt}"), "--grace-s", str(self.grace_s),
+                   "--checkpoint-dir", str(checkpoints)]
         if self.slowdown > 1.0:
             command += ["--slow", f"0:{self.slowdown}"]
         env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
