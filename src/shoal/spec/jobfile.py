@@ -37,3 +37,16 @@ def load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSp
         raise SpecError(f"{path}: cannot read ({error})") from None
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return parse_job(values, source=str(path))
+
+
+def refuse_for_providers(job: JobSpec) -> None:
+    """A job run on strangers' machines may not name paths there to read.
+
+    A corpus path would train on (and leak, through the model and its losses)
+    whatever file of the provider's it names; until data ships with the job,
+    market jobs use the built-in corpus. (Where checkpoints go is the agent's
+    choice, whatever the file says.)
+    """
+    if job.data.corpus != "stdlib":
+        raise SpecError(f"data.corpus = {job.data.corpus!r}: a job run on providers' machines "
+                        "cannot read their files; use corpus = \"stdlib\"")

@@ -201,3 +201,28 @@ def test_metrics_count_what_happened(served: Served):
     assert samples["shoal_agent_heartbeats_total"] >= 1
     assert samples["shoal_leases_opened_total"] == 1
     assert samples['shoal_requests_refused_total{reason="unauthenticated"}'] == 1
+
+
+def test_a_job_file_cannot_reach_into_a_providers_files(served: Served, tmp_path):
+    from shoal.control.agent.leases import LeaseWorkers
+    from shoal.control.client import CoordinatorRefused
+    from shoal.spec.coordinator import Assignment
+    from shoal.spec.market import DeviceLease
+
+    prying = TINY_JOB.replace('corpus = "stdlib"', 'corpus = "/root/.ssh"')
+    submitter = served.client(Account.create())
+    submitter.register(Registration(role="submitter", name="mallory"))
+    try:
+        submitter.submit(JobSubmission(name="pry", job_file=prying, workers=1,
+                                       max_price_wei_per_s=PRICE, budget_wei=PRICE))
+        raise AssertionError("the coordinator took a job that reads a provider's files")
+    except CoordinatorRefused as refused:
+        assert refused.status == 422 and "corpus" in refused.detail
+    # An agent does not trust its coordinator with its disk either.
+    lease = DeviceLease(lease=1, job="pry", offer_id="o", provider="0x" + "1" * 40,
+                        device_kind="cpu", region="eu", speed_samples_per_s=1.0, memory_gb=1.0,
+                        tenancy="spot", priority=0, price_wei_per_s=1, start_s=0.0)
+    workers = LeaseWorkers("agent", tmp_path)
+    workers.follow((Assignment(lease=lease, job_file=prying, rendezvous="127.0.0.1:1",
+                               ends_at_s=None),), ())
+    assert workers.running() == () and workers.refused == {1}

@@ -14,10 +14,13 @@ import os
 import signal
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shoal.control.worker_process import WorkerProcess
+from shoal.spec.errors import SpecError
+from shoal.spec.jobfile import parse_job, refuse_for_providers
 from shoal.spec.coordinator import Assignment
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ class LeaseWorkers:
         self.agent_id, self.work_dir = agent_id, work_dir
         self.slowdown, self.grace_s, self.max_restarts = slowdown, grace_s, max_restarts
         self.workers: dict[int, LeaseWorker] = {}
+        self.refused: set[int] = set()  # leases whose job file this agent will not run
 
     def running(self) -> tuple[int, ...]:
         """Leases with a live worker: what the agent reports in its heartbeat."""
@@ -68,8 +72,15 @@ class LeaseWorkers:
             if not worker.process.wait(deadline - time.monotonic()):
                 worker.process.kill()
 
-    def _start(self, assignment: Assignment, attempt: int) -> LeaseWorker:
+    def _start(self, assignment: Assignment, attempt: int) -> LeaseWorker | None:
         lease = assignment.lease
+        try:  # the agent trusts no one with its disk, not even its coordinator
+            refuse_for_providers(parse_job(tomllib.loads(assignment.job_file), "job_file"))
+        except (SpecError, tomllib.TOMLDecodeError) as error:
+            if lease.lease not in self.refused:
+                log.error("lease %d (job %s): not running it: %s", lease.lease, lease.job, error)
+                self.refused.add(lease.lease)
+            return None
         lease_dir = self.work_dir / f"lease-{lease.lease}"
         lease_dir.mkdir(parents=True, exist_ok=True)
         job_file = lease_dir / "job.toml"

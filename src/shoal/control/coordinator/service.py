@@ -516,10 +516,10 @@ def _check_job_file(text: str) -> None:
     """Refuse a job file `shoal train` would refuse, before anyone is paid to run it."""
     import tomllib
 
-    from shoal.spec.jobfile import parse_job
+    from shoal.spec.jobfile import parse_job, refuse_for_providers
 
     try:
         values = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise SpecError(f"job_file: malformed TOML ({error})") from None
-    parse_job(values, source="job_file")
+    refuse_for_providers(parse_job(values, source="job_file"))
