@@ -16,6 +16,7 @@ from shoal.spec.coordinator import (
     AgentRegistration, AgentView, Event, Heartbeat, HeartbeatReply, Info, JobSubmission, JobView,
     OfferTerms, OfferView, Participant, ProviderView, Registration, TopUp,
 )
+from shoal.spec.ledger import LeaseAcceptance
 
 T = TypeVar("T")
 
@@ -70,7 +71,7 @@ class CoordinatorClient:
                                "is it running (`shoal coordinator`)?") from None
         if response.status_code >= 400:
             raise CoordinatorRefused(response.status_code, _detail(response))
-        return response.json()
+        return response.json() if response.content else None
 
     def _get(self, path: str, kind: type[T], **params: Any) -> T:
         data = self.request("GET", path, params={k: v for k, v in params.items() if v is not None},
@@ -89,6 +90,9 @@ class CoordinatorClient:
 
     def heartbeat(self, agent_id: str, beat: Heartbeat) -> HeartbeatReply:
         return self._post(f"/v1/agents/{agent_id}/heartbeat", beat, HeartbeatReply)
+
+    def accept_lease(self, lease: int, acceptance: LeaseAcceptance) -> None:
+        self.request("POST", f"/v1/leases/{lease}/acceptance", acceptance)
 
     def post_offer(self, terms: OfferTerms) -> OfferView:
         return self._post("/v1/offers", terms, OfferView)

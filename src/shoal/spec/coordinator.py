@@ -133,6 +133,9 @@ class JobSubmission(Frozen):
     max_price_wei_per_s: PricePerSecond
     budget_wei: Wei
     priority: int = Field(0, ge=-1_000_000, le=1_000_000)
+    # The job on the settlement contract whose escrow backs this budget
+    # (required by a coordinator that settles on a chain).
+    chain_job: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _min_fits(self) -> JobSubmission:
@@ -173,6 +176,19 @@ class JobView(Frozen):
     leases: tuple[DeviceLease, ...]  # which devices each lease holds, ended ones included
     created_at_s: float
     rendezvous: str | None = None  # the job host's HOST:PORT once it serves
+    chain_job: int | None = None
+
+
+class AcceptanceTerms(Frozen):
+    """A chain lease a provider is asked to accept by signature (EIP-712, see
+    shoal.ledger.acceptance): this contract on this chain, this job, these terms."""
+
+    chain_id: int = Field(ge=1)
+    contract: Address
+    chain_job: int = Field(ge=1)
+    price_wei_per_s: int = Field(ge=1)
+    term_s: int = Field(ge=1)
+    deadline: int = Field(ge=0)  # chain time
 
 
 class Heartbeat(Frozen):
@@ -188,6 +204,9 @@ class Assignment(Frozen):
     job_file: str
     rendezvous: str  # HOST:PORT of the job's host: run the worker with --rendezvous
     ends_at_s: float | None  # a spot notice: leave gracefully by then
+    # Where the coordinator settles on a chain: sign these (POST /v1/leases/N/acceptance);
+    # None once accepted, or with no chain.
+    acceptance: AcceptanceTerms | None = None
 
 
 class HeartbeatReply(Frozen):

@@ -17,7 +17,10 @@ from shoal.control.agent.leases import LeaseWorkers
 from shoal.control.agent.preflight import preflight
 from shoal.control.client import CoordinatorClient, CoordinatorRefused
 from shoal.control.errors import ControlError
-from shoal.spec.coordinator import AgentRegistration, Heartbeat, OfferTerms, Registration
+from shoal.ledger.acceptance import sign_acceptance
+from shoal.spec.coordinator import (
+    AgentRegistration, Assignment, Heartbeat, OfferTerms, Registration,
+)
 from shoal.spec.market import Tenancy
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,7 @@ class Agent:
                                     config.grace_s)
         self.stopping = threading.Event()
         self.offer_ids = [f"{config.agent_id}-d{i}" for i in range(config.devices)]
+        self.accepted: set[int] = set()  # leases whose chain terms were signed
 
     def enroll(self) -> None:
         """Pre-flight, then register as a provider, register the agent, post its offers."""
@@ -85,6 +89,7 @@ class Agent:
                     log.info("coordinator back after %.1f s", time.monotonic() - offline_since)
                     offline_since = None
                     self._repost_if_withdrawn()
+                self._accept(reply.assignments)
                 self.workers.follow(reply.assignments, reply.stop)
             except ControlError as error:
                 if offline_since is None:
@@ -92,6 +97,33 @@ class Agent:
                     log.warning("heartbeat failed (%s); workers keep running, retrying", error)
             self.stopping.wait(max(0.0, period_s - (time.monotonic() - started)))
         self._leave()
+
+    def _accept(self, assignments: tuple[Assignment, ...]) -> None:
+        """Sign the chain lease terms the coordinator offers (EIP-712; no transaction).
+
+        Only the terms are signed, never a blank: the price is the lease's own,
+        and the contract binds the signature to its chain, itself and the job.
+        """
+        for assignment in assignments:
+            terms, number = assignment.acceptance, assignment.lease.lease
+            if terms is None or number in self.accepted:
+                continue
+            if terms.price_wei_per_s != assignment.lease.price_wei_per_s:
+                log.error("lease %d: chain terms at %d wei/s, not the lease's %d; not signing",
+                          number, terms.price_wei_per_s, assignment.lease.price_wei_per_s)
+                continue
+            signed = sign_acceptance(self.client.account, terms.chain_id, terms.contract,
+                                     terms.chain_job, terms.price_wei_per_s, terms.term_s,
+                                     terms.deadline)
+            try:
+                self.client.accept_lease(number, signed)
+                log.info("lease %d: accepted chain lease on job %d at %d wei/s", number,
+                         terms.chain_job, terms.price_wei_per_s)
+            except CoordinatorRefused as refused:
+                log.warning("lease %d: acceptance refused: %s", number, refused.detail)
+                if refused.status != 409:
+                    continue
+            self.accepted.add(number)
 
     def _repost_if_withdrawn(self) -> None:
         """Offers withdrawn while the coordinator could not hear us are posted again."""

@@ -32,6 +32,7 @@ from shoal.spec.coordinator import (
     Registration, Role, TopUp,
 )
 from shoal.spec.errors import SpecError
+from shoal.spec.ledger import LeaseAcceptance
 
 log = logging.getLogger(__name__)
 LabelPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
@@ -153,6 +154,12 @@ def _routes(app: FastAPI) -> None:
     @app.delete("/v1/offers/{offer_id}", tags=["providers"])
     def withdraw_offer(offer_id: LabelPath, co: Co, signer: ProviderSigner) -> OfferView:
         return co.withdraw_offer(signer.address, offer_id)
+
+    @app.post("/v1/leases/{lease}/acceptance", tags=["providers"], status_code=204)
+    def accept_lease(lease: Annotated[int, Path(ge=1, le=2**62)], body: LeaseAcceptance, co: Co,
+                     signer: ProviderSigner) -> Response:
+        co.accept_lease(signer.address, lease, body)
+        return Response(status_code=204)
 
     @app.get("/v1/offers", tags=["providers"])
     def offers(co: Co) -> list[OfferView]:

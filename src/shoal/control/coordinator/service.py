@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from shoal.control.coordinator import journal
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.job_hosts import JobHosts
+from shoal.control.coordinator.settlement import Settlement
 from shoal.control.coordinator.markdown import lease_of, marked_down
 from shoal.control.job_host import read_speeds
 from shoal.control.coordinator.settings import CoordinatorSettings
@@ -33,14 +34,17 @@ from shoal.control.identity import Signer, Unauthenticated
 from shoal.control.store import beats
 from shoal.control.store.database import open_store_engine, write_transaction
 from shoal.control.store.schema import (
-    AgentRow, EventRow, JobRow, LeaseRow, MarketCommandRow, NonceRow, OfferRow, ParticipantRow,
+    AgentRow, ChainLeaseRow, EventRow, JobRow, LeaseRow, MarketCommandRow, NonceRow, OfferRow,
+    ParticipantRow,
 )
-from shoal.market import Clearing, Market, MarketConfig, MarketError
+from shoal.ledger import LedgerError
+from shoal.market import Clearing, Market, MarketConfig, MarketError, charge_wei
 from shoal.spec.coordinator import (
     ENDED, SELF_SERVICE_ROLES, AgentRegistration, AgentView, Assignment, Event, Grant, Heartbeat,
     HeartbeatReply, JobStatus, JobSubmission, JobView, OfferTerms, OfferView, Participant, Registration, Role,
 )
 from shoal.spec.errors import SpecError
+from shoal.spec.ledger import LeaseAcceptance
 from shoal.spec.market import Bid, DeviceLease, FillStatus, Offer
 
 log = logging.getLogger(__name__)
@@ -51,8 +55,10 @@ class Coordinator:
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 settlement: Settlement | None = None) -> None:
         self.settings = settings
+        self.settlement = settlement  # None: escrow is the store's bookkeeping only
         self.engine = engine or open_store_engine(settings.store_url)
         self._clock = clock
         self._lock = threading.RLock()  # one writer: the market is not thread-safe
@@ -250,14 +256,88 @@ class Coordinator:
             current = [(DeviceLease.model_validate(value), job_file, rendezvous) for
                        value, job_file, rendezvous in beats.current_leases(connection, agent_id, now)]
         open_numbers = {lease.lease for lease, _, _ in current if lease.start_s <= now}
+        terms = self._acceptance_terms(provider, [lease for lease, _, _ in current])
         return HeartbeatReply(
             at_s=now,
             # A worker is assigned once its job's host serves: it has a rendezvous to join.
             assignments=tuple(Assignment(lease=lease, job_file=job_file, rendezvous=rendezvous,
-                                         ends_at_s=lease.ends_at_s)
+                                         ends_at_s=lease.ends_at_s,
+                                         acceptance=terms.get(lease.lease))
                               for lease, job_file, rendezvous in current
                               if lease.lease in open_numbers and rendezvous),
             stop=tuple(n for n in beat.running if n not in open_numbers))
+
+    # ------------------------------------------------------------ settlement on chain
+    def _check_chain_escrow(self, submitter: str, submission: JobSubmission) -> None:
+        if self.settlement is None:
+            if submission.chain_job is not None:
+                raise Conflict("this coordinator does not settle on a chain; drop chain_job")
+            return
+        if submission.chain_job is None:
+            raise Conflict("this coordinator settles on a chain: create a job on the contract "
+                           f"{self.settlement.contract} with its escrow, and give its chain_job")
+        self.settlement.check_escrow(submission.chain_job, submitter, submission.budget_wei,
+                                     submission.max_price_wei_per_s)
+
+    def _acceptance_terms(self, provider: str, leases: list[DeviceLease]) -> dict[int, Any]:
+        """Terms to sign for leases whose (job, provider) has no chain lease yet."""
+        if self.settlement is None or not leases:
+            return {}
+        with Session(self.engine) as session:
+            jobs = {row.job_id: row for row in session.scalars(
+                select(JobRow).where(JobRow.job_id.in_({lease.job for lease in leases}),
+                                     JobRow.chain_job.is_not(None)))}
+            accepted = set(session.scalars(select(ChainLeaseRow.job_id).where(
+                ChainLeaseRow.provider == provider, ChainLeaseRow.job_id.in_(set(jobs)))))
+        return {lease.lease: self.settlement.terms(jobs[lease.job].chain_job,
+                                                   lease.price_wei_per_s,
+                                                   int(jobs[lease.job].bid["budget_wei"]))
+                for lease in leases if lease.job in jobs and lease.job not in accepted}
+
+    def accept_lease(self, provider: str, lease_number: int, acceptance: LeaseAcceptance) -> None:
+        """Open the provider's chain lease for the job this device lease belongs to."""
+        if self.settlement is None:
+            raise Conflict("this coordinator does not settle on a chain")
+        with self._change() as session:
+            lease = session.get(LeaseRow, lease_number)
+            if lease is None or lease.provider != provider or acceptance.provider != provider:
+                raise Forbidden(f"lease {lease_number} is not yours to accept")
+            job = session.get(JobRow, lease.job_id)
+            if job.chain_job is None:
+                raise Conflict(f"job {job.job_id} does not settle on chain")
+            if session.get(ChainLeaseRow, (job.job_id, provider)) is not None:
+                raise Conflict(f"your lease on job {job.job_id} is already accepted on chain")
+            terms = self.settlement.terms(job.chain_job, lease.price_wei_per_s,
+                                          int(job.bid["budget_wei"]))
+            self.settlement.open_lease(acceptance, terms)
+            accepted_at = self.settlement.accepted_at(job.chain_job, provider)
+            session.add(ChainLeaseRow(job_id=job.job_id, provider=provider,
+                                      price_wei_per_s=terms.price_wei_per_s, term_s=terms.term_s,
+                                      accepted_at=accepted_at))
+            self._event(session, self.now_s(), provider, "chain_lease_accepted", job.job_id,
+                        chain_job=job.chain_job, price_wei_per_s=str(terms.price_wei_per_s),
+                        term_s=terms.term_s, accepted_at=accepted_at)
+
+    def _settle(self, session: Session, job: JobRow, meter: Any, now: float) -> None:
+        """Book each provider's metered wei (at its chain price, whole seconds) and settle."""
+        chain_leases = {row.provider: row for row in session.scalars(
+            select(ChainLeaseRow).where(ChainLeaseRow.job_id == job.job_id))}
+        metered: dict[str, int] = {}
+        for lease in meter.leases:
+            metered[lease.provider] = metered.get(lease.provider, 0) + charge_wei(lease, now)
+        seconds = {p: wei // chain_leases[p].price_wei_per_s
+                   for p, wei in metered.items() if p in chain_leases}
+        try:
+            booking = self.settlement.settle(job.chain_job, seconds)
+        except (LedgerError, Conflict) as error:
+            log.error("job %s: settling chain job %s failed: %s", job.job_id, job.chain_job, error)
+            self._event(session, now, COORDINATOR, "settlement_failed", job.job_id,
+                        chain_job=job.chain_job, reason=str(error))
+            return
+        self._event(session, now, COORDINATOR, "job_settled", job.job_id, chain_job=job.chain_job,
+                    root=booking.root, seconds=booking.seconds,
+                    wei={p: str(w) for p, w in booking.wei.items()},
+                    metered_wei={p: str(w) for p, w in metered.items()})
 
     def _own_agent(self, session: Session, provider: str, agent_id: str) -> AgentRow:
         agent = session.get(AgentRow, agent_id)
@@ -270,14 +350,16 @@ class Coordinator:
     # ------------------------------------------------------------ submitters
     def submit_job(self, submitter: str, submission: JobSubmission) -> JobView:
         _check_job_file(submission.job_file)
+        self._check_chain_escrow(submitter, submission)
         job_id = f"{submission.name}-{secrets.token_hex(4)}"
-        bid = Bid(job=job_id, **submission.model_dump(exclude={"name", "job_file"}))
+        bid = Bid(job=job_id, **submission.model_dump(exclude={"name", "job_file", "chain_job"}))
         with self._change() as session:
             now = self.now_s()
             self._command(session, "submit", {"bid": bid.model_dump(mode="json")}, now)
             row = JobRow(job_id=job_id, name=submission.name, submitter=submitter,
                          job_file=submission.job_file, bid=bid.model_dump(mode="json"),
-                         status=JobStatus.waiting.value, created_at_s=now)
+                         status=JobStatus.waiting.value, created_at_s=now,
+                         chain_job=submission.chain_job)
             session.add(row)
             self._event(session, now, submitter, "job_submitted", job_id,
                         workers=bid.workers, budget_wei=str(bid.budget_wei),
@@ -289,6 +371,10 @@ class Coordinator:
         with self._change() as session:
             now = self.now_s()
             row = self._own_job(session, submitter, job_id)
+            if self.settlement is not None and row.chain_job is not None:
+                budget = self.market.meter(job_id).budget_wei + amount_wei
+                self.settlement.check_escrow(row.chain_job, submitter, budget,
+                                             int(row.bid["max_price_wei_per_s"]))
             self._command(session, "top_up", {"job": job_id, "amount_wei": str(amount_wei)}, now)
             if row.status == JobStatus.paused.value:
                 self._command(session, "resume", {"job": job_id}, now)
@@ -322,6 +408,8 @@ class Coordinator:
                         spent_wei=str(meter.accrued_wei(now)), **detail)
             if status is not JobStatus.finished:
                 self.hosts.stop(job_id, row.host_pid)
+            if self.settlement is not None and row.chain_job is not None:
+                self._settle(session, row, meter, now)
             return job_view(row, meter, now)
 
     def _own_job(self, session: Session, actor: str, job_id: str) -> JobRow:

@@ -41,7 +41,8 @@ def job_view(row: JobRow, meter: JobMeter | None, now_s: float) -> JobView:
                    max_price_wei_per_s=int(row.bid["max_price_wei_per_s"]),
                    budget_wei=budget, spent_wei=spent, remaining_wei=budget - spent,
                    priority=int(row.bid["priority"]), leases=leases,
-                   created_at_s=row.created_at_s, rendezvous=row.rendezvous)
+                   created_at_s=row.created_at_s, rendezvous=row.rendezvous,
+                   chain_job=row.chain_job)
 
 
 def event_view(row: EventRow) -> Event:

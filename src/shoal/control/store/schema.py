@@ -86,6 +86,18 @@ class JobRow(Base):
     # The job host serving its rendezvous (HOST:PORT) and its pid, once started.
     rendezvous: Mapped[str | None] = mapped_column(String(128), nullable=True)
     host_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    chain_job: Mapped[int | None] = mapped_column(Integer, nullable=True)  # its escrow on chain
+
+
+class ChainLeaseRow(Base):
+    """A provider's lease on a job's chain escrow, opened from its signed acceptance."""
+
+    __tablename__ = "chain_leases"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), primary_key=True)
+    provider: Mapped[str] = mapped_column(String(42), primary_key=True)
+    price_wei_per_s: Mapped[int] = mapped_column(Wei)
+    term_s: Mapped[int] = mapped_column(Integer)
+    accepted_at: Mapped[int] = mapped_column(Integer)  # chain time
 
 
 class LeaseRow(Base):

@@ -1,0 +1,132 @@
+"""The coordinator settling on a chain (the embedded EVM): a job's escrow is
+checked there before it is taken, providers accept their chain leases by
+signature, and at the job's end the chain books and settles what the store
+metered, never more; each move an attacker could make is refused."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from shoal.control.agent import Agent, AgentConfig
+from shoal.control.client import CoordinatorRefused
+from shoal.control.coordinator import Coordinator
+from shoal.control.coordinator.settlement import Settlement
+from shoal.ledger import Chain, Ledger
+from shoal.ledger.acceptance import sign_acceptance
+from shoal.spec.coordinator import Heartbeat, JobStatus, JobSubmission, OfferTerms, Registration
+from shoal.spec.ledger import LedgerConfig
+from tests.control.coordinator.conftest import (
+    TINY_JOB, Served, make_settings, provider_with_agent,
+)
+
+PRICE = 1_000_000
+BUDGET = 10**12
+
+
+@pytest.fixture
+def market(tmp_path):
+    chain = Chain.embedded()
+    owner, operator, referee, alice, mallory, p1, p2 = chain.dev_accounts()[:7]
+    ledger = Ledger.deploy(chain, owner, operator.address, referee.address,
+                           LedgerConfig(min_stake_wei=10**15))
+    for provider in (p1, p2):
+        ledger.stake(provider, 10**18)
+    coordinator = Coordinator(make_settings(f"sqlite:///{tmp_path}/store.db"),
+                              settlement=Settlement(ledger, operator))
+    served = Served(coordinator)
+    yield served, ledger, (alice, mallory, p1, p2)
+    served.stop()
+    coordinator.hosts.stop_all()
+
+
+def submission(chain_job, budget=BUDGET, max_price=2 * PRICE):
+    return JobSubmission(name="tiny", job_file=TINY_JOB, workers=2, max_price_wei_per_s=max_price,
+                         budget_wei=budget, chain_job=chain_job)
+
+
+def test_a_job_is_taken_only_with_its_own_escrow_on_chain(market):
+    served, ledger, (alice, mallory, *_) = market
+    alice_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
+    clients = {who: served.client(account) for who, account in (("alice", alice), ("mallory", mallory))}
+    for who, client in clients.items():
+        client.register(Registration(role="submitter", name=who))
+    refused = [
+        lambda: clients["mallory"].submit(submission(alice_job)),  # alice's escrow
+        lambda: clients["alice"].submit(submission(alice_job, budget=BUDGET + 1)),  # more than held
+        lambda: clients["alice"].submit(submission(alice_job, max_price=3 * PRICE)),  # above its cap
+        lambda: clients["alice"].submit(submission(None)),  # no escrow named
+    ]
+    for attempt in refused:
+        with pytest.raises(CoordinatorRefused) as error:
+            attempt()
+        assert error.value.status == 409
+    assert clients["alice"].jobs() == []
+    job = clients["alice"].submit(submission(alice_job))
+    assert job.chain_job == alice_job
+    with pytest.raises(CoordinatorRefused, match="fund it first"):
+        clients["alice"].top_up(job.job_id, 1)  # the chain escrow does not cover it
+    ledger.fund(alice, alice_job, 5)
+    assert clients["alice"].top_up(job.job_id, 5).budget_wei == BUDGET + 5
+
+
+def test_providers_accept_by_signature_and_the_chain_pays_what_the_store_metered(market, tmp_path):
+    served, ledger, (alice, _, p1, p2) = market
+    chain_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
+    submitter = served.client(alice)
+    submitter.register(Registration(role="submitter", name="alice"))
+    providers = {}
+    for name, account in (("a", p1), ("b", p2)):
+        client = served.client(account)
+        provider_with_agent(client, name)
+        client.post_offer(OfferTerms(offer_id=f"{name}-d0", agent_id=name, price_wei_per_s=PRICE))
+        providers[name] = client
+    job = submitter.submit(submission(chain_job))
+    deadline = time.monotonic() + 60
+    while not submitter.job(job.job_id).rendezvous:  # its job host starts serving
+        assert time.monotonic() < deadline
+        for name, client in providers.items():
+            client.heartbeat(name, Heartbeat())
+        served.app.state.rounds.once()
+        time.sleep(0.2)
+    replies = {name: client.heartbeat(name, Heartbeat()) for name, client in providers.items()}
+    (a_assignment,) = replies["a"].assignments
+    terms = a_assignment.acceptance
+    assert terms.chain_job == chain_job and terms.price_wei_per_s == PRICE
+
+    # b cannot accept a's lease, and a cannot sign itself a better price.
+    with pytest.raises(CoordinatorRefused) as error:
+        providers["b"].accept_lease(a_assignment.lease.lease, sign_acceptance(
+            p2, terms.chain_id, terms.contract, chain_job, PRICE, terms.term_s, terms.deadline))
+    assert error.value.status == 403
+    with pytest.raises(CoordinatorRefused) as error:
+        providers["a"].accept_lease(a_assignment.lease.lease, sign_acceptance(
+            p1, terms.chain_id, terms.contract, chain_job, 2 * PRICE, terms.term_s, terms.deadline))
+    assert error.value.status == 409
+    assert ledger.lease(chain_job, p1.address).accepted_at == 0
+
+    for name, client in providers.items():  # the agents' own code signs the offered terms
+        Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
+            replies[name].assignments)
+    assert all(ledger.lease(chain_job, p.address).accepted_at for p in (p1, p2))
+    assert providers["a"].heartbeat("a", Heartbeat()).assignments[0].acceptance is None
+
+    time.sleep(3)
+    ledger.chain.advance_time(3)  # blocks were mined at acceptance; let chain time pass too
+    ended = submitter.job_action(job.job_id, "cancel")
+    assert ended.status is JobStatus.cancelled
+    (settled,) = [e for e in submitter.events(job=job.job_id) if e.kind == "job_settled"]
+    escrow = ledger.job(chain_job)
+    assert escrow.settled_at > 0
+    paid = 0
+    for account in (p1, p2):
+        lease = ledger.lease(chain_job, account.address)
+        booked = settled.detail["seconds"][account.address]
+        assert lease.verified_s == booked > 0  # the store and the chain agree
+        assert lease.earned_wei == int(settled.detail["wei"][account.address])
+        assert lease.earned_wei <= int(settled.detail["metered_wei"][account.address])  # never more
+        paid += lease.earned_wei
+    assert escrow.owed_wei == paid
+    metered = sum(int(w) for w in settled.detail["metered_wei"].values())
+    assert paid <= metered <= ended.spent_wei
