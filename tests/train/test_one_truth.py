@@ -45,9 +45,9 @@ def test_a_rollback_restores_the_same_state_on_a_worker_that_joined_after_the_sn
     # Snapshots every 50 steps; a warm spare (w2) joins soon after step 52; three NaN
     # steps in a row at 95-97 roll every member back to the step-50 snapshot, which
     # w2 must have received with the live state.
-    # Steps are slowed 4x so that the spare's join lands inside that window even on a
-    # loaded machine.
-    slow = {"SHOAL_SLOWDOWN": "4"}
+    # Steps are slowed 8x so that the spare's join (bound by wall time, not steps) lands
+    # inside that window even on a loaded machine (at 4x it once landed at step 95).
+    slow = {"SHOAL_SLOWDOWN": "8"}
     report = launch(tmp_path, 2, "join@step52", steps=200, spares=1,
                     worker_env={0: {**slow, "SHOAL_INJECT": "nan-loss@w0:step95-97"}, 1: slow, 2: slow})
     assert report.guard_skipped_steps == 3

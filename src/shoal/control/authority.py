@@ -123,6 +123,8 @@ class MembershipAuthority:
 
     def tick(self, now: float) -> None:
         """One round: gather joins, leaves, exits, laggards and reform requests; publish if needed."""
+        if self.epoch >= 0 and self.rdzv.done():
+            return  # the job reached its end: members exiting now are not faults
         requests = self.rdzv.requests_seen()
         leaving: list[str] = []
         reform, source = False, None
