@@ -33,6 +33,7 @@ class Role(str, enum.Enum):
 
 
 SELF_SERVICE_ROLES = frozenset({Role.submitter, Role.provider})
+COORDINATOR = "coordinator"  # the actor of the coordinator's own decisions in the audit log
 
 
 class Registration(Frozen):

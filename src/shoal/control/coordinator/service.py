@@ -3,7 +3,8 @@ in step. No HTTP here: the API calls these methods with the verified signer.
 
 Every change is one transaction that writes the market's journal, the rows
 the API reads, and an audit event together, so the store never shows a
-lease the market would not rebuild after a restart.
+lease the market would not rebuild after a restart. The watch over running
+work (supervision.py) and settlement on a chain (chain_jobs.py) are mixed in.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from sqlalchemy.orm import Session
 
 from shoal.control.coordinator import journal
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.control.coordinator.chain_jobs import ChainSettlement
 from shoal.control.coordinator.job_hosts import JobHosts
-from shoal.control.coordinator.settlement import Settlement
-from shoal.control.coordinator.markdown import lease_of, marked_down
-from shoal.control.job_host import read_speeds
 from shoal.control.coordinator.settings import CoordinatorSettings
+from shoal.control.coordinator.settlement import Settlement
+from shoal.control.coordinator.supervision import JobSupervision
 from shoal.control.coordinator.views import (
     agent_view, event_view, job_view, offer_view, participant_view,
 )
@@ -34,24 +35,21 @@ from shoal.control.identity import Signer, Unauthenticated
 from shoal.control.store import beats
 from shoal.control.store.database import open_store_engine, write_transaction
 from shoal.control.store.schema import (
-    AgentRow, ChainLeaseRow, EventRow, JobRow, LeaseRow, MarketCommandRow, NonceRow, OfferRow,
-    ParticipantRow,
+    AgentRow, EventRow, JobRow, LeaseRow, MarketCommandRow, NonceRow, OfferRow, ParticipantRow,
 )
-from shoal.ledger import LedgerError
-from shoal.market import Clearing, Market, MarketConfig, MarketError, charge_wei
+from shoal.market import Clearing, Market, MarketConfig, MarketError
 from shoal.spec.coordinator import (
-    ENDED, SELF_SERVICE_ROLES, AgentRegistration, AgentView, Assignment, Event, Grant, Heartbeat,
-    HeartbeatReply, JobStatus, JobSubmission, JobView, OfferTerms, OfferView, Participant, Registration, Role,
+    COORDINATOR, ENDED, SELF_SERVICE_ROLES, AgentRegistration, AgentView, Assignment, Event,
+    Grant, Heartbeat, HeartbeatReply, JobStatus, JobSubmission, JobView, OfferTerms, OfferView,
+    Participant, Registration, Role,
 )
 from shoal.spec.errors import SpecError
-from shoal.spec.ledger import LeaseAcceptance
 from shoal.spec.market import Bid, DeviceLease, FillStatus, Offer
 
 log = logging.getLogger(__name__)
-COORDINATOR = "coordinator"  # the actor of the coordinator's own decisions
 
 
-class Coordinator:
+class Coordinator(JobSupervision, ChainSettlement):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
@@ -267,78 +265,6 @@ class Coordinator:
                               if lease.lease in open_numbers and rendezvous),
             stop=tuple(n for n in beat.running if n not in open_numbers))
 
-    # ------------------------------------------------------------ settlement on chain
-    def _check_chain_escrow(self, submitter: str, submission: JobSubmission) -> None:
-        if self.settlement is None:
-            if submission.chain_job is not None:
-                raise Conflict("this coordinator does not settle on a chain; drop chain_job")
-            return
-        if submission.chain_job is None:
-            raise Conflict("this coordinator settles on a chain: create a job on the contract "
-                           f"{self.settlement.contract} with its escrow, and give its chain_job")
-        self.settlement.check_escrow(submission.chain_job, submitter, submission.budget_wei,
-                                     submission.max_price_wei_per_s)
-
-    def _acceptance_terms(self, provider: str, leases: list[DeviceLease]) -> dict[int, Any]:
-        """Terms to sign for leases whose (job, provider) has no chain lease yet."""
-        if self.settlement is None or not leases:
-            return {}
-        with Session(self.engine) as session:
-            jobs = {row.job_id: row for row in session.scalars(
-                select(JobRow).where(JobRow.job_id.in_({lease.job for lease in leases}),
-                                     JobRow.chain_job.is_not(None)))}
-            accepted = set(session.scalars(select(ChainLeaseRow.job_id).where(
-                ChainLeaseRow.provider == provider, ChainLeaseRow.job_id.in_(set(jobs)))))
-        return {lease.lease: self.settlement.terms(jobs[lease.job].chain_job,
-                                                   lease.price_wei_per_s,
-                                                   int(jobs[lease.job].bid["budget_wei"]))
-                for lease in leases if lease.job in jobs and lease.job not in accepted}
-
-    def accept_lease(self, provider: str, lease_number: int, acceptance: LeaseAcceptance) -> None:
-        """Open the provider's chain lease for the job this device lease belongs to."""
-        if self.settlement is None:
-            raise Conflict("this coordinator does not settle on a chain")
-        with self._change() as session:
-            lease = session.get(LeaseRow, lease_number)
-            if lease is None or lease.provider != provider or acceptance.provider != provider:
-                raise Forbidden(f"lease {lease_number} is not yours to accept")
-            job = session.get(JobRow, lease.job_id)
-            if job.chain_job is None:
-                raise Conflict(f"job {job.job_id} does not settle on chain")
-            if session.get(ChainLeaseRow, (job.job_id, provider)) is not None:
-                raise Conflict(f"your lease on job {job.job_id} is already accepted on chain")
-            terms = self.settlement.terms(job.chain_job, lease.price_wei_per_s,
-                                          int(job.bid["budget_wei"]))
-            self.settlement.open_lease(acceptance, terms)
-            accepted_at = self.settlement.accepted_at(job.chain_job, provider)
-            session.add(ChainLeaseRow(job_id=job.job_id, provider=provider,
-                                      price_wei_per_s=terms.price_wei_per_s, term_s=terms.term_s,
-                                      accepted_at=accepted_at))
-            self._event(session, self.now_s(), provider, "chain_lease_accepted", job.job_id,
-                        chain_job=job.chain_job, price_wei_per_s=str(terms.price_wei_per_s),
-                        term_s=terms.term_s, accepted_at=accepted_at)
-
-    def _settle(self, session: Session, job: JobRow, meter: Any, now: float) -> None:
-        """Book each provider's metered wei (at its chain price, whole seconds) and settle."""
-        chain_leases = {row.provider: row for row in session.scalars(
-            select(ChainLeaseRow).where(ChainLeaseRow.job_id == job.job_id))}
-        metered: dict[str, int] = {}
-        for lease in meter.leases:
-            metered[lease.provider] = metered.get(lease.provider, 0) + charge_wei(lease, now)
-        seconds = {p: wei // chain_leases[p].price_wei_per_s
-                   for p, wei in metered.items() if p in chain_leases}
-        try:
-            booking = self.settlement.settle(job.chain_job, seconds)
-        except (LedgerError, Conflict) as error:
-            log.error("job %s: settling chain job %s failed: %s", job.job_id, job.chain_job, error)
-            self._event(session, now, COORDINATOR, "settlement_failed", job.job_id,
-                        chain_job=job.chain_job, reason=str(error))
-            return
-        self._event(session, now, COORDINATOR, "job_settled", job.job_id, chain_job=job.chain_job,
-                    root=booking.root, seconds=booking.seconds,
-                    wei={p: str(w) for p, w in booking.wei.items()},
-                    metered_wei={p: str(w) for p, w in metered.items()})
-
     def _own_agent(self, session: Session, provider: str, agent_id: str) -> AgentRow:
         agent = session.get(AgentRow, agent_id)
         if agent is None:
@@ -466,87 +392,6 @@ class Coordinator:
             row.ends_at_s, row.value = lease.ends_at_s, lease.model_dump(mode="json")
             if offer is None:
                 raise Conflict(f"lease {lease.lease} names unknown offer {lease.offer_id}")
-
-    def supervise_jobs(self) -> None:
-        """Start a host for each job that holds devices; finish jobs whose host says so."""
-        with Session(self.engine) as session:
-            live = session.scalars(select(JobRow).where(JobRow.status.in_(
-                [JobStatus.waiting.value, JobStatus.running.value, JobStatus.paused.value]))).all()
-        for row in live:
-            if row.host_pid is None:
-                if row.status == JobStatus.running.value:
-                    self._start_host(row.job_id, int(row.bid["min_workers"]))
-                continue
-            state = self.hosts.state(row.job_id, row.host_pid)
-            if state.final is not None:
-                failed = state.final.get("failed")
-                self.end_job(COORDINATOR, row.job_id,
-                             JobStatus.failed if failed else JobStatus.finished,
-                             **({"reason": failed} if failed else state.final))
-            elif state.lost:
-                self.end_job(COORDINATOR, row.job_id, JobStatus.failed,
-                             reason="its job host exited without a final word")
-            else:
-                if state.rendezvous and state.rendezvous != row.rendezvous:
-                    self._set_rendezvous(row.job_id, state.rendezvous)
-                self.hold_offers_to_speeds(row.job_id)
-
-    def hold_offers_to_speeds(self, job_id: str) -> None:
-        """Mark down the offers whose workers run well below what their agents claimed."""
-        observed_by_worker = read_speeds(self.hosts.run_dir(job_id))
-        if len(observed_by_worker) < 2:
-            return
-        with Session(self.engine) as session:
-            offers: dict[str, OfferRow] = {}
-            observed: dict[str, float] = {}
-            for worker, speed in observed_by_worker.items():
-                number = lease_of(worker)
-                lease = session.get(LeaseRow, number) if number is not None else None
-                if lease is not None and lease.job_id == job_id:
-                    offers[lease.offer_id] = session.get(OfferRow, lease.offer_id)
-                    observed[lease.offer_id] = speed
-            claimed = {o: row.speed_samples_per_s for o, row in offers.items()}
-        for offer_id, speed in marked_down(claimed, observed).items():
-            self._mark_down(offer_id, speed, claimed[offer_id], job_id)
-
-    def _mark_down(self, offer_id: str, speed: float, claimed: float, job_id: str) -> None:
-        with self._change() as session:
-            now, row = self.now_s(), session.get(OfferRow, offer_id)
-            if not row.withdrawn:
-                offer = self.market.book.offer(offer_id).model_copy(
-                    update={"speed_samples_per_s": speed})
-                self._command(session, "post_offer", {"offer": offer.model_dump(mode="json")}, now)
-            row.speed_samples_per_s, row.marked_down = speed, True
-            self._event(session, now, COORDINATOR, "offer_marked_down", job_id, offer_id=offer_id,
-                        claimed_samples_per_s=claimed, marked_samples_per_s=round(speed, 3))
-
-    def _start_host(self, job_id: str, min_workers: int) -> None:
-        with self._change() as session:
-            row = session.get(JobRow, job_id)
-            row.host_pid = self.hosts.start(job_id, min_workers)
-            self._event(session, self.now_s(), COORDINATOR, "job_host_started", job_id,
-                        pid=row.host_pid)
-
-    def _set_rendezvous(self, job_id: str, endpoint: str) -> None:
-        with self._change() as session:
-            session.get(JobRow, job_id).rendezvous = endpoint
-            self._event(session, self.now_s(), COORDINATOR, "job_rendezvous", job_id,
-                        rendezvous=endpoint)
-
-    def reap_lost_agents(self) -> list[str]:
-        """Withdraw the offers of agents silent past the timeout: their leases end, and the
-        next round leases replacements. Returns the agents found lost."""
-        now = self.now_s()
-        if now - self.started_s < self.settings.agent_timeout_s:
-            return []  # back from a restart: no one could be heard while we were down
-        with Session(self.engine) as session:
-            lost = session.scalars(select(AgentRow.agent_id).where(
-                AgentRow.last_seen_s < now - self.settings.agent_timeout_s)).all()
-            offers = session.scalars(select(OfferRow.offer_id).where(
-                OfferRow.agent_id.in_(lost), OfferRow.withdrawn.is_(False))).all()
-        for offer_id in offers:
-            self.withdraw_offer(COORDINATOR, offer_id, reason="agent lost")
-        return list(lost) if offers else []
 
     def prune_nonces(self) -> int:
         """Forget nonces older than two skew windows: their requests are refused as stale."""

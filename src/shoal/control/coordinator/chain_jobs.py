@@ -1,0 +1,97 @@
+"""The coordinator's side of settlement on a chain, mixed into `Coordinator`:
+a job is taken only against its own escrow there, providers accept their
+chain leases by signature, and a job's end books and settles what the store
+metered (shoal.control.coordinator.settlement talks to the contract)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shoal.control.coordinator.errors import Conflict, Forbidden
+from shoal.control.store.schema import ChainLeaseRow, JobRow, LeaseRow
+from shoal.ledger import LedgerError
+from shoal.market import charge_wei
+from shoal.spec.coordinator import COORDINATOR, JobSubmission
+from shoal.spec.ledger import LeaseAcceptance
+from shoal.spec.market import DeviceLease
+
+log = logging.getLogger(__name__)
+
+
+class ChainSettlement:
+    """Uses the Coordinator's `settlement`, `engine`, `_change` and `_event`."""
+
+    def _check_chain_escrow(self, submitter: str, submission: JobSubmission) -> None:
+        if self.settlement is None:
+            if submission.chain_job is not None:
+                raise Conflict("this coordinator does not settle on a chain; drop chain_job")
+            return
+        if submission.chain_job is None:
+            raise Conflict("this coordinator settles on a chain: create a job on the contract "
+                           f"{self.settlement.contract} with its escrow, and give its chain_job")
+        self.settlement.check_escrow(submission.chain_job, submitter, submission.budget_wei,
+                                     submission.max_price_wei_per_s)
+
+    def _acceptance_terms(self, provider: str, leases: list[DeviceLease]) -> dict[int, Any]:
+        """Terms to sign for leases whose (job, provider) has no chain lease yet."""
+        if self.settlement is None or not leases:
+            return {}
+        with Session(self.engine) as session:
+            jobs = {row.job_id: row for row in session.scalars(
+                select(JobRow).where(JobRow.job_id.in_({lease.job for lease in leases}),
+                                     JobRow.chain_job.is_not(None)))}
+            accepted = set(session.scalars(select(ChainLeaseRow.job_id).where(
+                ChainLeaseRow.provider == provider, ChainLeaseRow.job_id.in_(set(jobs)))))
+        return {lease.lease: self.settlement.terms(jobs[lease.job].chain_job,
+                                                   lease.price_wei_per_s,
+                                                   int(jobs[lease.job].bid["budget_wei"]))
+                for lease in leases if lease.job in jobs and lease.job not in accepted}
+
+    def accept_lease(self, provider: str, lease_number: int, acceptance: LeaseAcceptance) -> None:
+        """Open the provider's chain lease for the job this device lease belongs to."""
+        if self.settlement is None:
+            raise Conflict("this coordinator does not settle on a chain")
+        with self._change() as session:
+            lease = session.get(LeaseRow, lease_number)
+            if lease is None or lease.provider != provider or acceptance.provider != provider:
+                raise Forbidden(f"lease {lease_number} is not yours to accept")
+            job = session.get(JobRow, lease.job_id)
+            if job.chain_job is None:
+                raise Conflict(f"job {job.job_id} does not settle on chain")
+            if session.get(ChainLeaseRow, (job.job_id, provider)) is not None:
+                raise Conflict(f"your lease on job {job.job_id} is already accepted on chain")
+            terms = self.settlement.terms(job.chain_job, lease.price_wei_per_s,
+                                          int(job.bid["budget_wei"]))
+            self.settlement.open_lease(acceptance, terms)
+            accepted_at = self.settlement.accepted_at(job.chain_job, provider)
+            session.add(ChainLeaseRow(job_id=job.job_id, provider=provider,
+                                      price_wei_per_s=terms.price_wei_per_s, term_s=terms.term_s,
+                                      accepted_at=accepted_at))
+            self._event(session, self.now_s(), provider, "chain_lease_accepted", job.job_id,
+                        chain_job=job.chain_job, price_wei_per_s=str(terms.price_wei_per_s),
+                        term_s=terms.term_s, accepted_at=accepted_at)
+
+    def _settle(self, session: Session, job: JobRow, meter: Any, now: float) -> None:
+        """Book each provider's metered wei (at its chain price, whole seconds) and settle."""
+        chain_leases = {row.provider: row for row in session.scalars(
+            select(ChainLeaseRow).where(ChainLeaseRow.job_id == job.job_id))}
+        metered: dict[str, int] = {}
+        for lease in meter.leases:
+            metered[lease.provider] = metered.get(lease.provider, 0) + charge_wei(lease, now)
+        seconds = {p: wei // chain_leases[p].price_wei_per_s
+                   for p, wei in metered.items() if p in chain_leases}
+        try:
+            booking = self.settlement.settle(job.chain_job, seconds)
+        except (LedgerError, Conflict) as error:
+            log.error("job %s: settling chain job %s failed: %s", job.job_id, job.chain_job, error)
+            self._event(session, now, COORDINATOR, "settlement_failed", job.job_id,
+                        chain_job=job.chain_job, reason=str(error))
+            return
+        self._event(session, now, COORDINATOR, "job_settled", job.job_id, chain_job=job.chain_job,
+                    root=booking.root, seconds=booking.seconds,
+                    wei={p: str(w) for p, w in booking.wei.items()},
+                    metered_wei={p: str(w) for p, w in metered.items()})
