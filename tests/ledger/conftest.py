@@ -103,8 +103,8 @@ def _rpc_ready(url: str) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def hardhat_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def hardhat_binary() -> Path:
+    """Hardhat from tests/ledger/hardhat's lock file, installed on first use."""
     if not (shutil.which("node") and shutil.which("npm")):
         pytest.skip("node and npm are not installed; the JSON-RPC tests need Node 20 + npm")
     hardhat = HARDHAT_DIR / "node_modules" / ".bin" / "hardhat"
@@ -113,6 +113,20 @@ def hardhat_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             ["npm", "ci", "--no-audit", "--no-fund"], cwd=HARDHAT_DIR, check=True,
             timeout=NPM_CI_TIMEOUT_S,
         )
+    return hardhat
+
+
+def wait_for_node(url: str, node: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + NODE_START_TIMEOUT_S
+    while not _rpc_ready(url):
+        if node.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"hardhat node did not start; its log:\n{log_path.read_text()}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def hardhat_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    hardhat = hardhat_binary()
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path_factory.mktemp("hardhat") / "node.log"
@@ -123,11 +137,7 @@ def hardhat_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             cwd=HARDHAT_DIR, stdout=log, stderr=subprocess.STDOUT, env=env,
         )
     try:
-        deadline = time.monotonic() + NODE_START_TIMEOUT_S
-        while not _rpc_ready(url):
-            if node.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"hardhat node did not start; its log:\n{log_path.read_text()}")
-            time.sleep(0.2)
+        wait_for_node(url, node, log_path)
         yield url
     finally:
         node.terminate()

@@ -22,6 +22,12 @@ def coordinator_command(
     audience: str = typer.Option("shoal-local", "--audience", help="This coordinator's name in "
                                  "signed requests (give each coordinator its own)."),
     prices: Path = typer.Option(None, "--prices", help="TOML of on-demand reference prices."),
+    chain_rpc: str = typer.Option(None, "--chain-rpc", envvar="SHOAL_CHAIN_RPC",
+                                  help="Settle on this chain (JSON-RPC URL) as the contract's operator."),
+    contract: str = typer.Option(None, "--contract", envvar="SHOAL_LEDGER_CONTRACT",
+                                 help="The market contract on --chain-rpc."),
+    operator_key: Path = typer.Option(None, "--operator-key", help="File with the contract "
+                                      "operator's private key."),
 ) -> None:
     """Run the coordinator: market rounds, agents' heartbeats, jobs, audit log, /metrics."""
     import uvicorn
@@ -35,12 +41,33 @@ def coordinator_command(
         values["store_url"] = store
     if prices:
         values["prices_file"] = prices
+    if chain_rpc or contract or operator_key:
+        values.update(chain_rpc=chain_rpc, ledger_contract=contract, operator_key_file=operator_key)
     try:
         settings = CoordinatorSettings(**values)
     except ValidationError as error:
         raise ControlError("; ".join(e["msg"] for e in error.errors())) from None
-    coordinator = Coordinator(settings)
+    coordinator = Coordinator(settings, settlement=_settlement(settings))
     log.info("coordinator %r on http://%s:%d (store %s)", settings.audience, settings.host,
              settings.port, coordinator.engine.url.render_as_string())
     uvicorn.run(create_app(coordinator), host=settings.host, port=settings.port,
                 log_level="warning", access_log=False)
+
+
+def _settlement(settings):  # noqa: ANN001, ANN202 - CoordinatorSettings -> Settlement | None
+    """The contract the coordinator operates, if it settles on a chain."""
+    if not settings.chain_rpc:
+        return None
+    from shoal.control.coordinator.settlement import Settlement
+    from shoal.control.identity import load_key
+    from shoal.ledger import Chain, Ledger
+
+    operator = load_key(str(settings.operator_key_file))
+    ledger = Ledger.at(Chain.rpc(settings.chain_rpc), settings.ledger_contract)
+    if ledger.roles()["operator"].lower() != operator.address.lower():
+        from shoal.control.errors import ControlError
+
+        raise ControlError(f"{operator.address} is not the operator of {ledger.address}; "
+                           "the owner sets it with set_operator")
+    log.info("settling on chain %d, contract %s", ledger.chain.chain_id, ledger.address)
+    return Settlement(ledger, operator)

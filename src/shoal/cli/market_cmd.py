@@ -55,6 +55,9 @@ def submit_command(
     priority: int = typer.Option(0, "--priority", help="Higher may preempt lower spot leases."),
     spot_only: bool = typer.Option(False, "--spot-only", help="Never lease on-demand devices."),
     region: list[str] = typer.Option([], "--region", help="Allowed region (repeatable)."),
+    chain_job: int = typer.Option(None, "--chain-job", help="Your job on the settlement "
+                                  "contract whose escrow backs --budget (if the coordinator "
+                                  "settles on a chain)."),
     url: str = URL, key: Path = KEY,
 ) -> None:
     """Submit a job with its budget and price ceiling; prints the job id."""
@@ -76,7 +79,7 @@ def submit_command(
             submission = JobSubmission(
                 name=job_file.stem[:64], job_file=job_file.read_text(), workers=workers,
                 min_workers=min_workers, max_price_wei_per_s=max_price, budget_wei=budget,
-                priority=priority, regions=frozenset(region),
+                priority=priority, regions=frozenset(region), chain_job=chain_job,
                 tenancies=frozenset({"spot"}) if spot_only else frozenset({"spot", "on_demand"}))
         except ValidationError as error:
             raise ControlError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"

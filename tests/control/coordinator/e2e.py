@@ -24,8 +24,8 @@ def job_toml(checkpoint_dir: Path, steps: int) -> str:
     return tiny_job_toml(checkpoint_dir, interval_steps=20, name="e2e", steps=steps)
 
 
-def key_file(path: Path) -> Path:
-    account = Account.create()
+def key_file(path: Path, account=None) -> Path:
+    account = account or Account.create()
     path.write_text("0x" + bytes(account.key).hex() + "\n")
     return path
 
@@ -80,15 +80,18 @@ class Stack:
         return process
 
     def coordinator(self, store: str, bind: str, port: int, host=None,
-                    operator: str | None = None) -> subprocess.Popen:
+                    operator: str | None = None, chain: tuple[str, ...] = ()) -> subprocess.Popen:
+        """`chain`: the --chain-rpc, --contract and --operator-key to settle with."""
         args = ["coordinator", "--store", store, "--host", bind, "--port", str(port)]
         if operator:
             args += ["--operator", operator]
+        if chain:
+            args += ["--chain-rpc", chain[0], "--contract", chain[1], "--operator-key", chain[2]]
         return self.start("coordinator", *args, host=host)
 
-    def agent(self, agent_id: str, url: str, price: int, host=None,
-              slowdown: float = 1.0) -> subprocess.Popen:
-        key = key_file(self.tmp / f"{agent_id}.key")
+    def agent(self, agent_id: str, url: str, price: int, host=None, slowdown: float = 1.0,
+              account=None) -> subprocess.Popen:
+        key = key_file(self.tmp / f"{agent_id}.key", account)
         return self.start(agent_id, "agent", "--agent-id", agent_id, "--coordinator", url,
                           "--key", str(key), "--price", str(price), "--slowdown", str(slowdown),
                           "--work-dir", str(self.tmp / agent_id), "--grace-s", "5", host=host)
@@ -113,5 +116,6 @@ class Stack:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.tmp.glob("*.log")))
 
 
-def submitter(url: str, tmp: Path) -> CoordinatorClient:
-    return CoordinatorClient(url, Account.from_key(key_file(tmp / "alice.key").read_text().strip()))
+def submitter(url: str, tmp: Path, account=None) -> CoordinatorClient:
+    return CoordinatorClient(url, Account.from_key(key_file(tmp / "alice.key", account)
+                                                   .read_text().strip()))

@@ -38,24 +38,52 @@ def wait_for(read, ok, timeout_s: float, stack: Stack, what: str):
     raise AssertionError(f"{what}: not within {timeout_s} s; last {value}\n{stack.logs()}")
 
 
+def hardhat_in(host, tmp_path):
+    """A real JSON-RPC chain (Hardhat) on `host`, reachable by every other host."""
+    import os
+
+    from tests.ledger.conftest import HARDHAT_DIR, hardhat_binary, wait_for_node
+
+    url = f"http://{host.address}:8545"
+    log = tmp_path / "hardhat.log"
+    node = host.popen([str(hardhat_binary()), "node", "--hostname", host.address, "--port", "8545"],
+                      log=log, cwd=HARDHAT_DIR,
+                      env={**os.environ, "HARDHAT_DISABLE_TELEMETRY_PROMPT": "true"})
+    wait_for_node(url, node, log)
+    return url
+
+
 @pytest.mark.slow
-def test_a_killed_agent_host_is_replaced_and_the_job_finishes(network, tmp_path, cli_env):
+def test_a_killed_agent_host_is_replaced_and_the_chain_pays_what_the_store_billed(
+        network, tmp_path, cli_env):
+    from eth_account import Account
+
+    from shoal.ledger import Chain, Ledger
+    from shoal.spec.ledger import LedgerConfig
+
     hosts = {name: network.add_host(name) for name in ("ctl", "a", "b", "c")}
     port, ctl = 8470, hosts["ctl"]
     url = f"http://{ctl.address}:{port}"
     stack = Stack(tmp_path, {**cli_env, "SHOAL_COORDINATOR_DATA_DIR": str(tmp_path / "coord")})
     try:
-        operator = key_file(tmp_path / "operator.key")
-        from eth_account import Account
-
+        chain = Chain.rpc(hardhat_in(ctl, tmp_path))
+        owner, operator, referee, alice_account, *providers = chain.dev_accounts()[:7]
+        ledger = Ledger.deploy(chain, owner, operator.address, referee.address,
+                               LedgerConfig(min_stake_wei=10**15))
+        for provider in providers:
+            ledger.stake(provider, 10**18)
+        budget = 10**15
+        chain_job = ledger.create_job(alice_account, 2 * PRICE, budget).returned
         coordinator = stack.coordinator(
             f"sqlite:///{tmp_path}/store.db", ctl.address, port, host=ctl,
-            operator=Account.from_key(operator.read_text().strip()).address)
+            operator=Account.create().address,
+            chain=(chain.url, ledger.address, str(key_file(tmp_path / "operator.key", operator))))
         wait_healthy(url, coordinator)
         # Posing as devices 4× slower than this CPU: a replacement has time to join.
         for i, name in enumerate("abc"):
-            stack.agent(name, url, PRICE + i, host=hosts[name], slowdown=4.0)
-        alice = submitter(url, tmp_path)
+            stack.agent(name, url, PRICE + i, host=hosts[name], slowdown=4.0,
+                        account=providers[i])
+        alice = submitter(url, tmp_path, alice_account)
         wait_for(lambda: sum(len(p.offers) for p in alice.providers()), lambda n: n == 3, 120,
                  stack, "three agents offering")
         from shoal.spec.coordinator import Registration
@@ -63,7 +91,7 @@ def test_a_killed_agent_host_is_replaced_and_the_job_finishes(network, tmp_path,
         alice.register(Registration(role="submitter", name="alice"))
         job = alice.submit(JobSubmission(name="e2e", job_file=job_toml(tmp_path / "ckpt", STEPS),
                                          workers=2, min_workers=2, max_price_wei_per_s=2 * PRICE,
-                                         budget_wei=10**15))
+                                         budget_wei=budget, chain_job=chain_job))
         run_dir = tmp_path / "coord" / "jobs" / job.job_id
         wait_for(lambda: (run_dir / "epochs.jsonl").exists(), bool, 120, stack, "first epoch")
         time.sleep(3)  # a few steps in
@@ -87,6 +115,18 @@ def test_a_killed_agent_host_is_replaced_and_the_job_finishes(network, tmp_path,
         assert "agent lost" in reasons
         assert done.spent_wei == sum(
             lease.price_wei_per_s * int(lease.ends_at_s - lease.start_s) for lease in done.leases)
+
+        # The store and the chain agree on who was leased and what each was paid.
+        (settled,) = [e for e in alice.events(job=job.job_id) if e.kind == "job_settled"]
+        assert set(settled.detail["seconds"]) == {p.address for p in providers}  # c included
+        for account in providers:
+            lease = ledger.lease(chain_job, account.address)
+            assert lease.verified_s == settled.detail["seconds"][account.address] > 0
+            assert lease.earned_wei == int(settled.detail["wei"][account.address])
+            assert lease.earned_wei <= int(settled.detail["metered_wei"][account.address])
+        escrow = ledger.job(chain_job)
+        assert escrow.settled_at > 0
+        assert escrow.owed_wei == sum(int(w) for w in settled.detail["wei"].values())
     finally:
         stack.close()
 

@@ -40,6 +40,10 @@ class CoordinatorSettings(BaseSettings):
     # (default: --host, or 127.0.0.1 when that is a wildcard).
     rendezvous_bind: str | None = None
     stall_deadline_s: float = Field(1.0, ge=0.1)  # job hosts' liveness floor
+    # Settlement on a chain (all three, or none: escrow is then the store's bookkeeping).
+    chain_rpc: str | None = None  # an Ethereum JSON-RPC URL
+    ledger_contract: str | None = None  # the market contract there
+    operator_key_file: Path | None = None  # the contract's operator key (0x hex)
 
     @property
     def rendezvous_address(self) -> str:
@@ -62,6 +66,10 @@ class CoordinatorSettings(BaseSettings):
         if self.host not in ("127.0.0.1", "localhost", "::1") and not self.operators:
             raise ValueError(f"binding {self.host} exposes the coordinator beyond this "
                              "machine: name at least one operator address")
+        chain = (self.chain_rpc, self.ledger_contract, self.operator_key_file)
+        if any(chain) and not all(chain):
+            raise ValueError("settling on a chain needs chain_rpc, ledger_contract and "
+                             "operator_key_file together")
         if self.agent_timeout_s <= 2 * self.heartbeat_s:
             raise ValueError("agent_timeout_s must exceed two heartbeats, or one late "
                              "beat would get an agent's leases replaced")

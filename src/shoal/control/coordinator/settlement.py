@@ -92,30 +92,28 @@ class Settlement:
         return self.ledger.lease(chain_job, provider).accepted_at
 
     def settle(self, chain_job: int, metered_s: dict[str, int]) -> Booking:
-        """Anchor the bill, book each provider's seconds (capped by what the chain allows) and
-        settle the job: its unspent escrow goes back to the submitter."""
-        now = self.ledger.chain.now()
-        seconds: dict[str, int] = {}
-        for provider, wanted in metered_s.items():
-            lease = self.ledger.lease(chain_job, provider)
-            if not lease.accepted_at:
-                continue  # never accepted: never billable on chain
-            seconds[provider] = min(wanted, lease.term_s, max(0, now - lease.accepted_at))
-        prices = {p: self.ledger.lease(chain_job, p).price_wei_per_s for p in seconds}
-        wei = {p: prices[p] * s for p, s in seconds.items()}
-        root = _bill_root(chain_job, seconds, prices)
+        """Anchor the metered bill, book each provider's seconds (capped by what the chain
+        allows at the anchor's block) and settle: the unspent escrow goes back."""
+        accepted = {p: self.ledger.lease(chain_job, p) for p in metered_s}
+        accepted = {p: lease for p, lease in accepted.items() if lease.accepted_at}
+        prices = {p: lease.price_wei_per_s for p, lease in accepted.items()}
+        root = _bill_root(chain_job, {p: metered_s[p] for p in accepted}, prices)
         epoch = self.ledger.job(chain_job).epochs
         self.ledger.anchor(self.operator, chain_job, epoch, root)
+        now = self.ledger.chain.now()  # the anchor's block: as fresh as the chain's clock gets
+        seconds = {p: min(metered_s[p], lease.term_s, max(0, now - lease.accepted_at))
+                   for p, lease in accepted.items()}
         if any(seconds.values()):
             self.ledger.book(self.operator, chain_job, epoch,
                              {p: s for p, s in seconds.items() if s})
         self.ledger.settle(self.operator, chain_job)
+        wei = {p: prices[p] * s for p, s in seconds.items()}
         log.info("chain job %d settled: %s", chain_job, wei)
         return Booking(seconds, wei, root)
 
 
 def _bill_root(chain_job: int, seconds: dict[str, int], prices: dict[str, int]) -> str:
-    """A commitment to the bill booked (the work records of issue 10 will replace it)."""
+    """A commitment to the metered bill (the work records of issue 10 will replace it)."""
     lines = sorted((p, seconds[p], prices[p]) for p in seconds)
     digest = hashlib.sha256(json.dumps([chain_job, lines]).encode()).hexdigest()
     return "0x" + digest
