@@ -56,3 +56,29 @@ def test_inspect_a_contract_on_a_real_node(hardhat_url):
     assert [e["name"] for e in events] == ["JobFunded", "Anchored"]
     balances = json.loads(_run("chain", "balances", a.submitters[0].address, *base).stdout)
     assert balances["contract_wei"] == 10**15
+
+
+@pytest.mark.slow
+def test_a_submitter_and_a_provider_send_their_own_transactions(hardhat_url, tmp_path):
+    address = _run("chain", "deploy", "--rpc", hardhat_url).stdout.strip()
+    accounts = Chain.rpc(hardhat_url).dev_accounts()
+    keys = {}
+    for name, account in (("alice", accounts[3]), ("provider", accounts[5])):
+        keys[name] = tmp_path / f"{name}.key"
+        keys[name].write_text("0x" + bytes(account.key).hex())
+    base = ("--rpc", hardhat_url, "--contract", address)
+    made = _run("chain", "create-job", "--deposit", "5000", "--max-price", "7",
+                "--key", str(keys["alice"]), *base)
+    assert made.returncode == 0, made.stderr
+    job = int(made.stdout)
+    assert _run("chain", "fund", "--job", str(job), "--amount", "100", "--key", str(keys["alice"]),
+                *base).returncode == 0
+    staked = _run("chain", "stake", "--amount", str(10**16), "--key", str(keys["provider"]), *base)
+    assert staked.returncode == 0, staked.stderr
+    ledger = Ledger.at(Chain.rpc(hardhat_url), address)
+    escrow = ledger.job(job)
+    assert (escrow.submitter, escrow.escrow_wei, escrow.max_price_wei_per_s) == (
+        accounts[3].address, 5100, 7)
+    assert ledger.stake_of(accounts[5].address).active_wei == 10**16
+    wrong = _run("chain", "stake", "--amount", "1", "--key", str(tmp_path / "none.key"), *base)
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr

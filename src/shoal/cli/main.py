@@ -20,6 +20,7 @@ import typer
 from shoal import ShoalError, __version__
 from shoal.cli.agent_cmd import agent_command
 from shoal.cli.chain_cmd import chain_app
+from shoal.cli import chain_tx_cmd  # noqa: F401  (adds create-job, fund, stake, withdraw)
 from shoal.cli.coordinator_cmd import coordinator_command
 from shoal.cli.market_cmd import (
     cancel_command, events_command, jobs_command, key_app, providers_command, submit_command,
