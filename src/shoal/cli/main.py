@@ -7,7 +7,6 @@ exit status 2, never a traceback.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -22,6 +21,7 @@ from shoal.cli.agent_cmd import agent_command
 from shoal.cli.chain_cmd import chain_app
 from shoal.cli import chain_tx_cmd  # noqa: F401  (adds create-job, fund, stake, withdraw)
 from shoal.cli.coordinator_cmd import coordinator_command
+from shoal.cli.log_format import configure as configure_logging
 from shoal.cli.market_cmd import (
     cancel_command, events_command, jobs_command, key_app, providers_command, submit_command,
     top_up_command,
@@ -56,17 +56,13 @@ app.add_typer(key_app, name="key")
 def _root(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug detail."),
     version: bool = typer.Option(False, "--version", help="Print the version and exit."),
+    log_json: bool = typer.Option(False, "--log-json", envvar="SHOAL_LOG_JSON",
+                                  help="Log one JSON object per line (for log collectors)."),
 ) -> None:
     if version:
         typer.echo(f"shoal {__version__}")
         raise typer.Exit()
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    for chatty in ("httpx", "httpcore", "alembic"):  # a line per request or migration step
-        logging.getLogger(chatty).setLevel(logging.WARNING)
+    configure_logging(verbose, log_json)
 
 
 def main() -> None:
