@@ -3,8 +3,11 @@ several coordinators in one process, as in tests, do not share counters)."""
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shoal.spec.coordinator import JobStatus
 
@@ -33,6 +36,37 @@ class CoordinatorMetrics:
         self.registry.register(collector)
 
 
+class TimedRequests:
+    """ASGI middleware: each request's time into `shoal_http_request_seconds`, by
+    method, route template (`unmatched` when none) and status.
+
+    Plain ASGI rather than `@app.middleware("http")`, whose request and
+    response wrapping cost more than a heartbeat's own work.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: CoordinatorMetrics) -> None:
+        self.app, self.requests = app, metrics.requests
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), 500  # 500: the app raised before answering
+
+        async def noted(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, noted)
+        finally:
+            route = scope.get("route")  # set by the router on this same scope
+            self.requests.labels(scope["method"], getattr(route, "path", "unmatched"),
+                                 str(status)).observe(time.perf_counter() - start)
+
+
 def state_gauges(coordinator) -> Collector:  # noqa: ANN001 - a Coordinator; avoids an import cycle
     from prometheus_client.core import GaugeMetricFamily
 
@@ -56,4 +90,4 @@ def state_gauges(coordinator) -> Collector:  # noqa: ANN001 - a Coordinator; avo
     return _State()
 
 
-__all__ = ["CoordinatorMetrics", "Gauge", "state_gauges"]
+__all__ = ["CoordinatorMetrics", "Gauge", "TimedRequests", "state_gauges"]

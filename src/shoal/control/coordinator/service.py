@@ -47,6 +47,7 @@ from shoal.spec.errors import SpecError
 from shoal.spec.market import Bid, DeviceLease, FillStatus, Offer
 
 log = logging.getLogger(__name__)
+_CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
 class Coordinator(JobSupervision, ChainSettlement):
@@ -71,8 +72,12 @@ class Coordinator(JobSupervision, ChainSettlement):
 
     # ------------------------------------------------------------ time and transactions
     def now_s(self) -> float:
-        """Wall time that never runs backwards (the market refuses a clock that does)."""
-        with self._lock:
+        """Wall time that never runs backwards (the market refuses a clock that does).
+
+        Its own small lock, not the coordinator's: every signed request reads
+        the time, and must not wait for a market round to finish.
+        """
+        with _CLOCK_LOCK:
             self._last_s = max(self._last_s, self._clock())
             return self._last_s
 
@@ -235,24 +240,26 @@ class Coordinator(JobSupervision, ChainSettlement):
                             reason=reason, ended_leases=[lease.lease for lease in ended])
             return offer_view(row)
 
-    def heartbeat(self, provider: str, agent_id: str, beat: Heartbeat) -> HeartbeatReply:
+    def heartbeat(self, provider: str, agent_id: str, beat: Heartbeat,
+                  taken: beats.BeatTaken | None = None) -> HeartbeatReply:
         """Note the agent alive; answer with the workers it must run and those to stop.
 
         No market call and no lock: a beat touches one agent's row, so a
-        thousand agents beating cannot queue behind a clearing round. Its
-        statements are plain SQL (`store.beats`) and its write is one short
-        transaction: a thousand agents beat every second.
+        thousand agents beating cannot queue behind a clearing round. Beats
+        are group-committed (`store.beats`): this returns once the beat's
+        transaction has committed. The API's signed beats come `taken`
+        already, in one transaction with their nonce and role check.
         """
-        now = self.now_s()
-        with write_transaction(self.engine) as connection:
-            if not beats.note_beat(connection, provider, agent_id, sorted(set(beat.running)), now):
-                owner = beats.agent_owner(connection, agent_id)
-                if owner is None:
-                    raise NotFound(f"no agent '{agent_id}': register it (POST /v1/agents) first")
-                raise Forbidden(f"agent '{agent_id}' belongs to another provider")
-        with self.engine.connect() as connection:
-            current = [(DeviceLease.model_validate(value), job_file, rendezvous) for
-                       value, job_file, rendezvous in beats.current_leases(connection, agent_id, now)]
+        if taken is None:
+            taken = beats.beat_committer(self.engine).submit(beats.BeatNote(
+                provider, agent_id, sorted(set(beat.running)), self.now_s())).result()
+        if taken.outcome is beats.BeatOutcome.no_agent:
+            raise NotFound(f"no agent '{agent_id}': register it (POST /v1/agents) first")
+        if taken.outcome is beats.BeatOutcome.not_owner:
+            raise Forbidden(f"agent '{agent_id}' belongs to another provider")
+        now = taken.at_s
+        current = [(DeviceLease.model_validate(value), job_file, rendezvous)
+                   for value, job_file, rendezvous in taken.leases]
         open_numbers = {lease.lease for lease, _, _ in current if lease.start_s <= now}
         terms = self._acceptance_terms(provider, [lease for lease, _, _ in current])
         return HeartbeatReply(
