@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import socket
@@ -255,6 +256,8 @@ def main() -> None:
                   f"{time.monotonic() - t:.1f} s", file=sys.stderr)
             start_s = time.time() + 1.5 * signing_time_s(accounts[0]) * args.agents * args.duration_s + 3.0
             agents = plan(accounts, port, start_s, args.duration_s)
+            gc.collect()
+            gc.freeze()  # the planned beats: no full collection of them stalls the generator
             if time.time() > start_s - 1.0:
                 raise SystemExit("signing overran the planned start; rerun on a quieter machine")
             print(f"signed {args.agents * args.duration_s} beats; beating for "
