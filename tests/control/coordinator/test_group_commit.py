@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import httpx
 import pytest
@@ -141,3 +142,24 @@ def test_beats_are_timed_under_their_route(served: Served):
     assert f'shoal_http_request_seconds_count{{method="POST",{route},status="200"}} 1.0' in text
     assert f'shoal_http_request_seconds_count{{method="POST",{route},status="403"}} 1.0' in text
     assert "shoal_agent_heartbeats_total 1.0" in text
+
+
+def test_a_beat_given_up_before_its_batch_is_not_written(served: Served, store_url):
+    provider = Account.create()
+    provider_with_agent(served.client(provider))
+    committer = GroupCommit(served.app.state.coordinator.engine, beats.take_beats,
+                            linger_s=0.5, idle_s=0.2)
+    kept, dropped = (beats.BeatNote(provider.address, "agent-a", [], 1.0e9, nonce=nonce,
+                                    role_needed="provider") for nonce in ("kept-nonce", "dropped-nonce"))
+    first, second = committer.submit(kept), committer.submit(dropped)
+    assert second.cancel()  # its request went away while the batch lingered
+    assert first.result(timeout=10).outcome is beats.BeatOutcome.noted
+    assert nonce_rows(store_url, provider.address) & {"kept-nonce", "dropped-nonce"} == {"kept-nonce"}
+    # The idle committer's thread ends; the next write starts it again.
+    deadline = time.monotonic() + 5
+    while committer._running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not committer._running
+    again = beats.BeatNote(provider.address, "agent-a", [], 1.0e9, nonce="again-nonce",
+                           role_needed="provider")
+    assert committer.submit(again).result(timeout=10).outcome is beats.BeatOutcome.noted

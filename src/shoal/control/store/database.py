@@ -127,7 +127,10 @@ class GroupCommit:
                     batch.append(self._queue.get(timeout=max(0.0, until - time.monotonic())))
                 except queue.Empty:
                     break
-            self._commit(batch)
+            # A caller that gave up (a cancelled request) is dropped before its write is made.
+            batch = [(item, future) for item, future in batch if future.set_running_or_notify_cancel()]
+            if batch:
+                self._commit(batch)
 
     def _commit(self, batch: list[tuple[object, Future]], retry: bool = True) -> None:
         items, engine = [item for item, _ in batch], self._engine()
