@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -42,6 +43,13 @@ def tiny_job(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.toml"
     path.write_text(tiny_job_toml(tmp_path / "ckpt"))
     return path
+
+
+def free_port() -> int:
+    """A TCP port nothing on loopback listens on now (for a server a test starts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def shoal_command(*args: str) -> list[str]:

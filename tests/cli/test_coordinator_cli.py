@@ -5,21 +5,14 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import time
 
 import httpx
 import pytest
 
-from tests.conftest import shoal_command
+from tests.conftest import free_port, shoal_command
 from tests.control.coordinator.conftest import TINY_JOB
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_coordinator(store: str, port: int, env) -> subprocess.Popen:

@@ -6,12 +6,12 @@ lease ended; on one host, a SIGKILLed coordinator comes back mid-job."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import pytest
 
 from shoal.spec.coordinator import JobStatus, JobSubmission
+from tests.conftest import free_port
 from tests.control.coordinator.e2e import (
     Stack, job_toml, key_file, kill_group, submitter, wait_healthy,
 )
@@ -19,12 +19,6 @@ from tests.harness import network  # noqa: F401  (the namespaced-hosts fixture)
 
 PRICE = 1_000_000
 STEPS = 1500
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(read, ok, timeout_s: float, stack: Stack, what: str):

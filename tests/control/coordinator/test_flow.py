@@ -160,8 +160,9 @@ def test_an_offer_slower_than_its_claim_is_marked_down(served: Served):
     coordinator = served.app.state.coordinator
     submitter = served.client(Account.create())
     claims = {"honest-1": 100.0, "honest-2": 100.0, "inflated": 400.0}  # the liar claims 4×
+    providers = {}
     for name, speed in claims.items():
-        provider = served.client(Account.create())
+        provider = providers[name] = served.client(Account.create())
         provider_with_agent(provider, name, speed=speed)
         provider.post_offer(OfferTerms(offer_id=name, agent_id=name, price_wei_per_s=PRICE))
     job = submit(submitter, workers=3)
@@ -182,6 +183,12 @@ def test_an_offer_slower_than_its_claim_is_marked_down(served: Served):
     coordinator.hold_offers_to_speeds(job.job_id)  # judged once: no second mark
     marks = [e for e in submitter.events() if e.kind == "offer_marked_down"]
     assert [e.detail["offer_id"] for e in marks] == ["inflated"]
+    # The liar re-posts its offer (and re-registers its agent's inflated figures): no gain.
+    provider_with_agent(providers["inflated"], "inflated", speed=400.0)
+    reposted = providers["inflated"].post_offer(
+        OfferTerms(offer_id="inflated", agent_id="inflated", price_wei_per_s=PRICE))
+    assert reposted.marked_down and reposted.speed_samples_per_s < 110.0
+    assert coordinator.market.book.offer("inflated").speed_samples_per_s < 110.0
 
 
 def test_metrics_count_what_happened(served: Served):

@@ -46,10 +46,14 @@ class ChainSettlement:
                                      JobRow.chain_job.is_not(None)))}
             accepted = set(session.scalars(select(ChainLeaseRow.job_id).where(
                 ChainLeaseRow.provider == provider, ChainLeaseRow.job_id.in_(set(jobs)))))
+        pending = [lease for lease in leases if lease.job in jobs and lease.job not in accepted]
+        if not pending:
+            return {}
+        deadline = self.settlement.deadline()  # one read of the chain's clock per beat
         return {lease.lease: self.settlement.terms(jobs[lease.job].chain_job,
                                                    lease.price_wei_per_s,
-                                                   int(jobs[lease.job].bid["budget_wei"]))
-                for lease in leases if lease.job in jobs and lease.job not in accepted}
+                                                   int(jobs[lease.job].bid["budget_wei"]), deadline)
+                for lease in pending}
 
     def accept_lease(self, provider: str, lease_number: int, acceptance: LeaseAcceptance) -> None:
         """Open the provider's chain lease for the job this device lease belongs to."""
@@ -65,7 +69,7 @@ class ChainSettlement:
             if session.get(ChainLeaseRow, (job.job_id, provider)) is not None:
                 raise Conflict(f"your lease on job {job.job_id} is already accepted on chain")
             terms = self.settlement.terms(job.chain_job, lease.price_wei_per_s,
-                                          int(job.bid["budget_wei"]))
+                                          int(job.bid["budget_wei"]), acceptance.deadline)
             self.settlement.open_lease(acceptance, terms)
             accepted_at = self.settlement.accepted_at(job.chain_job, provider)
             session.add(ChainLeaseRow(job_id=job.job_id, provider=provider,

@@ -3,8 +3,9 @@ in step. No HTTP here: the API calls these methods with the verified signer.
 
 Every change is one transaction that writes the market's journal, the rows
 the API reads, and an audit event together, so the store never shows a
-lease the market would not rebuild after a restart. The watch over running
-work (supervision.py) and settlement on a chain (chain_jobs.py) are mixed in.
+lease the market would not rebuild after a restart. Participants and their
+roles (participants.py), reads (reads.py), the watch over running work
+(supervision.py) and settlement on a chain (chain_jobs.py) are mixed in.
 """
 
 from __future__ import annotations
@@ -13,44 +14,44 @@ import logging
 import secrets
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, delete, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator import journal
-from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.chain_jobs import ChainSettlement
+from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.job_hosts import JobHosts
+from shoal.control.coordinator.participants import Participants
+from shoal.control.coordinator.reads import CoordinatorReads
 from shoal.control.coordinator.settings import CoordinatorSettings
 from shoal.control.coordinator.settlement import Settlement
 from shoal.control.coordinator.supervision import JobSupervision
-from shoal.control.coordinator.views import (
-    agent_view, event_view, job_view, offer_view, participant_view,
-)
-from shoal.control.identity import Signer, Unauthenticated
+from shoal.control.coordinator.views import agent_view, job_view, offer_view
+from shoal.control.identity import Unauthenticated
 from shoal.control.store import beats
-from shoal.control.store.database import open_store_engine, write_transaction
+from shoal.control.store.database import open_store_engine
 from shoal.control.store.schema import (
-    AgentRow, EventRow, JobRow, LeaseRow, MarketCommandRow, NonceRow, OfferRow, ParticipantRow,
+    AgentRow, EventRow, JobRow, LeaseRow, MarketCommandRow, NonceRow, OfferRow,
 )
 from shoal.market import Clearing, Market, MarketConfig, MarketError
 from shoal.spec.coordinator import (
-    COORDINATOR, ENDED, SELF_SERVICE_ROLES, AgentRegistration, AgentView, Assignment, Event,
-    Grant, Heartbeat, HeartbeatReply, JobStatus, JobSubmission, JobView, OfferTerms, OfferView,
-    Participant, Registration, Role,
+    COORDINATOR, ENDED, AgentRegistration, AgentView, Assignment, Heartbeat, HeartbeatReply,
+    JobStatus, JobSubmission, JobView, OfferTerms, OfferView, Role,
 )
 from shoal.spec.errors import SpecError
+from shoal.spec.jobfile import parse_job, refuse_for_providers
 from shoal.spec.market import Bid, DeviceLease, FillStatus, Offer
 
 log = logging.getLogger(__name__)
 _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
-class Coordinator(JobSupervision, ChainSettlement):
+class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlement):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
@@ -64,6 +65,7 @@ class Coordinator(JobSupervision, ChainSettlement):
         self.market = Market(settings.price_table(),
                              MarketConfig(notice_period_s=settings.notice_period_s))
         self._fill_status: dict[str, str] = {}
+        self._speeds_seen: dict[str, int] = {}  # job -> mtime of the speeds last judged
         self._last_s = 0.0
         self.hosts = JobHosts(settings.data_dir / "jobs", settings.rendezvous_address,
                               settings.stall_deadline_s)
@@ -118,57 +120,6 @@ class Coordinator(JobSupervision, ChainSettlement):
     def _event(session: Session, at_s: float, actor: str, kind: str,
                job_id: str | None = None, **detail: Any) -> None:
         session.add(EventRow(at_s=at_s, actor=actor, kind=kind, job_id=job_id, detail=detail))
-
-    # ------------------------------------------------------------ identity
-    def consume_nonce(self, signer: Signer) -> None:
-        """A nonce counts once: a replayed request is refused before it is looked at."""
-        now = self.now_s()
-        try:
-            with write_transaction(self.engine) as connection:
-                beats.record_nonce(connection, signer.address, signer.nonce, now)
-        except IntegrityError:
-            raise Unauthenticated("this nonce was already used: a replayed request "
-                                  "is refused; sign the request again") from None
-
-    def role_of(self, address: str) -> Role | None:
-        if address in self.settings.operators:
-            return Role.operator
-        with self.engine.connect() as connection:
-            role = beats.role_of(connection, address)
-        return Role(role) if role else None
-
-    def register(self, signer: str, registration: Registration) -> Participant:
-        if registration.role not in SELF_SERVICE_ROLES:
-            raise Forbidden(f"the {registration.role.value} role is granted by an operator; "
-                            "register as a submitter or a provider")
-        with self._change() as session:
-            row = session.get(ParticipantRow, signer)
-            if row is not None and row.role != registration.role.value:
-                raise Conflict(f"{signer} is registered as a {row.role}; use another key "
-                               f"for the {registration.role.value} role")
-            now = self.now_s()
-            if row is None:
-                row = ParticipantRow(address=signer, role=registration.role.value,
-                                     name=registration.name, registered_at_s=now)
-                session.add(row)
-            row.name = registration.name
-            self._event(session, now, signer, "registered", role=row.role, name=row.name)
-            return participant_view(row)
-
-    def grant(self, operator: str, grant: Grant) -> Participant:
-        from eth_utils import to_checksum_address
-
-        address = to_checksum_address(grant.address)
-        with self._change() as session:
-            now = self.now_s()
-            row = session.get(ParticipantRow, address)
-            if row is None:
-                row = ParticipantRow(address=address, role=grant.role.value, name=grant.name,
-                                     registered_at_s=now)
-                session.add(row)
-            row.role, row.name = grant.role.value, grant.name
-            self._event(session, now, operator, "granted", address=address, role=row.role)
-            return participant_view(row)
 
     # ------------------------------------------------------------ providers
     def register_agent(self, provider: str, registration: AgentRegistration) -> AgentView:
@@ -389,7 +340,6 @@ class Coordinator(JobSupervision, ChainSettlement):
     def _store_leases(self, session: Session, leases: Any) -> None:
         for lease in leases:
             lease = self.market.book.leases.get(lease.lease, lease)  # the latest ends_at_s
-            offer = session.get(OfferRow, lease.offer_id)
             row = session.get(LeaseRow, lease.lease)
             if row is None:
                 row = LeaseRow(lease=lease.lease, job_id=lease.job, offer_id=lease.offer_id,
@@ -397,8 +347,6 @@ class Coordinator(JobSupervision, ChainSettlement):
                                start_s=lease.start_s)
                 session.add(row)
             row.ends_at_s, row.value = lease.ends_at_s, lease.model_dump(mode="json")
-            if offer is None:
-                raise Conflict(f"lease {lease.lease} names unknown offer {lease.offer_id}")
 
     def prune_nonces(self) -> int:
         """Forget nonces older than two skew windows: their requests are refused as stale."""
@@ -406,58 +354,10 @@ class Coordinator(JobSupervision, ChainSettlement):
         with Session(self.engine) as session, session.begin():
             return session.execute(delete(NonceRow).where(NonceRow.seen_at_s < horizon)).rowcount
 
-    # ------------------------------------------------------------ reads
-    def job(self, job_id: str) -> JobView:
-        with self._lock, Session(self.engine) as session:
-            row = session.get(JobRow, job_id)
-            if row is None:
-                raise NotFound(f"no job '{job_id}'")
-            return job_view(row, self._meter(job_id), self.now_s())
-
-    def jobs(self, submitter: str | None = None) -> list[JobView]:
-        with self._lock, Session(self.engine) as session:
-            query = select(JobRow).order_by(JobRow.created_at_s)
-            if submitter:
-                query = query.where(JobRow.submitter == submitter)
-            now = self.now_s()
-            return [job_view(row, self._meter(row.job_id), now) for row in session.scalars(query)]
-
-    def _meter(self, job_id: str) -> Any:
-        try:
-            return self.market.meter(job_id)
-        except MarketError:
-            return None
-
-    def agents(self) -> list[AgentView]:
-        now = self.now_s()
-        with Session(self.engine) as session:
-            return [agent_view(row, now, self.settings.agent_timeout_s)
-                    for row in session.scalars(select(AgentRow).order_by(AgentRow.agent_id))]
-
-    def offers(self) -> list[OfferView]:
-        with Session(self.engine) as session:
-            return [offer_view(row) for row in
-                    session.scalars(select(OfferRow).order_by(OfferRow.offer_id))]
-
-    def participants(self) -> list[Participant]:
-        with Session(self.engine) as session:
-            return [participant_view(row) for row in
-                    session.scalars(select(ParticipantRow).order_by(ParticipantRow.address))]
-
-    def events(self, job_id: str | None = None, after: int = 0, limit: int = 200) -> list[Event]:
-        with Session(self.engine) as session:
-            query = select(EventRow).where(EventRow.seq > after).order_by(EventRow.seq).limit(limit)
-            if job_id is not None:
-                query = query.where(EventRow.job_id == job_id)
-            return [event_view(row) for row in session.scalars(query)]
 
 
 def _check_job_file(text: str) -> None:
     """Refuse a job file `shoal train` would refuse, before anyone is paid to run it."""
-    import tomllib
-
-    from shoal.spec.jobfile import parse_job, refuse_for_providers
-
     try:
         values = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

@@ -66,12 +66,17 @@ class Settlement:
             raise Conflict(f"chain job {chain_job} caps the price at {escrow.max_price_wei_per_s} "
                            f"wei/s, below this job's {max_price_wei_per_s}")
 
-    def terms(self, chain_job: int, price_wei_per_s: int, budget_wei: int) -> AcceptanceTerms:
+    def deadline(self) -> int:
+        """Chain time after which terms offered now may no longer be accepted."""
+        return self.ledger.chain.now() + ACCEPT_WITHIN_S
+
+    def terms(self, chain_job: int, price_wei_per_s: int, budget_wei: int,
+              deadline: int) -> AcceptanceTerms:
         """What a provider is asked to sign: the lease's price, for as long as the budget lasts."""
         return AcceptanceTerms(chain_id=self.ledger.chain.chain_id, contract=self.contract,
                                chain_job=chain_job, price_wei_per_s=price_wei_per_s,
                                term_s=max(1, math.ceil(budget_wei / price_wei_per_s)),
-                               deadline=self.ledger.chain.now() + ACCEPT_WITHIN_S)
+                               deadline=deadline)
 
     def open_lease(self, acceptance: LeaseAcceptance, expected: AcceptanceTerms) -> None:
         """Open the provider's chain lease from its signature, if the terms are the ones offered."""

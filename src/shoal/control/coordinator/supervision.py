@@ -15,8 +15,8 @@ from shoal.spec.coordinator import COORDINATOR, JobStatus
 
 
 class JobSupervision:
-    """Uses the Coordinator's `engine`, `hosts`, `market`, `settings`, `_change`, `_event`,
-    `end_job` and `withdraw_offer`."""
+    """Uses the Coordinator's `engine`, `hosts`, `market`, `settings`, `_speeds_seen`,
+    `_change`, `_event`, `end_job` and `withdraw_offer`."""
 
     def supervise_jobs(self) -> None:
         """Start a host for each job that holds devices; finish jobs whose host says so."""
@@ -43,8 +43,19 @@ class JobSupervision:
                 self.hold_offers_to_speeds(row.job_id)
 
     def hold_offers_to_speeds(self, job_id: str) -> None:
-        """Mark down the offers whose workers run well below what their agents claimed."""
-        observed_by_worker = read_speeds(self.hosts.run_dir(job_id))
+        """Mark down the offers whose workers run well below what their agents claimed.
+
+        Judged once per write of the job host's speeds (every 2 s), not every round.
+        """
+        run_dir = self.hosts.run_dir(job_id)
+        try:
+            written = (run_dir / "speeds.json").stat().st_mtime_ns
+        except FileNotFoundError:
+            return
+        if self._speeds_seen.get(job_id) == written:
+            return
+        self._speeds_seen[job_id] = written
+        observed_by_worker = read_speeds(run_dir)
         if len(observed_by_worker) < 2:
             return
         with Session(self.engine) as session:

@@ -1,0 +1,68 @@
+"""Participants of a coordinator and their roles, mixed into `Coordinator`:
+nonces that count once, self-registration as a submitter or provider, and
+roles an operator grants."""
+
+from __future__ import annotations
+
+from eth_utils import to_checksum_address
+from sqlalchemy.exc import IntegrityError
+
+from shoal.control.coordinator.errors import Conflict, Forbidden
+from shoal.control.coordinator.views import participant_view
+from shoal.control.identity import Signer, Unauthenticated
+from shoal.control.store import beats
+from shoal.control.store.database import write_transaction
+from shoal.control.store.schema import ParticipantRow
+from shoal.spec.coordinator import SELF_SERVICE_ROLES, Grant, Participant, Registration, Role
+
+
+class Participants:
+    """Uses the Coordinator's `engine`, `settings`, `now_s`, `_change` and `_event`."""
+
+    def consume_nonce(self, signer: Signer) -> None:
+        """A nonce counts once: a replayed request is refused before it is looked at."""
+        now = self.now_s()
+        try:
+            with write_transaction(self.engine) as connection:
+                beats.record_nonce(connection, signer.address, signer.nonce, now)
+        except IntegrityError:
+            raise Unauthenticated("this nonce was already used: a replayed request "
+                                  "is refused; sign the request again") from None
+
+    def role_of(self, address: str) -> Role | None:
+        if address in self.settings.operators:
+            return Role.operator
+        with self.engine.connect() as connection:
+            role = beats.role_of(connection, address)
+        return Role(role) if role else None
+
+    def register(self, signer: str, registration: Registration) -> Participant:
+        if registration.role not in SELF_SERVICE_ROLES:
+            raise Forbidden(f"the {registration.role.value} role is granted by an operator; "
+                            "register as a submitter or a provider")
+        with self._change() as session:
+            row = session.get(ParticipantRow, signer)
+            if row is not None and row.role != registration.role.value:
+                raise Conflict(f"{signer} is registered as a {row.role}; use another key "
+                               f"for the {registration.role.value} role")
+            now = self.now_s()
+            if row is None:
+                row = ParticipantRow(address=signer, role=registration.role.value,
+                                     name=registration.name, registered_at_s=now)
+                session.add(row)
+            row.name = registration.name
+            self._event(session, now, signer, "registered", role=row.role, name=row.name)
+            return participant_view(row)
+
+    def grant(self, operator: str, grant: Grant) -> Participant:
+        address = to_checksum_address(grant.address)
+        with self._change() as session:
+            now = self.now_s()
+            row = session.get(ParticipantRow, address)
+            if row is None:
+                row = ParticipantRow(address=address, role=grant.role.value, name=grant.name,
+                                     registered_at_s=now)
+                session.add(row)
+            row.role, row.name = grant.role.value, grant.name
+            self._event(session, now, operator, "granted", address=address, role=row.role)
+            return participant_view(row)
