@@ -104,6 +104,10 @@ def test_providers_accept_by_signature_and_the_chain_pays_what_the_store_metered
         providers["a"].accept_lease(a_assignment.lease.lease, sign_acceptance(
             p1, terms.chain_id, terms.contract, chain_job, 2 * PRICE, terms.term_s, terms.deadline))
     assert error.value.status == 409
+    with pytest.raises(CoordinatorRefused) as error:  # terms for another chain job
+        providers["a"].accept_lease(a_assignment.lease.lease, sign_acceptance(
+            p1, terms.chain_id, terms.contract, chain_job + 1, PRICE, terms.term_s, terms.deadline))
+    assert error.value.status == 409
     assert ledger.lease(chain_job, p1.address).accepted_at == 0
 
     for name, client in providers.items():  # the agents' own code signs the offered terms

@@ -120,8 +120,9 @@ class Agent:
                 log.info("lease %d: accepted chain lease on job %d at %d wei/s", number,
                          terms.chain_job, terms.price_wei_per_s)
             except CoordinatorRefused as refused:
-                log.warning("lease %d: acceptance refused: %s", number, refused.detail)
-                if refused.status != 409:
+                if "already accepted" not in refused.detail:
+                    # e.g. too little stake yet: offered again at the next beat
+                    log.warning("lease %d: acceptance refused: %s", number, refused.detail)
                     continue
             self.accepted.add(number)
 
