@@ -6,6 +6,7 @@ No behaviour beyond validation; imports nothing heavier than pydantic.
 from shoal.spec.errors import SpecError
 from shoal.spec.job import (
     BYTE_VOCAB,
+    Aggregation,
     CheckpointSpec,
     DataSpec,
     JobSpec,
@@ -17,6 +18,7 @@ from shoal.spec.job import (
     ScheduleSpec,
 )
 from shoal.spec.jobfile import load_job, parse_job
+from shoal.spec.proof import ProofSpec, Verdict, VerdictKind, WorkRecord, hyper_digest
 from shoal.spec.ledger import (
     Anchor,
     ChainEvent,
@@ -63,6 +65,12 @@ __all__ = [
     "Stake",
     "TxOutcome",
     "BYTE_VOCAB",
+    "Aggregation",
+    "ProofSpec",
+    "Verdict",
+    "VerdictKind",
+    "WorkRecord",
+    "hyper_digest",
     "CheckpointSpec",
     "DataSpec",
     "JobSpec",

@@ -9,15 +9,12 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from shoal.spec.base import Frozen
+from shoal.spec.proof import ProofSpec
 
 BYTE_VOCAB = 256  # byte-level models: one token per byte, no tokenizer to ship
-
-
-class Frozen(BaseModel):
-    """Base of every spec value: immutable, and unknown keys are an error."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class ModelSpec(Frozen):
@@ -89,6 +86,17 @@ class Precision(str, enum.Enum):
     bf16 = "bf16"
 
 
+class Aggregation(str, enum.Enum):
+    """How the workers' contributions to a step are combined."""
+
+    mean = "mean"  # the plain (share-weighted) mean: exact, one all-reduce
+    # Byzantine-robust rules over per-worker gradients (an all-gather): one
+    # cheat in a step cannot steer the model between audits.
+    trimmed_mean = "trimmed_mean"
+    median = "median"
+    centered_clip = "centered_clip"
+
+
 class CheckpointSpec(Frozen):
     # Relative paths are resolved against the working directory;
     # "{name}" is replaced by the job name.
@@ -115,10 +123,16 @@ class JobSpec(Frozen):
     optimizer: OptimizerSpec = OptimizerSpec()
     schedule: ScheduleSpec = ScheduleSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
+    aggregation: Aggregation = Aggregation.mean
+    proof: ProofSpec = ProofSpec()
 
     @property
     def checkpoint_dir(self) -> str:
         return self.checkpoint.dir.replace("{name}", self.name)
+
+    @property
+    def proof_dir(self) -> str:
+        return self.proof.dir.replace("{name}", self.name)
 
     @property
     def tokens_per_step(self) -> int:

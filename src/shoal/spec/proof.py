@@ -1,0 +1,108 @@
+"""Proof of learning: the values a worker commits to for every step, what an
+audit concludes, and how a job is audited.
+
+A `WorkRecord` binds everything a replay needs (the parameters the step
+started from, the stream positions of its samples, the data seed, the
+hyperparameters) to a commitment to what the worker contributed, so that
+an audit compares one replay against one commitment and no party can
+choose its data, seeds or settings after the fact.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+
+from pydantic import Field
+
+from shoal.spec.base import Frozen
+
+SHA256_HEX = r"^[0-9a-f]{64}$"
+
+
+class WorkRecord(Frozen):
+    """One worker's claim about one step: what it started from, on which
+    samples, and a commitment to the contribution it sent."""
+
+    job: str = Field(min_length=1, max_length=128)
+    step: int = Field(ge=0)  # the step this contribution is for (0-based)
+    worker: str = Field(min_length=1, max_length=128)
+    params_sha256: str = Field(pattern=SHA256_HEX)  # parameters the step started from
+    # Stream positions [start, end) of this worker's samples (see shoal.train.order);
+    # with the data seed they name the exact sample ids.
+    positions_start: int = Field(ge=0)
+    positions_end: int = Field(ge=0)
+    seed: int = Field(ge=0)  # the job's data seed (permutation of the stream)
+    global_batch: int = Field(ge=1)  # every micro-batch's gradient is weighted chunk / global_batch
+    micro_batch: int | None = Field(None, ge=1)  # how the share was split into forward passes
+    hyper_sha256: str = Field(pattern=SHA256_HEX)  # the job's hyperparameters (hyper_digest)
+    contribution_sha256: str = Field(pattern=SHA256_HEX)  # what the worker sent, bit for bit
+    contribution_norm: float = Field(ge=0.0)  # its l2 norm (cheap screening, never a verdict)
+    # Seeds the step's own randomness (dropout): derived from the job seed, the step
+    # and the first position, so nobody picks it.
+    rng_seed: int = Field(ge=0)
+
+    @property
+    def samples(self) -> int:
+        return self.positions_end - self.positions_start
+
+    def leaf(self) -> bytes:
+        """The Merkle leaf: SHA-256 of the record's canonical JSON, domain-separated
+        from inner nodes (a leaf can never pass for a node)."""
+        body = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(b"\x00" + body.encode()).digest()
+
+
+def hyper_digest(hyperparameters: dict[str, object]) -> str:
+    """SHA-256 of a job's hyperparameters as canonical JSON (what records bind)."""
+    body = json.dumps(hyperparameters, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+class VerdictKind(str, enum.Enum):
+    valid = "valid"  # the replay matches the revealed contribution, which matches its commitment
+    wrong_contribution = "wrong_contribution"  # replay and revealed contribution differ
+    bad_commitment = "bad_commitment"  # the revealed contribution is not what was committed
+    bad_proof = "bad_proof"  # the record is not in the anchored tree
+    wrong_params = "wrong_params"  # the record claims a start the job never had
+    withheld = "withheld"  # the worker did not reveal its contribution in time
+    wrong_samples = "wrong_samples"  # positions outside its step, or overlapping another record
+    unavailable = "unavailable"  # the step's parameters could not be had: no verdict on the worker
+
+
+GUILTY = frozenset({VerdictKind.wrong_contribution, VerdictKind.bad_commitment,
+                    VerdictKind.bad_proof, VerdictKind.wrong_params, VerdictKind.withheld,
+                    VerdictKind.wrong_samples})
+
+
+class Verdict(Frozen):
+    """A verifier's conclusion on one record (signed and recorded by the control layer)."""
+
+    job: str
+    epoch: int = Field(ge=0)  # the proof epoch whose root the record is under
+    step: int = Field(ge=0)
+    worker: str
+    kind: VerdictKind
+    distance: float | None = None  # relative l2 distance of replay and revealed contribution
+    tolerance: float | None = None  # the bound it was held to
+    verifier: str = ""  # the verifier's address (or name, off chain)
+    detail: str = ""
+
+    @property
+    def guilty(self) -> bool:
+        return self.kind in GUILTY
+
+
+class ProofSpec(Frozen):
+    """How a job is recorded and audited (the job file's `[proof]` section)."""
+
+    enabled: bool = False
+    epoch_steps: int = Field(25, ge=1, le=1_000_000)  # steps per proof epoch (one Merkle root)
+    audit_rate: float = Field(0.02, gt=0.0, le=1.0)  # share of an epoch's records replayed
+    min_audits_per_worker: int = Field(1, ge=0, le=1000)  # every worker audited each epoch
+    keep_epochs: int = Field(2, ge=1, le=1000)  # challenge window, in epochs, kept on disk
+    # Relative l2 distance (replay vs revealed) under which a contribution is honest;
+    # profiled from honest re-runs (README, "Proof of learning").
+    tolerance: float = Field(1e-3, gt=0.0, lt=1.0)
+    dir: str = Field("runs/{name}/proof", min_length=1)
