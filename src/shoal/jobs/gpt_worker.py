@@ -42,7 +42,7 @@ def main(argv: list[str]) -> None:
     torch.manual_seed(job.seed)
     model = GPT(job.model)
     model, optimizer = run.wrap(model, build_optimizer(model, job.optimizer),
-                                grad_clip=job.optimizer.grad_clip)
+                                grad_clip=job.optimizer.grad_clip, aggregation=job.aggregation)
 
     for batch in run.batches(CorpusWindows(corpus, job.model.context), job.global_batch,
                              job.steps, seed=job.seed, micro_batch=job.micro_batch):

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from shoal.spec.elastic import BatchPolicy, GuardVerdict, Phase
+from shoal.spec.job import Aggregation
 from shoal.train import inject
 from shoal.train.checkpoint import CheckpointStore
 from shoal.train.commit import Ballot, Excluded, Proposer, agree
@@ -101,8 +102,11 @@ class Run:
     # -- the user's side --------------------------------------------------
 
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             grad_clip: float = 0.0) -> tuple[torch.nn.Module, ElasticOptimizer]:
+             grad_clip: float = 0.0,
+             aggregation: Aggregation = Aggregation.mean) -> tuple[torch.nn.Module, ElasticOptimizer]:
+        """`aggregation`: how the workers' contributions combine (the job file's rule)."""
         self.model, self.optimizer, self.grad_clip = model, optimizer, grad_clip
+        self.aggregation = Aggregation(aggregation)
         self.exchange = GradientExchange(list(model.parameters()), len(optimizer.param_groups))
         self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self._checkpoints)
         return model, ElasticOptimizer(self, optimizer)
