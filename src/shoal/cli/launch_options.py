@@ -31,6 +31,26 @@ def parse_slow(values: list[str]) -> dict[int, dict[str, str]]:
     return env
 
 
+def parse_adversaries(values: list[str]) -> dict[int, dict[str, str]]:
+    """`--adversary 1=sign_flip` makes worker 1 cheat (a built-in NAME or module:callable)."""
+    env: dict[int, dict[str, str]] = {}
+    for value in values:
+        index, _, name = value.partition("=")
+        if not index.strip().isdigit() or not name.strip():
+            raise ShoalError(f"--adversary {value!r}: expected WORKER=NAME, e.g. 1=sign_flip "
+                             "(NAME: a built-in or module:callable)")
+        env[int(index)] = {"SHOAL_ADVERSARY": name.strip()}
+    return env
+
+
+def _per_worker(*maps: dict[int, dict[str, str]]) -> dict[int, dict[str, str]]:
+    merged: dict[int, dict[str, str]] = {}
+    for mapping in maps:
+        for index, env in mapping.items():
+            merged.setdefault(index, {}).update(env)
+    return merged
+
+
 def default_run_dir(name: str) -> Path:
     return Path("runs") / name / time.strftime("elastic-%Y%m%d-%H%M%S")
 
@@ -60,6 +80,7 @@ class LaunchOptions:
     stall_s: float = 5.0
     stall_deadline_s: float = 1.0
     slow: tuple[str, ...] = ()
+    adversaries: tuple[str, ...] = ()
     run_dir: Path | None = None
     replica_check_every: int = 0
     spares: int = 0
@@ -73,7 +94,8 @@ class LaunchOptions:
         return LaunchConfig(
             command=command, workers=self.workers, run_dir=self.run_dir or default_run_dir(name),
             chaos=parse_chaos(self.chaos), stall_s=self.stall_s,
-            stall_deadline_s=self.stall_deadline_s, worker_env=parse_slow(list(self.slow)),
+            stall_deadline_s=self.stall_deadline_s, worker_env=_per_worker(parse_slow(list(self.slow)),
+                                   parse_adversaries(list(self.adversaries))),
             env={**(env or {}), **runtime}, spares=self.spares, **self.hosts.config_fields(),
         )
 
@@ -112,6 +134,10 @@ STALL_DEADLINE_S = typer.Option(1.0, "--stall-deadline-s", min=0.1,
                                 help="Least time a worker may fall behind its peers before it is "
                                      "fenced (the deadline grows with measured step times).")
 SLOW = typer.Option([], "--slow", help="WORKER:FACTOR, simulate a slower device (repeatable).")
+ADVERSARY = typer.Option([], "--adversary", metavar="WORKER=NAME",
+                         help="Make a worker cheat, to rehearse defences (repeatable): NAME is a "
+                              "built-in (random, zero, scale, sign_flip, sign_flip_scaled, replay, "
+                              "other_samples, half_samples, bad_commitment, copy) or module:callable.")
 RUN_DIR = typer.Option(None, "--run-dir", help="Where worker logs and step logs go.")
 REPORT = typer.Option(None, "--report", help="Write the run's JSON report here.")
 SPARES = typer.Option(0, "--spares", min=0,

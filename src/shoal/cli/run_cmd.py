@@ -9,8 +9,8 @@ import typer
 
 from shoal import ShoalError
 from shoal.cli.launch_options import (
-    BIND, CHAOS, CHECKPOINT_DIR, GRACE_S, MIN_WORKERS, NODE, RENDEZVOUS, REPLICA_CHECK, REPORT,
-    RUN_DIR, SERVE, SLOW, SPARES, STALL_DEADLINE_S, STALL_S, WORKERS, HostOptions, LaunchOptions,
+    ADVERSARY, BIND, CHAOS, CHECKPOINT_DIR, GRACE_S, MIN_WORKERS, NODE, RENDEZVOUS, REPLICA_CHECK,
+    REPORT, RUN_DIR, SERVE, SLOW, SPARES, STALL_DEADLINE_S, STALL_S, WORKERS, HostOptions, LaunchOptions,
     launch_and_report,
 )
 
@@ -23,6 +23,7 @@ def run_command(
     stall_s: float = STALL_S,
     stall_deadline_s: float = STALL_DEADLINE_S,
     slow: list[str] = SLOW,
+    adversary: list[str] = ADVERSARY,
     run_dir: Optional[Path] = RUN_DIR,
     report: Optional[Path] = REPORT,
     replica_check_every: int = REPLICA_CHECK,
@@ -45,7 +46,8 @@ def run_command(
 
     options = LaunchOptions(
         workers=workers, chaos=chaos, stall_s=stall_s, stall_deadline_s=stall_deadline_s,
-        slow=tuple(slow), run_dir=run_dir, replica_check_every=replica_check_every, spares=spares,
+        slow=tuple(slow), adversaries=tuple(adversary), run_dir=run_dir,
+        replica_check_every=replica_check_every, spares=spares,
         hosts=HostOptions(rendezvous, serve, bind, node, min_workers, grace_s))
     env = {"SHOAL_CHECKPOINT_DIR": str(checkpoint_dir.resolve())} if checkpoint_dir else {}
     command = worker_command(str(script), list(args or []))

@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 
 from shoal.cli.launch_options import (
-    BIND, CHAOS, GRACE_S, MIN_WORKERS, NODE, RENDEZVOUS, REPLICA_CHECK, RUN_DIR, SERVE, SLOW,
+    ADVERSARY, BIND, CHAOS, GRACE_S, MIN_WORKERS, NODE, RENDEZVOUS, REPLICA_CHECK, RUN_DIR, SERVE,
+    SLOW,
     SPARES, STALL_DEADLINE_S, STALL_S, HostOptions, LaunchOptions, launch_and_report,
 )
 from shoal.spec import JobSpec, load_job
@@ -28,6 +29,7 @@ def train_command(
     stall_s: float = STALL_S,
     stall_deadline_s: float = STALL_DEADLINE_S,
     slow: list[str] = SLOW,
+    adversary: list[str] = ADVERSARY,
     run_dir: Optional[Path] = RUN_DIR,
     replica_check_every: int = REPLICA_CHECK,
     spares: int = SPARES,
@@ -48,12 +50,13 @@ def train_command(
     if workers is not None:
         options = LaunchOptions(
             workers=workers, chaos=chaos, stall_s=stall_s, stall_deadline_s=stall_deadline_s,
-            slow=tuple(slow), run_dir=run_dir, replica_check_every=replica_check_every,
+            slow=tuple(slow), adversaries=tuple(adversary), run_dir=run_dir,
+            replica_check_every=replica_check_every,
             spares=spares, hosts=HostOptions(rendezvous, serve, bind, node, min_workers, grace_s))
         _train_elastic(job, resume, fresh, options, report)
         return
-    if chaos or slow or rendezvous:
-        raise typer.BadParameter("--chaos, --slow and --rendezvous need --workers N")
+    if chaos or slow or rendezvous or adversary:
+        raise typer.BadParameter("--chaos, --slow, --adversary and --rendezvous need --workers N")
     from shoal.jobs.single import train_job  # torch loads only when training runs
 
     result = train_job(job, resume=resume, fresh=fresh, show_progress=not quiet)

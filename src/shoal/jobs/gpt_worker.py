@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 import shoal.train
-from shoal.spec import JobSpec, load_job
+from shoal.spec import JobSpec, hyper_digest, load_job
+from shoal.train.work_records import ProofSettings
 from shoal.jobs.corpus import Corpus, load_corpus
 from shoal.jobs.model import GPT
 from shoal.jobs.optim import build_optimizer, lr_at, set_lr
@@ -34,6 +35,13 @@ class CorpusWindows:
         return torch.from_numpy(self.corpus.windows(ids, self.context))  # (B, T+1)
 
 
+def proof_settings(job: JobSpec) -> ProofSettings:
+    """What the job's work records bind (shared with the verifier's replay)."""
+    return ProofSettings(job=job.name, spec=job.proof, directory=job.proof_dir,
+                         hyper_sha256=hyper_digest(job.hyperparameters()), seed=job.seed,
+                         micro_batch=job.micro_batch)
+
+
 def main(argv: list[str]) -> None:
     # `--job-json JSON` (how the launcher passes a job with CLI overrides applied) or a job file.
     job = JobSpec.model_validate_json(argv[1]) if argv[0] == "--job-json" else load_job(argv[0])
@@ -43,6 +51,8 @@ def main(argv: list[str]) -> None:
     model = GPT(job.model)
     model, optimizer = run.wrap(model, build_optimizer(model, job.optimizer),
                                 grad_clip=job.optimizer.grad_clip, aggregation=job.aggregation)
+    if job.proof.enabled:
+        run.prove(proof_settings(job))
 
     for batch in run.batches(CorpusWindows(corpus, job.model.context), job.global_batch,
                              job.steps, seed=job.seed, micro_batch=job.micro_batch):

@@ -138,6 +138,12 @@ class JobSpec(Frozen):
     def tokens_per_step(self) -> int:
         return self.global_batch * self.model.context
 
+    def hyperparameters(self) -> dict[str, object]:
+        """What determines a step's result besides the parameters and samples: every
+        work record binds their hash, so nobody can change them after the fact."""
+        return self.model_dump(mode="json", exclude={"name", "checkpoint", "proof",
+                                                     "eval_interval", "eval_batches"})
+
     def resume_identity(self) -> dict[str, object]:
         """The parts a checkpoint must agree on to be resumed exactly.
 

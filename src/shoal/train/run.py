@@ -29,6 +29,7 @@ import torch
 from shoal.spec.elastic import BatchPolicy, GuardVerdict, Phase
 from shoal.spec.job import Aggregation
 from shoal.train import inject
+from shoal.train.adversary import load_adversary
 from shoal.train.checkpoint import CheckpointStore
 from shoal.train.commit import Ballot, Excluded, Proposer, agree
 from shoal.train.errors import TrainError
@@ -45,6 +46,8 @@ from shoal.train.replica import ReplicaState
 from shoal.train.run_config import RunConfig
 from shoal.train.shares import ShareBalancer
 from shoal.train.step_log import StepLog
+from shoal.train.step_proof import StepProof
+from shoal.train.work_records import ProofSettings, WorkRecorder
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,7 @@ class Run:
         self.step_log = StepLog(config.run_dir, self.worker)
         self.progress = ProgressReporter(self.worker, self._connect)
         self.membership = Membership(config, self.rdzv, self.progress)
+        self.proof = StepProof(self.worker, load_adversary(config.adversary))
         signal.signal(signal.SIGTERM, lambda *_: self.membership.leave_wanted.set())
 
     def _connect(self) -> Rendezvous:
@@ -111,6 +115,10 @@ class Run:
         self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self._checkpoints)
         return model, ElasticOptimizer(self, optimizer)
 
+    def prove(self, settings: ProofSettings) -> None:
+        """Record a work record for every step this worker commits (proof of learning)."""
+        self.proof.recorder = WorkRecorder(settings, self.worker)
+
     def batches(self, dataset: Any, global_batch: int, steps: int, *, seed: int = 0,
                 micro_batch: int | None = None,
                 policy: BatchPolicy = BatchPolicy.invariant) -> Iterator[Any]:
@@ -125,8 +133,12 @@ class Run:
                 self._last_one_leaves()
                 break
             shares = self.balancer.shares(global_batch, self.world, policy)
-            ids = order.sample_ids(share_positions(self.cursor, shares, self.rank))
-            self._begin(shares, global_batch=sum(shares))
+            positions = share_positions(self.cursor, shares, self.rank)
+            ids = order.sample_ids(positions)
+            if self.proof.active:
+                ids = self.proof.begin(self.step_index, self.rank, self.world, self.model,
+                                       positions, sum(shares), ids, order.num_samples)
+            self._begin(shares, global_batch=sum(shares), share=len(ids))
             inject.worker_faults(self.worker, self.step_index, self.exchange.params)
             if len(ids) == 0:
                 self._finish_step()
@@ -157,15 +169,19 @@ class Run:
 
     # -- one step ----------------------------------------------------------
 
-    def _begin(self, shares: tuple[int, ...], global_batch: int) -> None:
+    def _begin(self, shares: tuple[int, ...], global_batch: int, share: int) -> None:
+        """`share`: the samples this worker computes on (its part of `shares`, unless it
+        cheats)."""
         self._shares_now, self._global_batch = shares, global_batch
-        self._share, self._done_samples, self._chunk = shares[self.rank], 0, 0
+        self._share, self._done_samples, self._chunk = share, 0, 0
         self._loss_sum, self._loss_samples = 0.0, 0
         self._attempt_start = time.time()
 
     def _finish_step(self) -> None:
         self.balancer.after_compute(self.rdzv, self._share, self._attempt_start, self.step_index)
         self.membership.post_leave()  # a spot notice takes effect at this step's boundary
+        if self.proof.active:
+            self.proof.before_exchange(self.exchange)
         self.exchange.write_scalars(
             self.rank, [float(g["lr"]) for g in self.optimizer.param_groups], self._share > 0,
             self._loss_sum, self._loss_samples, fingerprint(self.exchange.params))
@@ -184,6 +200,7 @@ class Run:
             self._drop_group(stale=True)
             return
         if decision.commit:
+            self.proof.committed()
             self._apply(scalars, decision.verdict)
             if decision.weights:
                 self.balancer.weights = decision.weights

@@ -35,6 +35,7 @@ class RunConfig:
     speed_report_interval: int = 5
     slowdown: float = 1.0  # simulate a device this many times slower (tests, benchmarks)
     spare: bool = False  # a warm spare: joins only when the launcher activates it
+    adversary: str | None = None  # cheat as this built-in or module:callable (tests, rehearsals)
     guard: GuardConfig = GuardConfig()
 
     def __post_init__(self) -> None:
@@ -68,6 +69,8 @@ class RunConfig:
             changes["checkpoint_dir"] = env["SHOAL_CHECKPOINT_DIR"]
         if env.get("SHOAL_SPARE") == "1":
             changes["spare"] = True
+        if env.get("SHOAL_ADVERSARY"):
+            changes["adversary"] = env["SHOAL_ADVERSARY"]
         if env.get("SHOAL_IDENTITY"):
             changes["identity"] = json.loads(env["SHOAL_IDENTITY"])
         numbers = {"SHOAL_BACKEND": ("backend", str), "SHOAL_SLOWDOWN": ("slowdown", float),

@@ -1,0 +1,203 @@
+"""Pluggable adversaries: what a cheating worker reports instead of its
+honest work, so that users can rehearse their own defences.
+
+`shoal train ... --adversary 1=NAME` makes worker 1 cheat: NAME is a
+built-in below or `module:callable`, a function that receives the worker's
+honest contribution (a list of tensors, one flat buffer per dtype), the
+step and an `AdversaryContext`, and returns what the worker reports
+instead. The built-ins use the same hook; a few also cheat elsewhere a
+worker can (which samples it computes on, what it records, what it
+reveals to an audit), through the other methods of `Adversary`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from shoal.spec.proof import WorkRecord
+from shoal.train.errors import TrainError
+
+Contribution = list[torch.Tensor]
+
+
+@dataclass
+class AdversaryContext:
+    """What a cheat can see at a step."""
+
+    worker: str
+    step: int
+    rank: int
+    world: int
+    num_samples: int  # the dataset's size (to pick samples other than the assigned ones)
+    params: list[torch.Tensor]  # the model's trainable parameters (read only, please)
+    memory: dict[str, Any] = field(default_factory=dict)  # kept across steps, per worker
+    # The newest record another worker wrote (None when there is none yet).
+    peer_record: Callable[[], WorkRecord | None] = lambda: None
+
+
+class Adversary:
+    """An honest worker; subclasses override where they cheat."""
+
+    name = "honest"
+
+    def samples(self, ids: np.ndarray, ctx: AdversaryContext) -> np.ndarray:
+        """The sample ids the worker actually computes on (it records the assigned ones)."""
+        return ids
+
+    def contribution(self, honest: Contribution, ctx: AdversaryContext) -> Contribution:
+        """What the worker sends (and commits to) instead of `honest`."""
+        return honest
+
+    def record(self, record: WorkRecord, ctx: AdversaryContext) -> WorkRecord:
+        """The record the worker publishes instead of the true one."""
+        return record
+
+    def reveal(self, sent: Contribution, ctx: AdversaryContext) -> Contribution:
+        """What the worker shows an audit instead of what it sent."""
+        return sent
+
+
+class Scale(Adversary):
+    """Scales its gradient (×-1 flips the sign): a push in a chosen direction."""
+
+    def __init__(self, factor: float, name: str) -> None:
+        self.factor, self.name = factor, name
+
+    def contribution(self, honest: Contribution, ctx: AdversaryContext) -> Contribution:
+        return [t * self.factor for t in honest]
+
+
+class Zero(Adversary):
+    """Lazy: sends nothing, computes nothing it reports."""
+
+    name = "zero"
+
+    def contribution(self, honest: Contribution, ctx: AdversaryContext) -> Contribution:
+        return [torch.zeros_like(t) for t in honest]
+
+
+class RandomGradient(Adversary):
+    """Noise with the honest norm, so a norm screen alone cannot tell."""
+
+    name = "random"
+
+    def contribution(self, honest: Contribution, ctx: AdversaryContext) -> Contribution:
+        generator = torch.Generator().manual_seed(ctx.step * 7919 + ctx.rank)
+        out = []
+        for t in honest:
+            noise = torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t.dtype)
+            out.append(noise * (t.float().norm() / noise.float().norm().clamp_min(1e-30)).to(t.dtype))
+        return out
+
+
+class Replay(Adversary):
+    """Sends the gradient it computed at an earlier step (honest on the first)."""
+
+    name = "replay"
+
+    def contribution(self, honest: Contribution, ctx: AdversaryContext) -> Contribution:
+        earlier = ctx.memory.get("replay")
+        ctx.memory.setdefault("replay", [t.clone() for t in honest])
+        return earlier if earlier is not None else honest
+
+
+class OtherSamples(Adversary):
+    """Computes on samples of its choosing, not the assigned (recorded) ones."""
+
+    name = "other_samples"
+
+    def samples(self, ids: np.ndarray, ctx: AdversaryContext) -> np.ndarray:
+        return (ids + 7919) % ctx.num_samples
+
+
+class HalfSamples(Adversary):
+    """Computes on half its share and doubles the result to pass for the whole."""
+
+    name = "half_samples"
+
+    def samples(self, ids: np.ndarray, ctx: AdversaryContext) -> np.ndarray:
+        return ids[: max(1, len(ids) // 2)]
+
+    def contribution(self, honest: Contribution, ctx: AdversaryContext) -> Contribution:
+        return [t * 2 for t in honest]
+
+
+class BadCommitment(Adversary):
+    """Commits to what it sent, then reveals something else to the audit."""
+
+    name = "bad_commitment"
+
+    def reveal(self, sent: Contribution, ctx: AdversaryContext) -> Contribution:
+        return [t * 1.001 for t in sent]
+
+
+class CopyRecord(Adversary):
+    """Computes nothing and publishes another worker's record as its own."""
+
+    name = "copy"
+
+    def contribution(self, honest: Contribution, ctx: AdversaryContext) -> Contribution:
+        return [torch.zeros_like(t) for t in honest]
+
+    def record(self, record: WorkRecord, ctx: AdversaryContext) -> WorkRecord:
+        peer = ctx.peer_record()
+        if peer is None:
+            return record
+        return record.model_copy(update={
+            "positions_start": peer.positions_start, "positions_end": peer.positions_end,
+            "contribution_sha256": peer.contribution_sha256,
+            "contribution_norm": peer.contribution_norm})
+
+
+class _Callable(Adversary):
+    """A user's `module:callable` (contribution, step, context) -> contribution."""
+
+    def __init__(self, function: Callable[..., Contribution], name: str) -> None:
+        self.function, self.name = function, name
+
+    def contribution(self, honest: Contribution, ctx: AdversaryContext) -> Contribution:
+        out = self.function([t.clone() for t in honest], ctx.step, ctx)
+        if (not isinstance(out, (list, tuple)) or len(out) != len(honest)
+                or any(o.shape != h.shape for o, h in zip(out, honest))):
+            raise TrainError(f"adversary {self.name} must return a list of {len(honest)} tensors "
+                             "shaped like the contribution it received")
+        return [o.to(h.dtype) for o, h in zip(out, honest)]
+
+
+BUILT_IN: dict[str, Callable[[], Adversary]] = {
+    "random": RandomGradient,
+    "zero": Zero,
+    "scale": lambda: Scale(10.0, "scale"),
+    "sign_flip": lambda: Scale(-1.0, "sign_flip"),
+    "sign_flip_scaled": lambda: Scale(-10.0, "sign_flip_scaled"),
+    "replay": Replay,
+    "other_samples": OtherSamples,
+    "half_samples": HalfSamples,
+    "bad_commitment": BadCommitment,
+    "copy": CopyRecord,
+}
+
+
+def load_adversary(spec: str | None) -> Adversary | None:
+    """A built-in NAME or `module:callable`; None for an honest worker."""
+    if not spec:
+        return None
+    if spec in BUILT_IN:
+        return BUILT_IN[spec]()
+    module_name, _, attribute = spec.partition(":")
+    if not attribute:
+        raise TrainError(f"unknown adversary {spec!r}: use one of {', '.join(sorted(BUILT_IN))} "
+                         "or module:callable")
+    try:
+        function = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise TrainError(f"adversary {spec!r} cannot be loaded: {error}") from None
+    if isinstance(function, type) and issubclass(function, Adversary):
+        return function()
+    return _Callable(function, spec)

@@ -1,0 +1,123 @@
+"""Where a job's proof-of-learning material lives on disk, and reading it back.
+
+    DIR/records/WORKER.jsonl        one WorkRecord per committed step (kept)
+    DIR/params/STEP.pt              the parameters step STEP started from
+    DIR/reveal/WORKER/STEP.pt       what WORKER contributed to step STEP
+
+Parameters and contributions are kept for the challenge window only
+(`keep_epochs` proof epochs behind the newest), so the disk a job needs is
+bounded; records are small and kept for the job's life. Tensors are read
+back with `weights_only=True`: a verifier loads files that workers wrote,
+and a pickle from a stranger must never run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+
+from shoal.spec.proof import WorkRecord
+
+COMMITMENT_DOMAIN = b"shoal-contribution-v1"
+
+
+def contribution_sha256(job: str, worker: str, step: int, tensors: list[torch.Tensor]) -> str:
+    """The commitment to a contribution, bound to who sent it for which step (a copied
+    commitment cannot be opened by anyone else)."""
+    digest = hashlib.sha256(COMMITMENT_DOMAIN)
+    for part in (job, worker, str(step)):
+        digest.update(b"\x00" + part.encode())
+    for t in tensors:
+        flat = t.detach().contiguous().reshape(-1).cpu()
+        digest.update(f"\x00{flat.dtype}:{flat.numel()}".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def contribution_norm(tensors: list[torch.Tensor]) -> float:
+    return float(torch.sqrt(sum((t.detach().double() ** 2).sum() for t in tensors)))
+
+
+class ProofStore:
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory)
+
+    def records_path(self, worker: str) -> Path:
+        return self.dir / "records" / f"{worker}.jsonl"
+
+    def params_path(self, step: int) -> Path:
+        return self.dir / "params" / f"{step:09d}.pt"
+
+    def reveal_path(self, worker: str, step: int) -> Path:
+        return self.dir / "reveal" / worker / f"{step:09d}.pt"
+
+    # -- writing (workers) ------------------------------------------------------
+
+    def append_record(self, record: WorkRecord) -> None:
+        path = self.records_path(record.worker)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as out:
+            out.write(record.model_dump_json() + "\n")
+
+    def save_params(self, step: int, state: dict[str, torch.Tensor]) -> None:
+        path = self.params_path(step)
+        if not path.exists():
+            _save_atomic({k: v.detach().cpu() for k, v in state.items()}, path)
+
+    def save_reveal(self, worker: str, step: int, tensors: list[torch.Tensor]) -> None:
+        _save_atomic([t.detach().cpu().clone() for t in tensors], self.reveal_path(worker, step))
+
+    def prune(self, worker: str, keep_from_step: int) -> None:
+        """Drop this worker's reveals (and, for everyone, parameters) before the window."""
+        for folder in (self.dir / "reveal" / worker, self.dir / "params"):
+            if not folder.is_dir():
+                continue
+            for path in folder.glob("*.pt"):
+                try:
+                    if int(path.stem) < keep_from_step:
+                        path.unlink(missing_ok=True)
+                except ValueError:
+                    continue
+
+    # -- reading (verifiers) ------------------------------------------------------
+
+    def workers(self) -> list[str]:
+        folder = self.dir / "records"
+        return sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+
+    def records(self, worker: str | None = None) -> list[WorkRecord]:
+        """Every record (of one worker, or all); for a step recorded twice by a worker (a
+        redone step), the last one stands."""
+        latest: dict[tuple[str, int], WorkRecord] = {}
+        for name in ([worker] if worker else self.workers()):
+            path = self.records_path(name)
+            if not path.exists():
+                continue
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    record = WorkRecord.model_validate_json(line)
+                    latest[(record.worker, record.step)] = record
+        return sorted(latest.values(), key=lambda r: (r.step, r.worker))
+
+    def load_params(self, step: int) -> dict[str, torch.Tensor] | None:
+        path = self.params_path(step)
+        return torch.load(path, weights_only=True) if path.exists() else None
+
+    def load_reveal(self, worker: str, step: int) -> list[torch.Tensor] | None:
+        path = self.reveal_path(worker, step)
+        if not path.exists():
+            return None
+        loaded = torch.load(path, weights_only=True)
+        if not isinstance(loaded, list) or not all(isinstance(t, torch.Tensor) for t in loaded):
+            return None
+        return loaded
+
+
+def _save_atomic(value: object, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(value, temporary)
+    os.replace(temporary, path)

@@ -1,0 +1,64 @@
+"""The run's proof hooks at each step: an adversary (if this worker is told
+to cheat) and the work recorder (if the job records work), applied at the
+three points where a worker's claim is made: which samples it computes on,
+what it sends, and what it publishes once the step commits.
+
+An honest worker that records nothing pays nothing here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from shoal.train.adversary import Adversary, AdversaryContext
+from shoal.train.exchange import GradientExchange
+from shoal.train.work_records import WorkRecorder
+
+
+class StepProof:
+    def __init__(self, worker: str, adversary: Adversary | None) -> None:
+        self.worker = worker
+        self.adversary = adversary
+        self.recorder: WorkRecorder | None = None
+        self._memory: dict = {}
+        self._context: AdversaryContext | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.adversary is not None or self.recorder is not None
+
+    def begin(self, step: int, rank: int, world: int, model: torch.nn.Module,
+              positions: range, global_batch: int, ids: np.ndarray,
+              num_samples: int) -> np.ndarray:
+        """At a step's start; returns the sample ids this worker will compute on."""
+        self._context = AdversaryContext(
+            worker=self.worker, step=step, rank=rank, world=world, num_samples=num_samples,
+            params=[p for p in model.parameters() if p.requires_grad], memory=self._memory,
+            peer_record=self.recorder.peer_record if self.recorder else lambda: None)
+        if self.recorder is not None:
+            # Dropout and any other randomness of the step: the job's, not the worker's.
+            torch.manual_seed(self.recorder.begin(step, model, positions, global_batch,
+                                                  writes_params=rank == 0))
+        return self.adversary.samples(ids, self._context) if self.adversary else ids
+
+    def before_exchange(self, exchange: GradientExchange) -> None:
+        """Swap in what a cheat sends instead, and commit to what is sent."""
+        views = exchange.gradients()
+        if self.adversary is not None:
+            with torch.no_grad():
+                sent = self.adversary.contribution([v.clone() for v in views], self._context)
+                for view, value in zip(views, sent):
+                    view.copy_(value)
+        if self.recorder is not None:
+            self.recorder.seal(views)
+
+    def committed(self) -> None:
+        """The step committed everywhere: publish its record and keep its contribution."""
+        if self.recorder is None or self.recorder.pending is None:
+            return
+        record, sent = self.recorder.pending
+        if self.adversary is not None:
+            record = self.adversary.record(record, self._context)
+            sent = self.adversary.reveal(sent, self._context)
+        self.recorder.publish(record, sent)
