@@ -29,6 +29,7 @@ from shoal.cli.market_cmd import (
 from shoal.cli.rendezvous_cmd import rendezvous_command
 from shoal.cli.run_cmd import run_command
 from shoal.cli.train_cmd import train_command
+from shoal.cli.verify_cmd import verify_command
 
 app = typer.Typer(
     name="shoal",
@@ -50,6 +51,7 @@ app.command("events")(events_command)
 app.command("top-up")(top_up_command)
 app.command("cancel")(cancel_command)
 app.add_typer(key_app, name="key")
+app.command("verify")(verify_command)
 
 
 @app.callback()

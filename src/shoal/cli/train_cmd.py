@@ -73,12 +73,13 @@ def _train_elastic(job: JobSpec, resume: bool, fresh: bool, options: LaunchOptio
     import json
     import sys
 
-    from shoal.jobs.single import open_checkpoints
+    from shoal.jobs.single import open_checkpoints, open_proof_dir
 
     if options.hosts.rendezvous is None or options.hosts.serve:
         # Same guard as one worker: never clobber. Only the serving host applies it, so a
         # host joining later cannot delete (--fresh) what a running job wrote to a shared disk.
         open_checkpoints(job, resume, fresh).close()
+        open_proof_dir(job, resume, fresh)
     command = [sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json", job.model_dump_json()]
     config = options.config(command, job.name, env={
         "SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,

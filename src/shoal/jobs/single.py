@@ -89,6 +89,19 @@ def open_checkpoints(job: JobSpec, resume: bool, fresh: bool) -> CheckpointStore
     return store
 
 
+def open_proof_dir(job: JobSpec, resume: bool, fresh: bool) -> None:
+    """Work records follow the checkpoints: --fresh starts them over, a resume appends,
+    and a new run never mixes its records with an old run's."""
+    directory = Path(job.proof_dir)
+    if not job.proof.enabled:
+        return
+    if fresh and directory.exists():
+        shutil.rmtree(directory)
+    if not resume and any((directory / "records").glob("*.jsonl")):
+        raise CheckpointError(f"{directory} already holds work records of an earlier run; "
+                              "pass --resume to continue that run or --fresh to start over")
+
+
 def train_job(job: JobSpec, *, resume: bool = False, fresh: bool = False,
               show_progress: bool = True, corpus: Corpus | None = None) -> TrainReport:
     started = time.perf_counter()

@@ -33,6 +33,10 @@ class WorkRecord(Frozen):
     # with the data seed they name the exact sample ids.
     positions_start: int = Field(ge=0)
     positions_end: int = Field(ge=0)
+    # The step's split of the global batch, in rank order, and this worker's rank:
+    # its positions must be exactly its rank's slice (a copier's cannot be).
+    rank: int = Field(ge=0)
+    shares: tuple[int, ...] = Field(min_length=1)
     seed: int = Field(ge=0)  # the job's data seed (permutation of the stream)
     global_batch: int = Field(ge=1)  # every micro-batch's gradient is weighted chunk / global_batch
     micro_batch: int | None = Field(None, ge=1)  # how the share was split into forward passes

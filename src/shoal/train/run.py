@@ -136,8 +136,8 @@ class Run:
             positions = share_positions(self.cursor, shares, self.rank)
             ids = order.sample_ids(positions)
             if self.proof.active:
-                ids = self.proof.begin(self.step_index, self.rank, self.world, self.model,
-                                       positions, sum(shares), ids, order.num_samples)
+                ids = self.proof.begin(self.step_index, self.rank, self.model, positions, shares,
+                                       ids, order.num_samples)
             self._begin(shares, global_batch=sum(shares), share=len(ids))
             inject.worker_faults(self.worker, self.step_index, self.exchange.params)
             if len(ids) == 0:

@@ -28,18 +28,16 @@ class StepProof:
     def active(self) -> bool:
         return self.adversary is not None or self.recorder is not None
 
-    def begin(self, step: int, rank: int, world: int, model: torch.nn.Module,
-              positions: range, global_batch: int, ids: np.ndarray,
-              num_samples: int) -> np.ndarray:
+    def begin(self, step: int, rank: int, model: torch.nn.Module, positions: range,
+              shares: tuple[int, ...], ids: np.ndarray, num_samples: int) -> np.ndarray:
         """At a step's start; returns the sample ids this worker will compute on."""
         self._context = AdversaryContext(
-            worker=self.worker, step=step, rank=rank, world=world, num_samples=num_samples,
+            worker=self.worker, step=step, rank=rank, world=len(shares), num_samples=num_samples,
             params=[p for p in model.parameters() if p.requires_grad], memory=self._memory,
             peer_record=self.recorder.peer_record if self.recorder else lambda: None)
         if self.recorder is not None:
             # Dropout and any other randomness of the step: the job's, not the worker's.
-            torch.manual_seed(self.recorder.begin(step, model, positions, global_batch,
-                                                  writes_params=rank == 0))
+            torch.manual_seed(self.recorder.begin(step, model, positions, rank, shares))
         return self.adversary.samples(ids, self._context) if self.adversary else ids
 
     def before_exchange(self, exchange: GradientExchange) -> None:

@@ -43,12 +43,13 @@ class WorkRecorder:
         self._pending: WorkRecord | None = None
         self._sent: list[torch.Tensor] | None = None
 
-    def begin(self, step: int, model: torch.nn.Module, positions: range, global_batch: int,
-              writes_params: bool) -> int:
-        """At a step's start: note what it starts from; returns the step's RNG seed."""
-        self._step, self._positions, self._global_batch = step, positions, global_batch
+    def begin(self, step: int, model: torch.nn.Module, positions: range, rank: int,
+              shares: tuple[int, ...]) -> int:
+        """At a step's start: note what it starts from; returns the step's RNG seed.
+        Rank 0 also keeps the parameters the step starts from, for replays."""
+        self._step, self._positions, self._rank, self._shares = step, positions, rank, shares
         self._params_sha256 = param_sha256(model)
-        if writes_params:
+        if rank == 0:
             self.store.save_params(step, model.state_dict())
         self._rng_seed = step_rng_seed(self.settings.seed, step, positions.start)
         self._pending, self._sent = None, None
@@ -60,7 +61,8 @@ class WorkRecorder:
         self._pending = WorkRecord(
             job=s.job, step=self._step, worker=self.worker, params_sha256=self._params_sha256,
             positions_start=self._positions.start, positions_end=self._positions.stop,
-            seed=s.seed, global_batch=self._global_batch, micro_batch=s.micro_batch,
+            rank=self._rank, shares=self._shares, seed=s.seed, global_batch=sum(self._shares),
+            micro_batch=s.micro_batch,
             hyper_sha256=s.hyper_sha256,
             contribution_sha256=contribution_sha256(s.job, self.worker, self._step, sent),
             contribution_norm=contribution_norm(sent), rng_seed=self._rng_seed)

@@ -1,0 +1,111 @@
+"""`shoal verify JOB.toml`: audit a job's work records by replay and print
+the verdicts (exit status 1 when a worker is found cheating)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from shoal import ShoalError
+from shoal.spec import hyper_digest, load_job
+
+
+def verify_command(
+    job_file: Path = typer.Argument(..., help="The job file the run used (its [proof] section)."),
+    proof_dir: Optional[Path] = typer.Option(None, "--proof-dir", help="Override proof.dir."),
+    rate: Optional[float] = typer.Option(None, "--rate", min=0.0, max=1.0,
+                                         help="Share of each epoch's records to replay "
+                                              "(default: the job's proof.audit_rate)."),
+    every: bool = typer.Option(False, "--all", help="Replay every record (a full audit)."),
+    epochs: list[int] = typer.Option([], "--epoch", help="Audit only this proof epoch (repeatable)."),
+    tolerance: Optional[float] = typer.Option(None, "--tolerance", min=0.0,
+                                              help="Override proof.tolerance."),
+    salt: Optional[str] = typer.Option(None, "--salt", help="Hex salt of the audit beacon "
+                                                              "(default: fresh, printed)."),
+    key: Optional[Path] = typer.Option(None, "--key", help="Sign each verdict with this key and "
+                                                            "log it under the proof directory."),
+    profile: bool = typer.Option(False, "--profile", help="Measure honest replay non-determinism "
+                                                          "across thread counts and suggest a "
+                                                          "tolerance, instead of auditing."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Replay sampled work records of a job and judge each one."""
+    job = load_job(job_file)
+    directory = str(proof_dir) if proof_dir else job.proof_dir
+    if not Path(directory, "records").is_dir():
+        raise ShoalError(f"no work records under {directory}: run the job with [proof] "
+                         "enabled = true (or pass --proof-dir)")
+    try:
+        salt_bytes = bytes.fromhex(salt) if salt else secrets.token_bytes(16)
+    except ValueError:
+        raise ShoalError(f"--salt {salt!r} is not hex") from None
+
+    from shoal.control.trust.verdicts import VerdictLog, sign_verdict
+    from shoal.control.trust.verifier import Verifier
+    from shoal.jobs.gpt_replay import gpt_replayer
+    from shoal.train.audit import Auditor, profile_tolerance
+    from shoal.train.proof_store import ProofStore
+
+    store, replayer = ProofStore(directory), gpt_replayer(job)
+    records = store.records()
+    if profile:
+        figures = profile_tolerance(replayer, store, records[: 64])
+        typer.echo(json.dumps(figures) if as_json else
+                   f"honest replay distance up to {figures['max_honest_distance']:.2e} over "
+                   f"{figures['records']} records at {figures['thread_counts']} threads; "
+                   f"suggested proof.tolerance = {figures['suggested_tolerance']:.1e}")
+        return
+    account = None
+    if key is not None:
+        from shoal.control.identity import load_key
+        account = load_key(str(key))
+    auditor = Auditor(store, replayer, hyper_sha256=hyper_digest(job.hyperparameters()),
+                      tolerance=tolerance if tolerance is not None else job.proof.tolerance,
+                      verifier=account.address if account else "")
+    verifier = Verifier(auditor, job.proof, salt=salt_bytes, total_steps=job.steps)
+    grouped: dict[int, list] = {}
+    for record in records:
+        grouped.setdefault(record.step // job.proof.epoch_steps, []).append(record)
+    todo = [e for e in verifier.complete_epochs(records) if not epochs or e in epochs]
+    if not todo:
+        raise ShoalError(f"no complete proof epoch in {directory} to audit yet")
+    log = VerdictLog(directory)
+    results, started = [], time.perf_counter()
+    for epoch in todo:
+        result = verifier.audit_epoch(epoch, grouped[epoch], rate=rate, every=every)
+        if account is not None:
+            for verdict in result.verdicts:
+                log.append(sign_verdict(verdict, account))
+        results.append(result)
+    _print(results, salt_bytes, time.perf_counter() - started, as_json)
+    if any(r.guilty for r in results):
+        raise typer.Exit(1)
+
+
+def _print(results: list, salt: bytes, wall_s: float, as_json: bool) -> None:
+    guilty = {w: v[0].kind.value for r in results for w, v in r.guilty.items()}
+    audited = sum(len(r.verdicts) for r in results)
+    if as_json:
+        typer.echo(json.dumps({
+            "salt": salt.hex(), "epochs": [r.epoch for r in results], "audited": audited,
+            "records": sum(r.records for r in results), "guilty": guilty, "wall_s": round(wall_s, 3),
+            "verdicts": [v.model_dump(mode="json") for r in results for v in r.verdicts]}))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"audit (beacon salt {salt.hex()})")
+    for column in ("epoch", "root", "records", "audited", "guilty"):
+        table.add_column(column)
+    for r in results:
+        names = ", ".join(f"{w} ({v[0].kind.value}, step {v[0].step})" for w, v in r.guilty.items())
+        table.add_row(str(r.epoch), r.root.hex()[:12] + ("" if r.anchored else " (local)"),
+                      str(r.records), str(len(r.verdicts)), names or "none")
+    Console().print(table)
+    typer.echo(f"{audited} audits in {wall_s:.1f} s; "
+               + (f"cheating: {', '.join(sorted(guilty))}" if guilty else "no cheating found"))

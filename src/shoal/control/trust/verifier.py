@@ -1,0 +1,83 @@
+"""The verifier: for each complete proof epoch of a job, take its anchored
+root (or build it from the records when nothing is anchored), pick records
+to audit with a beacon nobody controls before the root is fixed, replay
+them, and sign what it finds.
+
+Which records are audited is fixed by the root and the verifier's salt, so
+a worker cannot know in advance which of its steps will be replayed, and
+anyone with the salt can check the verifier audited what it had to.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from shoal.proof.epochs import by_epoch, is_complete
+from shoal.proof.merkle import epoch_tree
+from shoal.proof.sampling import audit_sample, beacon
+from shoal.spec.proof import ProofSpec, Verdict, WorkRecord
+from shoal.train.audit import Auditor, Inclusion
+
+log = logging.getLogger(__name__)
+
+# epoch -> its anchored root, or None when not anchored (yet).
+RootSource = Callable[[int], bytes | None]
+
+
+@dataclass
+class EpochAudit:
+    epoch: int
+    root: bytes
+    anchored: bool  # the root came from the chain (else it was built from the records)
+    records: int
+    verdicts: list[Verdict] = field(default_factory=list)
+    replay_s: float = 0.0  # seconds spent auditing (the verifier's cost)
+
+    @property
+    def guilty(self) -> dict[str, list[Verdict]]:
+        out: dict[str, list[Verdict]] = defaultdict(list)
+        for verdict in self.verdicts:
+            if verdict.guilty:
+                out[verdict.worker].append(verdict)
+        return dict(out)
+
+
+class Verifier:
+    def __init__(self, auditor: Auditor, spec: ProofSpec, *, salt: bytes,
+                 roots: RootSource = lambda epoch: None, total_steps: int | None = None) -> None:
+        self.auditor, self.spec, self.salt = auditor, spec, salt
+        self.roots, self.total_steps = roots, total_steps
+
+    def complete_epochs(self, records: list[WorkRecord]) -> list[int]:
+        grouped = by_epoch(records, self.spec.epoch_steps)
+        return [e for e in sorted(grouped)
+                if is_complete(grouped[e], e, self.spec.epoch_steps, self.total_steps)]
+
+    def audit_epoch(self, epoch: int, records: list[WorkRecord], *, rate: float | None = None,
+                    every: bool = False) -> EpochAudit:
+        """Audit one epoch's records: a sample at `rate` (the job's by default), or all."""
+        tree, ordered = epoch_tree(records)
+        anchored = self.roots(epoch)
+        root = anchored if anchored is not None else tree.root
+        chosen = ordered if every else audit_sample(
+            ordered, rate or self.spec.audit_rate, self.spec.min_audits_per_worker,
+            beacon(root, self.salt))
+        by_step: dict[int, list[WorkRecord]] = defaultdict(list)
+        for record in ordered:
+            by_step[record.step].append(record)
+        index = {(r.step, r.worker): i for i, r in enumerate(ordered)}
+        result = EpochAudit(epoch, root, anchored is not None, len(ordered))
+        started = time.perf_counter()
+        for record in sorted(chosen, key=lambda r: (r.step, r.worker)):
+            i = index[(record.step, record.worker)]
+            inclusion = Inclusion(epoch, i, tree.count, tree.proof(i), root)
+            result.verdicts.append(self.auditor.audit(record, inclusion, by_step[record.step]))
+        result.replay_s = time.perf_counter() - started
+        for worker, found in result.guilty.items():
+            log.warning("epoch %d: %s failed %d audit(s): %s", epoch, worker, len(found),
+                        found[0].kind.value)
+        return result

@@ -1,0 +1,24 @@
+"""The built-in GPT's replay: how a verifier re-executes a recorded step of a
+`shoal train` job (the same loss and batches as `shoal.jobs.gpt_worker`)."""
+
+from __future__ import annotations
+
+import torch
+
+from shoal.jobs.corpus import load_corpus
+from shoal.jobs.gpt_worker import CorpusWindows
+from shoal.jobs.model import GPT
+from shoal.jobs.precision import forward_precision
+from shoal.spec import JobSpec
+from shoal.train.replay import Replayer
+
+
+def gpt_replayer(job: JobSpec) -> Replayer:
+    corpus = load_corpus(job.data, job.model.context)
+    windows = CorpusWindows(corpus, job.model.context)
+
+    def loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        with forward_precision(job.precision):
+            return model.loss_sum(batch) / len(batch)  # as the worker's loop computes it
+
+    return Replayer(GPT(job.model), loss, windows.get_batch, windows.num_samples())

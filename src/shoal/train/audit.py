@@ -1,0 +1,143 @@
+"""Auditing one work record: is it in the anchored tree, does it tile its
+step with the others, did the step start where the job was, is the revealed
+contribution the committed one, and does a replay give the same?
+
+The checks run cheapest first and the first failure is the verdict. The
+replay is judged by hash where it can be (a replay that hashes to the
+commitment is exact: valid with no threshold at all) and otherwise by a
+relative l2 distance held to a tolerance profiled from honest re-runs
+(`profile_tolerance`): different thread counts or CPUs sum in different
+orders, so an honest replay is close to, not equal to, the contribution.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import torch
+
+from shoal.proof.merkle import verify_proof
+from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+from shoal.train.hashing import param_sha256
+from shoal.train.order import share_positions, step_cursor
+from shoal.train.proof_store import ProofStore, contribution_sha256
+from shoal.train.replay import Replayer, relative_distance
+
+
+@dataclass(frozen=True)
+class Inclusion:
+    """Where a record sits in its epoch's anchored tree."""
+
+    epoch: int
+    index: int
+    count: int
+    proof: tuple[bytes, ...]
+    root: bytes
+
+
+class Auditor:
+    def __init__(self, store: ProofStore, replayer: Replayer, *, hyper_sha256: str,
+                 tolerance: float, verifier: str = "") -> None:
+        self.store, self.replayer = store, replayer
+        self.hyper_sha256, self.tolerance, self.verifier = hyper_sha256, tolerance, verifier
+        self._loaded_step: int | None = None
+        self._loaded_ok = False
+
+    def audit(self, record: WorkRecord, inclusion: Inclusion,
+              step_records: list[WorkRecord]) -> Verdict:
+        """The verdict on `record`; `step_records`: every record of its step (for tiling)."""
+        def verdict(kind: VerdictKind, detail: str = "", distance: float | None = None) -> Verdict:
+            return Verdict(job=record.job, epoch=inclusion.epoch, step=record.step,
+                           worker=record.worker, kind=kind, distance=distance,
+                           tolerance=self.tolerance if distance is not None else None,
+                           verifier=self.verifier, detail=detail)
+
+        if not verify_proof(record.leaf(), inclusion.index, inclusion.count, inclusion.proof,
+                            inclusion.root):
+            return verdict(VerdictKind.bad_proof, "the record is not under the anchored root")
+        if record.hyper_sha256 != self.hyper_sha256:
+            return verdict(VerdictKind.wrong_params, "recorded under other hyperparameters")
+        wrong_slice = _slice_problem(record, step_records)
+        if wrong_slice:
+            return verdict(VerdictKind.wrong_samples, wrong_slice)
+        if not self._load(record.step, step_records):
+            return verdict(VerdictKind.unavailable, f"no trusted parameters for step {record.step}")
+        if record.params_sha256 != self._params_sha256:
+            return verdict(VerdictKind.wrong_params, "the step did not start from these parameters")
+        revealed = self.store.load_reveal(record.worker, record.step)
+        if revealed is None:
+            return verdict(VerdictKind.withheld, "no contribution revealed for this step")
+        if contribution_sha256(record.job, record.worker, record.step, revealed) != record.contribution_sha256:
+            return verdict(VerdictKind.bad_commitment, "the revealed contribution is not the committed one")
+        replayed = self.replayer.contribution(record)
+        if contribution_sha256(record.job, record.worker, record.step, replayed) == record.contribution_sha256:
+            return verdict(VerdictKind.valid, "replay is bit-identical", distance=0.0)
+        distance = relative_distance(replayed, revealed)
+        if distance <= self.tolerance:
+            return verdict(VerdictKind.valid, distance=distance)
+        return verdict(VerdictKind.wrong_contribution, "replay differs from the contribution",
+                       distance=distance)
+
+    def _load(self, step: int, step_records: list[WorkRecord]) -> bool:
+        """Load the step's parameter snapshot if it is the state the step's workers agree
+        they started from (the most common claim: one writer cannot forge it)."""
+        if self._loaded_step == step:
+            return self._loaded_ok
+        self._loaded_step, self._loaded_ok = step, False
+        state = self.store.load_params(step)
+        if state is None:
+            return False
+        try:
+            self.replayer.load(state)
+        except (RuntimeError, KeyError):
+            return False
+        self._params_sha256 = param_sha256(self.replayer.model)
+        claims = collections.Counter(r.params_sha256 for r in step_records)
+        self._loaded_ok = claims.most_common(1)[0][0] == self._params_sha256 if claims else False
+        return self._loaded_ok
+
+
+def _slice_problem(record: WorkRecord, step_records: list[WorkRecord]) -> str:
+    """Why the record's samples are not its rank's slice of its step, or "".
+
+    The split (shares) must be the one most of the step's records state, and the
+    positions exactly the rank's part of it: copying another worker's slice, or
+    moving to samples of another step, cannot pass. Two records claiming one rank
+    are left to the commitment and the replay (a copied commitment cannot be opened
+    under another worker's name)."""
+    split = collections.Counter((r.shares, r.global_batch, r.seed) for r in step_records)
+    agreed = split.most_common(1)[0][0] if split else None
+    if (record.shares, record.global_batch, record.seed) != agreed:
+        return "its split of the step's batch differs from its peers'"
+    if record.rank >= len(record.shares) or sum(record.shares) != record.global_batch:
+        return f"rank {record.rank} has no slice in a split of {len(record.shares)}"
+    expected = share_positions(step_cursor(record.step, record.global_batch), record.shares,
+                               record.rank)
+    if (record.positions_start, record.positions_end) != (expected.start, expected.stop):
+        return (f"positions [{record.positions_start}, {record.positions_end}) are not rank "
+                f"{record.rank}'s slice [{expected.start}, {expected.stop})")
+    return ""
+
+
+def profile_tolerance(replayer: Replayer, store: ProofStore, records: list[WorkRecord],
+                      thread_counts: tuple[int, ...] = (1, 2), margin: float = 1000.0) -> dict:
+    """Honest non-determinism on this device: replay each record at every thread count
+    and measure how far the replays are from one another (no worker involved)."""
+    before = torch.get_num_threads()
+    worst = 0.0
+    try:
+        for record in records:
+            state = store.load_params(record.step)
+            if state is None:
+                continue
+            replayer.load(state)
+            replays = []
+            for threads in thread_counts:
+                torch.set_num_threads(threads)
+                replays.append(replayer.contribution(record))
+            worst = max([worst] + [relative_distance(replays[0], r) for r in replays[1:]])
+    finally:
+        torch.set_num_threads(before)
+    return {"records": len(records), "thread_counts": list(thread_counts),
+            "max_honest_distance": worst, "suggested_tolerance": max(worst * margin, 1e-6)}
