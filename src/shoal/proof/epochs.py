@@ -1,0 +1,58 @@
+"""Proof epochs: the runs of `epoch_steps` steps whose records share one Merkle root.
+
+An epoch is anchored, sampled and audited as a unit, so the runtime and the
+verifier must agree exactly on which steps belong to which epoch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from shoal.proof.errors import ProofError
+from shoal.spec.proof import WorkRecord
+
+
+def _check_epoch_steps(epoch_steps: int) -> None:
+    if epoch_steps < 1:
+        raise ProofError(f"epoch_steps is {epoch_steps}; an epoch has at least one step")
+
+
+def epoch_of(step: int, epoch_steps: int) -> int:
+    """The epoch that step `step` (0-based) is in."""
+    _check_epoch_steps(epoch_steps)
+    if step < 0:
+        raise ProofError(f"step {step} is negative; steps count from 0")
+    return step // epoch_steps
+
+
+def steps_of(epoch: int, epoch_steps: int, total_steps: int | None = None) -> range:
+    """The steps of `epoch`; the job's last epoch ends at its last step (`total_steps`)."""
+    _check_epoch_steps(epoch_steps)
+    start = epoch * epoch_steps
+    end = start + epoch_steps
+    if total_steps is not None:
+        end = min(end, total_steps)
+    return range(start, max(start, end))
+
+
+def by_epoch(records: Iterable[WorkRecord], epoch_steps: int) -> dict[int, list[WorkRecord]]:
+    """The records grouped by epoch, each group in (step, worker) order."""
+    groups: dict[int, list[WorkRecord]] = defaultdict(list)
+    for record in records:
+        groups[epoch_of(record.step, epoch_steps)].append(record)
+    return {e: sorted(g, key=lambda r: (r.step, r.worker)) for e, g in sorted(groups.items())}
+
+
+def missing_steps(records: Iterable[WorkRecord], epoch: int, epoch_steps: int,
+                  total_steps: int | None = None) -> list[int]:
+    """The steps of `epoch` that no record covers (records of other epochs are ignored)."""
+    seen = {r.step for r in records}
+    return [s for s in steps_of(epoch, epoch_steps, total_steps) if s not in seen]
+
+
+def is_complete(records: Iterable[WorkRecord], epoch: int, epoch_steps: int,
+                total_steps: int | None = None) -> bool:
+    """Whether every step of `epoch` has records, so its root may be anchored."""
+    steps = steps_of(epoch, epoch_steps, total_steps)
+    return len(steps) > 0 and not missing_steps(records, epoch, epoch_steps, total_steps)

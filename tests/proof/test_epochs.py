@@ -1,0 +1,43 @@
+"""Which steps share a root: the runtime and the verifier must agree exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.proof import ProofError, by_epoch, epoch_of, is_complete, missing_steps, steps_of
+from tests.proof.factory import honest_epoch, record
+
+
+def test_steps_map_to_epochs_and_back():
+    for epoch_steps in (1, 3, 25):
+        for step in range(100):
+            assert step in steps_of(epoch_of(step, epoch_steps), epoch_steps)
+    assert list(steps_of(2, 25)) == list(range(50, 75))
+    assert list(steps_of(3, 25, total_steps=90)) == list(range(75, 90))  # the job's last epoch
+    assert list(steps_of(4, 25, total_steps=90)) == []
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ProofError):
+        epoch_of(3, 0)
+    with pytest.raises(ProofError):
+        epoch_of(-1, 5)
+
+
+def test_records_group_by_epoch_in_canonical_order():
+    records = honest_epoch(range(7), workers=2)
+    groups = by_epoch(reversed(records), epoch_steps=3)
+    assert sorted(groups) == [0, 1, 2]
+    assert [(r.step, r.worker) for r in groups[2]] == [(6, "w0"), (6, "w1")]
+    assert len(groups[0]) == 6
+
+
+def test_an_epoch_is_complete_only_when_every_step_has_records():
+    records = honest_epoch(range(5), workers=2)
+    assert is_complete(records, 0, epoch_steps=5)
+    gap = [r for r in records if r.step != 3]
+    assert not is_complete(gap, 0, epoch_steps=5)
+    assert missing_steps(gap, 0, epoch_steps=5) == [3]
+    assert not is_complete(records, 1, epoch_steps=5)  # nothing of epoch 1 yet
+    assert is_complete([record(5, "w0"), record(6, "w0")], 1, epoch_steps=5, total_steps=7)
+    assert not is_complete([], 2, epoch_steps=5, total_steps=7)  # past the job's end: no epoch
