@@ -17,7 +17,16 @@ from shoal.proof.errors import (
     ProofError,
     WrongQuery,
 )
+from shoal.proof.forced import (
+    ForcedErrors,
+    PlantScore,
+    commitment_of,
+    score_verifiers,
+    verify_reveal,
+    without_plants,
+)
 from shoal.proof.merkle import MerkleTree, epoch_tree, node_hash, verify_proof
+from shoal.proof.sampling import audit_count, audit_rank, audit_sample, beacon, catch_probability
 
 __all__ = [
     "SHARED_FIELDS",
@@ -26,18 +35,29 @@ __all__ = [
     "DisputeError",
     "DuplicateRecord",
     "EmptyTree",
+    "ForcedErrors",
     "MerkleTree",
     "MixedRecords",
+    "PlantScore",
     "ProofError",
     "WrongQuery",
+    "audit_count",
+    "audit_rank",
+    "audit_sample",
+    "beacon",
     "by_epoch",
+    "catch_probability",
     "check_step",
+    "commitment_of",
     "epoch_of",
     "epoch_tree",
     "is_complete",
     "missing_steps",
     "node_hash",
+    "score_verifiers",
     "steps_of",
     "uncovered",
     "verify_proof",
+    "verify_reveal",
+    "without_plants",
 ]

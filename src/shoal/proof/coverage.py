@@ -79,7 +79,8 @@ def _positions_problem(record: WorkRecord) -> str:
     if expected is None:
         return f"rank {record.rank} is not in a split of {len(record.shares)} shares"
     if (start, end) != expected:
-        return f"positions [{start}, {end}) are not rank {record.rank}'s slice [{expected[0]}, {expected[1]})"
+        return (f"positions [{start}, {end}) are not rank {record.rank}'s slice "
+                f"[{expected[0]}, {expected[1]})")
     if end == start and record.contribution_norm > 0:
         # An empty share is honest (more workers than samples) only if it adds nothing.
         return "no samples but a non-zero contribution"

@@ -17,7 +17,8 @@ class EmptyTree(ProofError):
     """A Merkle tree of no leaves: there is nothing to anchor."""
 
     def __init__(self) -> None:
-        super().__init__("a Merkle tree needs at least one leaf; anchor an epoch only once it has records")
+        super().__init__("a Merkle tree needs at least one leaf; "
+                         "anchor an epoch only once it has records")
 
 
 class DuplicateRecord(ProofError):
@@ -50,4 +51,5 @@ class ClockWentBack(DisputeError):
     """A time earlier than one the dispute was already given."""
 
     def __init__(self, now_s: float, last_s: float) -> None:
-        super().__init__(f"time {now_s} s is before {last_s} s, already seen; pass a clock that never goes back")
+        super().__init__(f"time {now_s} s is before {last_s} s, already seen; "
+                         "pass a clock that never goes back")

@@ -1,0 +1,78 @@
+"""Which records of an epoch to audit: unpredictable to workers, reproducible for anyone.
+
+A record's rank is a keyed hash of the beacon and its own leaf. The beacon
+mixes the anchored root with a salt nobody knew when the root was fixed (a
+later block hash), so a worker that grinds its record to change the root
+still cannot steer the sample, and anyone holding the beacon re-derives it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+from shoal.proof.errors import ProofError
+from shoal.spec.proof import WorkRecord
+
+_BEACON = b"shoal/proof/beacon\x00"
+
+
+def beacon(root: bytes, salt: bytes) -> bytes:
+    """The audit beacon of an epoch: `salt` must be unknown until `root` is anchored."""
+    if len(root) != 32:
+        raise ProofError(f"a Merkle root is 32 bytes, got {len(root)}")
+    if not salt:
+        raise ProofError("an empty salt lets whoever shapes the root predict the sample; "
+                         "use a value fixed after the anchor (a later block hash)")
+    return hashlib.sha256(_BEACON + root + salt).digest()
+
+
+def audit_rank(record: WorkRecord, beacon: bytes) -> bytes:
+    """A record's place in the audit order: it depends only on the beacon and the record."""
+    return hashlib.sha256(beacon + record.leaf()).digest()
+
+
+def audit_count(rate: float, records: int) -> int:
+    """ceil(rate × records), without float noise turning 7.000000000000001 into 8."""
+    if not 0.0 <= rate <= 1.0:
+        raise ProofError(f"audit rate {rate} is outside [0, 1]")
+    return min(records, math.ceil(round(rate * records, 9)))
+
+
+def audit_sample(records: Sequence[WorkRecord], rate: float, min_per_worker: int,
+                 beacon: bytes) -> list[WorkRecord]:
+    """The records to audit, in (step, worker) order.
+
+    At least `min_per_worker` of every worker's records (all of them if it has
+    fewer), and at least ceil(rate × len(records)) in all: each worker's
+    lowest-ranked records first, then the lowest-ranked of the rest.
+    """
+    if min_per_worker < 0:
+        raise ProofError(f"min_per_worker is {min_per_worker}; it cannot be negative")
+    if len(beacon) < 16:
+        raise ProofError("the beacon is too short to be unpredictable; derive it with beacon()")
+    ranked = sorted(records, key=lambda r: audit_rank(r, beacon))
+    chosen: dict[int, WorkRecord] = {}
+    taken: dict[str, int] = defaultdict(int)
+    for index, record in enumerate(ranked):
+        if taken[record.worker] < min_per_worker:
+            taken[record.worker] += 1
+            chosen[index] = record
+    wanted = audit_count(rate, len(ranked))
+    for index, record in enumerate(ranked):
+        if len(chosen) >= wanted:
+            break
+        chosen.setdefault(index, record)
+    return sorted(chosen.values(), key=lambda r: (r.step, r.worker))
+
+
+def catch_probability(cheat_fraction: float, audits: int) -> float:
+    """The chance that `audits` uniform audits of a worker hit at least one of its
+    cheating records, when a `cheat_fraction` of its records cheat: 1 − (1 − f)^k."""
+    if not 0.0 <= cheat_fraction <= 1.0:
+        raise ProofError(f"cheat fraction {cheat_fraction} is outside [0, 1]")
+    if audits < 0:
+        raise ProofError(f"audits is {audits}; it cannot be negative")
+    return 1.0 - (1.0 - cheat_fraction) ** audits

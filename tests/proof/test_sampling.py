@@ -1,0 +1,101 @@
+"""Attacks on audit sampling: a worker cannot learn or steer which of its
+records are audited, every worker is audited, and anyone with the beacon
+re-derives the same sample."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.proof import ProofError, audit_sample, beacon, catch_probability, epoch_tree
+from shoal.proof.sampling import audit_count
+from tests.proof.factory import digest, honest_epoch, record
+
+ROOT = hashlib.sha256(b"root").digest()
+
+
+def keys(sample):
+    return [(r.step, r.worker) for r in sample]
+
+
+def test_anyone_with_the_beacon_derives_the_same_sample_in_any_order():
+    records = honest_epoch(range(25))
+    b = beacon(ROOT, b"block 1234")
+    first = audit_sample(records, 0.05, 1, b)
+    assert keys(first) == keys(audit_sample(list(reversed(records)), 0.05, 1, b))
+
+
+def test_other_salts_pick_other_records():
+    records = honest_epoch(range(25))
+    samples = {tuple(keys(audit_sample(records, 0.05, 1, beacon(ROOT, f"block {i}".encode()))))
+               for i in range(20)}
+    assert len(samples) == 20
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 6), st.floats(0.0, 1.0), st.integers(0, 4),
+       st.binary(min_size=1, max_size=8))
+def test_every_worker_is_audited_and_the_rate_holds(steps, workers, rate, minimum, salt):
+    records = honest_epoch(range(steps), workers=workers if 8 % workers == 0 else 1)
+    sample = audit_sample(records, rate, minimum, beacon(ROOT, salt))
+    assert len(sample) >= math.ceil(rate * len(records) - 1e-9)
+    assert len(set(keys(sample))) == len(sample)  # no record twice
+    per_worker = {r.worker: 0 for r in records}
+    for r in sample:
+        per_worker[r.worker] += 1
+    owned = {w: sum(r.worker == w for r in records) for w in per_worker}
+    assert all(per_worker[w] >= min(minimum, owned[w]) for w in per_worker)
+
+
+def test_a_worker_with_one_record_among_many_is_still_audited():
+    records = [*honest_epoch(range(100)), record(100, "rare")]
+    assert "rare" in {r.worker for r in audit_sample(records, 0.01, 1, beacon(ROOT, b"x"))}
+
+
+def test_grinding_a_record_before_the_beacon_is_known_buys_nothing():
+    # The cheat tries many versions of its record and keeps the one that a beacon
+    # it can compute (the root alone, or a guessed salt) would not audit. The
+    # real salt is fixed after the anchor, so its odds are the honest ones.
+    honest = honest_epoch(range(10), workers=4)
+    guessed = beacon(ROOT, b"guess")
+    kept = None
+    for nonce in range(200):
+        cheat = record(10, "cheat", rng_seed=nonce, contribution_sha256=digest(f"forged {nonce}"))
+        if cheat.leaf() not in {r.leaf() for r in audit_sample([*honest, cheat], 0.1, 0, guessed)}:
+            kept = cheat
+            break
+    assert kept is not None
+    trials = 2000
+    audited = sum(kept in audit_sample([*honest, kept], 0.1, 0, beacon(ROOT, i.to_bytes(4, "big")))
+                  for i in range(trials))
+    expected = audit_count(0.1, 41) / 41
+    assert abs(audited / trials - expected) < 4 * math.sqrt(expected * (1 - expected) / trials)
+
+
+def test_the_beacon_binds_the_root():
+    tree, _ = epoch_tree(honest_epoch(range(3)))
+    other, _ = epoch_tree(honest_epoch(range(4)))
+    assert beacon(tree.root, b"s") != beacon(other.root, b"s")
+    with pytest.raises(ProofError, match="empty salt"):
+        beacon(tree.root, b"")  # a root alone is a beacon the workers can grind
+    with pytest.raises(ProofError):
+        audit_sample(honest_epoch(range(2)), 0.1, 1, b"short")
+
+
+def test_catch_probability():
+    assert catch_probability(0.0, 10) == 0.0
+    assert catch_probability(1.0, 1) == 1.0
+    assert catch_probability(0.5, 2) == pytest.approx(0.75)
+    assert catch_probability(0.1, 0) == 0.0
+    with pytest.raises(ProofError):
+        catch_probability(1.5, 1)
+
+
+def test_the_count_is_not_inflated_by_float_noise():
+    assert audit_count(0.07, 100) == 7
+    assert audit_count(0.021, 1000) == 21
+    assert audit_count(1.0, 3) == 3
