@@ -5,6 +5,7 @@ Plain Python (no I/O, no clocks): the runtime, the verifier and the
 coordinator call it with the records, beacons and times they hold.
 """
 
+from shoal.proof.bisection import Answerer, Bisection, Outcome, Party, losers, play
 from shoal.proof.coverage import SHARED_FIELDS, check_step, uncovered
 from shoal.proof.epochs import by_epoch, epoch_of, is_complete, missing_steps, steps_of
 from shoal.proof.errors import (
@@ -27,10 +28,20 @@ from shoal.proof.forced import (
 )
 from shoal.proof.merkle import MerkleTree, epoch_tree, node_hash, verify_proof
 from shoal.proof.sampling import audit_count, audit_rank, audit_sample, beacon, catch_probability
+from shoal.proof.verdicts import (
+    Disagreement,
+    WorkerSummary,
+    disagreements,
+    guilty_workers,
+    summarise,
+)
 
 __all__ = [
     "SHARED_FIELDS",
+    "Answerer",
+    "Bisection",
     "ClockWentBack",
+    "Disagreement",
     "DisputeClosed",
     "DisputeError",
     "DuplicateRecord",
@@ -38,8 +49,11 @@ __all__ = [
     "ForcedErrors",
     "MerkleTree",
     "MixedRecords",
+    "Outcome",
+    "Party",
     "PlantScore",
     "ProofError",
+    "WorkerSummary",
     "WrongQuery",
     "audit_count",
     "audit_rank",
@@ -49,13 +63,18 @@ __all__ = [
     "catch_probability",
     "check_step",
     "commitment_of",
+    "disagreements",
     "epoch_of",
     "epoch_tree",
+    "guilty_workers",
     "is_complete",
+    "losers",
     "missing_steps",
     "node_hash",
+    "play",
     "score_verifiers",
     "steps_of",
+    "summarise",
     "uncovered",
     "verify_proof",
     "verify_reveal",
