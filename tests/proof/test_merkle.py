@@ -81,6 +81,8 @@ FIELDS = {
     "contribution_sha256": st.binary(min_size=32, max_size=32).map(bytes.hex),
     "params_sha256": st.binary(min_size=32, max_size=32).map(bytes.hex),
     "micro_batch": st.none() | st.integers(1, 64), "rng_seed": st.integers(0, 2**63),
+    "rank": st.integers(0, 64), "shares": st.lists(st.integers(0, 64), min_size=1).map(tuple),
+    "hyper_sha256": st.binary(min_size=32, max_size=32).map(bytes.hex),
 }
 
 
