@@ -1,0 +1,137 @@
+"""Byzantine-robust rules that combine the workers' gradients of one step.
+
+The plain mean lets a single worker move the step anywhere it likes. These
+rules bound what a minority can do between audits; every replica runs them
+on the same gathered inputs, so they must give the same bits everywhere:
+sums over workers go in rank order, sorts are stable, norms are exact sums.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from shoal.spec.job import Aggregation
+
+# Robust rules need an honest majority of at least two out of three: with fewer
+# participants one cheat is half the vote, and no rule can tell which half lies.
+MIN_WORKERS = 3
+CENTERED_CLIP_ITERATIONS = 3
+_ROW = 8192  # norms sum fixed rows, so the result does not depend on the thread count
+
+
+def aggregate(rule: Aggregation, contributions: Sequence[torch.Tensor],
+              weights: Sequence[float]) -> torch.Tensor:
+    """Combine per-worker contributions (rank order) into one mean-gradient estimate.
+
+    `contributions[i]` is worker i's folded gradient, already weighted by its
+    share of the global batch, `weights[i]` (share / global batch); the weights
+    of a step sum to 1, so the plain mean is the weighted sum. Each worker is
+    normalised to its own mean gradient (divided by its weight) and workers
+    with an empty share take no part. With fewer than `MIN_WORKERS`
+    participants every rule falls back to the share-weighted mean.
+    """
+    if len(contributions) != len(weights):
+        raise ValueError(f"{len(contributions)} contributions but {len(weights)} weights")
+    if rule is Aggregation.mean:
+        return _rank_order_sum(contributions)
+    present = [(x, w) for x, w in zip(contributions, weights) if w > 0]
+    if len(present) < MIN_WORKERS:
+        return _rank_order_sum([torch.zeros_like(contributions[0])] + [x for x, _ in present])
+    dtype = contributions[0].dtype
+    gradients = torch.stack([x.float() / w for x, w in present])  # (n, N)
+    if rule is Aggregation.trimmed_mean:
+        out = trimmed_mean(gradients)
+    elif rule is Aggregation.median:
+        out = median(gradients)
+    elif rule is Aggregation.centered_clip:
+        out = centered_clip(gradients)
+    else:
+        raise ValueError(f"unknown aggregation rule {rule!r}")
+    return out.to(dtype)
+
+
+def trim_count(n: int) -> int:
+    """How many values trimmed mean drops at each end of a coordinate: max(1, ⌊n/4⌋)."""
+    return max(1, n // 4)
+
+
+def trimmed_mean(gradients: torch.Tensor) -> torch.Tensor:
+    """Coordinate-wise trimmed mean of (n, N) gradients (Yin, Chen, Ramchandran and
+    Bartlett, "Byzantine-Robust Distributed Learning: Towards Optimal Statistical
+    Rates", ICML 2018): per coordinate, drop the b largest and the b smallest values
+    (b = `trim_count(n)`) and average the rest. NaN sorts above +inf, so a lone
+    NaN is dropped with the largest values."""
+    n = gradients.shape[0]
+    b = trim_count(n)
+    if n - 2 * b < 1:
+        raise ValueError(f"trimmed mean of {n} gradients drops {2 * b}: nothing is left")
+    ordered = torch.sort(gradients, dim=0, stable=True).values
+    return _rank_order_sum(ordered[b:n - b]) / (n - 2 * b)
+
+
+def median(gradients: torch.Tensor) -> torch.Tensor:
+    """Coordinate-wise median of (n, N) gradients (Yin et al., ICML 2018); for an even
+    n the mean of the two middle values (torch.median would take the lower one, a
+    bias towards the smaller side)."""
+    n = gradients.shape[0]
+    ordered = torch.sort(gradients, dim=0, stable=True).values
+    if n % 2:
+        return ordered[n // 2].clone()
+    return (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def centered_clip(gradients: torch.Tensor, start: torch.Tensor | None = None,
+                  iterations: int = CENTERED_CLIP_ITERATIONS,
+                  tau: float | None = None) -> torch.Tensor:
+    """Centered clipping (Karimireddy, He and Jaggi, "Learning from History for
+    Byzantine Robust Optimization", ICML 2021): v ← v + mean_i clip(x_i − v, τ),
+    with clip(z, τ) = z · min(1, τ / ‖z‖).
+
+    The paper starts from the previous step's aggregate; here the default start is
+    the coordinate-wise median, because a replica that just joined or resumed does
+    not hold the previous aggregate and every replica must compute the same bits.
+    τ, unless given, is the median of the workers' distances from v at each
+    iteration: scale-free, and with an honest majority it is an honest worker's
+    distance, so honest gradients pass mostly unclipped while a cheat moves v by
+    at most τ/n per iteration. A gradient whose distance is not finite (NaN, inf)
+    is clipped to nothing.
+    """
+    v = median(gradients) if start is None else start.float().clone()
+    n = gradients.shape[0]
+    for _ in range(iterations):
+        offsets = gradients - v  # (n, N)
+        norms = [_norm(z) for z in offsets]
+        radius = tau if tau is not None else _median_finite(norms)
+        step = torch.zeros_like(v)
+        for z, norm in zip(offsets, norms):
+            if math.isfinite(norm) and norm > 0:
+                step += z * min(1.0, radius / norm)
+        v = v + step / n
+    return v
+
+
+def _rank_order_sum(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Sum in the given order, one element-wise add at a time (same bits on every replica)."""
+    total = tensors[0].clone()
+    for t in tensors[1:]:
+        total += t
+    return total
+
+
+def _norm(z: torch.Tensor) -> float:
+    """‖z‖, exactly reproducible: float64 sums of fixed rows, then an exact sum of those."""
+    flat = z.reshape(-1).double()
+    flat = torch.nn.functional.pad(flat, (0, -flat.numel() % _ROW))
+    rows = flat.view(-1, _ROW).square().sum(dim=1)
+    return math.sqrt(math.fsum(rows.tolist()))
+
+
+def _median_finite(values: list[float]) -> float:
+    finite = sorted(v for v in values if math.isfinite(v))
+    if not finite:
+        return 0.0
+    middle = len(finite) // 2
+    return finite[middle] if len(finite) % 2 else (finite[middle - 1] + finite[middle]) / 2
