@@ -7,6 +7,11 @@ batch, and clears them. The buffers are what the group all-reduces: one
 collective per dtype (a bf16 model exchanges bf16), and the float32 one
 carries a tail of step scalars (learning rates, loss, sample counts, each
 member's parameter fingerprint) so agreeing on them costs no extra round.
+
+Under a robust aggregation rule the group all-gathers the buffers instead:
+every replica sums the scalar tails in rank order and puts the rule's
+aggregate where the summed gradients would be, so what reads the buffers
+afterwards (guard, optimizer, fingerprints) works the same under any rule.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from shoal.spec.job import Aggregation
+from shoal.train.aggregate import aggregate
 
 # Tail of the float32 buffer, after its gradients: per optimizer param group the lr
 # of workers that ran the loop body, then these, then two fingerprint slots per rank.
@@ -30,7 +38,9 @@ class StepScalars:
 
 
 class GradientExchange:
-    def __init__(self, params: list[torch.Tensor], groups: int) -> None:
+    def __init__(self, params: list[torch.Tensor], groups: int,
+                 aggregation: Aggregation = Aggregation.mean) -> None:
+        self.aggregation = Aggregation(aggregation)
         self.params = [p for p in params if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters")
@@ -58,6 +68,27 @@ class GradientExchange:
     def tensors(self) -> list[torch.Tensor]:
         """What the group all-reduces, in an order every member shares."""
         return [self.buffers[d] for d in self.dtypes if d in self.buffers]
+
+    @property
+    def gathers(self) -> bool:
+        """True when the rule needs every worker's contribution (an all-gather), not a sum."""
+        return self.aggregation is not Aggregation.mean
+
+    def combine(self, gathered: list[list[torch.Tensor]], weights: list[float]) -> None:
+        """Put the rule's aggregate of `gathered` (per tensor of `tensors()`, one copy per
+        rank in rank order) in the buffers, with the scalar tails summed.
+
+        `weights`: each rank's share of the global batch (share / global batch)."""
+        for buffer, copies in zip(self.tensors(), gathered):
+            if len(copies) != len(weights):
+                raise ValueError(f"{len(copies)} contributions for {len(weights)} ranks")
+            end = self._grad_numel if buffer.dtype == torch.float32 else buffer.numel()
+            buffer[:end] = aggregate(self.aggregation, [c[:end] for c in copies], weights)
+            if end < buffer.numel():
+                tail = buffer[end:]
+                tail.zero_()
+                for c in copies:  # rank order: the same bits on every replica
+                    tail += c[end:]
 
     def fold(self, weight: float) -> None:
         """Add this micro-batch's `.grad`s, times `weight`, to the buffers; clear them."""

@@ -2,11 +2,11 @@
 
 gloo cannot cancel a collective in flight, and destroying a group with an
 abandoned operation blocks until that operation times out. So every
-blocking call (building the group, all-reduce, broadcast) runs on gloo's
-threads while the caller waits with a deadline and a cancel check (the
-authority published a newer epoch); an abandoned group, with its pending
-work and buffers, goes to a graveyard thread that lets it die in the
-background. Nothing keeps a reference to an old group.
+blocking call (building the group, all-reduce, all-gather, broadcast) runs
+on gloo's threads while the caller waits with a deadline and a cancel check
+(the authority published a newer epoch); an abandoned group, with its
+pending work and buffers, goes to a graveyard thread that lets it die in
+the background. Nothing keeps a reference to an old group.
 """
 
 from __future__ import annotations
@@ -133,6 +133,18 @@ class EpochGroup:
         """Sum each tensor across the group in place (one collective per tensor)."""
         works = [self.pg.allreduce([t], dist.AllreduceOptions()) for t in tensors]
         self._run(works, tensors, should_cancel, "all-reduce")
+
+    def all_gather(self, tensors: list[torch.Tensor],
+                   should_cancel: ShouldCancel) -> list[list[torch.Tensor]]:
+        """Every member's copy of each tensor, in rank order (one collective per tensor).
+
+        The outputs are new on every call: after a failed gather they go to the
+        graveyard with the group, and gloo's threads may still write into them."""
+        gathered = [[torch.empty_like(t) for _ in range(self.world)] for t in tensors]
+        works = [self.pg.allgather([out], [t]) for out, t in zip(gathered, tensors)]
+        self._run(works, [*tensors, *(o for out in gathered for o in out)], should_cancel,
+                  "all-gather")
+        return gathered
 
     def broadcast(self, tensor: torch.Tensor, root: int, should_cancel: ShouldCancel) -> None:
         options = dist.BroadcastOptions()

@@ -111,7 +111,8 @@ class Run:
         """`aggregation`: how the workers' contributions combine (the job file's rule)."""
         self.model, self.optimizer, self.grad_clip = model, optimizer, grad_clip
         self.aggregation = Aggregation(aggregation)
-        self.exchange = GradientExchange(list(model.parameters()), len(optimizer.param_groups))
+        self.exchange = GradientExchange(list(model.parameters()), len(optimizer.param_groups),
+                                         self.aggregation)
         self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self._checkpoints)
         return model, ElasticOptimizer(self, optimizer)
 
@@ -213,10 +214,15 @@ class Run:
             self._drop_group(stale=False)
 
     def _exchange(self) -> tuple[Ballot, StepScalars | None]:
-        """All-reduce the step, then this member's ballot: did it work, what does the
-        guard say, do the replicas' fingerprints agree."""
+        """All-reduce the step (all-gather and aggregate, under a robust rule), then this
+        member's ballot: did it work, what does the guard say, do the replicas'
+        fingerprints agree."""
         try:
-            self.group.all_reduce(self.exchange.tensors(), self.membership.changed)
+            if self.exchange.gathers:
+                gathered = self.group.all_gather(self.exchange.tensors(), self.membership.changed)
+                self.exchange.combine(gathered, [s / self._global_batch for s in self._shares_now])
+            else:
+                self.group.all_reduce(self.exchange.tensors(), self.membership.changed)
         except (GroupFailed, GroupCancelled) as error:
             log.info("[epoch %d rank %d] step %d exchange failed: %s",
                      self.record.epoch, self.rank, self.step_index, error)

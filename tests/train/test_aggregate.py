@@ -1,0 +1,153 @@
+"""The robust aggregation rules: hand-computed cases, ties and empty shares, and
+attacks: one cheat among four sends a huge or sign-flipped gradient (or NaN),
+and the aggregate stays near the honest workers' mean."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shoal.spec.job import Aggregation
+from shoal.train.aggregate import aggregate, centered_clip, median, trim_count, trimmed_mean
+from shoal.train.exchange import GradientExchange
+
+ROBUST = [Aggregation.trimmed_mean, Aggregation.median, Aggregation.centered_clip]
+
+
+def _t(*values: float) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def test_trim_count_drops_a_quarter_and_at_least_one():
+    assert [trim_count(n) for n in (3, 4, 5, 7, 8, 12)] == [1, 1, 1, 1, 2, 3]
+
+
+def test_trimmed_mean_by_hand():
+    # Per coordinate, drop the largest and the smallest of five, average the middle three.
+    gradients = torch.stack([_t(1, 50), _t(2, -7), _t(3, 0), _t(4, 1), _t(100, 2)])
+    assert trimmed_mean(gradients).tolist() == [3.0, 1.0]  # (2+3+4)/3, (0+1+2)/3
+
+
+def test_median_by_hand_odd_and_even():
+    assert median(torch.stack([_t(5, -1), _t(1, 9), _t(3, 4)])).tolist() == [3.0, 4.0]
+    # Even n: the mean of the two middle values, not the lower one.
+    assert median(torch.stack([_t(1), _t(2), _t(4), _t(100)])).tolist() == [3.0]
+
+
+def test_ties_give_the_tied_value():
+    gradients = torch.stack([_t(2, 0.0), _t(2, -0.0), _t(2, 0.0), _t(7, 0.0)])
+    assert trimmed_mean(gradients).tolist() == [2.0, 0.0]
+    assert median(gradients).tolist() == [2.0, 0.0]
+    assert centered_clip(gradients).tolist() == [2.0, 0.0]
+
+
+def test_centered_clip_by_hand_with_a_fixed_radius():
+    # Start 0, τ = 1: the far worker is clipped to length 1, the near ones pass whole.
+    gradients = torch.stack([_t(0.5, 0), _t(-0.5, 0), _t(0, 10)])
+    out = centered_clip(gradients, start=_t(0, 0), iterations=1, tau=1.0)
+    torch.testing.assert_close(out, _t(0, 1 / 3))
+
+
+def test_contributions_are_normalised_by_share_and_empty_shares_take_no_part():
+    # Worker gradients 1, 2, 3 and 4, folded with weights 0.1, 0.2, 0.3, 0.4; a fifth
+    # worker with an empty share sends garbage, which must not count.
+    weights = [0.1, 0.2, 0.3, 0.4, 0.0]
+    per_worker = [1.0, 2.0, 3.0, 4.0]
+    contributions = [_t(g * w) for g, w in zip(per_worker, weights)] + [_t(1e9)]
+    assert aggregate(Aggregation.trimmed_mean, contributions, weights).item() == pytest.approx(2.5)
+    assert aggregate(Aggregation.median, contributions, weights).item() == pytest.approx(2.5)
+    assert aggregate(Aggregation.centered_clip, contributions, weights).item() == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize("rule", ROBUST)
+def test_two_workers_or_fewer_fall_back_to_the_weighted_mean(rule):
+    weights = [0.25, 0.75, 0.0]
+    contributions = [_t(0.25 * 4.0), _t(0.75 * 8.0), _t(123.0)]
+    assert aggregate(rule, contributions, weights).item() == 0.25 * 4.0 + 0.75 * 8.0
+    assert aggregate(rule, [_t(3.0)], [1.0]).item() == 3.0
+
+
+def _honest(n: int, size: int = 4000, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """n noisy honest gradients around a common mean gradient (per-worker mean gradients)."""
+    generator = torch.Generator().manual_seed(seed)
+    truth = torch.randn(size, generator=generator)
+    return truth, truth + 0.5 * torch.randn(n, size, generator=generator)
+
+
+@pytest.mark.parametrize("rule", ROBUST)
+@pytest.mark.parametrize("attack", ["sign_flip_scaled", "huge", "nan"])
+def test_one_attacker_among_four_cannot_move_the_step_far(rule, attack):
+    truth, honest = _honest(3)
+    honest_mean = honest.mean(0)
+    cheat = {"sign_flip_scaled": -10 * honest[0], "huge": torch.full_like(truth, 1e6),
+             "nan": torch.full_like(truth, float("nan"))}[attack]
+    per_worker = [honest[0], cheat, honest[1], honest[2]]  # the cheat at rank 1
+    out = aggregate(rule, [g * 0.25 for g in per_worker], [0.25] * 4)
+    plain = aggregate(Aggregation.mean, [g * 0.25 for g in per_worker], [0.25] * 4)
+
+    assert torch.isfinite(out).all()
+    # Far closer to the honest mean than the honest gradients' own spread...
+    spread = (honest - honest_mean).norm(dim=1).mean()
+    assert (out - honest_mean).norm() < spread
+    # ...still pointing where the honest workers point, while the plain mean is lost.
+    cosine = torch.nn.functional.cosine_similarity(out, truth, dim=0)
+    assert cosine > 0.8
+    if attack != "nan":
+        assert torch.nn.functional.cosine_similarity(plain, truth, dim=0) < 0.1 or \
+            (plain - honest_mean).norm() > 10 * spread
+
+
+@pytest.mark.parametrize("rule", ROBUST)
+def test_no_attacker_stays_close_to_the_mean(rule):
+    truth, honest = _honest(4)
+    out = aggregate(rule, [g * 0.25 for g in honest], [0.25] * 4)
+    assert torch.nn.functional.cosine_similarity(out, honest.mean(0), dim=0) > 0.95
+
+
+@pytest.mark.parametrize("rule", ROBUST)
+def test_the_same_bits_whatever_the_thread_count(rule):
+    _, honest = _honest(4, size=100_000)
+    contributions = [g * 0.25 for g in honest]
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 3, 8):
+            torch.set_num_threads(count)
+            results.append(aggregate(rule, contributions, [0.25] * 4))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(results[0], r) for r in results[1:])
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def test_exchange_combine_aggregates_gradients_and_sums_the_scalar_tail():
+    world = 4
+    buffers = []
+    for rank in range(world):
+        exchange = GradientExchange(list(_model().parameters()), groups=1,
+                                    aggregation=Aggregation.median)
+        exchange.fresh(world)
+        for p in exchange.params:
+            p.grad = torch.full_like(p, float(rank if rank != 1 else -1000))
+        exchange.fold(1 / world)
+        exchange.write_scalars(rank, [0.1], True, 2.0, 3, (rank + 1, 7))
+        buffers.append([t.clone() for t in exchange.tensors()])  # what the gather returns
+    gathered = [[b[i] for b in buffers] for i in range(len(buffers[0]))]
+    exchange.combine(gathered, [1 / world] * world)
+    exchange.install()
+    # Honest per-worker gradients 0, 2, 3 and a cheat's -1000: the median is 1.
+    assert all(torch.equal(p.grad, torch.ones_like(p)) for p in exchange.params)
+    scalars = exchange.read_scalars()
+    assert scalars.fingerprints == tuple((r + 1) << 24 | 7 for r in range(world))
+    assert scalars.mean_loss == 8.0 / 12 and scalars.lrs[0] == pytest.approx(0.1)
+
+
+def test_mean_exchange_does_not_gather():
+    exchange = GradientExchange(list(_model().parameters()), groups=1)
+    assert not exchange.gathers
+    assert GradientExchange(list(_model().parameters()), groups=1,
+                            aggregation=Aggregation.centered_clip).gathers
