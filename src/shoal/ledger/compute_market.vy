@@ -183,6 +183,13 @@ event Slashed:
     reward: uint256
     forfeited: uint256
 
+event VerifierSlashed:
+    verifier: indexed(address)
+    amount: uint256
+    whistleblower: indexed(address)
+    reward: uint256
+
+
 event DisputeOpened:
     dispute: indexed(uint256)
     job: indexed(uint256)
@@ -473,7 +480,7 @@ def accept(job: uint256):
     assert lease & LEASE_OPEN != 0, "state: no lease for this provider on this job"
     assert self._accepted_at(lease) == 0, "state: lease is already accepted"
     locked: uint256 = self._lock(msg.sender, lease)
-    assert locked != 0, "funds: free stake is below the lease's collateral (price x term, at least min_stake)"
+    assert locked != 0, "funds: free stake is below the lease's collateral"
     self.leases[job][msg.sender] = lease | (block.timestamp << ACCEPTED_SHIFT)
     log LeaseAccepted(job=job, provider=msg.sender, locked=locked)
 
@@ -519,7 +526,7 @@ def book(job: uint256, epoch: uint256, providers: DynArray[address, MAX_BATCH], 
         owed = unsafe_add(owed, unsafe_mul(price, seconds[i]))
     log WorkBooked(job=job, epoch=epoch, provider=providers, seconds=seconds)
     # The fee rides on top of the providers' pay, so escrow must cover both.
-    assert owed + fee <= self.jobs[job].escrow, "funds: escrow cannot cover this work; the submitter must fund the job"
+    assert owed + fee <= self.jobs[job].escrow, "funds: escrow cannot cover this work; fund the job"
     self.jobs[job].owed = owed
     self.jobs[job].fee = fee
     self.jobs[job].last_active = block.timestamp
@@ -632,7 +639,7 @@ def withdraw():
     # All of the account's credit, however many jobs' earnings it collects.
     word: uint256 = self.accounts[msg.sender]
     amount: uint256 = word >> CREDIT_SHIFT
-    assert amount > 0, "funds: nothing to withdraw; credits come from earnings, refunds, fees, rewards, released stake"
+    assert amount > 0, "funds: nothing to withdraw"
     self.accounts[msg.sender] = word & (2**CREDIT_SHIFT - 1)
     log Withdrawn(account=msg.sender, amount=amount)
     raw_call(msg.sender, b"", value=amount)
@@ -652,7 +659,7 @@ def stake():
 def unbond(amount: uint256):
     assert amount > 0, "input: unbond a nonzero amount"
     word: uint256 = self.accounts[msg.sender]
-    assert amount + self._locked(word) <= word & STAKE_MASK, "funds: cannot unbond stake that is locked by open leases or not staked"
+    assert amount + self._locked(word) <= word & STAKE_MASK, "funds: cannot unbond locked or unstaked stake"
     self.accounts[msg.sender] = word - amount
     self.unbonding[msg.sender] += amount
     # A new request restarts the delay.
@@ -718,6 +725,28 @@ def slash(job: uint256, provider: address, whistleblower: address):
     assert self._in_window(job), "time: the job's dispute window has closed"
     self._slash(job, provider, whistleblower)
     self._end_disputes(job, provider, DISPUTE_SUPERSEDED)
+
+
+@external
+def slash_verifier(verifier: address, amount: uint256, whistleblower: address):
+    # A verifier bonds its audits with stake: one that signed `valid` on a
+    # forced error (a wrong record the operator planted) loses up to `amount`
+    # of it, part to whoever showed it, the rest to the treasury. Unbonding
+    # stake is taken too, so a verifier cannot run from a slash; stake locked
+    # by the verifier's own leases is left to answer for those leases.
+    assert msg.sender == self.referee, "role: only the referee may slash"
+    assert whistleblower not in [empty(address), verifier], "input: bad whistleblower"
+    word: uint256 = self.accounts[verifier]
+    taken: uint256 = min(amount, (word & STAKE_MASK) - self._locked(word))
+    self.accounts[verifier] = word - taken
+    unbonding: uint256 = min(amount - taken, self.unbonding[verifier])
+    self.unbonding[verifier] -= unbonding
+    taken += unbonding
+    assert taken > 0, "state: no unlocked stake"
+    reward: uint256 = taken * whistleblower_bps // BPS
+    self._credit(whistleblower, reward)
+    self._credit(self.owner, taken - reward)
+    log VerifierSlashed(verifier=verifier, amount=taken, whistleblower=whistleblower, reward=reward)
 
 
 @external

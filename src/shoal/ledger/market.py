@@ -49,6 +49,7 @@ GAS_LIMITS: dict[str, int] = {
     "unbond": 120_000,
     "release_stake": 80_000,
     "slash": 400_000,
+    "slash_verifier": 150_000,
     "open_dispute": 300_000,
     "resolve_dispute": 400_000,
     "expire_dispute": 150_000,
@@ -288,6 +289,13 @@ class Ledger(LedgerReader):
         return self._transact(
             referee, "slash", job, Web3.to_checksum_address(provider), Web3.to_checksum_address(whistleblower)
         )
+
+    def slash_verifier(self, referee: LocalAccount, verifier: str, amount_wei: int,
+                       whistleblower: str) -> TxOutcome:
+        """Take up to `amount_wei` of a verifier's unlocked (or unbonding) stake: it signed
+        `valid` on a forced error. Part goes to `whistleblower`, the rest to the treasury."""
+        return self._transact(referee, "slash_verifier", Web3.to_checksum_address(verifier),
+                              amount_wei, Web3.to_checksum_address(whistleblower))
 
     def open_dispute(self, challenger: LocalAccount, job: int, provider: str, bond_wei: int) -> TxOutcome:
         """Accuse a provider of a job; `returned` is the new dispute id."""
