@@ -4,12 +4,16 @@ and the aggregate stays near the honest workers' mean."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import pytest
 import torch
 
 from shoal.spec.job import Aggregation
 from shoal.train.aggregate import aggregate, centered_clip, median, trim_count, trimmed_mean
 from shoal.train.exchange import GradientExchange
+from tests.conftest import shoal_command, tiny_job_toml
 
 ROBUST = [Aggregation.trimmed_mean, Aggregation.median, Aggregation.centered_clip]
 
@@ -151,3 +155,28 @@ def test_mean_exchange_does_not_gather():
     assert not exchange.gathers
     assert GradientExchange(list(_model().parameters()), groups=1,
                             aggregation=Aggregation.centered_clip).gathers
+
+
+def _train(tmp_path, cli_env, name: str, rule: str, *extra: str) -> dict:
+    job = tmp_path / f"{name}.toml"
+    job.write_text(tiny_job_toml(tmp_path / f"ckpt-{name}", interval_steps=50, steps=80,
+                                 aggregation=rule))
+    report = tmp_path / f"{name}.json"
+    subprocess.run(shoal_command("train", str(job), "-q", "--workers", "4", "--replica-check-every",
+                                 "1", "--run-dir", str(tmp_path / f"run-{name}"),
+                                 "--report", str(report), *extra),
+                   check=True, env=cli_env, capture_output=True, timeout=300)
+    return json.loads(report.read_text())
+
+
+@pytest.mark.slow
+def test_trimmed_mean_trains_through_a_sign_flipping_worker_that_wrecks_the_mean(tmp_path, cli_env):
+    attack = ("--adversary", "1=sign_flip_scaled")  # worker 1 sends -10x its gradient, every step
+    honest = _train(tmp_path, cli_env, "honest", "mean")
+    robust = _train(tmp_path, cli_env, "robust", "trimmed_mean", *attack)
+    plain = _train(tmp_path, cli_env, "plain", "mean", *attack)
+
+    assert robust["steps"] == 80 and robust["replica_checks"] >= 80
+    assert robust["replica_mismatches"] == 0
+    assert robust["val_loss"] < honest["val_loss"] + 0.25
+    assert plain["val_loss"] > honest["val_loss"] + 2.0
