@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from shoal.proof.epochs import by_epoch, is_complete
 from shoal.proof.merkle import epoch_tree
 from shoal.proof.sampling import audit_sample, beacon
-from shoal.spec.proof import ProofSpec, Verdict, WorkRecord
+from shoal.spec.proof import ProofSpec, Verdict, VerdictKind, WorkRecord
 from shoal.train.audit import Auditor, Inclusion
 
 log = logging.getLogger(__name__)
@@ -57,15 +57,21 @@ class Verifier:
         return [e for e in sorted(grouped)
                 if is_complete(grouped[e], e, self.spec.epoch_steps, self.total_steps)]
 
+    def chosen(self, epoch: int, ordered: list[WorkRecord], root: bytes, *,
+               rate: float | None = None, every: bool = False) -> list[WorkRecord]:
+        """The records of an epoch this verifier must audit (fixed by root and salt)."""
+        if every:
+            return ordered
+        return audit_sample(ordered, rate or self.spec.audit_rate,
+                            self.spec.min_audits_per_worker, beacon(root, self.salt))
+
     def audit_epoch(self, epoch: int, records: list[WorkRecord], *, rate: float | None = None,
                     every: bool = False) -> EpochAudit:
         """Audit one epoch's records: a sample at `rate` (the job's by default), or all."""
         tree, ordered = epoch_tree(records)
         anchored = self.roots(epoch)
         root = anchored if anchored is not None else tree.root
-        chosen = ordered if every else audit_sample(
-            ordered, rate or self.spec.audit_rate, self.spec.min_audits_per_worker,
-            beacon(root, self.salt))
+        chosen = self.chosen(epoch, ordered, root, rate=rate, every=every)
         by_step: dict[int, list[WorkRecord]] = defaultdict(list)
         for record in ordered:
             by_step[record.step].append(record)
@@ -81,3 +87,22 @@ class Verifier:
             log.warning("epoch %d: %s failed %d audit(s): %s", epoch, worker, len(found),
                         found[0].kind.value)
         return result
+
+
+# -- verifiers that cheat, to rehearse the checks on verifiers ------------------------
+
+
+def lazy_verdicts(verifier: Verifier, epoch: int, records: list[WorkRecord], *,
+                  every: bool = False) -> list[Verdict]:
+    """A lazy verifier: signs `valid` on what it was to audit, without replaying."""
+    tree, ordered = epoch_tree(records)
+    root = verifier.roots(epoch) or tree.root
+    return [Verdict(job=r.job, epoch=epoch, step=r.step, worker=r.worker, kind=VerdictKind.valid,
+                    verifier=verifier.auditor.verifier, detail="not replayed")
+            for r in verifier.chosen(epoch, ordered, root, every=every)]
+
+
+def false_accusations(verdicts: list[Verdict], victim: str) -> list[Verdict]:
+    """A malicious verifier: calls every audited record of `victim` wrong."""
+    return [v.model_copy(update={"kind": VerdictKind.wrong_contribution, "detail": "accused"})
+            if v.worker == victim else v for v in verdicts]

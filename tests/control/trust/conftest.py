@@ -1,0 +1,44 @@
+"""A real job with work records: `shoal train --workers N` with proof enabled,
+some workers told to cheat, and the verifier's view of what it left."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.jobs.gpt_replay import gpt_replayer
+from shoal.spec import JobSpec, hyper_digest, load_job
+from shoal.train.audit import Auditor
+from shoal.train.proof_store import ProofStore
+from tests.conftest import shoal_command, tiny_job_toml
+
+
+@dataclass
+class ProvenJob:
+    job: JobSpec
+    store: ProofStore
+
+    def auditor(self, source=None, verifier: str = "") -> Auditor:
+        return Auditor(source or self.store, gpt_replayer(self.job),
+                       hyper_sha256=hyper_digest(self.job.hyperparameters()),
+                       tolerance=self.job.proof.tolerance, verifier=verifier)
+
+
+def run_proven_job(tmp_path: Path, *, workers: int, steps: int, epoch_steps: int,
+                   adversaries: dict[int, str] | None = None, threads: int = 1,
+                   global_batch: int = 12) -> ProvenJob:
+    proof_dir = tmp_path / "proof"
+    text = tiny_job_toml(tmp_path / "ckpt", interval_steps=1000, steps=steps,
+                         global_batch=global_batch)
+    text += f'[proof]\nenabled = true\nepoch_steps = {epoch_steps}\nkeep_epochs = 1000\ndir = "{proof_dir}"\n'
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    flags = [f"--adversary={i}={name}" for i, name in (adversaries or {}).items()]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run(shoal_command("train", str(path), "--workers", str(workers),
+                                        "--run-dir", str(tmp_path / "run"), *flags),
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return ProvenJob(load_job(path), ProofStore(proof_dir))
