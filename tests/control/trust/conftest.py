@@ -13,6 +13,7 @@ from shoal.spec import JobSpec, hyper_digest, load_job
 from shoal.train.audit import Auditor
 from shoal.train.proof_store import ProofStore
 from tests.conftest import shoal_command, tiny_job_toml
+from tests.ledger.conftest import embedded_chain  # noqa: F401  (the trust flow settles on it)
 
 
 @dataclass

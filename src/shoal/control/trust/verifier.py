@@ -65,6 +65,15 @@ class Verifier:
         return audit_sample(ordered, rate or self.spec.audit_rate,
                             self.spec.min_audits_per_worker, beacon(root, self.salt))
 
+    def audit_one(self, record: WorkRecord, epoch_records: list[WorkRecord]) -> Verdict:
+        """Audit one record against its epoch's tree (the referee's single re-execution)."""
+        tree, ordered = epoch_tree(epoch_records)
+        epoch = record.step // self.spec.epoch_steps
+        root = self.roots(epoch) or tree.root
+        i = next(i for i, r in enumerate(ordered) if (r.step, r.worker) == (record.step, record.worker))
+        return self.auditor.audit(ordered[i], Inclusion(epoch, i, tree.count, tree.proof(i), root),
+                                  [r for r in ordered if r.step == record.step])
+
     def audit_epoch(self, epoch: int, records: list[WorkRecord], *, rate: float | None = None,
                     every: bool = False) -> EpochAudit:
         """Audit one epoch's records: a sample at `rate` (the job's by default), or all."""
