@@ -22,6 +22,7 @@ from shoal.cli.chain_cmd import chain_app
 from shoal.cli import chain_tx_cmd  # noqa: F401  (adds create-job, fund, stake, withdraw)
 from shoal.cli.coordinator_cmd import coordinator_command
 from shoal.cli.log_format import configure as configure_logging
+from shoal.cli.plan_cmd import plan_command
 from shoal.cli.market_cmd import (
     cancel_command, events_command, jobs_command, key_app, providers_command, submit_command,
     top_up_command,
@@ -51,6 +52,7 @@ app.command("events")(events_command)
 app.command("top-up")(top_up_command)
 app.command("cancel")(cancel_command)
 app.add_typer(key_app, name="key")
+app.command("plan")(plan_command)
 app.command("verify")(verify_command)
 
 

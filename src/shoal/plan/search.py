@@ -56,8 +56,10 @@ class Layout:
 
 
 def shapes(top: Topology, model: ModelProfile) -> list[tuple[int, int]]:
-    """Every (dp, pp) to consider: pp stages up to the layer count, dp as large as fits."""
-    return [(top.size // pp, pp) for pp in range(1, min(model.layers, top.size) + 1)]
+    """Every (dp, pp) to consider: pp stages up to the layer count, dp as large as fits
+    (but no more replicas than micro-batches in the batch: the rest would idle)."""
+    most = max(1, model.batch_samples // model.micro_batch_samples)
+    return [(min(top.size // pp, most), pp) for pp in range(1, min(model.layers, top.size) + 1)]
 
 
 def first_layouts(top: Topology, model: ModelProfile, dp: int, pp: int) -> list[np.ndarray]:
