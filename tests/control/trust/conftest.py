@@ -30,6 +30,7 @@ class ProvenJob:
 def run_proven_job(tmp_path: Path, *, workers: int, steps: int, epoch_steps: int,
                    adversaries: dict[int, str] | None = None, threads: int = 1,
                    global_batch: int = 12) -> ProvenJob:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     proof_dir = tmp_path / "proof"
     text = tiny_job_toml(tmp_path / "ckpt", interval_steps=1000, steps=steps,
                          global_batch=global_batch)
