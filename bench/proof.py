@@ -1,0 +1,159 @@
+"""Proof of learning (issue 10): is every adversary caught, is nobody honest
+accused, and what does verification cost against the training it checks?
+
+Runs real elastic jobs of a small byte-level GPT with proof enabled
+(`shoal train --workers N`, work records on disk): one all-honest job of 4
+workers, and two jobs of 6 workers where workers 1-5 each run a different
+built-in adversary (every one of `shoal.train.adversary.BUILT_IN`) and w0
+stays honest. Each complete proof epoch of each job is then audited the
+way a verifier would: a sample at the job's `audit_rate` with at least
+`min_audits_per_worker` audits per worker, chosen by a salted beacon.
+
+Prints one JSON line:
+- `detection`: per adversary, the share of epochs in which it was caught;
+- `false_positives`: guilty verdicts on honest workers, over the sampled
+  audits and a full audit of every record of the honest job
+  (`honest_audits` says how many);
+- `audit_rate`: audits over records in the sampled audits;
+- `overhead`: verification compute over training compute. Both are timed
+  here, in one process on the same threads: the sampled audits of the honest
+  job (all their checks, parameter loads included) over re-executing every
+  record of it (every worker's forward and backward of every step, which is
+  what training computed, less its optimizer steps and exchanges: a smaller
+  denominator, so the figure errs high). PoL's top-Q replay re-runs a
+  constant fraction of all updates whatever the job; `pol_overhead` is that
+  reference when it replays one update in `--pol-every`.
+Targets: every adversary caught in >= 99% of epochs at `overhead` <= 0.05, zero
+false positives.
+
+    .venv/bin/python bench/proof.py [--steps 200] [--epoch-steps 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from shoal.control.trust.verifier import Verifier
+from shoal.jobs.gpt_replay import gpt_replayer
+from shoal.proof.verdicts import guilty_workers
+from shoal.spec import hyper_digest, load_job
+from shoal.train.adversary import BUILT_IN
+from shoal.train.audit import Auditor
+from shoal.train.proof_store import ProofStore
+
+JOB = """name = "proof-bench"
+seed = 11
+steps = {steps}
+global_batch = {batch}
+eval_interval = 1000
+eval_batches = 1
+[model]
+layers = 2
+heads = 2
+width = 64
+context = 64
+[data]
+max_bytes = 2000000
+[optimizer]
+lr = 0.003
+[schedule]
+warmup_steps = 10
+[checkpoint]
+dir = "{dir}/ckpt"
+interval_steps = 100000
+[proof]
+enabled = true
+epoch_steps = {epoch_steps}
+keep_epochs = 100000
+dir = "{dir}/proof"
+"""
+
+
+def run_job(root: Path, workers: int, adversaries: dict[int, str], args) -> tuple[Path, float]:
+    root.mkdir(parents=True)
+    path = root / "job.toml"
+    path.write_text(JOB.format(steps=args.steps, batch=args.global_batch, dir=root,
+                               epoch_steps=args.epoch_steps))
+    flags = [f"--adversary={i}={name}" for i, name in adversaries.items()]
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "shoal.cli.main", "train", str(path),
+                           "--workers", str(workers), "--run-dir", str(root / "run"), *flags],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode != 0:
+        sys.exit(f"job failed: {done.stderr[-2000:]}")
+    return path, time.perf_counter() - started
+
+
+def audit(path: Path, every: bool) -> tuple[list, int, float]:
+    """Verdicts of every complete epoch, records seen, and seconds spent auditing."""
+    job = load_job(path)
+    auditor = Auditor(ProofStore(job.proof_dir), gpt_replayer(job),
+                      hyper_sha256=hyper_digest(job.hyperparameters()), tolerance=job.proof.tolerance)
+    verifier = Verifier(auditor, job.proof, salt=os.urandom(16), total_steps=job.steps)
+    records = auditor.store.records()
+    verdicts, seen, seconds = [], 0, 0.0
+    for epoch in verifier.complete_epochs(records):
+        mine = [r for r in records if r.step // job.proof.epoch_steps == epoch]
+        result = verifier.audit_epoch(epoch, mine, every=every)
+        verdicts.append(result.verdicts)
+        seen += len(mine)
+        seconds += result.replay_s
+    return verdicts, seen, seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--epoch-steps", type=int, default=25)
+    parser.add_argument("--global-batch", type=int, default=24)
+    parser.add_argument("--pol-every", type=int, default=10,
+                        help="PoL reference: one replayed update in this many")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # the same threads as each worker: a like-for-like cost
+    cheats = sorted(BUILT_IN)
+    groups = [cheats[:5], cheats[5:]]
+    detection: dict[str, float] = {}
+    false_positives, honest_audits, audits, records = 0, 0, 0, 0
+    with tempfile.TemporaryDirectory(prefix="shoal-proof-bench-") as tmp:
+        honest_path, _ = run_job(Path(tmp) / "honest", 4, {}, args)
+        sampled, seen, audit_s = audit(honest_path, every=False)
+        full, _, full_s = audit(honest_path, every=True)
+        for epoch in sampled + full:
+            false_positives += len(guilty_workers(epoch))
+            honest_audits += len(epoch)
+        audits += sum(len(e) for e in sampled)
+        records += seen
+        for i, group in enumerate(groups):
+            path, _ = run_job(Path(tmp) / f"cheats{i}", len(group) + 1,
+                              {k + 1: name for k, name in enumerate(group)}, args)
+            epochs, seen, _ = audit(path, every=False)
+            audits += sum(len(e) for e in epochs)
+            records += seen
+            for k, name in enumerate(group):
+                caught = sum(1 for e in epochs if f"w{k + 1}" in guilty_workers(e))
+                detection[name] = round(caught / len(epochs), 4)
+            for e in epochs:
+                honest = [v for v in e if v.worker == "w0"]
+                honest_audits += len(honest)
+                false_positives += sum(1 for v in honest if v.guilty)
+    print(json.dumps({
+        "detection": detection, "false_positives": false_positives,
+        "honest_audits": honest_audits, "audit_rate": round(audits / records, 4),
+        "overhead": round(audit_s / full_s, 4), "pol_overhead": round(1 / args.pol_every, 4),
+        "audit_s": round(audit_s, 3), "training_compute_s": round(full_s, 3),
+        "steps": args.steps, "epoch_steps": args.epoch_steps, "global_batch": args.global_batch,
+        "targets": {"detection": ">= 0.99 each", "overhead": "<= 0.05", "false_positives": 0},
+    }))
+
+
+if __name__ == "__main__":
+    main()
