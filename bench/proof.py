@@ -73,7 +73,7 @@ interval_steps = 100000
 [proof]
 enabled = true
 epoch_steps = {epoch_steps}
-keep_epochs = 100000
+keep_epochs = 1000
 dir = "{dir}/proof"
 """
 

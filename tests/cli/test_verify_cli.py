@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from tests.conftest import shoal_command
-from tests.control.trust.conftest import run_proven_job
+from tests.control.trust.conftest import run_proven_job, write_proven_job
 
 
 @pytest.mark.slow
@@ -36,3 +36,19 @@ def test_verify_without_records_is_one_line(tmp_path, cli_env):
                           env=cli_env, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "enabled = true" in done.stderr
+
+
+@pytest.mark.slow
+def test_verify_follows_a_running_job_to_its_last_epoch(tmp_path, cli_env):
+    job_file = write_proven_job(tmp_path, steps=6, epoch_steps=3)
+    follower = subprocess.Popen(
+        shoal_command("verify", str(job_file), "--follow", "--interval-s", "0.3", "--json"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env)
+    try:
+        run_proven_job(tmp_path, workers=2, steps=6, epoch_steps=3, adversaries={0: "zero"})
+        out, err = follower.communicate(timeout=120)
+    finally:
+        follower.kill()
+    assert follower.returncode == 1, err[-2000:]
+    report = json.loads(out)
+    assert report["epochs"] == [0, 1] and report["guilty"] == {"w0": "wrong_contribution"}

@@ -32,11 +32,17 @@ def verify_command(
     profile: bool = typer.Option(False, "--profile", help="Measure honest replay non-determinism "
                                                           "across thread counts and suggest a "
                                                           "tolerance, instead of auditing."),
+    follow: bool = typer.Option(False, "--follow", help="Keep auditing each epoch as the job "
+                                                        "completes it, until its last step."),
+    interval_s: float = typer.Option(5.0, "--interval-s", min=0.1,
+                                     help="With --follow: how often to look for new epochs."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Replay sampled work records of a job and judge each one."""
     job = load_job(job_file)
     directory = str(proof_dir) if proof_dir else job.proof_dir
+    if follow:
+        _wait_for_records(directory, interval_s)
     if not Path(directory, "records").is_dir():
         raise ShoalError(f"no work records under {directory}: run the job with [proof] "
                          "enabled = true (or pass --proof-dir)")
@@ -68,23 +74,39 @@ def verify_command(
                       tolerance=tolerance if tolerance is not None else job.proof.tolerance,
                       verifier=account.address if account else "")
     verifier = Verifier(auditor, job.proof, salt=salt_bytes, total_steps=job.steps)
-    grouped: dict[int, list] = {}
-    for record in records:
-        grouped.setdefault(record.step // job.proof.epoch_steps, []).append(record)
-    todo = [e for e in verifier.complete_epochs(records) if not epochs or e in epochs]
-    if not todo:
-        raise ShoalError(f"no complete proof epoch in {directory} to audit yet")
     log = VerdictLog(directory)
-    results, started = [], time.perf_counter()
-    for epoch in todo:
-        result = verifier.audit_epoch(epoch, grouped[epoch], rate=rate, every=every)
-        if account is not None:
-            for verdict in result.verdicts:
-                log.append(sign_verdict(verdict, account))
-        results.append(result)
+    results, done, started = [], set(), time.perf_counter()
+    last_epoch = (job.steps - 1) // job.proof.epoch_steps
+    while True:
+        grouped: dict[int, list] = {}
+        for record in records:
+            grouped.setdefault(record.step // job.proof.epoch_steps, []).append(record)
+        todo = [e for e in verifier.complete_epochs(records)
+                if (not epochs or e in epochs) and e not in done]
+        for epoch in todo:
+            result = verifier.audit_epoch(epoch, grouped[epoch], rate=rate, every=every)
+            if account is not None:
+                for verdict in result.verdicts:
+                    log.append(sign_verdict(verdict, account))
+            results.append(result)
+            done.add(epoch)
+            if follow and not as_json:
+                typer.echo(f"epoch {epoch}: {len(result.verdicts)} audits, guilty: "
+                           f"{', '.join(sorted(result.guilty)) or 'none'}")
+        if not follow or last_epoch in done or (epochs and set(epochs) <= done):
+            break
+        time.sleep(interval_s)
+        records = store.records()
+    if not results:
+        raise ShoalError(f"no complete proof epoch in {directory} to audit yet")
     _print(results, salt_bytes, time.perf_counter() - started, as_json)
     if any(r.guilty for r in results):
         raise typer.Exit(1)
+
+
+def _wait_for_records(directory: str, interval_s: float) -> None:
+    while not Path(directory, "records").is_dir():
+        time.sleep(interval_s)
 
 
 def _print(results: list, salt: bytes, wall_s: float, as_json: bool) -> None:

@@ -27,16 +27,24 @@ class ProvenJob:
                        tolerance=self.job.proof.tolerance, verifier=verifier)
 
 
+def write_proven_job(tmp_path: Path, *, steps: int, epoch_steps: int,
+                     global_batch: int = 12) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    text = tiny_job_toml(tmp_path / "ckpt", interval_steps=1000, steps=steps,
+                         global_batch=global_batch)
+    text += (f'[proof]\nenabled = true\nepoch_steps = {epoch_steps}\nkeep_epochs = 1000\n'
+             f'dir = "{tmp_path / "proof"}"\n')
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
 def run_proven_job(tmp_path: Path, *, workers: int, steps: int, epoch_steps: int,
                    adversaries: dict[int, str] | None = None, threads: int = 1,
                    global_batch: int = 12) -> ProvenJob:
-    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = write_proven_job(tmp_path, steps=steps, epoch_steps=epoch_steps,
+                            global_batch=global_batch)
     proof_dir = tmp_path / "proof"
-    text = tiny_job_toml(tmp_path / "ckpt", interval_steps=1000, steps=steps,
-                         global_batch=global_batch)
-    text += f'[proof]\nenabled = true\nepoch_steps = {epoch_steps}\nkeep_epochs = 1000\ndir = "{proof_dir}"\n'
-    path = tmp_path / "job.toml"
-    path.write_text(text)
     flags = [f"--adversary={i}={name}" for i, name in (adversaries or {}).items()]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     done = subprocess.run(shoal_command("train", str(path), "--workers", str(workers),
