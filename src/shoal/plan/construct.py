@@ -99,18 +99,17 @@ def _nearest_neighbour(edge: np.ndarray, start: int) -> list[int]:
 
 
 def align(link_s: np.ndarray, upper: np.ndarray, lower: np.ndarray) -> np.ndarray:
-    """`lower` reordered so that lower[r] is a near partner of upper[r] (greedy, closest first)."""
-    times = link_s[np.ix_(upper, lower)]
+    """`lower` reordered so that lower[r] is a near partner of upper[r].
+
+    Greedy for the slowest pair: the device whose best partner is farthest
+    chooses first, each taking its nearest partner still free.
+    """
+    times = link_s[np.ix_(upper, lower)].copy()
     result = np.empty_like(lower)
-    taken_u, taken_l = np.zeros(len(upper), bool), np.zeros(len(lower), bool)
-    left = len(upper)
-    for flat in np.argsort(times, axis=None, kind="stable").tolist():
-        u, v = divmod(flat, len(lower))
-        if not taken_u[u] and not taken_l[v]:
-            result[u], taken_u[u], taken_l[v] = lower[v], True, True
-            left -= 1
-            if not left:
-                break
+    for u in np.argsort(-times.min(axis=1), kind="stable").tolist():
+        v = int(np.argmin(times[u]))
+        result[u] = lower[v]
+        times[:, v] = np.inf
     return result
 
 

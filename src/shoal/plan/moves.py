@@ -30,18 +30,26 @@ class SwapJudge:
         grids = slots[:, : self.used].reshape(len(slots), self.pp, self.dp)
         return self._penalized(slots, evaluate(self.top, self.model, grids, self.cost).step_s)
 
-    def reset(self, slots: np.ndarray) -> None:
-        """Take `slots` as the layout that swaps are applied to."""
+    def reset(self, slots: np.ndarray, changed: np.ndarray | None = None) -> None:
+        """Take `slots` as the layout that swaps are applied to; if only the stages
+        `changed` differ from the last layout taken, only theirs are recomputed."""
         self.slots = slots
         self.grid = slots[: self.used].reshape(self.pp, self.dp)
         if self.dp == 1:
             return
-        rows, cols = self.grid[:, :, None], self.grid[:, None, :]
+        stages = np.arange(self.pp) if changed is None else changed[changed < self.pp]
+        group = self.grid[stages]
+        rows, cols = group[:, :, None], group[:, None, :]
         eye = np.eye(self.dp, dtype=bool)
-        bandwidth = np.where(eye, np.inf, self.top.bandwidth[rows, cols])  # (pp, dp, dp)
+        bandwidth = np.where(eye, np.inf, self.top.bandwidth[rows, cols])  # (S, dp, dp)
         latency = np.where(eye, -np.inf, self.top.latency_s[rows, cols])
-        self.bw = _two_smallest(bandwidth)
-        self.lat = _two_smallest(-latency)
+        if changed is None:
+            self.bw, self.lat = _two_smallest(bandwidth), _two_smallest(-latency)
+            return
+        for cache, fresh in ((self.bw, _two_smallest(bandwidth)),
+                             (self.lat, _two_smallest(-latency))):
+            for old, new in zip(cache, fresh):
+                old[stages] = new
 
     def swaps(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The layouts after each swap (S, n) of the reset layout, and their objective (S,)."""

@@ -140,7 +140,7 @@ def _descend(judge: SwapJudge, pairs: np.ndarray, slots: np.ndarray, cost: float
         pick = int(np.argmin(costs))
         if costs[pick] < cost * (1 - 1e-9):
             slots, cost, stale = candidates[pick], float(costs[pick]), 0
-            judge.reset(slots)
+            judge.reset(slots, changed=np.unique(batch[pick] // judge.dp))
         elif exhaustive:
             break
         else:
