@@ -26,7 +26,7 @@ Prints one JSON line:
 Targets: every adversary caught in >= 99% of epochs at `overhead` <= 0.05, zero
 false positives.
 
-    .venv/bin/python bench/proof.py [--steps 200] [--epoch-steps 25]
+    .venv/bin/python bench/proof.py [--steps 300] [--epoch-steps 50]
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ def audit(path: Path, every: bool) -> tuple[list, int, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--epoch-steps", type=int, default=25)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--epoch-steps", type=int, default=50)
     parser.add_argument("--global-batch", type=int, default=24)
     parser.add_argument("--pol-every", type=int, default=10,
                         help="PoL reference: one replayed update in this many")
