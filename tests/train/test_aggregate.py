@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ import torch
 from shoal.spec.job import Aggregation
 from shoal.train.aggregate import aggregate, centered_clip, median, trim_count, trimmed_mean
 from shoal.train.exchange import GradientExchange
+from shoal.train.group import GRAVEYARD, EpochGroup, GroupCancelled
 from tests.conftest import shoal_command, tiny_job_toml
 
 ROBUST = [Aggregation.trimmed_mean, Aggregation.median, Aggregation.centered_clip]
@@ -155,6 +158,66 @@ def test_mean_exchange_does_not_gather():
     assert not exchange.gathers
     assert GradientExchange(list(_model().parameters()), groups=1,
                             aggregation=Aggregation.centered_clip).gathers
+
+
+def _groups(world: int, timeout_s: float = 5.0) -> list[EpochGroup]:
+    """`world` gloo ranks in threads of this process, on one in-memory store."""
+    import torch.distributed as dist
+
+    store, made = dist.HashStore(), [None] * world
+
+    def build(rank: int) -> None:
+        made[rank] = EpochGroup.build(store, 0, rank, world, backend="gloo", timeout_s=timeout_s,
+                                      poll_s=0.01, should_cancel=lambda: False)
+
+    threads = [threading.Thread(target=build, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return made
+
+
+def _let_die(groups: list[EpochGroup]) -> None:
+    """Abandon the groups and wait until the graveyard has let them go (a gloo group
+    still alive when the interpreter exits aborts it)."""
+    for group in groups:
+        group.abandon()
+    deadline = time.monotonic() + 10
+    while GRAVEYARD.size() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_all_gather_returns_every_rank_in_rank_order_in_new_tensors():
+    world, results = 3, {}
+    groups = _groups(world)
+
+    def gather(rank: int) -> None:
+        mine = [torch.full((5,), float(rank)), torch.full((2,), 10.0 + rank, dtype=torch.bfloat16)]
+        results[rank] = (mine, groups[rank].all_gather(mine, lambda: False))
+
+    threads = [threading.Thread(target=gather, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for rank, (mine, gathered) in results.items():
+        assert [c[0].item() for c in gathered[0]] == [0.0, 1.0, 2.0]
+        assert [c[0].item() for c in gathered[1]] == [10.0, 11.0, 12.0]
+        assert all(c.dtype == torch.bfloat16 for c in gathered[1])
+        assert not any(c.data_ptr() == m.data_ptr() for m in mine for out in gathered for c in out)
+    _let_die(groups)
+
+
+def test_all_gather_gives_up_when_membership_changes():
+    groups = _groups(2)
+    with pytest.raises(GroupCancelled):  # rank 1 has not joined the gather; a new epoch is out
+        groups[0].all_gather([torch.ones(3)], should_cancel=lambda: True)
+    groups[0].abandon()  # the pending gather and its buffers go to the graveyard
+    # Rank 1 arrives late: the abandoned gather completes on gloo's threads.
+    late = groups[1].all_gather([torch.zeros(3)], should_cancel=lambda: False)
+    assert [c.tolist() for c in late[0]] == [[1.0] * 3, [0.0] * 3]
+    _let_die(groups[1:])
 
 
 def _train(tmp_path, cli_env, name: str, rule: str, *extra: str) -> dict:
