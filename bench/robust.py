@@ -1,0 +1,202 @@
+"""Robust aggregation under attack (issue 10): the tiny GPT on 4 workers, one of
+which sends −10× its gradient on every step (`sign_flip_scaled`, no audits),
+under each aggregation rule, against the honest run with the plain mean.
+
+For every rule: `loss_gap` (final validation loss of the attacked run minus
+the honest mean run's) and `throughput_cost` (1 − samples/s of an honest run
+under that rule over samples/s of the honest mean run, same settings, steps
+after `--warmup` only, from the median step interval so that a burst of
+other load on a shared machine does not decide it). Because whole runs on a
+busy machine are noisy, `exchange_s` also times the exchange alone, paired:
+4 gloo ranks (threads of this process) with the job's buffers, alternating
+the rules step by step, and `exchange_cost` turns the extra seconds into a
+throughput cost against the honest mean run's step time. Every run is the
+same job (examples/tiny-gpt.toml with `--steps`), seed, workers and victim;
+shares are rebalanced by measured speed as in any run, so the robust rules'
+losses move a little with the machine's load (the mean's do not). Target: some rule keeps
+`loss_gap <= 0.05` while the plain mean diverges (its gap above 1 nat), at a
+throughput cost <= 10%.
+
+    .venv/bin/python -m bench.robust [--steps 150] [--workers 4] [--rounds 1]
+
+Prints progress to stderr and, as its last line, one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench.shoal_side import median, samples_per_s, scratch_dir
+from shoal.control.launcher import Launcher, LaunchConfig
+from shoal.control.elastic_report import lineage
+from shoal.spec import load_job
+from shoal.spec.elastic import ElasticReport
+from shoal.spec.job import Aggregation
+from shoal.train.step_log import read_step_logs
+
+JOB = "examples/tiny-gpt.toml"
+ADVERSARY = "sign_flip_scaled"
+VICTIM = 1  # the worker that cheats (rank 0 reports the figures, so not that one)
+RULES = [rule.value for rule in Aggregation]
+TARGETS = {"loss_gap_max": 0.05, "mean_gap_min": 1.0, "throughput_cost_max": 0.10}
+
+
+def log(message: str) -> None:
+    print(f"[bench.robust] {message}", file=sys.stderr, flush=True)
+
+
+def train(rule: str, workers: int, steps: int, warmup: int, attacked: bool) -> dict:
+    """One launch of the job under `rule`; its val loss, throughput and replica checks."""
+    job = load_job(JOB, overrides={"steps": steps, "aggregation": rule})
+    with scratch_dir("shoal-robust-") as scratch:
+        run_dir = Path(scratch) / "run"
+        config = LaunchConfig(
+            command=[sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json",
+                     job.model_dump_json()],
+            workers=workers, run_dir=run_dir, timeout_s=1800,
+            worker_env={VICTIM: {"SHOAL_ADVERSARY": ADVERSARY}} if attacked else {},
+            env={"SHOAL_CHECKPOINT_DIR": str(Path(scratch) / "ckpt"),
+                 "SHOAL_CHECKPOINT_INTERVAL": str(steps + 1),  # no checkpoint inside the run
+                 "SHOAL_REPLICA_CHECK": "10",
+                 "SHOAL_IDENTITY": json.dumps(job.resume_identity())},
+        )
+        report: ElasticReport = Launcher(config).run()
+        records = lineage(read_step_logs(run_dir))
+    intervals = [b.t_commit - a.t_commit for a, b in zip(records, records[1:]) if a.step >= warmup]
+    result = {"val_loss": _finite(report.val_loss), "steps": report.steps,
+              "samples_per_s": round(job.global_batch / statistics.median(intervals), 2),
+              "samples_per_s_mean": round(samples_per_s(records, warmup), 2),
+              "replica_mismatches": report.replica_mismatches,
+              "replica_checks": report.replica_checks,
+              "guard_skipped_steps": report.guard_skipped_steps}
+    log(f"{rule:>13} {'attacked' if attacked else 'honest':>8}: {result}")
+    return result
+
+
+def time_exchanges(workers: int, reps: int) -> dict[str, float]:
+    """Median seconds of one exchange of the job's buffers under each rule, the rules
+    alternating step by step so that they share whatever load the machine has."""
+    import torch
+    import torch.distributed as dist
+
+    from shoal.jobs.model import GPT
+    from shoal.train.exchange import GradientExchange
+    from shoal.train.group import EpochGroup
+
+    job = load_job(JOB)
+    store, groups, times = dist.HashStore(), [None] * workers, {rule: [] for rule in RULES}
+    params = list(GPT(job.model).parameters())
+
+    def rank_main(rank: int) -> None:
+        torch.set_num_threads(1)  # as the launcher runs workers on this machine
+        groups[rank] = group = EpochGroup.build(store, 0, rank, workers, backend="gloo",
+                                                timeout_s=60, poll_s=0.001,
+                                                should_cancel=lambda: False)
+        weights = [1 / workers] * workers
+        for _ in range(reps):
+            for rule in RULES:
+                exchange = GradientExchange(params, groups=2, aggregation=Aggregation(rule))
+                exchange.fresh(workers)
+                for buffer in exchange.tensors():
+                    buffer.normal_()
+                start = time.perf_counter()
+                if exchange.gathers:
+                    exchange.combine(group.all_gather(exchange.tensors(), lambda: False), weights)
+                else:
+                    group.all_reduce(exchange.tensors(), lambda: False)
+                if rank == 0:
+                    times[rule].append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for group in groups:
+        group.abandon()
+    return {rule: round(statistics.median(ts), 5) for rule, ts in times.items()}
+
+
+def _finite(value: float | None) -> float | None:
+    return round(value, 4) if value is not None and math.isfinite(value) else None
+
+
+def gap(loss: float | None, honest: float | None) -> float | None:
+    """Val loss above the honest run's; None when the run's loss is not finite (diverged)."""
+    return round(loss - honest, 4) if loss is not None and honest is not None else None
+
+
+def summarise(honest: dict[str, list[dict]], attacked: dict[str, dict],
+              exchange_s: dict[str, float], global_batch: int) -> dict:
+    reference = honest["mean"][0]["val_loss"]
+    speed = {rule: median([r["samples_per_s"] for r in runs]) for rule, runs in honest.items()}
+    loss_gap = {rule: gap(attacked[rule]["val_loss"], reference) for rule in RULES}
+    cost = {rule: round(1.0 - speed[rule] / speed["mean"], 4) for rule in RULES if rule != "mean"}
+    step_s = global_batch / speed["mean"]  # the honest mean run's median step
+    paired = {rule: round((exchange_s[rule] - exchange_s["mean"]) / (step_s + exchange_s[rule]
+                                                                      - exchange_s["mean"]), 4)
+              for rule in RULES if rule != "mean"}
+    mean_gap = loss_gap["mean"]
+    mean_diverged = mean_gap is None or mean_gap > TARGETS["mean_gap_min"]
+    winners = [rule for rule in cost if loss_gap[rule] is not None
+               and loss_gap[rule] <= TARGETS["loss_gap_max"]
+               and cost[rule] <= TARGETS["throughput_cost_max"]]
+    return {
+        "honest_val_loss": reference,
+        "loss_gap": loss_gap,
+        "throughput_cost": cost,
+        "exchange_cost": paired,
+        "samples_per_s": speed,
+        "exchange_s": exchange_s,
+        "honest_loss_gap": {rule: gap(runs[0]["val_loss"], reference)
+                            for rule, runs in honest.items() if rule != "mean"},
+        "replica_mismatches": sum(r["replica_mismatches"] for runs in honest.values() for r in runs)
+        + sum(r["replica_mismatches"] for r in attacked.values()),
+        "mean_diverged": mean_diverged,
+        "targets": {**TARGETS, "met_by": winners, "met": bool(winners) and mean_diverged},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=10, help="steps left out of throughput")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="honest runs per rule for throughput (median); loss from the first")
+    parser.add_argument("--exchange-reps", type=int, default=40,
+                        help="paired exchanges per rule in the exchange-only timing")
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    exchange_s = time_exchanges(args.workers, args.exchange_reps)
+    log(f"exchange alone, median s: {exchange_s}")
+
+    honest: dict[str, list[dict]] = {rule: [] for rule in RULES}
+    for _ in range(args.rounds):  # rules interleaved, so they share the machine's load
+        for rule in RULES:
+            honest[rule].append(train(rule, args.workers, args.steps, args.warmup, attacked=False))
+    attacked = {rule: train(rule, args.workers, args.steps, args.warmup, attacked=True)
+                for rule in RULES}
+    job = load_job(JOB, overrides={"steps": args.steps})
+    settings = {"job": JOB, "steps": args.steps, "workers": args.workers,
+                "global_batch": job.global_batch, "model": job.model.model_dump(),
+                "seed": job.seed, "adversary": f"{VICTIM}={ADVERSARY}", "every_step": True,
+                "audits": False, "throughput_warmup_steps": args.warmup, "rounds": args.rounds,
+                "exchange_reps": args.exchange_reps,
+                "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+                "cores": os.cpu_count()}
+    print(json.dumps({"bench": "robust", "settings": settings,
+                      **summarise(honest, attacked, exchange_s, job.global_batch),
+                      "runs": {"honest": honest, "attacked": attacked}}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
