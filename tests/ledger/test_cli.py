@@ -82,3 +82,38 @@ def test_a_submitter_and_a_provider_send_their_own_transactions(hardhat_url, tmp
     assert ledger.stake_of(accounts[5].address).active_wei == 10**16
     wrong = _run("chain", "stake", "--amount", "1", "--key", str(tmp_path / "none.key"), *base)
     assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+
+
+@pytest.mark.slow
+def test_work_records_anchored_then_verified_against_the_chain(hardhat_url, tmp_path):
+    """The operator anchors each proof epoch's root; a verifier checks records against
+    it, and a record edited after its epoch was anchored no longer passes."""
+    from tests.control.trust.conftest import run_proven_job
+
+    proven = run_proven_job(tmp_path / "job", workers=2, steps=6, epoch_steps=3)
+    job_file = str(tmp_path / "job" / "job.toml")
+    address = _run("chain", "deploy", "--rpc", hardhat_url).stdout.strip()
+    chain = Chain.rpc(hardhat_url)
+    a = Actors.of(chain)
+    key = tmp_path / "operator.key"
+    key.write_text("0x" + bytes(a.owner.key).hex())  # the deployer is the operator by default
+    job = Ledger.at(chain, address).create_job(a.submitters[0], 10**9, 10**15).returned
+    base = ("--rpc", hardhat_url, "--contract", address)
+    anchored = _run("chain", "anchor-records", job_file, "--job", str(job), "--key", str(key), *base)
+    assert anchored.returncode == 0, anchored.stderr
+    assert anchored.stdout.count("anchored") == 2
+    again = _run("chain", "anchor-records", job_file, "--job", str(job), "--key", str(key), *base)
+    assert "nothing new" in again.stdout
+    verify = ("verify", job_file, "--all", "--json", "--chain-job", str(job), *base)
+    clean = _run(*verify)
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    # Rewrite w1's record of step 4 (claims a different norm) after the anchor.
+    path = proven.store.records_path("w1")
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[4])
+    record["contribution_norm"] += 1.0
+    lines[4] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
+    tampered = _run(*verify)
+    assert tampered.returncode == 1
+    assert json.loads(tampered.stdout)["guilty"] == {"w1": "bad_proof"}

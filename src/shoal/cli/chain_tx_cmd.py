@@ -57,3 +57,40 @@ def withdraw_command(key: Path = KEY, rpc: str = RPC, contract: str = CONTRACT,
     credit = ledger.credit_of(account.address)
     ledger.withdraw(account)
     typer.echo(f"{account.address}: withdrew {credit} wei")
+
+
+@chain_app.command("anchor-records")
+def anchor_records_command(
+        job_file: Path = typer.Argument(..., help="The job file whose work records to anchor."),
+        job: int = typer.Option(..., "--job", help="The job's id on chain."),
+        key: Path = KEY, rpc: str = RPC, contract: str = CONTRACT,
+        timeout_s: float = TIMEOUT_S) -> None:
+    """As the operator: anchor the Merkle root of each complete proof epoch not yet
+    anchored, in order (what `shoal verify --chain-job` then checks records against)."""
+    from shoal import ShoalError
+    from shoal.proof.epochs import by_epoch, is_complete
+    from shoal.proof.merkle import epoch_tree
+    from shoal.spec import load_job
+    from shoal.train.proof_store import ProofStore
+
+    spec = load_job(job_file)
+    ledger, account = _signed(rpc, contract, timeout_s, key)
+    store = ProofStore(spec.proof_dir)
+    grouped = by_epoch(store.records(), spec.proof.epoch_steps)
+    anchored = ledger.job(job).epochs
+    ready = [e for e in sorted(grouped) if e >= anchored
+             and is_complete(grouped[e], e, spec.proof.epoch_steps, spec.steps)]
+    if ready[:1] and ready[0] != anchored:
+        raise ShoalError(f"job {job} has {anchored} anchored epoch(s) but the records start at "
+                         f"epoch {ready[0]}: epochs are anchored in order")
+    for epoch in ready:
+        if epoch != anchored:
+            break  # a gap: an incomplete epoch waits for its records
+        tree, ordered = epoch_tree(grouped[epoch])
+        root = tree.root
+        ledger.anchor(account, job, epoch, root)
+        store.save_anchor(epoch, root, [r.leaf() for r in ordered])
+        typer.echo(f"job {job} epoch {epoch}: anchored {root.hex()}")
+        anchored += 1
+    if not ready:
+        typer.echo(f"job {job}: nothing new to anchor ({anchored} epoch(s) on chain)")

@@ -36,6 +36,12 @@ def verify_command(
                                                         "completes it, until its last step."),
     interval_s: float = typer.Option(5.0, "--interval-s", min=0.1,
                                      help="With --follow: how often to look for new epochs."),
+    chain_job: Optional[int] = typer.Option(None, "--chain-job", help="Check records against "
+                                                                    "this job's anchored roots."),
+    rpc: Optional[str] = typer.Option(None, "--rpc", envvar="SHOAL_CHAIN_RPC",
+                                      help="JSON-RPC URL of the chain (with --chain-job)."),
+    contract: Optional[str] = typer.Option(None, "--contract", envvar="SHOAL_LEDGER_CONTRACT",
+                                           help="Market contract address (with --chain-job)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Replay sampled work records of a job and judge each one."""
@@ -73,7 +79,9 @@ def verify_command(
     auditor = Auditor(store, replayer, hyper_sha256=hyper_digest(job.hyperparameters()),
                       tolerance=tolerance if tolerance is not None else job.proof.tolerance,
                       verifier=account.address if account else "")
-    verifier = Verifier(auditor, job.proof, salt=salt_bytes, total_steps=job.steps)
+    verifier = Verifier(auditor, job.proof, salt=salt_bytes, total_steps=job.steps,
+                        roots=_anchored_roots(chain_job, rpc, contract),
+                        leaves=lambda epoch: (store.load_anchor(epoch) or (None, None))[1])
     log = VerdictLog(directory)
     results, done, started = [], set(), time.perf_counter()
     last_epoch = (job.steps - 1) // job.proof.epoch_steps
@@ -102,6 +110,24 @@ def verify_command(
     _print(results, salt_bytes, time.perf_counter() - started, as_json)
     if any(r.guilty for r in results):
         raise typer.Exit(1)
+
+
+def _anchored_roots(chain_job: int | None, rpc: str | None, contract: str | None):  # noqa: ANN202
+    """epoch -> the root anchored on chain (None when not anchored yet): records that
+    changed after their epoch was anchored then fail their Merkle proofs."""
+    if chain_job is None:
+        return lambda epoch: None
+    from shoal.cli.chain_cmd import _ledger
+
+    ledger, known = _ledger(rpc, contract, 10.0), {}
+
+    def root(epoch: int) -> bytes | None:
+        if epoch not in known:  # an anchor never changes once written: read it once
+            anchors = ledger.anchors(chain_job)
+            known.update({a.epoch: bytes.fromhex(a.root[2:]) for a in anchors})
+        return known.get(epoch)
+
+    return root
 
 
 def _wait_for_records(directory: str, interval_s: float) -> None:

@@ -14,6 +14,7 @@ and a pickle from a stranger must never run code.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -82,7 +83,22 @@ class ProofStore:
                 except ValueError:
                     continue
 
+    def save_anchor(self, epoch: int, root: bytes, leaves: list[bytes]) -> None:
+        """The leaves an anchored root was built from, in tree order: published by the
+        operator so anyone can prove each record, and find one changed since."""
+        path = self.dir / "anchors" / f"{epoch:09d}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"epoch": epoch, "root": root.hex(),
+                                    "leaves": [leaf.hex() for leaf in leaves]}))
+
     # -- reading (verifiers) ------------------------------------------------------
+
+    def load_anchor(self, epoch: int) -> tuple[bytes, list[bytes]] | None:
+        path = self.dir / "anchors" / f"{epoch:09d}.json"
+        if not path.exists():
+            return None
+        body = json.loads(path.read_text())
+        return bytes.fromhex(body["root"]), [bytes.fromhex(leaf) for leaf in body["leaves"]]
 
     def workers(self) -> list[str]:
         folder = self.dir / "records"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shoal.proof.epochs import by_epoch, is_complete
-from shoal.proof.merkle import epoch_tree
+from shoal.proof.merkle import MerkleTree, epoch_tree
 from shoal.proof.sampling import audit_sample, beacon
 from shoal.spec.proof import ProofSpec, Verdict, VerdictKind, WorkRecord
 from shoal.train.audit import Auditor, Inclusion
@@ -48,9 +48,12 @@ class EpochAudit:
 
 class Verifier:
     def __init__(self, auditor: Auditor, spec: ProofSpec, *, salt: bytes,
-                 roots: RootSource = lambda epoch: None, total_steps: int | None = None) -> None:
+                 roots: RootSource = lambda epoch: None, total_steps: int | None = None,
+                 leaves: Callable[[int], list[bytes] | None] = lambda epoch: None) -> None:
+        """`roots`: each epoch's anchored root; `leaves`: the leaves the operator
+        published with it (both None when not anchored)."""
         self.auditor, self.spec, self.salt = auditor, spec, salt
-        self.roots, self.total_steps = roots, total_steps
+        self.roots, self.total_steps, self.leaves = roots, total_steps, leaves
 
     def complete_epochs(self, records: list[WorkRecord]) -> list[int]:
         grouped = by_epoch(records, self.spec.epoch_steps)
@@ -80,6 +83,12 @@ class Verifier:
         tree, ordered = epoch_tree(records)
         anchored = self.roots(epoch)
         root = anchored if anchored is not None else tree.root
+        published = self.leaves(epoch)
+        if published is not None and MerkleTree(published).root == root and \
+                len(published) == len(ordered):
+            # Prove each record against the anchored leaves: a record changed since the
+            # anchor fails alone, instead of breaking its neighbours' proofs.
+            tree = MerkleTree(published)
         chosen = self.chosen(epoch, ordered, root, rate=rate, every=every)
         by_step: dict[int, list[WorkRecord]] = defaultdict(list)
         for record in ordered:
