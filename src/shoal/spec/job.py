@@ -12,6 +12,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from shoal.spec.base import Frozen
+from shoal.spec.plan import Codec, SyncMode
 from shoal.spec.proof import ProofSpec
 
 BYTE_VOCAB = 256  # byte-level models: one token per byte, no tokenizer to ship
@@ -97,6 +98,36 @@ class Aggregation(str, enum.Enum):
     centered_clip = "centered_clip"
 
 
+class SyncSpec(Frozen):
+    """How replicas synchronize (`[sync]`); the defaults are plain every-step all-reduce.
+
+    The names are the planner's (`shoal plan` answers a mode, inner steps and a codec).
+    """
+
+    mode: SyncMode = SyncMode.allreduce
+    # DiLoCo (Douillard et al. 2023): inner optimizer steps between outer steps (H).
+    inner_steps: int = Field(1, ge=1, le=100_000)
+    # The outer optimizer over averaged pseudo-gradients: SGD with Nesterov momentum
+    # (DiLoCo's 0.7 and 0.9).
+    outer_lr: float = Field(0.7, gt=0.0, le=10.0)
+    outer_momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    # What is exchanged (gradients every step, or pseudo-gradients at outer steps) is
+    # compressed with error feedback: the part not sent joins the next contribution.
+    codec: Codec = Codec.none
+    topk_fraction: float = Field(0.01, gt=0.0, lt=1.0)  # share of entries top-k keeps
+    powersgd_rank: int = Field(4, ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SyncSpec:
+        if self.mode is SyncMode.allreduce and self.inner_steps != 1:
+            raise ValueError(f"sync.inner_steps = {self.inner_steps} applies to mode = "
+                             "'diloco' only; set mode = 'diloco' or drop inner_steps")
+        if self.mode is SyncMode.diloco and self.inner_steps < 2:
+            raise ValueError("sync.mode = 'diloco' needs inner_steps >= 2 (1 is every-step "
+                             "all-reduce with an extra optimizer; use mode = 'allreduce')")
+        return self
+
+
 class CheckpointSpec(Frozen):
     # Relative paths are resolved against the working directory;
     # "{name}" is replaced by the job name.
@@ -125,6 +156,16 @@ class JobSpec(Frozen):
     checkpoint: CheckpointSpec = CheckpointSpec()
     aggregation: Aggregation = Aggregation.mean
     proof: ProofSpec = ProofSpec()
+    sync: SyncSpec = SyncSpec()
+
+    @model_validator(mode="after")
+    def _sync_fits_aggregation(self) -> JobSpec:
+        if self.aggregation is not Aggregation.mean and (
+                self.sync.mode is not SyncMode.allreduce or self.sync.codec is not Codec.none):
+            raise ValueError(f"aggregation = '{self.aggregation.value}' needs every worker's "
+                             "full gradient every step: use it with [sync] mode = 'allreduce' "
+                             "and codec = 'none', or use aggregation = 'mean'")
+        return self
 
     @property
     def checkpoint_dir(self) -> str:
