@@ -1,0 +1,32 @@
+"""Compressed exchange with error feedback: int8 quantization, top-k and PowerSGD.
+
+Used for every-step gradients and for DiLoCo's pseudo-gradients alike; the
+names are the planner's (`shoal.spec.plan.Codec`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from shoal.spec.job import SyncSpec
+from shoal.spec.plan import Codec as CodecName
+from shoal.train.codecs.base import Codec, Collectives
+from shoal.train.codecs.int8 import Int8Codec
+from shoal.train.codecs.powersgd import PowerSGDCodec
+from shoal.train.codecs.topk import TopKCodec
+
+
+def make_codec(spec: SyncSpec, shapes: Sequence[torch.Size]) -> Codec | None:
+    """The job's codec over vectors cut into `shapes`; None for `codec = "none"`."""
+    if spec.codec is CodecName.int8:
+        return Int8Codec(shapes)
+    if spec.codec is CodecName.topk:
+        return TopKCodec(shapes, spec.topk_fraction)
+    if spec.codec is CodecName.powersgd:
+        return PowerSGDCodec(shapes, spec.powersgd_rank)
+    return None
+
+
+__all__ = ["Codec", "Collectives", "Int8Codec", "PowerSGDCodec", "TopKCodec", "make_codec"]

@@ -1,0 +1,95 @@
+"""What every codec shares: error feedback, the group it exchanges through, and
+a count of the bytes it puts on the wire.
+
+A codec turns each member's contribution into something smaller, exchanges
+that through the group and gives every replica the same sum of what all
+members sent (decoded in rank order, so the bits agree everywhere). What a
+member did not send (its contribution minus its own decoded message) is its
+residual, added to its next contribution (Seide et al. 2014, Karimireddy et
+al. 2019), so over steps nothing is lost, only delayed. A residual is
+staged until the step commits; a discarded step leaves the old one in place.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ShouldCancel = Callable[[], bool]
+
+
+class Collectives(Protocol):
+    """The part of an EpochGroup a codec uses (a fake one in tests)."""
+
+    world: int
+
+    def all_reduce(self, tensors: list[torch.Tensor], should_cancel: ShouldCancel) -> None: ...
+
+    def all_gather(self, tensors: list[torch.Tensor],
+                   should_cancel: ShouldCancel) -> list[list[torch.Tensor]]: ...
+
+
+def ring_all_reduce_bytes(nbytes: int, world: int) -> int:
+    """Bytes one member sends in a ring all-reduce of `nbytes`: 2 (n-1)/n of them."""
+    return 2 * (world - 1) * nbytes // world if world > 1 else 0
+
+
+def ring_all_gather_bytes(nbytes: int, world: int) -> int:
+    """Bytes one member sends in a ring all-gather of its `nbytes`: n-1 copies' worth."""
+    return (world - 1) * nbytes if world > 1 else 0
+
+
+class Codec(ABC):
+    """Compressed exchange of a flat float32 vector, with error feedback.
+
+    `shapes`: the parameter shapes the vector is cut into, in order (PowerSGD
+    needs matrices; the others read the vector whole)."""
+
+    name = "codec"
+
+    def __init__(self, shapes: Sequence[torch.Size]) -> None:
+        self.shapes = [torch.Size(s) for s in shapes]
+        self.numel = sum(s.numel() for s in self.shapes)
+        self.residual: torch.Tensor | None = None  # what was not sent yet
+        self._staged: torch.Tensor | None = None  # this step's new residual, until it commits
+        self.bytes_sent = 0  # on the wire by this member (ring model), all attempts
+
+    def exchange(self, contribution: torch.Tensor, group: Collectives,
+                 should_cancel: ShouldCancel) -> torch.Tensor:
+        """Every member's decoded message, summed (the same bits on every replica)."""
+        if contribution.numel() != self.numel:
+            raise ValueError(f"{self.name}: {contribution.numel()} values for {self.numel}")
+        with torch.no_grad():
+            corrected = contribution.float() + self.residual if self.residual is not None \
+                else contribution.float().clone()
+            total, mine = self._exchange(corrected, group, should_cancel)
+            self._staged = corrected - mine
+        return total
+
+    def commit(self) -> None:
+        """The step committed and was applied: what was not sent waits for the next one."""
+        if self._staged is not None:
+            self.residual, self._staged = self._staged, None
+
+    def discard(self) -> None:
+        """The step was discarded or not applied: keep the residual as it was."""
+        self._staged = None
+
+    def reset(self, reason: str) -> None:
+        """Drop the residual (and any shared codec state): membership changed, so the
+        members that held the rest of the sum are not the same any more."""
+        if self.residual is not None and bool(self.residual.any()):
+            log.info("%s: error-feedback residual (|r| = %.3g) dropped: %s", self.name,
+                     float(self.residual.norm()), reason)
+        self.residual, self._staged = None, None
+
+    @abstractmethod
+    def _exchange(self, corrected: torch.Tensor, group: Collectives,
+                  should_cancel: ShouldCancel) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum of every member's decoded message, this member's own decoded message)."""

@@ -1,0 +1,43 @@
+"""int8 quantization: each chunk of the vector as 8-bit integers and one float32
+scale (its largest magnitude over 127). About a quarter of float32's bytes.
+
+Messages are all-gathered and decoded in rank order: int8 values cannot be
+summed in place without overflow, and the order fixes the bits of the sum.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shoal.train.codecs.base import Codec, Collectives, ShouldCancel, ring_all_gather_bytes
+
+CHUNK = 1024  # values per scale: 4 bytes of scale per 1024 of int8 (0.4% overhead)
+
+
+def quantize(x: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 values, float32 scale per chunk); round to nearest."""
+    padded = torch.nn.functional.pad(x, (0, -x.numel() % chunk)).view(-1, chunk)  # (C, chunk)
+    scales = padded.abs().amax(dim=1) / 127.0
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    q = torch.round(padded / safe[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.view(-1)[: x.numel()], scales
+
+
+def dequantize(q: torch.Tensor, scales: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
+    padded = torch.nn.functional.pad(q.float(), (0, -q.numel() % chunk)).view(-1, chunk)
+    return (padded * scales[:, None]).view(-1)[: q.numel()]
+
+
+class Int8Codec(Codec):
+    name = "int8"
+
+    def _exchange(self, corrected: torch.Tensor, group: Collectives,
+                  should_cancel: ShouldCancel) -> tuple[torch.Tensor, torch.Tensor]:
+        q, scales = quantize(corrected)
+        mine = dequantize(q, scales)
+        self.bytes_sent += ring_all_gather_bytes(q.nbytes + scales.nbytes, group.world)
+        values, all_scales = group.all_gather([q, scales], should_cancel)
+        total = torch.zeros_like(corrected)
+        for q_r, s_r in zip(values, all_scales):  # rank order: the same bits everywhere
+            total += dequantize(q_r, s_r)
+        return total, mine

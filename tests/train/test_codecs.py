@@ -1,0 +1,155 @@
+"""Codecs with error feedback: what is not sent is delayed, never lost; residuals
+are staged until a step commits and dropped at membership changes; every
+replica decodes the same bits (real gloo ranks in threads)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+
+from shoal.spec.job import SyncSpec
+from shoal.train.codecs import Int8Codec, PowerSGDCodec, TopKCodec, make_codec
+from shoal.train.codecs.int8 import dequantize, quantize
+from shoal.train.codecs.powersgd import orthonormalize
+from tests.train.test_aggregate import _groups, _let_die
+
+SHAPES = [torch.Size([24, 16]), torch.Size([16]), torch.Size([8, 3, 4]), torch.Size([5])]
+NUMEL = sum(s.numel() for s in SHAPES)
+
+
+class Alone:
+    """A group of one: collectives change nothing."""
+
+    world = 1
+
+    def all_reduce(self, tensors, should_cancel):
+        pass
+
+    def all_gather(self, tensors, should_cancel):
+        return [[t.clone()] for t in tensors]
+
+
+def _codecs():
+    return [Int8Codec(SHAPES), TopKCodec(SHAPES, 0.05), PowerSGDCodec(SHAPES, 2)]
+
+
+@pytest.mark.parametrize("codec", _codecs(), ids=lambda c: c.name)
+def test_nothing_is_lost_only_delayed(codec):
+    """Sum of what was sent plus the residual equals the sum of the contributions."""
+    generator = torch.Generator().manual_seed(1)
+    sent, given = torch.zeros(NUMEL), torch.zeros(NUMEL)
+    for _ in range(40):
+        g = torch.randn(NUMEL, generator=generator)
+        given += g
+        sent += codec.exchange(g, Alone(), lambda: False)
+        codec.commit()
+    assert torch.allclose(sent + codec.residual, given, atol=1e-4)
+
+
+@pytest.mark.parametrize("codec", _codecs(), ids=lambda c: c.name)
+def test_unbiased_over_steps(codec):
+    """A constant gradient: the mean of what is sent converges to it (the residual
+    stays bounded), where compression alone would keep a fixed bias."""
+    g = torch.randn(NUMEL, generator=torch.Generator().manual_seed(2))
+    one_shot = codec.exchange(g, Alone(), lambda: False)
+    codec.discard()
+    bias_once = float((one_shot - g).norm())
+    total, steps = torch.zeros(NUMEL), 400
+    for _ in range(steps):
+        total += codec.exchange(g, Alone(), lambda: False)
+        codec.commit()
+    bias_mean = float((total / steps - g).norm())
+    assert bias_mean < 0.05 * max(bias_once, 1e-3) + 1e-4, (bias_once, bias_mean)
+
+
+def test_residual_staged_until_commit_and_dropped_on_reset(caplog):
+    codec = TopKCodec(SHAPES, 0.05)
+    g = torch.randn(NUMEL, generator=torch.Generator().manual_seed(3))
+    codec.exchange(g, Alone(), lambda: False)
+    assert codec.residual is None  # not committed yet
+    codec.discard()
+    assert codec.residual is None
+    codec.exchange(g, Alone(), lambda: False)
+    codec.commit()
+    kept = codec.residual.clone()
+    assert kept.abs().sum() > 0
+    codec.exchange(g, Alone(), lambda: False)
+    codec.discard()  # a redone step starts from the same residual
+    assert torch.equal(codec.residual, kept)
+    with caplog.at_level(logging.INFO, logger="shoal.train.codecs.base"):
+        codec.reset("membership epoch 3 formed")
+    assert codec.residual is None and "residual" in caplog.text and "epoch 3" in caplog.text
+
+
+def test_int8_round_trip_within_half_a_step_per_chunk():
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(4)) * 3
+    q, scales = quantize(x)
+    assert q.dtype == torch.int8 and scales.numel() == 5  # 1024 values per scale
+    error = (dequantize(q, scales) - x).abs()
+    step = scales.repeat_interleave(1024)[:5000]
+    assert bool((error <= step / 2 + 1e-6).all())
+
+
+def test_topk_sends_the_largest_entries():
+    codec = TopKCodec([torch.Size([100])], 0.03)
+    x = torch.arange(100, dtype=torch.float32) - 50.0  # largest magnitudes: -50, 49, -49
+    sent = codec.exchange(x, Alone(), lambda: False)
+    assert sorted(sent.nonzero().view(-1).tolist()) == [0, 1, 99]
+    assert codec.bytes_sent == 0  # alone: nothing goes on the wire
+
+
+def test_powersgd_is_exact_for_low_rank_matrices_and_vectors():
+    generator = torch.Generator().manual_seed(5)
+    low = torch.randn(24, 2, generator=generator) @ torch.randn(2, 16, generator=generator)
+    rest = torch.randn(NUMEL - low.numel(), generator=generator)
+    x = torch.cat([low.reshape(-1), rest])
+    codec = PowerSGDCodec(SHAPES, 2)
+    sent = codec.exchange(x, Alone(), lambda: False)
+    assert torch.allclose(sent[: low.numel()], low.reshape(-1), atol=1e-4)
+    # [8, 3, 4] as 8 x 12 at rank 2 gains (2 x 20 < 96), so it is approximated; vectors are sent whole
+    assert torch.equal(sent[low.numel():low.numel() + 16], rest[:16])
+
+
+def test_orthonormalize_gives_orthonormal_columns():
+    p = torch.randn(30, 4, generator=torch.Generator().manual_seed(6))
+    orthonormalize(p)
+    assert torch.allclose(p.T @ p, torch.eye(4), atol=1e-5)
+
+
+def test_make_codec_names_match_the_planner():
+    assert make_codec(SyncSpec(), SHAPES) is None
+    for name, kind in (("int8", Int8Codec), ("topk", TopKCodec), ("powersgd", PowerSGDCodec)):
+        assert isinstance(make_codec(SyncSpec(codec=name), SHAPES), kind)
+
+
+@pytest.mark.parametrize("name", ["int8", "topk", "powersgd"])
+def test_every_rank_decodes_the_same_bits(name):
+    world, out = 3, {}
+    groups = _groups(world)
+    inputs = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(10 + r)) for r in range(world)]
+    codecs = [make_codec(SyncSpec(codec=name, topk_fraction=0.05, powersgd_rank=2), SHAPES)
+              for _ in range(world)]
+
+    def run(rank: int) -> None:
+        totals = []
+        for _ in range(3):  # residuals and PowerSGD's warm start in play
+            totals.append(codecs[rank].exchange(inputs[rank], groups[rank], lambda: False))
+            codecs[rank].commit()
+        out[rank] = totals
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _let_die(groups)
+    for step in range(3):
+        assert all(torch.equal(out[0][step], out[r][step]) for r in range(world))
+    # Over the three steps, what all ranks sent plus what they kept is what they gave.
+    sent = sum(out[0])
+    kept = sum(c.residual for c in codecs)
+    assert torch.allclose(sent + kept, 3 * sum(inputs), atol=1e-3)
+    assert all(c.bytes_sent > 0 for c in codecs)
