@@ -131,4 +131,5 @@ def build_report(run_dir: Path, faults: list[FaultEvent], started: float,
         param_sha256=final.get("param_sha256"),
         train_loss=statistics.fmean(applied[-20:]) if applied else None,
         val_loss=final.get("val_loss"),
+        samples_dropped=sum(r.samples_dropped for r in steps),
     )

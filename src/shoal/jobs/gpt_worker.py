@@ -50,7 +50,8 @@ def main(argv: list[str]) -> None:
     torch.manual_seed(job.seed)
     model = GPT(job.model)
     model, optimizer = run.wrap(model, build_optimizer(model, job.optimizer),
-                                grad_clip=job.optimizer.grad_clip, aggregation=job.aggregation)
+                                grad_clip=job.optimizer.grad_clip, aggregation=job.aggregation,
+                                sync=job.sync)
     if job.proof.enabled:
         run.prove(proof_settings(job))
 

@@ -99,6 +99,11 @@ class StepRecord(Frozen):
     loss: float | None  # global mean loss of the step (None if the guard skipped it)
     applied: bool = True  # False when the guard skipped the update (NaN, spike)
     param_sha256: str | None = None  # replica fingerprint after the step, when checked
+    # Exchange bytes this worker has put on the wire so far (ring model, failed attempts too).
+    bytes_sent: int | None = None
+    # DiLoCo outer steps: samples the round committed whose inner work no member present
+    # brought to the outer step (it was lost with a member).
+    samples_dropped: int = 0
 
 
 class FaultKind(str, enum.Enum):
@@ -135,3 +140,6 @@ class ElasticReport(Frozen):
     param_sha256: str | None  # of the final parameters, as in the single-worker report
     train_loss: float | None = None  # mean global loss of the last 20 applied steps
     val_loss: float | None = None  # when the worker program reports one
+    # Samples seen in committed steps whose gradient work never reached the model: a
+    # DiLoCo member lost mid-round takes its inner work with it (0 for every-step sync).
+    samples_dropped: int = 0

@@ -104,6 +104,18 @@ class GradientExchange:
             out.append(buffer[: self._grad_numel] if dtype == torch.float32 else buffer)
         return out
 
+    def flat_gradients(self) -> torch.Tensor:
+        """The float32 buffer's gradients, as one flat view (what a codec compresses)."""
+        return self.buffers[torch.float32][: self._grad_numel]
+
+    def other_buffers(self) -> list[torch.Tensor]:
+        """The buffers of dtypes other than float32 (exchanged uncompressed)."""
+        return [self.buffers[d] for d in self.dtypes if d in self.buffers and d != torch.float32]
+
+    def scalar_tail(self) -> torch.Tensor:
+        """The step scalars after the float32 gradients (a view)."""
+        return self._tail()
+
     def install(self) -> None:
         """Point each parameter's `.grad` at its exchanged slice, for the optimizer."""
         for p, (dtype, start, end) in zip(self.params, self._slices):

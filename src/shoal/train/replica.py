@@ -31,6 +31,9 @@ class ReplicaState:
         self.cursor = 0  # stream position of the next step's first sample
         self.held = False  # this worker holds the job's live state
         self.last_good: dict[str, Any] | None = None  # model and optimizer a rollback returns to
+        # More state that travels with the replica (e.g. DiLoCo's theta_outer): objects with
+        # state_dict() / load_state_dict(state or None), loaded after the model.
+        self.extras: dict[str, Any] = {}
 
     def advance(self, global_batch: int, snapshot: bool) -> None:
         """A step committed; every `snapshot_interval` applied steps, keep it as last good."""
@@ -50,7 +53,8 @@ class ReplicaState:
         """Everything a replica needs to continue exactly where this one is."""
         state = {**self._model_state(), "rng": torch.get_rng_state(), "step": self.step,
                  "cursor": self.cursor, "guard": self.guard.state_dict(),
-                 "base_world": self.balancer.base_world}
+                 "base_world": self.balancer.base_world,
+                 "extras": {name: extra.state_dict() for name, extra in self.extras.items()}}
         if with_last_good:
             state["last_good"] = self.last_good
         return state
@@ -62,6 +66,8 @@ class ReplicaState:
         self.guard.load_state_dict(state["guard"])
         self.balancer.base_world = state.get("base_world") or self.balancer.base_world
         self.last_good = state.get("last_good")
+        for name, extra in self.extras.items():
+            extra.load_state_dict(state.get("extras", {}).get(name))
 
     def snapshot(self) -> Snapshot:
         return Snapshot(self.step, self.cursor, detached_copy(self.state_dict(with_last_good=False)))

@@ -27,14 +27,13 @@ import numpy as np
 import torch
 
 from shoal.spec.elastic import BatchPolicy, GuardVerdict, Phase
-from shoal.spec.job import Aggregation
+from shoal.spec.job import Aggregation, SyncSpec
 from shoal.train import inject
 from shoal.train.adversary import load_adversary
 from shoal.train.checkpoint import CheckpointStore
 from shoal.train.commit import Ballot, Excluded, Proposer, agree
 from shoal.train.errors import TrainError
 from shoal.train.exchange import GradientExchange, StepScalars
-from shoal.train.fingerprint import fingerprint
 from shoal.train.group import GroupCancelled, GroupFailed
 from shoal.train.guard import StepGuard
 from shoal.train.hashing import param_sha256
@@ -47,6 +46,7 @@ from shoal.train.run_config import RunConfig
 from shoal.train.shares import ShareBalancer
 from shoal.train.step_log import StepLog
 from shoal.train.step_proof import StepProof
+from shoal.train.sync import StepWork, make_sync
 from shoal.train.work_records import ProofSettings, WorkRecorder
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class Run:
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.replica: ReplicaState | None = None
-        self._first_step_of_epoch = True
+        self._hash_due = True  # compare full parameter hashes at the next step where replicas agree
         self._final: dict[str, object] | None = None
         self._checkpoints = (CheckpointStore(config.checkpoint_dir, config.identity, config.checkpoint_keep)
                              if config.checkpoint_dir else None)
@@ -107,13 +107,17 @@ class Run:
 
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              grad_clip: float = 0.0,
-             aggregation: Aggregation = Aggregation.mean) -> tuple[torch.nn.Module, ElasticOptimizer]:
-        """`aggregation`: how the workers' contributions combine (the job file's rule)."""
+             aggregation: Aggregation = Aggregation.mean,
+             sync: SyncSpec | None = None) -> tuple[torch.nn.Module, ElasticOptimizer]:
+        """`aggregation`: how the workers' contributions combine (the job file's rule);
+        `sync`: every-step all-reduce or DiLoCo, and the codec (the job's [sync])."""
         self.model, self.optimizer, self.grad_clip = model, optimizer, grad_clip
         self.aggregation = Aggregation(aggregation)
         self.exchange = GradientExchange(list(model.parameters()), len(optimizer.param_groups),
                                          self.aggregation)
+        self.sync = make_sync(sync, self.exchange, optimizer)
         self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self._checkpoints)
+        self.replica.extras["sync"] = self.sync
         return model, ElasticOptimizer(self, optimizer)
 
     def prove(self, settings: ProofSettings) -> None:
@@ -127,6 +131,7 @@ class Run:
         if self.model is None:
             raise TrainError("call run.wrap(model, optimizer) before run.batches(...)")
         order = DataOrder(_num_samples(dataset), seed)
+        self.sync.plan(steps)
         while self._enter_membership():
             if self.step_index >= steps:
                 break
@@ -185,7 +190,7 @@ class Run:
             self.proof.before_exchange(self.exchange)
         self.exchange.write_scalars(
             self.rank, [float(g["lr"]) for g in self.optimizer.param_groups], self._share > 0,
-            self._loss_sum, self._loss_samples, fingerprint(self.exchange.params))
+            self._loss_sum, self._loss_samples, self.sync.fingerprint())
         self.progress.reached(self.record.epoch, self.step_index, Phase.exchange)
         ballot, scalars = self._exchange()
         self.progress.reached(self.record.epoch, self.step_index, Phase.voted)
@@ -209,26 +214,24 @@ class Run:
             if decision.resync_from:
                 log.warning("[epoch %d] replicas differ at step %d; all adopt %s's state",
                             self.record.epoch, self.step_index, decision.resync_from)
+            self.sync.skip()
             self.exchange.fresh(self.world)  # a buffer handed to a failed collective is never reused
         if not decision.commit or decision.next_epoch is not None:
             self._drop_group(stale=False)
 
     def _exchange(self) -> tuple[Ballot, StepScalars | None]:
-        """All-reduce the step (all-gather and aggregate, under a robust rule), then this
-        member's ballot: did it work, what does the guard say, do the replicas'
-        fingerprints agree."""
+        """Exchange the step (shoal.train.sync: all-reduce, a robust rule's all-gather, a
+        codec, or DiLoCo), then this member's ballot: did it work, what does the guard
+        say, do the replicas' fingerprints agree."""
+        work = StepWork(self.step_index, self._share, self._shares_now, self._global_batch)
         try:
-            if self.exchange.gathers:
-                gathered = self.group.all_gather(self.exchange.tensors(), self.membership.changed)
-                self.exchange.combine(gathered, [s / self._global_batch for s in self._shares_now])
-            else:
-                self.group.all_reduce(self.exchange.tensors(), self.membership.changed)
+            self.sync.exchange_step(self.group, self.membership.changed, work, self._inner_step)
         except (GroupFailed, GroupCancelled) as error:
             log.info("[epoch %d rank %d] step %d exchange failed: %s",
                      self.record.epoch, self.rank, self.step_index, error)
             return Ballot(ok=False), None
         scalars = self.exchange.read_scalars()
-        verdict, reason = self.guard.assess(scalars.mean_loss, self.exchange.gradients())
+        verdict, reason = self.guard.assess(scalars.mean_loss, self.sync.checked())
         if reason:
             log.warning("[epoch %d] step %d: %s (%s)", self.record.epoch, self.step_index,
                         reason, verdict.value)
@@ -241,25 +244,33 @@ class Run:
             group["lr"] = lr
         self.guard.record(verdict, scalars.mean_loss)
         if verdict is GuardVerdict.apply:
-            self.exchange.install()
-            if self.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.exchange.params, self.grad_clip)
-            self._optimizer_step()
-        elif verdict is GuardVerdict.rollback:
-            self.replica.roll_back()
+            self.sync.apply(self._inner_step)
+        else:
+            self.sync.skip()
+            if verdict is GuardVerdict.rollback:
+                self.replica.roll_back()
+                self.sync.rolled_back()
         self.exchange.clear()
         t_commit = time.time()
-        self.replica.advance(self._global_batch, snapshot=verdict is GuardVerdict.apply)
+        agreed = self.sync.consensus  # under DiLoCo, replicas agree only after outer steps
+        self.replica.advance(self._global_batch, snapshot=verdict is GuardVerdict.apply and agreed)
         check = self.config.replica_check_interval
-        full_hash = (param_sha256(self.model)
-                     if self._first_step_of_epoch or (check and self.step_index % check == 0) else None)
-        self._first_step_of_epoch = False
+        self._hash_due = self._hash_due or bool(check and self.step_index % check == 0)
+        full_hash = param_sha256(self.model) if self._hash_due and agreed else None
+        self._hash_due = self._hash_due and full_hash is None
         applied = verdict is GuardVerdict.apply
         self.step_log.write(self, scalars.mean_loss if applied else None, applied, t_commit, full_hash)
         if self.rank == 0:
             self.rdzv.report_progress(self.step_index)
             if self._checkpoints and self.step_index % self.config.checkpoint_interval == 0:
                 self._checkpoints.save_async(self.replica.snapshot())
+
+    def _inner_step(self) -> None:
+        """The user's optimizer on the gradients in the exchange buffers."""
+        self.exchange.install()
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.exchange.params, self.grad_clip)
+        self._optimizer_step()
 
     def _optimizer_step(self) -> None:
         scale = self.balancer.lr_scale  # `linear` policy: world / first world
@@ -287,7 +298,8 @@ class Run:
         self.balancer.weights = self.record.weights
         self.balancer.base_world = self.balancer.base_world or self.world
         self.exchange.fresh(self.world)
-        self._first_step_of_epoch = True
+        self.sync.new_epoch(self.record.epoch)
+        self._hash_due = True
         return True
 
     def _drop_group(self, stale: bool) -> None:

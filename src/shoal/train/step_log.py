@@ -28,7 +28,8 @@ class StepLog:
             step=run.step_index - 1, epoch=run.record.epoch, worker=run.worker, rank=run.rank,
             world=run.world, cursor=run.cursor - run._global_batch, shares=run._shares_now,
             t_start=run._attempt_start, t_commit=t_commit, loss=loss, applied=applied,
-            param_sha256=fingerprint,
+            param_sha256=fingerprint, bytes_sent=run.sync.bytes_sent,
+            samples_dropped=run.sync.samples_dropped,
         )
         self._handle.write(record.model_dump_json() + "\n")
 

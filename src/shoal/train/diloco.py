@@ -1,0 +1,213 @@
+"""DiLoCo (Douillard et al. 2023): H inner steps of the user's optimizer on this
+worker's own shares, then an outer step: every member's pseudo-gradient
+(theta_outer - theta_local), weighted by the samples behind it, averaged
+(through a codec if the job has one) and applied to theta_outer by SGD with
+Nesterov momentum. Everyone continues from the new theta_outer.
+
+Inner steps still go through the run's per-step vote, exchanging only the
+scalar tail, so leaves, joins and faults are noticed at step boundaries.
+Replicas legitimately differ between outer steps, so the fingerprint every
+step carries is theta_outer's (the same everywhere), and parameter hashes
+are taken only where the model is theta_outer.
+
+Faults and joins: survivors keep their inner work; a lost member's inner
+work of the round is lost with it. The outer average is then taken over
+the members present (their samples), and the samples the round committed
+but nobody present computed on are counted as `samples_dropped`, logged
+and written to the step log (the report sums them). A joiner starts from
+theta_outer and the outer momentum, and contributes its steps of the round.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import torch
+
+from shoal.spec.job import SyncSpec
+from shoal.train.codecs import make_codec
+from shoal.train.codecs.base import ShouldCancel, ring_all_reduce_bytes
+from shoal.train.errors import TrainError
+from shoal.train.exchange import GradientExchange
+from shoal.train.fingerprint import fingerprint
+from shoal.train.group import EpochGroup
+from shoal.train.sync import InnerStep, StepWork
+
+log = logging.getLogger(__name__)
+
+
+class DiLoCo:
+    def __init__(self, exchange: GradientExchange, optimizer: torch.optim.Optimizer,
+                 spec: SyncSpec) -> None:
+        self.params = exchange.params
+        if any(p.dtype != torch.float32 for p in self.params):
+            raise TrainError("sync.mode = 'diloco' needs float32 parameters (bf16 autocast "
+                             "is fine: it keeps parameters in float32)")
+        self.exchange, self.optimizer, self.spec = exchange, optimizer, spec
+        self.codec = make_codec(spec, [p.shape for p in self.params])
+        with torch.no_grad():
+            self.outer = torch.cat([p.detach().reshape(-1) for p in self.params])  # theta_outer
+        self.momentum = torch.zeros_like(self.outer)  # the outer optimizer's buffer
+        self.round_expected = 0  # samples of the round's applied steps, every member's
+        self.round_samples = 0  # of those, the ones this worker computed on
+        self.last_step: int | None = None  # the run's last step closes a round too
+        self.consensus = True  # the model holds theta_outer (the same on every replica)
+        self.samples_dropped = 0  # at the outer step just applied (for the step log)
+        self._plain_bytes = 0
+        self._work: StepWork | None = None
+        self._outer_now = False
+        self._backup: tuple[torch.Tensor, dict] | None = None
+        self._delta: torch.Tensor | None = None
+        self._present = self._expected = 0
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._plain_bytes + (self.codec.bytes_sent if self.codec is not None else 0)
+
+    def plan(self, steps: int) -> None:
+        self.last_step = steps
+
+    def is_outer(self, step: int) -> bool:
+        return (step + 1) % self.spec.inner_steps == 0 or (
+            self.last_step is not None and step + 1 >= self.last_step)
+
+    def fingerprint(self) -> tuple[int, int]:
+        return fingerprint(list(self._views(self.outer)))
+
+    def new_epoch(self, epoch: int) -> None:
+        if self.codec is not None:
+            self.codec.reset(f"membership epoch {epoch} formed")
+
+    # -- one step --------------------------------------------------------------
+
+    def exchange_step(self, group: EpochGroup, should_cancel: ShouldCancel, work: StepWork,
+                      inner_step: InnerStep) -> None:
+        self._work, self._outer_now = work, self.is_outer(work.step)
+        tail = self.exchange.scalar_tail()
+        if not self._outer_now:  # an inner step: agree on the scalars only
+            sent = tail.clone()
+            group.all_reduce([sent], should_cancel)
+            self._plain_bytes += ring_all_reduce_bytes(sent.nbytes, group.world)
+            tail.copy_(sent)
+            return
+        # The round's last inner step is taken before the vote (the pseudo-gradient
+        # needs it); a discarded or skipped step puts the backup back.
+        self._backup = (self._flat().clone(), copy.deepcopy(self.optimizer.state_dict()))
+        if work.share > 0:
+            self._local_step(work, inner_step)
+        mine = self.round_samples + work.share
+        expected = self.round_expected + work.global_batch
+        delta = (self.outer - self._flat()) * (mine / expected)
+        if self.codec is not None:
+            summed = self.codec.exchange(delta, group, should_cancel)
+        else:
+            summed = delta
+            group.all_reduce([summed], should_cancel)
+            self._plain_bytes += ring_all_reduce_bytes(summed.nbytes, group.world)
+        sent = torch.cat([tail, torch.tensor([float(mine)])])
+        group.all_reduce([sent], should_cancel)
+        self._plain_bytes += ring_all_reduce_bytes(sent.nbytes, group.world)
+        tail.copy_(sent[:-1])
+        self._present, self._expected = int(sent[-1].item()), expected
+        # Weighted by the samples of the members present, whoever is missing.
+        self._delta = summed * (expected / self._present) if self._present else torch.zeros_like(delta)
+
+    def checked(self) -> list[torch.Tensor]:
+        extra = [self._delta] if self._outer_now and self._delta is not None else []
+        return [*self.exchange.gradients(), *extra]
+
+    def apply(self, inner_step: InnerStep) -> None:
+        work = self._work
+        if not self._outer_now:
+            if work.share > 0:
+                self._local_step(work, inner_step)
+            self.round_samples += work.share
+            self.round_expected += work.global_batch
+            self.consensus, self.samples_dropped = False, 0
+            return
+        if self.codec is not None:
+            self.codec.commit()
+        self._outer_step(self._delta)
+        self.samples_dropped = max(0, self._expected - self._present)
+        log.info("outer step at step %d: pseudo-gradient norm %.4g over %d of %d samples%s",
+                 work.step, float(self._delta.norm()), self._present, self._expected,
+                 f" ({self.samples_dropped} dropped with a lost member's inner work)"
+                 if self.samples_dropped else "")
+        self.round_samples = self.round_expected = 0
+        self._backup = self._delta = None
+
+    def skip(self) -> None:
+        if self._backup is not None:
+            flat, optimizer_state = self._backup
+            self._load_flat(flat)
+            self.optimizer.load_state_dict(optimizer_state)
+            for p in self.params:  # .grad may still view a buffer of the failed step
+                p.grad = None
+        if self.codec is not None:
+            self.codec.discard()
+        self._backup = self._delta = None
+        self.samples_dropped = 0
+
+    def rolled_back(self) -> None:
+        """Every member rolled back: the round's local work goes, theta_outer stays."""
+        self._load_flat(self.outer)
+        self.round_samples, self.consensus = 0, self.round_expected == 0
+
+    # -- state a joiner receives -------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"outer": self.outer.clone(), "momentum": self.momentum.clone(),
+                "round_expected": self.round_expected}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """From a peer (a joiner, a resync) or a checkpoint: continue from theta_outer;
+        the sender's own inner work of the round stays the sender's."""
+        if state is None:  # a checkpoint written without DiLoCo: its model is theta_outer
+            self.outer.copy_(self._flat())
+            self.momentum.zero_()
+            self.round_expected = 0
+        else:
+            self.outer.copy_(state["outer"])
+            self.momentum.copy_(state["momentum"])
+            self.round_expected = int(state["round_expected"])
+        self._load_flat(self.outer)
+        self.round_samples, self.consensus = 0, self.round_expected == 0
+        self._backup = self._delta = None
+        if self.codec is not None:
+            self.codec.reset("state loaded")
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _local_step(self, work: StepWork, inner_step: InnerStep) -> None:
+        # The buffers hold share/global_batch of the mean local gradient: the inner
+        # optimizer gets the mean gradient over this worker's own samples.
+        for gradients in self.exchange.gradients():
+            gradients.mul_(work.global_batch / work.share)
+        inner_step()
+
+    def _outer_step(self, delta: torch.Tensor) -> None:
+        """SGD with Nesterov momentum on theta_outer (torch.optim.SGD's update)."""
+        mu, lr = self.spec.outer_momentum, self.spec.outer_lr
+        with torch.no_grad():
+            self.momentum.mul_(mu).add_(delta)
+            update = delta.add(self.momentum, alpha=mu) if mu > 0 else delta
+            self.outer.sub_(update, alpha=lr)
+        self._load_flat(self.outer)
+        self.consensus = True
+
+    def _flat(self) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.cat([p.detach().reshape(-1) for p in self.params])
+
+    def _load_flat(self, flat: torch.Tensor) -> None:
+        with torch.no_grad():
+            for p, view in zip(self.params, self._views(flat)):
+                p.copy_(view.view_as(p))  # copies: parameters never alias theta_outer
+
+    def _views(self, flat: torch.Tensor):
+        at = 0
+        for p in self.params:
+            yield flat[at:at + p.numel()]
+            at += p.numel()
