@@ -32,7 +32,8 @@ import numpy as np
 from shoal.plan import (
     SearchConfig, exhaustive, parse_cluster, random_layouts, search, topology,
 )
-from shoal.spec.plan import Cluster, Device, gpt3_xl
+from shoal.plan.synthetic import random_cluster
+from shoal.spec.plan import Cluster, gpt3_xl
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "clusters"))
@@ -57,35 +58,12 @@ def vs_random(model, only_shapes=()) -> dict[str, float]:
     return ratios
 
 
-def small_cluster(rng: np.random.Generator) -> Cluster:
-    """3-8 devices of random kinds in 1-4 regions, links drawn per pair of regions."""
-    n, regions = int(rng.integers(3, 9)), int(rng.integers(1, 5))
-    kinds = list(generate.KINDS.values())
-    devices = []
-    for i in range(n):
-        tflops, memory = kinds[int(rng.integers(len(kinds)))]
-        devices.append(Device(name=f"d{i}", tflops=tflops, memory_gb=memory,
-                              region=f"r{int(rng.integers(regions))}"))
-    region_of = [int(d.region[1:]) for d in devices]
-    lat_r = rng.uniform(20, 250, (regions, regions))
-    bw_r = rng.uniform(0.1, 5.0, (regions, regions))
-    latency, gbps = np.zeros((n, n)), np.zeros((n, n))
-    for i in range(n):
-        for j in range(i + 1, n):
-            a, b = sorted((region_of[i], region_of[j]))
-            same = a == b
-            latency[i, j] = latency[j, i] = rng.uniform(0.05, 1.0) if same else lat_r[a, b]
-            gbps[i, j] = gbps[j, i] = rng.uniform(25, 100) if same else bw_r[a, b]
-    return Cluster(devices=tuple(devices), latency_ms=tuple(map(tuple, latency)),
-                   bandwidth_gbps=tuple(map(tuple, gbps)))
-
-
 def vs_optimum(model, instances: int, seed: int) -> tuple[float, int]:
     """Worst ratio of search to exhaustive over `instances` random small clusters."""
     rng = np.random.default_rng(seed)
     worst, judged = 1.0, 0
     while judged < instances:
-        top = topology(small_cluster(rng))
+        top = topology(random_cluster(rng, max_regions=4))
         try:
             optimum = exhaustive(top, model)
         except Exception as error:  # noqa: BLE001 - a cluster the model fits nowhere: draw again

@@ -31,11 +31,16 @@ class SearchConfig:
     moves: int = 96  # swaps judged per round (all of them when there are fewer)
     patience: int = 12  # sampled rounds without gain that end a descent
     kicks: int = 6  # random perturbations of the best layout, each followed by a descent
+    # ...and in clusters of at most `refine_all_up_to` devices, where a descent is cheap:
+    # 6 left 2 of 150 random clusters of 3-8 devices 13-41% off the optimum, 30 one of
+    # the next 150 4% off; 80 left none of 500 off (each plan still well under a second).
+    small_kicks: int = 80
     seed: int = 0
     only_shapes: tuple[tuple[int, int], ...] = ()  # (dp, pp) to restrict the search to, if any
 
     def __post_init__(self) -> None:
-        if min(self.refine, self.rounds, self.moves, self.patience) < 1 or self.kicks < 0:
+        if (min(self.refine, self.rounds, self.moves, self.patience) < 1
+                or min(self.kicks, self.small_kicks) < 0):
             raise ValueError("refine, rounds, moves and patience must be at least 1; kicks >= 0")
         if self.refine_within < 1.0:
             raise ValueError("refine_within must be at least 1")
@@ -115,7 +120,7 @@ def improve(top: Topology, model: ModelProfile, grid: np.ndarray, config: Search
         rounds += spent
         if current_cost < best_cost:
             best, best_cost = current, current_cost
-        if kicks >= config.kicks:
+        if kicks >= (config.small_kicks if top.size <= config.refine_all_up_to else config.kicks):
             break
         kicks += 1
         current = _kick(best, dp * pp, rng)
