@@ -71,9 +71,12 @@ def train(rule: str, workers: int, steps: int, warmup: int, attacked: bool) -> d
         report: ElasticReport = Launcher(config).run()
         records = lineage(read_step_logs(run_dir))
     intervals = [b.t_commit - a.t_commit for a, b in zip(records, records[1:]) if a.step >= warmup]
+    measured = len(intervals) >= 2  # else the step logs say too little (reported, not hidden)
     result = {"val_loss": _finite(report.val_loss), "steps": report.steps,
-              "samples_per_s": round(job.global_batch / statistics.median(intervals), 2),
-              "samples_per_s_mean": round(samples_per_s(records, warmup), 2),
+              "logged_steps": len(records),
+              "samples_per_s": round(job.global_batch / statistics.median(intervals), 2)
+              if measured else None,
+              "samples_per_s_mean": round(samples_per_s(records, warmup), 2) if measured else None,
               "replica_mismatches": report.replica_mismatches,
               "replica_checks": report.replica_checks,
               "guard_skipped_steps": report.guard_skipped_steps}
