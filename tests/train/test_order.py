@@ -56,3 +56,13 @@ def test_step_samples_is_a_pure_function():
     whole = order.step_samples(7, 32)
     parts = np.concatenate([order.step_samples(7, 32, shares, k) for k in range(3)])
     assert np.array_equal(whole, parts)
+
+
+def test_min_share_is_a_floor_not_a_surcharge():
+    """A worker a quarter as fast gets a quarter's share, not a floor on top of it
+    (which made every step wait for it: eta_het 0.67 in bench/het.py)."""
+    assert split_shares(256, [1.0, 1.0, 0.5, 0.25], min_share=16) == (93, 93, 47, 23)
+    shares = split_shares(256, [1.0, 1.0, 0.5, 0.01], min_share=16)
+    assert shares[3] == 16 and sum(shares) == 256
+    assert split_shares(10, [1.0, 0.0, 0.0], min_share=2) == (6, 2, 2)
+    assert split_shares(5, [1.0, 1.0, 1.0], min_share=2) == (2, 2, 1)  # the batch cannot allow it

@@ -24,25 +24,32 @@ def step_cursor(step: int, global_batch: int) -> int:
 def split_shares(global_batch: int, weights: list[float] | int, min_share: int = 0) -> tuple[int, ...]:
     """Split a global batch into per-worker shares proportional to `weights`.
 
-    An int means that many equal workers. Every worker first gets
-    `min_share` (when the batch allows), the rest goes by weight with
-    largest-remainder rounding, ties to the lower index, so every worker
-    computes the same split from the same inputs.
+    An int means that many equal workers. The split is by weight with
+    largest-remainder rounding, ties to the lower index; then any worker below
+    `min_share` (when the batch allows every worker that much) is raised to it,
+    one sample at a time from the largest share (ties to the lower index). A
+    floor added on top of every share instead would hand the slowest worker more
+    than its speed warrants and make everyone wait for it. Every worker computes
+    the same split from the same inputs.
     """
     if isinstance(weights, int):
         weights = [1.0] * weights
     if not weights or any(w < 0 for w in weights) or sum(weights) <= 0:
         raise ValueError(f"share weights must be non-negative with a positive sum, got {weights}")
-    floor = min_share if global_batch >= min_share * len(weights) else 0
-    rest = global_batch - floor * len(weights)
     total = float(sum(weights))
-    exact = [rest * w / total for w in weights]
+    exact = [global_batch * w / total for w in weights]
     shares = [int(x) for x in exact]
-    left = rest - sum(shares)
+    left = global_batch - sum(shares)
     by_remainder = sorted(range(len(exact)), key=lambda i: (-(exact[i] - shares[i]), i))
     for i in by_remainder[:left]:
         shares[i] += 1
-    return tuple(s + floor for s in shares)
+    floor = min_share if global_batch >= min_share * len(weights) else 0
+    for i in range(len(shares)):
+        while shares[i] < floor:
+            donor = max(range(len(shares)), key=lambda j: (shares[j], -j))
+            shares[donor] -= 1
+            shares[i] += 1
+    return tuple(shares)
 
 
 def share_positions(cursor: int, shares: tuple[int, ...], k: int) -> range:
