@@ -69,3 +69,9 @@ def test_resume_identity_ignores_run_length():
     c = JobSpec(steps=10, global_batch=8)
     assert a.resume_identity() == b.resume_identity()
     assert a.resume_identity() != c.resume_identity()
+
+
+def test_proof_refuses_diloco_with_a_way_out():
+    with pytest.raises(SpecError, match="every-step synchronization"):
+        parse_job({"steps": 4, "global_batch": 2, "proof": {"enabled": True},
+                   "sync": {"mode": "diloco", "inner_steps": 4}})

@@ -165,6 +165,12 @@ class JobSpec(Frozen):
             raise ValueError(f"aggregation = '{self.aggregation.value}' needs every worker's "
                              "full gradient every step: use it with [sync] mode = 'allreduce' "
                              "and codec = 'none', or use aggregation = 'mean'")
+        if self.proof.enabled and self.sync.mode is not SyncMode.allreduce:
+            # Between outer steps replicas hold different parameters, and a record's start
+            # state is one replica's: audits would have no state to agree on.
+            raise ValueError("[proof] work records need every-step synchronization: use "
+                             "[sync] mode = 'allreduce' with proof, or disable [proof] "
+                             "(proof under DiLoCo is not supported yet)")
         return self
 
     @property
