@@ -207,7 +207,9 @@ class Run:
             return
         if decision.commit:
             self.proof.committed()
+            applying = time.time()
             self._apply(scalars, decision.verdict)
+            self.balancer.after_apply(time.time() - applying)
             if decision.weights:
                 self.balancer.weights = decision.weights
         else:

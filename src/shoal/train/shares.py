@@ -1,9 +1,13 @@
 """Who computes how much of each step: shares from measured device speed.
 
-Each worker measures its own samples/s (a simulated slowdown included) and
-publishes it; every `rebalance_interval` steps the deciding voter proposes
-new weights if the speeds moved, and the step's decision carries them, so
-every member switches shares at the same step.
+Each worker measures its own samples/s (a simulated slowdown included) over
+the time a step costs it alone: its compute and its own part of the commit
+(the optimizer step, snapshots, logs), never the time it waits for others.
+Shares proportional to that converge to equal own-times, the balance point,
+even when a slow device's fixed per-step cost is large. Workers publish their
+speeds; every `rebalance_interval` steps the deciding voter proposes new
+weights if the speeds moved, and the step's decision carries them, so every
+member switches shares at the same step.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class ShareBalancer:
         self.base_world: int | None = None  # world size of the first epoch (linear policy)
         self.lr_scale = 1.0  # linear policy: world / base world
         self._speed: float | None = None
+        self._apply_s = 0.0  # this worker's own time committing a step (EMA)
 
     def shares(self, global_batch: int, world: int, policy: BatchPolicy) -> tuple[int, ...]:
         if policy is BatchPolicy.linear:
@@ -44,14 +49,21 @@ class ShareBalancer:
             time.sleep((self.slowdown - 1.0) * compute_s)
         if share == 0:
             return
-        speed = share / max(1e-6, time.time() - started)
+        speed = share / max(1e-6, time.time() - started + self._apply_s)
         self._speed = speed if self._speed is None else 0.8 * self._speed + 0.2 * speed
         if step % self.report_interval == 0:
             rdzv.report_speed(self.worker, self._speed)
 
+    def after_apply(self, seconds: float) -> None:
+        """How long applying a committed step took this worker (its optimizer step, its
+        snapshot): a fixed cost per step that its share must leave room for."""
+        self._apply_s = seconds if not self._apply_s else 0.8 * self._apply_s + 0.2 * seconds
+
     def proposal(self, rdzv: Rendezvous, members: tuple[str, ...],
                  step: int) -> tuple[float, ...] | None:
-        """New weights from measured speeds, every interval, if they moved by >10%."""
+        """New weights from measured speeds, every interval, if any worker's part moved by
+        more than 2% of an equal share (new weights cost nothing: the decision carries them,
+        and a larger dead band left the slowest worker 13% behind the balance point)."""
         interval = self.rebalance_interval
         if not interval or (step + 1) % interval:
             return None
@@ -60,4 +72,4 @@ class ShareBalancer:
             return None
         total_new, total_old = sum(speeds), sum(self.weights)
         moved = max(abs(n / total_new - o / total_old) for n, o in zip(speeds, self.weights))
-        return tuple(speeds) if moved > 0.1 / len(speeds) else None
+        return tuple(speeds) if moved > 0.02 / len(speeds) else None
