@@ -13,12 +13,14 @@ import pytest
 import torch
 
 from shoal.spec.job import Aggregation
-from shoal.train.aggregate import aggregate, centered_clip, median, trim_count, trimmed_mean
+from shoal.train.aggregate import (aggregate, centered_clip, krum_choice, median, multi_krum,
+                                   trim_count, trimmed_mean)
 from shoal.train.exchange import GradientExchange
 from shoal.train.group import GRAVEYARD, EpochGroup, GroupCancelled
 from tests.conftest import shoal_command, tiny_job_toml
 
-ROBUST = [Aggregation.trimmed_mean, Aggregation.median, Aggregation.centered_clip]
+ROBUST = [Aggregation.trimmed_mean, Aggregation.median, Aggregation.centered_clip,
+          Aggregation.multi_krum]
 
 
 def _t(*values: float) -> torch.Tensor:
@@ -64,6 +66,51 @@ def test_contributions_are_normalised_by_share_and_empty_shares_take_no_part():
     assert aggregate(Aggregation.trimmed_mean, contributions, weights).item() == pytest.approx(2.5)
     assert aggregate(Aggregation.median, contributions, weights).item() == pytest.approx(2.5)
     assert aggregate(Aggregation.centered_clip, contributions, weights).item() == pytest.approx(2.5)
+
+
+def test_krum_choice_by_hand():
+    # Four workers on a line at 0, 1, 3 and 10; f = 1, so each is scored by its squared
+    # distance to its nearest neighbour: 1, 1, 4, 49. The worker at 10 goes.
+    gradients = torch.stack([_t(0), _t(1), _t(3), _t(10)])
+    assert krum_choice(gradients) == [0, 1, 2]
+    # Eight workers: f = 2, each scored over its 4 nearest, the 6 lowest kept in rank order.
+    line = torch.stack([_t(v) for v in (50, 0, 1, 2, 3, 4, 5, -40)])
+    assert krum_choice(line) == [1, 2, 3, 4, 5, 6]
+    # Ties go to the lower rank.
+    assert krum_choice(torch.stack([_t(0), _t(1), _t(2), _t(3)])) == [0, 1, 2]
+
+
+def test_multi_krum_is_the_share_weighted_mean_of_the_kept_workers():
+    # Per-worker gradients 1, 2, 3 and a far-off 40 with unequal shares (and a fifth,
+    # empty share sending garbage): the kept three count by their shares.
+    weights = [0.1, 0.2, 0.3, 0.4, 0.0]
+    per_worker = [1.0, 2.0, 3.0, 40.0]
+    contributions = [_t(g * w) for g, w in zip(per_worker, weights)] + [_t(1e9)]
+    out = aggregate(Aggregation.multi_krum, contributions, weights)
+    assert out.item() == pytest.approx((0.1 * 1 + 0.2 * 2 + 0.3 * 3) / 0.6)
+    assert multi_krum(torch.stack([_t(1), _t(2), _t(3)]), [0.5, 0.25, 0.25], f=0).item() == \
+        pytest.approx(1.75)
+
+
+@pytest.mark.parametrize("attack", ["sign_flip_scaled", "huge", "nan", "inf"])
+def test_multi_krum_leaves_the_attacker_out_whole(attack):
+    # The cheat's move: any far-off vector at rank 1. Its outcome: the step is exactly
+    # the other three workers' mean, as if it had sent nothing.
+    truth, honest = _honest(3)
+    cheat = {"sign_flip_scaled": -10 * honest[0], "huge": torch.full_like(truth, 1e6),
+             "nan": torch.full_like(truth, float("nan")),
+             "inf": torch.full_like(truth, float("inf"))}[attack]
+    per_worker = [honest[0], cheat, honest[1], honest[2]]
+    assert krum_choice(torch.stack(per_worker)) == [0, 2, 3]
+    out = aggregate(Aggregation.multi_krum, [g * 0.25 for g in per_worker], [0.25] * 4)
+    torch.testing.assert_close(out, honest.mean(0))
+
+
+def test_multi_krum_without_attacker_drops_f_honest_workers():
+    # The cost of the rule when nobody cheats: f workers' samples are left out each step.
+    _, honest = _honest(8)
+    assert len(krum_choice(honest[:4])) == 3 and len(krum_choice(honest)) == 6
+    assert len(krum_choice(honest[:3])) == 2
 
 
 @pytest.mark.parametrize("rule", ROBUST)

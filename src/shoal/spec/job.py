@@ -96,6 +96,7 @@ class Aggregation(str, enum.Enum):
     trimmed_mean = "trimmed_mean"
     median = "median"
     centered_clip = "centered_clip"
+    multi_krum = "multi_krum"  # drops whole workers: the n - f nearest to the others stay
 
 
 class SyncSpec(Frozen):
