@@ -94,6 +94,7 @@ class EpochGroup:
         self.timeout_s, self.poll_s = timeout_s, poll_s
         self.device = torch.device("cpu")  # gloo exchanges CPU tensors
         self._in_flight: list[object] = []
+        self._started: list[object] = []  # background all-reduces not yet waited for
 
     @classmethod
     def build(cls, store: dist.Store, epoch: int, rank: int, world: int, *, backend: str,
@@ -134,6 +135,18 @@ class EpochGroup:
         works = [self.pg.allreduce([t], dist.AllreduceOptions()) for t in tensors]
         self._run(works, tensors, should_cancel, "all-reduce")
 
+    def start_all_reduce(self, tensor: torch.Tensor) -> dist.Work:
+        """Begin summing `tensor` across the group and return at once; `wait_for` it
+        later. Every member must start it at the same point of its collectives."""
+        work = self.pg.allreduce([tensor], dist.AllreduceOptions())
+        self._started += [work, tensor]
+        return work
+
+    def wait_for(self, work: dist.Work, tensor: torch.Tensor, should_cancel: ShouldCancel) -> None:
+        """Finish a `start_all_reduce`, with the same deadline and cancel check as the rest."""
+        self._run([work], [tensor], should_cancel, "background all-reduce")
+        self._started = [t for t in self._started if t is not work and t is not tensor]
+
     def all_gather(self, tensors: list[torch.Tensor],
                    should_cancel: ShouldCancel) -> list[list[torch.Tensor]]:
         """Every member's copy of each tensor, in rank order (one collective per tensor).
@@ -153,9 +166,9 @@ class EpochGroup:
 
     def abandon(self) -> None:
         """Hand this group and anything in flight to the graveyard; never touch it again."""
-        GRAVEYARD.bury([self.pg, *self._in_flight], linger_s=self.timeout_s + 5.0)
+        GRAVEYARD.bury([self.pg, *self._in_flight, *self._started], linger_s=self.timeout_s + 5.0)
         self.pg = None  # type: ignore[assignment]
-        self._in_flight = []
+        self._in_flight, self._started = [], []
 
 
 def _new_backend(backend: str, store: dist.Store, rank: int, world: int,
