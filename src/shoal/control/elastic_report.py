@@ -132,4 +132,7 @@ def build_report(run_dir: Path, faults: list[FaultEvent], started: float,
         train_loss=statistics.fmean(applied[-20:]) if applied else None,
         val_loss=final.get("val_loss"),
         samples_dropped=sum(r.samples_dropped for r in steps),
+        slt_seen=max((r.slt_seen for r in steps if r.slt_seen), default=None),
+        rounds_late=sum(r.rounds_late for r in steps),
+        rounds_dropped=sum(r.rounds_dropped for r in steps),
     )

@@ -104,6 +104,13 @@ class StepRecord(Frozen):
     # DiLoCo outer steps: samples the round committed whose inner work no member present
     # brought to the outer step (it was lost with a member).
     samples_dropped: int = 0
+    # Bounded-staleness DiLoCo ([sync] slt): of the rounds applied at this step, the most
+    # outer steps between the start of a round's exchange and its application (None:
+    # none applied here), how many were late (> 0), and rounds abandoned in flight
+    # (a membership change) since the step before.
+    slt_seen: int | None = None
+    rounds_late: int = 0
+    rounds_dropped: int = 0
 
 
 class FaultKind(str, enum.Enum):
@@ -143,3 +150,9 @@ class ElasticReport(Frozen):
     # Samples seen in committed steps whose gradient work never reached the model: a
     # DiLoCo member lost mid-round takes its inner work with it (0 for every-step sync).
     samples_dropped: int = 0
+    # Bounded-staleness DiLoCo ([sync] slt = k): the most outer steps a round's average
+    # was applied after its exchange started (k, or less at the run's end; None when no
+    # round was applied late), the rounds applied late, and those abandoned in flight.
+    slt_seen: int | None = None
+    rounds_late: int = 0
+    rounds_dropped: int = 0

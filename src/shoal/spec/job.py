@@ -117,6 +117,10 @@ class SyncSpec(Frozen):
     codec: Codec = Codec.none
     topk_fraction: float = Field(0.01, gt=0.0, lt=1.0)  # share of entries top-k keeps
     powersgd_rank: int = Field(4, ge=1, le=1024)
+    # Bounded staleness (DiLoCo only): a round's averaged pseudo-gradient is exchanged in
+    # the background and applied exactly `slt` outer steps later, so a slow link stalls
+    # nobody; 0 waits for the average at the outer step (shoal.train.staleness).
+    slt: int = Field(0, ge=0, le=16)
 
     @model_validator(mode="after")
     def _consistent(self) -> SyncSpec:
@@ -126,6 +130,16 @@ class SyncSpec(Frozen):
         if self.mode is SyncMode.diloco and self.inner_steps < 2:
             raise ValueError("sync.mode = 'diloco' needs inner_steps >= 2 (1 is every-step "
                              "all-reduce with an extra optimizer; use mode = 'allreduce')")
+        if self.slt > 0 and self.mode is not SyncMode.diloco:
+            raise ValueError(f"sync.slt = {self.slt} delays DiLoCo's outer steps; every-step "
+                             "all-reduce has none to delay: set mode = 'diloco' (with "
+                             "inner_steps) or drop slt")
+        if self.slt > 0 and self.codec is not Codec.none:
+            # A codec exchanges in several dependent collectives (PowerSGD's P then Q),
+            # which cannot run in the background beside the inner steps' votes yet.
+            raise ValueError(f"sync.slt = {self.slt} exchanges the pseudo-gradient in the "
+                             f"background uncompressed; codec = '{self.codec.value}' cannot "
+                             "run there yet: use codec = 'none' with slt, or slt = 0")
         return self
 
 

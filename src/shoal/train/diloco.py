@@ -38,7 +38,21 @@ from shoal.train.sync import InnerStep, StepWork
 log = logging.getLogger(__name__)
 
 
+def outer_sgd_step(outer: torch.Tensor, momentum: torch.Tensor, delta: torch.Tensor,
+                   spec: SyncSpec) -> None:
+    """SGD with Nesterov momentum on theta_outer, in place (torch.optim.SGD's update)."""
+    mu, lr = spec.outer_momentum, spec.outer_lr
+    with torch.no_grad():
+        momentum.mul_(mu).add_(delta)
+        update = delta.add(momentum, alpha=mu) if mu > 0 else delta
+        outer.sub_(update, alpha=lr)
+
+
 class DiLoCo:
+    # Bounded staleness (shoal.train.staleness) reports these; here rounds apply at once.
+    slt_seen: int | None = None
+    rounds_late = rounds_dropped = 0
+
     def __init__(self, exchange: GradientExchange, optimizer: torch.optim.Optimizer,
                  spec: SyncSpec) -> None:
         self.params = exchange.params
@@ -188,12 +202,7 @@ class DiLoCo:
         inner_step()
 
     def _outer_step(self, delta: torch.Tensor) -> None:
-        """SGD with Nesterov momentum on theta_outer (torch.optim.SGD's update)."""
-        mu, lr = self.spec.outer_momentum, self.spec.outer_lr
-        with torch.no_grad():
-            self.momentum.mul_(mu).add_(delta)
-            update = delta.add(self.momentum, alpha=mu) if mu > 0 else delta
-            self.outer.sub_(update, alpha=lr)
+        outer_sgd_step(self.outer, self.momentum, delta, self.spec)
         self._load_flat(self.outer)
         self.consensus = True
 

@@ -30,6 +30,8 @@ class StepLog:
             t_start=run._attempt_start, t_commit=t_commit, loss=loss, applied=applied,
             param_sha256=fingerprint, bytes_sent=run.sync.bytes_sent,
             samples_dropped=run.sync.samples_dropped,
+            slt_seen=run.sync.slt_seen, rounds_late=run.sync.rounds_late,
+            rounds_dropped=run.sync.rounds_dropped,
         )
         self._handle.write(record.model_dump_json() + "\n")
 

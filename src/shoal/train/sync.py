@@ -3,7 +3,8 @@
 `EveryStep` exchanges gradients at every step: one plain all-reduce (exact,
 today's path), a robust rule's all-gather, or a codec with error feedback
 (then only the small scalar tail is all-reduced beside it). DiLoCo
-(`shoal.train.diloco`) takes local steps and exchanges pseudo-gradients.
+(`shoal.train.diloco`) takes local steps and exchanges pseudo-gradients;
+with `slt > 0` (`shoal.train.staleness`) it does so in the background.
 The run talks to either through the same few calls.
 """
 
@@ -40,6 +41,8 @@ class EveryStep:
     """Gradients exchanged every step; every replica applies the same update."""
 
     consensus = True  # the model always holds the parameters every replica holds
+    slt_seen: int | None = None  # no outer rounds, so none applied late or dropped
+    rounds_late = rounds_dropped = 0
 
     def __init__(self, exchange: GradientExchange, codec: Codec | None) -> None:
         self.exchange, self.codec = exchange, codec
@@ -112,6 +115,10 @@ def make_sync(spec: SyncSpec | None, exchange: GradientExchange,
     """The job's sync: every-step (optionally compressed) or DiLoCo."""
     spec = spec or SyncSpec()
     float32 = [p.shape for p in exchange.params if p.dtype == torch.float32]
+    if spec.mode is SyncMode.diloco and spec.slt > 0:
+        from shoal.train.staleness import StaleDiLoCo
+
+        return StaleDiLoCo(exchange, optimizer, spec)
     if spec.mode is SyncMode.diloco:
         from shoal.train.diloco import DiLoCo
 
