@@ -28,6 +28,10 @@ def agent_command(
                                   "(default runs/agent-ID)."),
     grace_s: float = typer.Option(20.0, "--grace-s", min=0.0, help="Seconds a leaving worker "
                                   "gets to hand over."),
+    adversary: str = typer.Option(None, "--adversary", metavar="NAME",
+                                  help="Make this provider's workers cheat, to rehearse the "
+                                       "verifiers (a built-in of `shoal train --adversary`, or "
+                                       "module:callable)."),
     url: str = URL, key: Path = KEY,
 ) -> None:
     """Pre-flight this machine, offer its devices, run workers for their leases."""
@@ -43,6 +47,7 @@ def agent_command(
     config = AgentConfig(agent_id=agent_id, work_dir=work_dir or Path("runs") / f"agent-{agent_id}",
                          devices=devices, device_kind=device_kind, region=region,
                          price_wei_per_s=price, slowdown=slowdown, grace_s=grace_s,
+                         adversary=adversary,
                          tenancy=Tenancy.on_demand if on_demand else Tenancy.spot)
     with CoordinatorClient(url, load_key(str(key))) as client:
         agent = Agent(client, config)

@@ -28,6 +28,9 @@ def coordinator_command(
                                  help="The market contract on --chain-rpc."),
     operator_key: Path = typer.Option(None, "--operator-key", help="File with the contract "
                                       "operator's private key."),
+    referee_key: Path = typer.Option(None, "--referee-key", help="File with the contract "
+                                     "referee's private key: guilty verdicts are then ruled on "
+                                     "by one replay and slashed on chain."),
 ) -> None:
     """Run the coordinator: market rounds, agents' heartbeats, jobs, audit log, /metrics."""
     import uvicorn
@@ -47,7 +50,11 @@ def coordinator_command(
         settings = CoordinatorSettings(**values)
     except ValidationError as error:
         raise ControlError("; ".join(e["msg"] for e in error.errors())) from None
-    coordinator = Coordinator(settings, settlement=_settlement(settings))
+    settlement = _settlement(settings)
+    from shoal.jobs.gpt_replay import gpt_replayer
+
+    coordinator = Coordinator(settings, settlement=settlement,
+                              referee_key=_referee(referee_key, settlement), replayer=gpt_replayer)
     log.info("coordinator %r on http://%s:%d (store %s)", settings.audience, settings.host,
              settings.port, coordinator.engine.url.render_as_string())
     uvicorn.run(create_app(coordinator), host=settings.host, port=settings.port,
@@ -71,3 +78,18 @@ def _settlement(settings):  # noqa: ANN001, ANN202 - CoordinatorSettings -> Sett
                            "the owner sets it with set_operator")
     log.info("settling on chain %d, contract %s", ledger.chain.chain_id, ledger.address)
     return Settlement(ledger, operator)
+
+
+def _referee(path: Path | None, settlement):  # noqa: ANN001, ANN202 - -> LocalAccount | None
+    if path is None:
+        return None
+    from shoal.control.errors import ControlError
+    from shoal.control.identity import load_key
+
+    if settlement is None:
+        raise ControlError("--referee-key rules on chain: give --chain-rpc, --contract and "
+                           "--operator-key too")
+    referee = load_key(str(path))
+    if settlement.ledger.roles()["referee"].lower() != referee.address.lower():
+        raise ControlError(f"{referee.address} is not the referee of {settlement.ledger.address}")
+    return referee

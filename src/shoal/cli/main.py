@@ -24,8 +24,8 @@ from shoal.cli.coordinator_cmd import coordinator_command
 from shoal.cli.log_format import configure as configure_logging
 from shoal.cli.plan_cmd import plan_command
 from shoal.cli.market_cmd import (
-    cancel_command, events_command, jobs_command, key_app, providers_command, submit_command,
-    top_up_command,
+    cancel_command, events_command, grant_command, jobs_command, key_app, providers_command,
+    submit_command, top_up_command,
 )
 from shoal.cli.rendezvous_cmd import rendezvous_command
 from shoal.cli.run_cmd import run_command
@@ -51,6 +51,7 @@ app.command("providers")(providers_command)
 app.command("events")(events_command)
 app.command("top-up")(top_up_command)
 app.command("cancel")(cancel_command)
+app.command("grant")(grant_command)
 app.add_typer(key_app, name="key")
 app.command("plan")(plan_command)
 app.command("verify")(verify_command)

@@ -152,3 +152,16 @@ def cancel_command(job: str = typer.Argument(...), url: str = URL, key: Path = K
     with _client(url, key) as client:
         view = client.job_action(job, "cancel")
     typer.echo(f"{view.job_id}: {view.status.value}, spent {view.spent_wei} wei")
+
+
+def grant_command(address: str = typer.Argument(..., help="The key's 0x address."),
+                  role: str = typer.Argument(..., help="verifier or operator."),
+                  name: str = typer.Option("granted", "--name", help="Its name in the audit log."),
+                  url: str = URL, key: Path = KEY) -> None:
+    """Give a key the verifier or operator role (you must be an operator)."""
+    from shoal.spec.coordinator import Grant, Participant, Role
+
+    with _client(url, key) as client:
+        view = client._post("/v1/grants", Grant(address=address, role=Role(role), name=name),
+                            Participant)
+    typer.echo(f"{view.address}: {view.role.value} ({view.name})")

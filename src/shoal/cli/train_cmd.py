@@ -21,6 +21,7 @@ def train_command(
     fresh: bool = typer.Option(False, "--fresh", help="Delete this job's checkpoints and start over."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Override the job's step count."),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Override checkpoint.dir."),
+    proof_dir: Optional[str] = typer.Option(None, "--proof-dir", help="Override proof.dir."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write a JSON report here."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     workers: Optional[int] = typer.Option(None, "--workers", "-n", min=1,
@@ -46,6 +47,8 @@ def train_command(
     job = load_job(job_file, overrides={"steps": steps})
     if checkpoint_dir is not None:
         job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update={"dir": checkpoint_dir})})
+    if proof_dir is not None:
+        job = job.model_copy(update={"proof": job.proof.model_copy(update={"dir": proof_dir})})
 
     if workers is not None:
         options = LaunchOptions(

@@ -16,7 +16,8 @@ from shoal.spec import hyper_digest, load_job
 
 
 def verify_command(
-    job_file: Path = typer.Argument(..., help="The job file the run used (its [proof] section)."),
+    job_file: Optional[Path] = typer.Argument(None, help="The job file the run used (its [proof] "
+                                              "section); not with --coordinator."),
     proof_dir: Optional[Path] = typer.Option(None, "--proof-dir", help="Override proof.dir."),
     rate: Optional[float] = typer.Option(None, "--rate", min=0.0, max=1.0,
                                          help="Share of each epoch's records to replay "
@@ -43,8 +44,29 @@ def verify_command(
     contract: Optional[str] = typer.Option(None, "--contract", envvar="SHOAL_LEDGER_CONTRACT",
                                            help="Market contract address (with --chain-job)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    coordinator: Optional[str] = typer.Option(None, "--coordinator", envvar="SHOAL_COORDINATOR_URL",
+                                              help="Audit a market job through this coordinator "
+                                                   "(URL), filing signed verdicts there."),
+    job_id: Optional[str] = typer.Option(None, "--job", help="The market job's id (with "
+                                                             "--coordinator)."),
+    answer_wait_s: float = typer.Option(60.0, "--answer-wait-s", min=0.1,
+                                        help="With --coordinator: how long agents get to "
+                                             "answer a challenge."),
 ) -> None:
     """Replay sampled work records of a job and judge each one."""
+    try:
+        salt_bytes = bytes.fromhex(salt) if salt else secrets.token_bytes(16)
+    except ValueError:
+        raise ShoalError(f"--salt {salt!r} is not hex") from None
+    if coordinator is not None:
+        if job_file is not None or job_id is None or key is None:
+            raise ShoalError("--coordinator audits a market job: give --job ID and --key PATH "
+                             "(a verifier's key), and no job file")
+        _verify_remote(coordinator, job_id, key, salt_bytes, rate, every, follow, interval_s,
+                       answer_wait_s, tolerance, as_json)
+        return
+    if job_file is None:
+        raise ShoalError("give the job file the run used, or --coordinator URL --job ID")
     job = load_job(job_file)
     directory = str(proof_dir) if proof_dir else job.proof_dir
     if follow:
@@ -52,11 +74,6 @@ def verify_command(
     if not Path(directory, "records").is_dir():
         raise ShoalError(f"no work records under {directory}: run the job with [proof] "
                          "enabled = true (or pass --proof-dir)")
-    try:
-        salt_bytes = bytes.fromhex(salt) if salt else secrets.token_bytes(16)
-    except ValueError:
-        raise ShoalError(f"--salt {salt!r} is not hex") from None
-
     from shoal.control.trust.verdicts import VerdictLog, sign_verdict
     from shoal.control.trust.verifier import Verifier
     from shoal.jobs.gpt_replay import gpt_replayer
@@ -108,6 +125,52 @@ def verify_command(
     if not results:
         raise ShoalError(f"no complete proof epoch in {directory} to audit yet")
     _print(results, salt_bytes, time.perf_counter() - started, as_json)
+    if any(r.guilty for r in results):
+        raise typer.Exit(1)
+
+
+def _verify_remote(url: str, job_id: str, key: Path, salt: bytes, rate: float | None, every: bool,
+                   follow: bool, interval_s: float, answer_wait_s: float,
+                   tolerance: float | None, as_json: bool) -> None:
+    """Audit a market job through its coordinator: challenges, replays, filed verdicts."""
+    import tomllib
+
+    from shoal.control.client import CoordinatorClient
+    from shoal.control.identity import load_key
+    from shoal.control.trust.remote import RemoteAudits
+    from shoal.jobs.gpt_replay import gpt_replayer
+    from shoal.spec.coordinator import ENDED
+    from shoal.spec.jobfile import parse_job
+    from shoal.train.audit import Auditor
+    from shoal.train.proof_store import ProofStore
+
+    account = load_key(str(key))
+    results, started = [], time.perf_counter()
+    with CoordinatorClient(url, account) as client:
+        job = parse_job(tomllib.loads(client.job_file(job_id)), source=f"job {job_id}")
+        if not job.proof.enabled:
+            raise ShoalError(f"job {job_id} keeps no work records ([proof] enabled = false)")
+        store = ProofStore(Path("runs") / "verifier" / account.address / job_id)
+        auditor = Auditor(store, gpt_replayer(job), hyper_sha256=hyper_digest(job.hyperparameters()),
+                          tolerance=tolerance if tolerance is not None else job.proof.tolerance,
+                          verifier=account.address)
+        audits = RemoteAudits(client, job_id, job, auditor, account, salt=salt, rate=rate,
+                              every=every, answer_wait_s=answer_wait_s)
+        last_epoch = (job.steps - 1) // job.proof.epoch_steps
+        while True:
+            for epoch in audits.pending_epochs():
+                result = audits.audit(epoch)
+                results.append(result)
+                if follow and not as_json:
+                    typer.echo(f"epoch {epoch}: {len(result.verdicts)} audits filed, guilty: "
+                               f"{', '.join(sorted(result.guilty)) or 'none'}")
+            ended = client.job(job_id).status in ENDED
+            if not follow or last_epoch in audits.done or (ended and not audits.pending_epochs()):
+                break
+            time.sleep(interval_s)
+    if not results:
+        raise ShoalError(f"job {job_id} has no rooted proof epoch to audit yet (try --follow)")
+    _print(results, salt, time.perf_counter() - started, as_json)
     if any(r.guilty for r in results):
         raise typer.Exit(1)
 

@@ -16,7 +16,12 @@ from shoal.spec.coordinator import (
     AgentRegistration, AgentView, Event, Heartbeat, HeartbeatReply, Info, JobSubmission, JobView,
     OfferTerms, OfferView, Participant, ProviderView, Registration, TopUp,
 )
+from shoal.spec.audit import (
+    ChallengeRequest, Challenges, ChallengeView, JobFile, ProofEpochView, RecordUpload, UploadReceipt,
+    VerdictFiling, VerdictView,
+)
 from shoal.spec.ledger import LeaseAcceptance
+from shoal.spec.proof import WorkRecord
 
 T = TypeVar("T")
 
@@ -52,11 +57,17 @@ class CoordinatorClient:
             self._info = self._get("/v1/info", Info)
         return self._info
 
-    def request(self, method: str, path: str, body: BaseModel | None = None,
-                params: dict[str, Any] | None = None, sign: bool = True) -> Any:
-        content = b"" if body is None else body.model_dump_json().encode()
+    def request(self, method: str, path: str, body: BaseModel | bytes | None = None,
+                params: dict[str, Any] | None = None, sign: bool = True, raw: bool = False) -> Any:
+        """One call; `body` bytes go as a file (octet-stream), a model as JSON; `raw`
+        answers the response's bytes instead of its JSON."""
+        if isinstance(body, bytes):
+            content, content_type = body, "application/octet-stream"
+        else:
+            content = b"" if body is None else body.model_dump_json().encode()
+            content_type = "application/json"
         request = self._http.build_request(method, path, content=content, params=params,
-                                           headers={"content-type": "application/json"})
+                                           headers={"content-type": content_type})
         if sign:
             if self.account is None:
                 raise ControlError("this call changes state and must be signed: give a key "
@@ -71,6 +82,8 @@ class CoordinatorClient:
                                "is it running (`shoal coordinator`)?") from None
         if response.status_code >= 400:
             raise CoordinatorRefused(response.status_code, _detail(response))
+        if raw:
+            return response.content
         return response.json() if response.content else None
 
     def _get(self, path: str, kind: type[T], **params: Any) -> T:
@@ -122,6 +135,40 @@ class CoordinatorClient:
 
     def events(self, job: str | None = None, after: int = 0, limit: int = 200) -> list[Event]:
         return self._get("/v1/events", list[Event], job=job, after=after, limit=limit)
+
+
+    # ------------------------------------------------------------ proof of learning
+    def upload_records(self, job_id: str, upload: RecordUpload) -> UploadReceipt:
+        return self._post(f"/v1/jobs/{job_id}/proof/records", upload, UploadReceipt)
+
+    def work_records(self, job_id: str, epoch: int) -> list[WorkRecord]:
+        return self._get(f"/v1/jobs/{job_id}/proof/records", list[WorkRecord], epoch=epoch)
+
+    def job_file(self, job_id: str) -> str:
+        return self._get(f"/v1/jobs/{job_id}/job-file", JobFile).job_file
+
+    def proof_epochs(self, job_id: str) -> list[ProofEpochView]:
+        return self._get(f"/v1/jobs/{job_id}/proof/epochs", list[ProofEpochView])
+
+    def raise_challenges(self, job_id: str, items: list[ChallengeRequest]) -> list[ChallengeView]:
+        return self._post(f"/v1/jobs/{job_id}/proof/challenges", Challenges(items=tuple(items)),
+                          list[ChallengeView])
+
+    def challenges(self, job_id: str) -> list[ChallengeView]:
+        return self._get(f"/v1/jobs/{job_id}/proof/challenges", list[ChallengeView])
+
+    def answer_challenge(self, challenge: int, data: bytes) -> ChallengeView:
+        return TypeAdapter(ChallengeView).validate_python(
+            self.request("PUT", f"/v1/challenges/{challenge}/answer", data))
+
+    def challenge_file(self, challenge: int) -> bytes:
+        return self.request("GET", f"/v1/challenges/{challenge}/file", sign=False, raw=True)
+
+    def file_verdicts(self, job_id: str, filing: VerdictFiling) -> list[VerdictView]:
+        return self._post(f"/v1/jobs/{job_id}/proof/verdicts", filing, list[VerdictView])
+
+    def verdicts(self, job_id: str) -> list[VerdictView]:
+        return self._get(f"/v1/jobs/{job_id}/proof/verdicts", list[VerdictView])
 
 
 def _detail(response: httpx.Response) -> str:

@@ -13,6 +13,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
+from shoal.spec.audit import ChallengeView
 from shoal.spec.job import Frozen
 from shoal.spec.market import DeviceLease, Name, PricePerSecond, Tenancy, Wei
 
@@ -214,6 +215,8 @@ class HeartbeatReply(Frozen):
     at_s: float
     assignments: tuple[Assignment, ...] = ()
     stop: tuple[int, ...] = ()  # leases that ended: stop their workers now
+    # Files verifiers asked for: send each (PUT /v1/challenges/N/answer) from the proof dir.
+    challenges: tuple[ChallengeView, ...] = ()
 
 
 class Event(Frozen):

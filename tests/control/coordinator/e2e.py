@@ -80,9 +80,10 @@ class Stack:
         return process
 
     def coordinator(self, store: str, bind: str, port: int, host=None,
-                    operator: str | None = None, chain: tuple[str, ...] = ()) -> subprocess.Popen:
+                    operator: str | None = None, chain: tuple[str, ...] = (),
+                    extra: tuple[str, ...] = ()) -> subprocess.Popen:
         """`chain`: the --chain-rpc, --contract and --operator-key to settle with."""
-        args = ["coordinator", "--store", store, "--host", bind, "--port", str(port)]
+        args = ["coordinator", "--store", store, "--host", bind, "--port", str(port), *extra]
         if operator:
             args += ["--operator", operator]
         if chain:
@@ -90,11 +91,12 @@ class Stack:
         return self.start("coordinator", *args, host=host)
 
     def agent(self, agent_id: str, url: str, price: int, host=None, slowdown: float = 1.0,
-              account=None) -> subprocess.Popen:
+              account=None, extra: tuple[str, ...] = ()) -> subprocess.Popen:
         key = key_file(self.tmp / f"{agent_id}.key", account)
         return self.start(agent_id, "agent", "--agent-id", agent_id, "--coordinator", url,
                           "--key", str(key), "--price", str(price), "--slowdown", str(slowdown),
-                          "--work-dir", str(self.tmp / agent_id), "--grace-s", "5", host=host)
+                          "--work-dir", str(self.tmp / agent_id), "--grace-s", "5", *extra,
+                          host=host)
 
     def close(self) -> None:
         # Job hosts run in sessions of their own (they outlive a coordinator); end ours too.

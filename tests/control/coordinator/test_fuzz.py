@@ -15,8 +15,10 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error
 
 from shoal.control.identity import sign_request
-from shoal.spec.coordinator import JobSubmission, OfferTerms, Registration
+from shoal.spec.coordinator import Grant, JobSubmission, OfferTerms, Registration, Role
 from tests.control.coordinator.conftest import TINY_JOB, Served, provider_with_agent
+
+PROOF_JOB = TINY_JOB + "[proof]\nenabled = true\nepoch_steps = 5\n"  # the proof routes take it
 
 
 class SigningSession(requests.Session):
@@ -28,7 +30,9 @@ class SigningSession(requests.Session):
 
     def send(self, request, **kwargs):  # noqa: ANN001, ANN201
         path = request.path_url
-        role = ("provider" if path.startswith(("/v1/agents", "/v1/offers")) else
+        role = ("provider" if path.startswith(("/v1/agents", "/v1/offers", "/v1/challenges"))
+                or "/proof/records" in path else
+                "verifier" if "/proof/" in path else
                 "operator" if path.startswith("/v1/grants") else "submitter")
         body = request.body or b""
         body = body.encode() if isinstance(body, str) else body
@@ -39,14 +43,18 @@ class SigningSession(requests.Session):
 
 @pytest.fixture
 def fuzz_schema(served: Served, operator):
-    keys = {"provider": Account.create(), "submitter": Account.create(), "operator": operator}
+    keys = {"provider": Account.create(), "submitter": Account.create(), "operator": operator,
+            "verifier": Account.create()}
     provider, submitter = served.client(keys["provider"]), served.client(keys["submitter"])
     provider_with_agent(provider, "agent-a")  # something real for the fuzzer to hit
     provider.post_offer(OfferTerms(offer_id="dev-a", agent_id="agent-a", price_wei_per_s=10**6))
     submitter.register(Registration(role="submitter", name="alice"))
-    job = submitter.submit(JobSubmission(name="tiny", job_file=TINY_JOB, workers=1,
+    job = submitter.submit(JobSubmission(name="tiny", job_file=PROOF_JOB, workers=1,
                                    max_price_wei_per_s=10**6, budget_wei=10**12))
-    served.known = {"job_id": job.job_id, "agent_id": "agent-a", "offer_id": "dev-a", "lease": 1}
+    served.client(operator).request("POST", "/v1/grants", Grant(
+        address=keys["verifier"].address, role=Role.verifier, name="vera"))
+    served.known = {"job_id": job.job_id, "agent_id": "agent-a", "offer_id": "dev-a", "lease": 1,
+                    "challenge": 1}
     served.fuzz_session = SigningSession(keys, served.app.state.coordinator.settings.audience)
     return schemathesis.openapi.from_dict(served.app.openapi())
 

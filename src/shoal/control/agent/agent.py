@@ -15,6 +15,7 @@ from pathlib import Path
 
 from shoal.control.agent.leases import LeaseWorkers
 from shoal.control.agent.preflight import preflight
+from shoal.control.agent.proofs import ProofRelay
 from shoal.control.client import CoordinatorClient, CoordinatorRefused
 from shoal.control.errors import ControlError
 from shoal.ledger.acceptance import sign_acceptance
@@ -37,6 +38,7 @@ class AgentConfig:
     tenancy: Tenancy = Tenancy.spot
     slowdown: float = 1.0  # pose as a device this many times slower (demos, tests)
     grace_s: float = 20.0  # a leaving worker's time to hand over before it is killed
+    adversary: str | None = None  # workers cheat this way (rehearsing the verifiers)
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -49,7 +51,8 @@ class Agent:
     def __init__(self, client: CoordinatorClient, config: AgentConfig) -> None:
         self.client, self.config = client, config
         self.workers = LeaseWorkers(config.agent_id, config.work_dir, config.slowdown,
-                                    config.grace_s)
+                                    config.grace_s, adversary=config.adversary)
+        self.proofs = ProofRelay(client, config.work_dir, config.agent_id)
         self.stopping = threading.Event()
         self.offer_ids = [f"{config.agent_id}-d{i}" for i in range(config.devices)]
         self.accepted: set[int] = set()  # leases whose chain terms were signed
@@ -91,6 +94,8 @@ class Agent:
                     self._repost_if_withdrawn()
                 self._accept(reply.assignments)
                 self.workers.follow(reply.assignments, reply.stop)
+                self.proofs.upload({w.job for w in self.workers.workers.values()})
+                self.proofs.answer(reply.challenges)
             except ControlError as error:
                 if offline_since is None:
                     offline_since = time.monotonic()

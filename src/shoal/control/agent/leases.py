@@ -18,6 +18,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shoal.control.agent.proofs import proof_dir
 from shoal.control.worker_process import WorkerProcess
 from shoal.spec.errors import SpecError
 from shoal.spec.jobfile import parse_job, refuse_for_providers
@@ -39,8 +40,9 @@ class LeaseWorker:
 
 class LeaseWorkers:
     def __init__(self, agent_id: str, work_dir: Path, slowdown: float = 1.0,
-                 grace_s: float = 20.0, max_restarts: int = 2) -> None:
-        self.agent_id, self.work_dir = agent_id, work_dir
+                 grace_s: float = 20.0, max_restarts: int = 2,
+                 adversary: str | None = None) -> None:
+        self.agent_id, self.work_dir, self.adversary = agent_id, work_dir, adversary
         self.slowdown, self.grace_s, self.max_restarts = slowdown, grace_s, max_restarts
         self.workers: dict[int, LeaseWorker] = {}
         self.refused: set[int] = set()  # leases whose job file this agent will not run
@@ -88,13 +90,17 @@ class LeaseWorkers:
         node = f"{self.agent_id}-l{lease.lease}-a{attempt}"
         # The submitter's job file never chooses where on this machine files are written:
         # checkpoints go under the agent's own directory, one per job, kept across leases.
+        # Work records and challenge files likewise (the agent uploads and answers from there).
         checkpoints = self.work_dir / "jobs" / lease.job / "checkpoints"
         command = [sys.executable, "-m", "shoal.cli.main", "train", str(job_file),
                    "--workers", "1", "--rendezvous", assignment.rendezvous, "--node", node,
                    "--run-dir", str(lease_dir / f"run-{attempt}"), "--grace-s", str(self.grace_s),
-                   "--checkpoint-dir", str(checkpoints)]
+                   "--checkpoint-dir", str(checkpoints),
+                   "--proof-dir", str(proof_dir(self.work_dir, lease.job))]
         if self.slowdown > 1.0:
             command += ["--slow", f"0:{self.slowdown}"]
+        if self.adversary:
+            command += ["--adversary", f"0={self.adversary}"]
         env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
         process = WorkerProcess(node, command, env, lease_dir / "worker.log",
                                 on_exit=lambda _: None)

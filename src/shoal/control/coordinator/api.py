@@ -22,6 +22,7 @@ from starlette.routing import Match, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from shoal import __version__
+from shoal.control.coordinator.api_proofs import FILE_PATHS, proof_routes
 from shoal.control.coordinator.auth import coordinator_of, signed, signed_beat
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.limits import BodyLimit
@@ -84,10 +85,12 @@ def create_app(coordinator: Coordinator, run_rounds: bool = True) -> FastAPI:
     app = FastAPI(title="shoal coordinator", version=__version__, lifespan=lifespan,
                   responses=PROBLEMS)
     app.state.coordinator, app.state.metrics, app.state.rounds = coordinator, metrics, rounds
-    app.add_middleware(BodyLimit, max_bytes=coordinator.settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=coordinator.settings.max_body_bytes,
+                       file_bytes=coordinator.settings.max_file_bytes, file_paths=FILE_PATHS)
     _errors(app, metrics)
     _timing(app, metrics)
     _routes(app)
+    proof_routes(app)
     _fast_heartbeats(app, coordinator, metrics)
     return app
 

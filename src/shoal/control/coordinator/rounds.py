@@ -34,6 +34,7 @@ class RoundLoop:
                         self.coordinator.settings.agent_timeout_s, ", ".join(lost))
         clearing = self.coordinator.clear()
         self.coordinator.supervise_jobs()
+        self.coordinator.root_epochs()
         self.metrics.rounds.inc()
         self.metrics.leases.inc(sum(len(f.new_leases) for f in clearing.fills))
         self.metrics.notices.inc(len(clearing.notices))

@@ -27,6 +27,7 @@ from shoal.control.coordinator.chain_jobs import ChainSettlement
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.job_hosts import JobHosts
 from shoal.control.coordinator.participants import Participants
+from shoal.control.coordinator.proofs import ProofService
 from shoal.control.coordinator.reads import CoordinatorReads
 from shoal.control.coordinator.settings import CoordinatorSettings
 from shoal.control.coordinator.settlement import Settlement
@@ -51,12 +52,18 @@ log = logging.getLogger(__name__)
 _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
-class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlement):
+class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlement, ProofService):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
                  clock: Callable[[], float] = time.time,
-                 settlement: Settlement | None = None) -> None:
+                 settlement: Settlement | None = None, referee_key: Any = None,
+                 replayer: Any = None) -> None:
+        """`referee_key`: the contract's referee account; the coordinator then slashes
+        through the contract on the guilty verdicts its replay upholds. `replayer`: builds
+        a job's replayer (JobSpec -> Replayer), for those rulings."""
+        from shoal.control.coordinator.referee import Referee
+
         self.settings = settings
         self.settlement = settlement  # None: escrow is the store's bookkeeping only
         self.engine = engine or open_store_engine(settings.store_url)
@@ -70,6 +77,8 @@ class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlemen
         self.hosts = JobHosts(settings.data_dir / "jobs", settings.rendezvous_address,
                               settings.stall_deadline_s)
         self._rebuild()
+        self._proof_init()
+        self.referee = Referee(self, referee_key, replayer)
         self.started_s = self.now_s()
 
     # ------------------------------------------------------------ time and transactions
@@ -221,7 +230,8 @@ class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlemen
                                          acceptance=terms.get(lease.lease))
                               for lease, job_file, rendezvous in current
                               if lease.lease in open_numbers and rendezvous),
-            stop=tuple(n for n in beat.running if n not in open_numbers))
+            stop=tuple(n for n in beat.running if n not in open_numbers),
+            challenges=self.pending_challenges(agent_id))
 
     def _own_agent(self, session: Session, provider: str, agent_id: str) -> AgentRow:
         agent = session.get(AgentRow, agent_id)
@@ -292,6 +302,7 @@ class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlemen
                         spent_wei=str(meter.accrued_wei(now)), **detail)
             if status is not JobStatus.finished:
                 self.hosts.stop(job_id, row.host_pid)
+            self.close_proofs(session, row)  # the last epochs' roots go before the bill
             if self.settlement is not None and row.chain_job is not None:
                 self._settle(session, row, meter, now)
             return job_view(row, meter, now)

@@ -30,6 +30,9 @@ class CoordinatorSettings(BaseSettings):
     operators: tuple[str, ...] = ()  # addresses with the operator role
     max_skew_s: float = Field(30.0, gt=0)  # signed times further from our clock are refused
     max_body_bytes: int = Field(256 * 1024, ge=1024)
+    # A challenged file (a worker's revealed contribution or a step's parameters): about
+    # the model's size in float32, so a 100M-parameter model needs 400 MB.
+    max_file_bytes: int = Field(256 * 1024 * 1024, ge=1024)
     heartbeat_s: float = Field(1.0, gt=0)  # what agents are told to beat at
     agent_timeout_s: float = Field(5.0, gt=0)  # silent this long: its leases are replaced
     clear_interval_s: float = Field(1.0, gt=0)  # a market round every this often

@@ -100,7 +100,9 @@ class Settlement:
         """Anchor the metered bill, book each provider's seconds (capped by what the chain
         allows at the anchor's block) and settle: the unspent escrow goes back."""
         accepted = {p: self.ledger.lease(chain_job, p) for p in metered_s}
-        accepted = {p: lease for p, lease in accepted.items() if lease.accepted_at}
+        # A slashed lease is never booked (the contract would refuse the whole batch).
+        accepted = {p: lease for p, lease in accepted.items()
+                    if lease.accepted_at and not lease.slashed}
         prices = {p: lease.price_wei_per_s for p, lease in accepted.items()}
         root = _bill_root(chain_job, {p: metered_s[p] for p in accepted}, prices)
         epoch = self.ledger.job(chain_job).epochs

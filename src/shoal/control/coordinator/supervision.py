@@ -31,6 +31,8 @@ class JobSupervision:
             state = self.hosts.state(row.job_id, row.host_pid)
             if state.final is not None:
                 failed = state.final.get("failed")
+                if not failed and self.awaiting_records(row.job_id):
+                    continue  # the last steps' records are on their way with the next beats
                 self.end_job(COORDINATOR, row.job_id,
                              JobStatus.failed if failed else JobStatus.finished,
                              **({"reason": failed} if failed else state.final))

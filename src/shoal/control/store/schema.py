@@ -136,3 +136,63 @@ class EventRow(Base):
     detail: Mapped[dict] = mapped_column(JSON)
 
     __table_args__ = (Index("ix_events_job_seq", "job_id", "seq"),)
+
+
+class WorkRecordRow(Base):
+    """A work record an agent uploaded: a commitment, never replaced once stored."""
+
+    __tablename__ = "work_records"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), primary_key=True)
+    worker: Mapped[str] = mapped_column(String(128), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    lease: Mapped[int] = mapped_column(Integer, index=True)
+    provider: Mapped[str] = mapped_column(String(42))
+    agent_id: Mapped[str] = mapped_column(String(64))
+    body: Mapped[dict] = mapped_column(JSON)  # the WorkRecord
+
+
+class ProofEpochRow(Base):
+    """A proof epoch's root, fixed once, and where it was anchored on chain."""
+
+    __tablename__ = "proof_epochs"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    root: Mapped[str] = mapped_column(String(66))
+    records: Mapped[int] = mapped_column(Integer)
+    complete: Mapped[bool] = mapped_column(Boolean)
+    rooted_at_s: Mapped[float] = mapped_column(Float)
+    chain_epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    anchored_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ChallengeRow(Base):
+    """A verifier's request for a file only a worker's agent holds."""
+
+    __tablename__ = "challenges"
+    challenge: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    worker: Mapped[str] = mapped_column(String(128))
+    step: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    agent_id: Mapped[str] = mapped_column(String(64), index=True)
+    requested_by: Mapped[str] = mapped_column(String(42))
+    requested_at_s: Mapped[float] = mapped_column(Float)
+    answered_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+    __table_args__ = (Index("ix_challenges_target", "job_id", "worker", "step", "kind", unique=True),)
+
+
+class VerdictRow(Base):
+    """A signed verdict a verifier filed, and the referee's ruling on a guilty one."""
+
+    __tablename__ = "verdicts"
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    at_s: Mapped[float] = mapped_column(Float)
+    verifier: Mapped[str] = mapped_column(String(42))
+    worker: Mapped[str] = mapped_column(String(128))
+    step: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(32))
+    body: Mapped[dict] = mapped_column(JSON)  # the SignedVerdictBody
+    ruling: Mapped[str | None] = mapped_column(String(16), nullable=True)

@@ -1,0 +1,82 @@
+"""The API's proof-of-learning routes: agents upload work records and answer
+challenges, verifiers raise challenges and file signed verdicts, anyone reads
+epochs, records, challenged files and verdicts."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Path, Query, Response
+from fastapi.responses import FileResponse
+
+from shoal.control.coordinator.auth import coordinator_of, raw_body, signed
+from shoal.control.coordinator.service import Coordinator
+from shoal.control.identity import Signer
+from shoal.spec.audit import (
+    ChallengeView, Challenges, JobFile, ProofEpochView, RecordUpload, UploadReceipt, VerdictFiling,
+    VerdictView,
+)
+from shoal.spec.coordinator import Role
+from shoal.spec.proof import WorkRecord
+
+JobPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+ChallengePath = Annotated[int, Path(ge=1, le=2**62)]
+Co = Annotated[Coordinator, Depends(coordinator_of)]
+ProviderSigner = Annotated[Signer, Depends(signed(Role.provider))]
+VerifierSigner = Annotated[Signer, Depends(signed(Role.verifier, Role.operator))]
+# Where bodies are files, not JSON: the body limit lets these through up to max_file_bytes.
+FILE_PATHS = re.compile(r"/v1/challenges/[0-9]+/answer")
+FILE_BODY = {"requestBody": {"required": True, "content": {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
+
+
+def proof_routes(app: FastAPI) -> None:
+    @app.post("/v1/jobs/{job_id}/proof/records", tags=["proof"])
+    def upload_records(job_id: JobPath, body: RecordUpload, co: Co,
+                       signer: ProviderSigner) -> UploadReceipt:
+        return co.upload_records(signer.address, job_id, body)
+
+    @app.get("/v1/jobs/{job_id}/proof/records", tags=["proof"])
+    def records(job_id: JobPath, co: Co,
+                epoch: Annotated[int, Query(ge=0, le=2**62)]) -> list[WorkRecord]:
+        co.job(job_id)  # 404 for a job that does not exist
+        return co.work_records(job_id, epoch)
+
+    @app.get("/v1/jobs/{job_id}/job-file", tags=["jobs"])
+    def job_file(job_id: JobPath, co: Co) -> JobFile:
+        return JobFile(job_id=job_id, job_file=co.job_file(job_id))
+
+    @app.get("/v1/jobs/{job_id}/proof/epochs", tags=["proof"])
+    def epochs(job_id: JobPath, co: Co) -> list[ProofEpochView]:
+        return co.proof_epochs(job_id)
+
+    @app.post("/v1/jobs/{job_id}/proof/challenges", tags=["proof"], status_code=201)
+    def raise_challenges(job_id: JobPath, body: Challenges, co: Co,
+                         signer: VerifierSigner) -> list[ChallengeView]:
+        return co.raise_challenges(signer.address, job_id, body.items)
+
+    @app.get("/v1/jobs/{job_id}/proof/challenges", tags=["proof"])
+    def challenges(job_id: JobPath, co: Co) -> list[ChallengeView]:
+        co.job(job_id)
+        return co.challenges(job_id)
+
+    @app.put("/v1/challenges/{challenge}/answer", tags=["proof"], openapi_extra=FILE_BODY)
+    def answer(challenge: ChallengePath, co: Co, signer: ProviderSigner,
+               data: Annotated[bytes, Depends(raw_body)]) -> ChallengeView:
+        return co.answer_challenge(signer.address, challenge, data)
+
+    @app.get("/v1/challenges/{challenge}/file", tags=["proof"], response_class=Response,
+             responses={200: {"content": {"application/octet-stream": {}}}})
+    def challenge_file(challenge: ChallengePath, co: Co) -> FileResponse:
+        return FileResponse(co.challenge_file(challenge), media_type="application/octet-stream")
+
+    @app.post("/v1/jobs/{job_id}/proof/verdicts", tags=["proof"], status_code=201)
+    def file_verdicts(job_id: JobPath, body: VerdictFiling, co: Co,
+                      signer: VerifierSigner) -> list[VerdictView]:
+        return co.file_verdicts(signer.address, job_id, body)
+
+    @app.get("/v1/jobs/{job_id}/proof/verdicts", tags=["proof"])
+    def verdicts(job_id: JobPath, co: Co) -> list[VerdictView]:
+        co.job(job_id)
+        return co.verdicts(job_id)

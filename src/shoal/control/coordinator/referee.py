@@ -1,0 +1,164 @@
+"""The referee at the coordinator: a guilty verdict filed by a verifier is
+ruled on by re-executing that one step (Verde's refereed delegation), on
+the files the verifier itself was given, and the ruling moves money
+through the contract: an upheld verdict slashes the worker's provider
+(its lease unpaid, its collateral to the whistleblower and the submitter),
+a rejected one costs the accusing verifier part of its stake.
+
+Rulings run on a thread of their own: a replay takes a second or more and
+the API must not wait for it. Without a referee key the coordinator only
+records verdicts; someone else must take them to the contract.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from eth_account.signers.local import LocalAccount
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shoal.control.store.schema import AgentRow, ChallengeRow, JobRow, VerdictRow, WorkRecordRow
+from shoal.ledger import LedgerError
+from shoal.spec.audit import BlobKind
+from shoal.spec.coordinator import COORDINATOR
+from shoal.spec.job import JobSpec
+from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+
+if TYPE_CHECKING:
+    from shoal.control.coordinator.service import Coordinator
+    from shoal.train.replay import Replayer
+
+log = logging.getLogger(__name__)
+UPHELD, REJECTED, UNDECIDED = "upheld", "rejected", "undecided"
+# A verifier that accused falsely loses this much stake (wei), part of it to the accused.
+FALSE_ACCUSATION_PENALTY_WEI = 10**15
+
+
+class Referee:
+    def __init__(self, coordinator: Coordinator, account: LocalAccount | None,
+                 replayer: Callable[[JobSpec], Replayer] | None,
+                 withheld_grace_s: float = 30.0) -> None:
+        """`account`: the contract's referee key (None: rulings are recorded, not enforced);
+        `replayer`: builds a job's replayer (None: only withheld verdicts can be ruled on)."""
+        self.coordinator, self.account, self.replayer = coordinator, account, replayer
+        self.withheld_grace_s = withheld_grace_s
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="shoal-referee")
+        self._slashed: set[tuple[str, str]] = set()  # (job, provider) slashed already
+
+    def rule_later(self, job_id: str, verdicts: list[int]) -> None:
+        self._executor.submit(self._rule_all, job_id, verdicts)
+
+    def wait(self) -> None:
+        """Rule on everything filed so far (tests, shutdown)."""
+        self._executor.submit(lambda: None).result()
+
+    def _rule_all(self, job_id: str, verdicts: list[int]) -> None:
+        for seq in verdicts:
+            try:
+                self.rule(job_id, seq)
+            except Exception:  # noqa: BLE001 - one failed ruling must not stop the next
+                log.exception("job %s: ruling on verdict %d failed; it stays undecided", job_id, seq)
+
+    def rule(self, job_id: str, seq: int) -> str:
+        co = self.coordinator
+        with Session(co.engine) as session:
+            row = session.get(VerdictRow, seq)
+            if row is None or row.ruling is not None:
+                return row.ruling if row else UNDECIDED
+            verdict = Verdict.model_validate(row.body["verdict"])
+            record_row = session.get(WorkRecordRow, (job_id, verdict.worker, verdict.step))
+        if record_row is None:
+            ruling, why = REJECTED, "the accused record does not exist"
+        elif verdict.kind is VerdictKind.withheld:
+            ruling, why = self._withheld(job_id, verdict, record_row.agent_id)
+        else:
+            ruling, why = self._replay(job_id, verdict, WorkRecord.model_validate(record_row.body))
+        self._enforce(job_id, seq, verdict, ruling, why,
+                      record_row.provider if record_row is not None else None)
+        return ruling
+
+    def _withheld(self, job_id: str, verdict: Verdict, agent_id: str) -> tuple[str, str]:
+        """Withheld stands only if the agent was alive and beating while it did not answer:
+        a provider whose machine died is not a cheat, it just loses what it cannot show."""
+        co = self.coordinator
+        with Session(co.engine) as session:
+            challenge = session.scalar(select(ChallengeRow).where(
+                ChallengeRow.job_id == job_id, ChallengeRow.worker == verdict.worker,
+                ChallengeRow.step == verdict.step, ChallengeRow.kind == BlobKind.reveal.value))
+            agent = session.get(AgentRow, agent_id)
+        if challenge is None:
+            return REJECTED, "nobody challenged that record: nothing was withheld"
+        if challenge.answered_at_s is not None:
+            return REJECTED, "the challenge was answered"
+        if agent is not None and agent.last_seen_s > challenge.requested_at_s + self.withheld_grace_s:
+            return UPHELD, f"agent beat {agent.last_seen_s - challenge.requested_at_s:.1f} s after " \
+                           "the challenge and did not answer it"
+        return UNDECIDED, "the agent has been silent since the challenge: not ruled a cheat"
+
+    def _replay(self, job_id: str, verdict: Verdict, record: WorkRecord) -> tuple[str, str]:
+        from shoal.control.trust.verifier import Verifier
+        from shoal.spec.proof import hyper_digest
+        from shoal.train.audit import Auditor
+        from shoal.train.proof_store import ProofStore
+
+        co = self.coordinator
+        if self.replayer is None:
+            return UNDECIDED, "this coordinator has no replayer for the job's model"
+        spec = co.job_spec(job_id)
+        epoch = record.step // spec.proof.epoch_steps
+        roots = {e.epoch: bytes.fromhex(e.root[2:]) for e in co.proof_epochs(job_id)}
+        if epoch not in roots:
+            return UNDECIDED, f"proof epoch {epoch} is not rooted yet"
+        auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
+                          hyper_sha256=hyper_digest(spec.hyperparameters()),
+                          tolerance=spec.proof.tolerance, verifier="referee")
+        judge = Verifier(auditor, spec.proof, salt=b"", roots=roots.get, total_steps=spec.steps)
+        found = judge.audit_one(record, co.work_records(job_id, epoch))
+        if found.kind is VerdictKind.unavailable:
+            return UNDECIDED, f"the referee could not replay: {found.detail}"
+        if found.guilty:
+            return UPHELD, f"the referee's replay found {found.kind.value}"
+        return REJECTED, "the referee's replay matches the commitment"
+
+    def _enforce(self, job_id: str, seq: int, verdict: Verdict, ruling: str, why: str,
+                 provider: str | None) -> None:
+        co = self.coordinator
+        chain_note: dict[str, str] = {}
+        with Session(co.engine) as session:
+            job = session.get(JobRow, job_id)
+        chain_job = job.chain_job if job is not None else None
+        enforce = self.account is not None and co.settlement is not None and chain_job is not None
+        kind = {UPHELD: "verdict_upheld", REJECTED: "verdict_rejected"}.get(ruling,
+                                                                           "verdict_undecided")
+        if ruling == UPHELD and provider is not None and (job_id, provider) not in self._slashed \
+                and not (enforce and co.settlement.ledger.lease(chain_job, provider).slashed):
+            self._slashed.add((job_id, provider))
+            kind = "worker_slashed"  # the first upheld verdict; later ones are on record only
+            if enforce:
+                chain_note = self._chain(lambda: co.settlement.ledger.slash(
+                    self.account, chain_job, provider, verdict.verifier))
+            co.drop_provider(job_id, provider, reason=f"slashed: {why}")
+        elif ruling == REJECTED and enforce:
+            chain_note = self._chain(lambda: co.settlement.ledger.slash_verifier(
+                self.account, verdict.verifier, FALSE_ACCUSATION_PENALTY_WEI,
+                provider or co.settlement.operator.address))
+        with co._change() as session:
+            session.get(VerdictRow, seq).ruling = ruling
+            co._event(session, co.now_s(), COORDINATOR, kind, job_id, verdict=seq,
+                      worker=verdict.worker, step=verdict.step, verifier=verdict.verifier,
+                      provider=provider, why=why, **chain_note)
+        log.warning("job %s: verdict %d on %s step %d %s: %s", job_id, seq, verdict.worker,
+                    verdict.step, ruling, why)
+
+    @staticmethod
+    def _chain(send) -> dict[str, str]:  # noqa: ANN001 - a thunk sending one transaction
+        try:
+            outcome = send()
+        except LedgerError as error:
+            log.error("the contract refused the ruling: %s", error)
+            return {"chain_error": str(error)}
+        return {"tx": outcome.tx_hash}

@@ -1,0 +1,112 @@
+"""A verifier that audits a running job through its coordinator.
+
+For each proof epoch the coordinator has rooted: fetch the epoch's records,
+choose the records to audit with the verifier's own salted beacon over the
+root (so no worker knows in advance which of its steps will be replayed,
+and the coordinator learns the choice only as it is made), challenge their
+revealed contributions and the steps' start parameters, wait for the
+agents to answer, replay, and file the signed verdicts. An unanswered
+reveal is a `withheld` verdict; unanswered parameters leave the record
+`unavailable` (no verdict on the worker).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from eth_account.signers.local import LocalAccount
+
+from shoal.control.client import CoordinatorClient
+from shoal.control.trust.verdicts import sign_verdict
+from shoal.control.trust.verifier import EpochAudit, Verifier
+from shoal.proof.merkle import epoch_tree
+from shoal.spec.audit import (
+    MAX_CHALLENGES_PER_REQUEST, MAX_VERDICTS_PER_FILING, BlobKind, ChallengeRequest,
+    ChallengeView, SignedVerdictBody, VerdictFiling,
+)
+from shoal.spec.job import JobSpec
+from shoal.spec.proof import WorkRecord
+from shoal.train.audit import Auditor
+from shoal.train.proof_store import ProofStore
+
+log = logging.getLogger(__name__)
+
+
+class RemoteAudits:
+    def __init__(self, client: CoordinatorClient, job_id: str, job: JobSpec, auditor: Auditor,
+                 account: LocalAccount, *, salt: bytes, rate: float | None = None,
+                 every: bool = False, answer_wait_s: float = 60.0, poll_s: float = 0.5) -> None:
+        self.client, self.job_id, self.job, self.account = client, job_id, job, account
+        self.store: ProofStore = auditor.store
+        self.rate, self.every = rate, every
+        self.answer_wait_s, self.poll_s = answer_wait_s, poll_s
+        self.roots: dict[int, bytes] = {}
+        self.verifier = Verifier(auditor, job.proof, salt=salt, roots=self.roots.get,
+                                 total_steps=job.steps)
+        self.done: set[int] = set()
+
+    def pending_epochs(self) -> list[int]:
+        epochs = self.client.proof_epochs(self.job_id)
+        self.roots.update({e.epoch: bytes.fromhex(e.root[2:]) for e in epochs})
+        return [e.epoch for e in epochs if e.epoch not in self.done]
+
+    def audit(self, epoch: int, on_audit: Callable[[EpochAudit], None] = lambda _: None) -> EpochAudit:
+        records = self.client.work_records(self.job_id, epoch)
+        _, ordered = epoch_tree(records)
+        chosen = self.verifier.chosen(epoch, ordered, self.roots[epoch], rate=self.rate,
+                                      every=self.every)
+        self._fetch(chosen)
+        result = self.verifier.audit_epoch(epoch, records, rate=self.rate, every=self.every)
+        self._file(result)
+        self.done.add(epoch)
+        on_audit(result)
+        return result
+
+    def _fetch(self, chosen: list[WorkRecord]) -> None:
+        """Challenge what the chosen audits need and bring the answers into the local store."""
+        wanted = [ChallengeRequest(worker=r.worker, step=r.step, kind=BlobKind.reveal)
+                  for r in chosen]
+        wanted += [ChallengeRequest(worker=r.worker, step=step, kind=BlobKind.params)
+                   for step, r in sorted({r.step: r for r in chosen}.items())]
+        views: dict[int, ChallengeView] = {}
+        for i in range(0, len(wanted), MAX_CHALLENGES_PER_REQUEST):
+            for view in self.client.raise_challenges(self.job_id,
+                                                     wanted[i : i + MAX_CHALLENGES_PER_REQUEST]):
+                views[view.challenge] = view
+        deadline = time.monotonic() + self.answer_wait_s
+        while True:
+            for view in list(views.values()):
+                if view.answered_at_s is not None:
+                    self._save(view)
+                    views.pop(view.challenge)
+            if not views or time.monotonic() > deadline:
+                break
+            time.sleep(self.poll_s)
+            latest = {v.challenge: v for v in self.client.challenges(self.job_id)}
+            views = {n: latest.get(n, v) for n, v in views.items()}
+        for view in views.values():
+            log.warning("challenge %d (%s of %s, step %d) unanswered after %.0f s", view.challenge,
+                        view.kind.value, view.worker, view.step, self.answer_wait_s)
+
+    def _save(self, view: ChallengeView) -> None:
+        if view.kind is BlobKind.params:
+            path = self.store.params_path(view.step)
+        else:
+            path = self.store.reveal_path(view.worker, view.step)
+        if path.exists():
+            return
+        data = self.client.challenge_file(view.challenge)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(str(path) + ".part")
+        partial.write_bytes(data)
+        partial.replace(path)
+
+    def _file(self, result: EpochAudit) -> None:
+        signed = [sign_verdict(v, self.account) for v in result.verdicts]
+        bodies = [SignedVerdictBody(verdict=s.verdict, signature=s.signature) for s in signed]
+        for i in range(0, len(bodies), MAX_VERDICTS_PER_FILING):
+            self.client.file_verdicts(self.job_id, VerdictFiling(
+                verdicts=tuple(bodies[i : i + MAX_VERDICTS_PER_FILING])))

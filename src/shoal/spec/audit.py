@@ -1,0 +1,102 @@
+"""Values that cross the coordinator's API for proof of learning: work
+records uploaded by agents, the proof epochs the coordinator roots (and
+anchors), the challenges a verifier raises, and the verdicts it files.
+
+Records are commitments: once stored, a record for (job, worker, step) can
+never be replaced. What a challenge asks for (a worker's revealed
+contribution, or the parameters a step started from) travels as the file
+the worker wrote; nobody but a verifier's own `weights_only` loader ever
+reads it as tensors.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from pydantic import Field
+
+from shoal.spec.base import Frozen
+from shoal.spec.proof import Verdict, WorkRecord
+
+# One upload carries at most this many records; an agent sends the rest next beat.
+MAX_RECORDS_PER_UPLOAD = 500
+MAX_CHALLENGES_PER_REQUEST = 256
+MAX_VERDICTS_PER_FILING = 256
+
+
+class JobFile(Frozen):
+    """A job's file as submitted: what verifiers replay its steps with."""
+
+    job_id: str
+    job_file: str
+
+
+class RecordUpload(Frozen):
+    """Work records of the workers on one lease (the agent's own)."""
+
+    lease: int = Field(ge=1, le=2**62)
+    records: tuple[WorkRecord, ...] = Field(min_length=1, max_length=MAX_RECORDS_PER_UPLOAD)
+
+
+class UploadReceipt(Frozen):
+    stored: int  # new records
+    known: int  # identical to records already stored (a retried upload)
+
+
+class ProofEpochView(Frozen):
+    """One proof epoch of a job, as the coordinator rooted it."""
+
+    epoch: int
+    root: str  # 0x-hex Merkle root over the epoch's records in (step, worker) order
+    records: int
+    complete: bool  # every step of the epoch has records (else rooted when the job moved on)
+    chain_epoch: int | None = None  # the anchor's index on the job's chain escrow
+    anchored_at_s: float | None = None
+
+
+class BlobKind(str, enum.Enum):
+    reveal = "reveal"  # what a worker contributed to a step
+    params = "params"  # the parameters a step started from
+
+
+class ChallengeRequest(Frozen):
+    worker: str = Field(min_length=1, max_length=128)
+    step: int = Field(ge=0, le=2**62)
+    kind: BlobKind = BlobKind.reveal
+
+
+class Challenges(Frozen):
+    items: tuple[ChallengeRequest, ...] = Field(min_length=1, max_length=MAX_CHALLENGES_PER_REQUEST)
+
+
+class ChallengeView(Frozen):
+    """A challenge and whether it was answered; `agent_id` is who must answer it."""
+
+    challenge: int
+    job_id: str
+    worker: str
+    step: int
+    kind: BlobKind
+    agent_id: str
+    requested_at_s: float
+    answered_at_s: float | None = None
+    sha256: str | None = None  # of the file the agent sent
+
+
+class SignedVerdictBody(Frozen):
+    """A verdict with its verifier's EIP-191 signature (see control.trust.verdicts)."""
+
+    verdict: Verdict
+    signature: str = Field(pattern=r"^0x[0-9a-fA-F]{130}$")
+
+
+class VerdictFiling(Frozen):
+    verdicts: tuple[SignedVerdictBody, ...] = Field(min_length=1, max_length=MAX_VERDICTS_PER_FILING)
+
+
+class VerdictView(Frozen):
+    seq: int
+    at_s: float
+    verdict: Verdict
+    # What the referee made of a guilty verdict: None (not judged), "upheld" or "rejected".
+    ruling: str | None = None

@@ -1,0 +1,165 @@
+"""Proof of learning through the coordinator, on both stores, tried as the
+parties that would game it: a provider rewriting a committed record, or
+speaking for another provider's worker or lease; a record sent after its
+epoch was rooted; a challenge answered by someone else, or twice; a verdict
+signed by another key or for another job; an accusation of a record that
+does not exist; a worker that withholds what it committed to."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from eth_account import Account
+
+from shoal.control.client import CoordinatorRefused
+from shoal.control.trust.verdicts import sign_verdict
+from shoal.proof.merkle import epoch_tree
+from shoal.spec.audit import (
+    BlobKind, ChallengeRequest, RecordUpload, SignedVerdictBody, VerdictFiling,
+)
+from shoal.spec.coordinator import Grant, Heartbeat, JobSubmission, OfferTerms, Registration, Role
+from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+from tests.control.coordinator.conftest import TINY_JOB, Served, provider_with_agent
+
+PRICE = 1_000_000
+PROOF_JOB = TINY_JOB + "[proof]\nenabled = true\nepoch_steps = 5\n"
+
+
+def record(worker: str, step: int, contribution: str = "c", job: str = "tiny") -> WorkRecord:
+    return WorkRecord(job=job, step=step, worker=worker, params_sha256="0" * 64,
+                      positions_start=8 * step, positions_end=8 * step + 8, rank=0, shares=(8,),
+                      seed=7, global_batch=8, hyper_sha256="1" * 64,
+                      contribution_sha256=(contribution * 64)[:64].replace("c", "a"),
+                      contribution_norm=1.0, rng_seed=step)
+
+
+def refused(call, status: int) -> str:
+    with pytest.raises(CoordinatorRefused) as caught:
+        call()
+    assert caught.value.status == status, caught.value.detail
+    return caught.value.detail
+
+
+@pytest.fixture
+def market(served: Served, operator):
+    """A proof job leased to agent-a (provider A); provider B runs agent-b, unleased."""
+    a, b = served.client(Account.create()), served.client(Account.create())
+    submitter, verifier = served.client(Account.create()), served.client(Account.create())
+    for client, agent, price in ((a, "agent-a", PRICE), (b, "agent-b", 2 * PRICE)):
+        provider_with_agent(client, agent)
+        client.post_offer(OfferTerms(offer_id=f"dev-{agent[-1]}", agent_id=agent,
+                                     price_wei_per_s=price))
+    submitter.register(Registration(role="submitter", name="alice"))
+    job = submitter.submit(JobSubmission(name="tiny", job_file=PROOF_JOB, workers=1,
+                                         max_price_wei_per_s=2 * PRICE, budget_wei=10**12))
+    served.app.state.rounds.once()
+    (lease,) = submitter.job(job.job_id).leases
+    assert lease.offer_id == "dev-a"
+    served.client(operator).request("POST", "/v1/grants", Grant(
+        address=verifier.account.address, role=Role.verifier, name="vera"))
+    return served, a, b, verifier, job.job_id, lease.lease
+
+
+def test_records_are_commitments_that_only_the_lease_holder_can_make(market):
+    served, a, b, _, job_id, lease = market
+    worker = f"agent-a-l{lease}-a0-w0"
+    first = [record(worker, s) for s in range(5)]
+    assert a.upload_records(job_id, RecordUpload(lease=lease, records=tuple(first))).stored == 5
+    again = a.upload_records(job_id, RecordUpload(lease=lease, records=tuple(first)))
+    assert (again.stored, again.known) == (0, 5)  # a retried upload changes nothing
+
+    rewritten = record(worker, 2, contribution="b")
+    assert "never change" in refused(
+        lambda: a.upload_records(job_id, RecordUpload(lease=lease, records=(rewritten,))), 409)
+    refused(lambda: b.upload_records(job_id, RecordUpload(lease=lease, records=(record(worker, 6),))),
+            403)  # B cannot speak on A's lease
+    refused(lambda: a.upload_records(job_id, RecordUpload(
+        lease=lease, records=(record(f"agent-b-l{lease}-a0-w0", 6),))), 403)  # nor A for others
+    refused(lambda: a.upload_records(job_id, RecordUpload(
+        lease=lease, records=(record(worker, 6, job="other"),))), 409)
+    refused(lambda: a.upload_records(job_id, RecordUpload(
+        lease=lease, records=(record(worker, 20),))), 409)  # past the job's last step
+
+    served.app.state.rounds.once()  # epoch 0 is complete: rooted once
+    (epoch,) = a.proof_epochs(job_id)
+    tree, _ = epoch_tree(first)
+    assert (epoch.epoch, epoch.root, epoch.records, epoch.complete) == (0, "0x" + tree.root.hex(),
+                                                                       5, True)
+    assert a.work_records(job_id, 0) == first  # as committed, not as later sent
+    late = record(f"agent-a-l{lease}-a1-w0", 3)
+    assert "already rooted" in refused(
+        lambda: a.upload_records(job_id, RecordUpload(lease=lease, records=(late,))), 409)
+    served.app.state.rounds.once()
+    assert len(a.proof_epochs(job_id)) == 1  # nothing re-rooted
+
+
+def test_a_challenge_reaches_the_agent_holding_the_file_and_is_answered_once(market):
+    served, a, b, verifier, job_id, lease = market
+    worker = f"agent-a-l{lease}-a0-w0"
+    a.upload_records(job_id, RecordUpload(lease=lease, records=tuple(record(worker, s)
+                                                                     for s in range(5))))
+    refused(lambda: a.raise_challenges(job_id, [ChallengeRequest(worker=worker, step=2)]), 403)
+    refused(lambda: verifier.raise_challenges(job_id, [ChallengeRequest(worker=worker, step=9)]),
+            404)  # no such record
+    reveal, params = verifier.raise_challenges(job_id, [
+        ChallengeRequest(worker=worker, step=2),
+        ChallengeRequest(worker="anyone", step=2, kind=BlobKind.params)])
+    assert params.worker == worker and params.agent_id == "agent-a"  # the step's rank 0 holds them
+    asked = a.heartbeat("agent-a", Heartbeat()).challenges
+    assert {c.challenge for c in asked} == {reveal.challenge, params.challenge}
+    assert b.heartbeat("agent-b", Heartbeat()).challenges == ()
+
+    refused(lambda: b.answer_challenge(reveal.challenge, b"forged"), 403)
+    answered = a.answer_challenge(reveal.challenge, b"the worker's file")
+    assert answered.answered_at_s is not None and answered.sha256
+    assert "final" in refused(lambda: a.answer_challenge(reveal.challenge, b"a better one"), 409)
+    assert verifier.challenge_file(reveal.challenge) == b"the worker's file"
+    refused(lambda: verifier.challenge_file(params.challenge), 404)  # not answered yet
+    assert [c.challenge for c in a.heartbeat("agent-a", Heartbeat()).challenges] == \
+        [params.challenge]
+    # Asking again for what was asked gives the same challenge, not a second one.
+    (same,) = verifier.raise_challenges(job_id, [ChallengeRequest(worker=worker, step=2)])
+    assert same.challenge == reveal.challenge
+
+
+def test_verdicts_are_signed_by_their_filer_and_false_or_withheld_ones_are_ruled(market):
+    served, a, b, verifier, job_id, lease = market
+    coordinator = served.app.state.coordinator
+    coordinator.referee.withheld_grace_s = 0.3
+    worker = f"agent-a-l{lease}-a0-w0"
+    a.upload_records(job_id, RecordUpload(lease=lease, records=tuple(record(worker, s)
+                                                                     for s in range(5))))
+    served.app.state.rounds.once()
+
+    def filing(kind, step, signer=verifier.account, job="tiny", worker=worker):
+        verdict = Verdict(job=job, epoch=0, step=step, worker=worker, kind=kind)
+        signed = sign_verdict(verdict, signer)
+        return VerdictFiling(verdicts=(SignedVerdictBody(verdict=signed.verdict,
+                                                         signature=signed.signature),))
+
+    refused(lambda: verifier.file_verdicts(job_id, filing(VerdictKind.valid, 1, Account.create())),
+            403)  # signed by someone else
+    refused(lambda: verifier.file_verdicts(job_id, filing(VerdictKind.valid, 1, job="other")), 409)
+    refused(lambda: a.file_verdicts(job_id, filing(VerdictKind.valid, 1, a.account)), 403)
+
+    # An accusation of a record nobody made is rejected.
+    (ghost,) = verifier.file_verdicts(job_id, filing(VerdictKind.wrong_contribution, 3,
+                                                     worker="agent-a-l99-a0-w0"))
+    # A worker that does not answer while its agent keeps beating has withheld.
+    verifier.raise_challenges(job_id, [ChallengeRequest(worker=worker, step=4)])
+    time.sleep(0.4)
+    a.heartbeat("agent-a", Heartbeat())
+    (withheld,) = verifier.file_verdicts(job_id, filing(VerdictKind.withheld, 4))
+    coordinator.referee.wait()
+    rulings = {v.seq: v.ruling for v in verifier.verdicts(job_id)}
+    assert rulings[ghost.seq] == "rejected" and rulings[withheld.seq] == "upheld"
+    kinds = [e.kind for e in verifier.events(job=job_id)]
+    assert "verdict_rejected" in kinds and "worker_slashed" in kinds
+    # The caught provider's offer is withdrawn: its lease ends, a replacement is leased.
+    (mine,) = [o for p in a.providers() for o in p.offers if o.offer_id == "dev-a"]
+    assert mine.withdrawn
+    b.heartbeat("agent-b", Heartbeat())
+    served.app.state.rounds.once()
+    live = [lease for lease in verifier.job(job_id).leases if lease.ends_at_s is None]
+    assert [lease.offer_id for lease in live] == ["dev-b"]
