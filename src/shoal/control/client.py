@@ -21,6 +21,7 @@ from shoal.spec.audit import (
     VerdictFiling, VerdictView,
 )
 from shoal.spec.ledger import LeaseAcceptance
+from shoal.spec.progress import MembershipChange, ProgressUpload, StepProgress
 from shoal.spec.proof import WorkRecord
 
 T = TypeVar("T")
@@ -136,6 +137,16 @@ class CoordinatorClient:
     def events(self, job: str | None = None, after: int = 0, limit: int = 200) -> list[Event]:
         return self._get("/v1/events", list[Event], job=job, after=after, limit=limit)
 
+
+    # ------------------------------------------------------------ a job's progress
+    def upload_progress(self, job_id: str, upload: ProgressUpload) -> int:
+        return self.request("POST", f"/v1/jobs/{job_id}/progress", upload)["stored"]
+
+    def progress(self, job_id: str, after: int = -1) -> list[StepProgress]:
+        return self._get(f"/v1/jobs/{job_id}/progress", list[StepProgress], after=after)
+
+    def membership(self, job_id: str) -> list[MembershipChange]:
+        return self._get(f"/v1/jobs/{job_id}/membership", list[MembershipChange])
 
     # ------------------------------------------------------------ proof of learning
     def upload_records(self, job_id: str, upload: RecordUpload) -> UploadReceipt:

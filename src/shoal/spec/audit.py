@@ -52,6 +52,7 @@ class ProofEpochView(Frozen):
     complete: bool  # every step of the epoch has records (else rooted when the job moved on)
     chain_epoch: int | None = None  # the anchor's index on the job's chain escrow
     anchored_at_s: float | None = None
+    anchor_tx: str | None = None  # the anchoring transaction's hash
 
 
 class BlobKind(str, enum.Enum):

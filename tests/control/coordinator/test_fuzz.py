@@ -31,7 +31,7 @@ class SigningSession(requests.Session):
     def send(self, request, **kwargs):  # noqa: ANN001, ANN201
         path = request.path_url
         role = ("provider" if path.startswith(("/v1/agents", "/v1/offers", "/v1/challenges"))
-                or "/proof/records" in path else
+                or "/proof/records" in path or path.endswith("/progress") else
                 "verifier" if "/proof/" in path else
                 "operator" if path.startswith("/v1/grants") else "submitter")
         body = request.body or b""

@@ -163,3 +163,22 @@ def test_verdicts_are_signed_by_their_filer_and_false_or_withheld_ones_are_ruled
     served.app.state.rounds.once()
     live = [lease for lease in verifier.job(job_id).leases if lease.ends_at_s is None]
     assert [lease.offer_id for lease in live] == ["dev-b"]
+
+
+def test_progress_is_kept_once_per_step_and_only_from_the_lease_holder(market):
+    from shoal.spec.progress import ProgressUpload, StepProgress
+
+    served, a, b, _, job_id, lease = market
+    worker = f"agent-a-l{lease}-a0-w0"
+    steps = tuple(StepProgress(step=s, t=100.0 + s, loss=5.0 - s / 10, world=1, samples=8)
+                  for s in range(4))
+    assert a.upload_progress(job_id, ProgressUpload(lease=lease, worker=worker, steps=steps)) == 4
+    changed = tuple(p.model_copy(update={"loss": 0.0}) for p in steps)
+    assert a.upload_progress(job_id, ProgressUpload(lease=lease, worker=worker, steps=changed)) == 0
+    refused(lambda: b.upload_progress(job_id, ProgressUpload(lease=lease, worker=worker,
+                                                             steps=steps)), 403)
+    refused(lambda: a.upload_progress(job_id, ProgressUpload(
+        lease=lease, worker=f"agent-b-l{lease}-a0-w0", steps=steps)), 403)
+    assert a.progress(job_id) == list(steps)  # the first report stands
+    assert [p.step for p in a.progress(job_id, after=1)] == [2, 3]
+    assert a.membership(job_id) == []  # no host has formed an epoch yet

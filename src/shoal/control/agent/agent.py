@@ -15,6 +15,7 @@ from pathlib import Path
 
 from shoal.control.agent.leases import LeaseWorkers
 from shoal.control.agent.preflight import preflight
+from shoal.control.agent.progress import ProgressRelay
 from shoal.control.agent.proofs import ProofRelay
 from shoal.control.client import CoordinatorClient, CoordinatorRefused
 from shoal.control.errors import ControlError
@@ -53,6 +54,7 @@ class Agent:
         self.workers = LeaseWorkers(config.agent_id, config.work_dir, config.slowdown,
                                     config.grace_s, adversary=config.adversary)
         self.proofs = ProofRelay(client, config.work_dir, config.agent_id)
+        self.progress = ProgressRelay(client, config.work_dir)
         self.stopping = threading.Event()
         self.offer_ids = [f"{config.agent_id}-d{i}" for i in range(config.devices)]
         self.accepted: set[int] = set()  # leases whose chain terms were signed
@@ -95,6 +97,7 @@ class Agent:
                 self._accept(reply.assignments)
                 self.workers.follow(reply.assignments, reply.stop)
                 self.proofs.upload({w.job for w in self.workers.workers.values()})
+                self.progress.upload({n: w.job for n, w in self.workers.workers.items()})
                 self.proofs.answer(reply.challenges)
             except ControlError as error:
                 if offline_since is None:

@@ -1,6 +1,7 @@
-"""The API's proof-of-learning routes: agents upload work records and answer
-challenges, verifiers raise challenges and file signed verdicts, anyone reads
-epochs, records, challenged files and verdicts."""
+"""The API's routes on a job's work: agents upload work records and step
+progress and answer challenges, verifiers raise challenges and file signed
+verdicts, anyone reads progress, membership, epochs, records, challenged
+files and verdicts."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from shoal.spec.audit import (
     VerdictView,
 )
 from shoal.spec.coordinator import Role
+from shoal.spec.progress import MembershipChange, ProgressUpload, StepProgress
 from shoal.spec.proof import WorkRecord
 
 JobPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
@@ -32,6 +34,20 @@ FILE_BODY = {"requestBody": {"required": True, "content": {
 
 
 def proof_routes(app: FastAPI) -> None:
+    @app.post("/v1/jobs/{job_id}/progress", tags=["jobs"])
+    def upload_progress(job_id: JobPath, body: ProgressUpload, co: Co,
+                        signer: ProviderSigner) -> dict[str, int]:
+        return {"stored": co.record_progress(signer.address, job_id, body)}
+
+    @app.get("/v1/jobs/{job_id}/progress", tags=["jobs"])
+    def progress(job_id: JobPath, co: Co,
+                 after: Annotated[int, Query(ge=-1, le=2**62)] = -1) -> list[StepProgress]:
+        return co.progress(job_id, after)
+
+    @app.get("/v1/jobs/{job_id}/membership", tags=["jobs"])
+    def membership(job_id: JobPath, co: Co) -> list[MembershipChange]:
+        return co.membership(job_id)
+
     @app.post("/v1/jobs/{job_id}/proof/records", tags=["proof"])
     def upload_records(job_id: JobPath, body: RecordUpload, co: Co,
                        signer: ProviderSigner) -> UploadReceipt:

@@ -201,11 +201,12 @@ class ProofService:
         ledger = self.settlement.ledger
         try:
             chain_epoch = ledger.job(job.chain_job).epochs
-            ledger.anchor(self.settlement.operator, job.chain_job, chain_epoch, row.root)
+            outcome = ledger.anchor(self.settlement.operator, job.chain_job, chain_epoch, row.root)
         except LedgerError as error:  # the epoch stays rooted here; the chain is told nothing
             log.error("job %s: anchoring proof epoch %d failed: %s", job.job_id, row.epoch, error)
             return
         row.chain_epoch, row.anchored_at_s = chain_epoch, self.now_s()
+        row.anchor_tx = outcome.tx_hash
 
     def proof_epochs(self, job_id: str) -> list[ProofEpochView]:
         with Session(self.engine) as session:
@@ -424,7 +425,7 @@ def _check_record(record: WorkRecord, spec: JobSpec, prefix: str, rooted: int | 
 def _epoch_view(row: ProofEpochRow) -> ProofEpochView:
     return ProofEpochView(epoch=row.epoch, root=row.root, records=row.records,
                           complete=row.complete, chain_epoch=row.chain_epoch,
-                          anchored_at_s=row.anchored_at_s)
+                          anchored_at_s=row.anchored_at_s, anchor_tx=row.anchor_tx)
 
 
 def _challenge_view(row: ChallengeRow) -> ChallengeView:

@@ -27,6 +27,7 @@ from shoal.control.coordinator.chain_jobs import ChainSettlement
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.job_hosts import JobHosts
 from shoal.control.coordinator.participants import Participants
+from shoal.control.coordinator.progress import JobProgress
 from shoal.control.coordinator.proofs import ProofService
 from shoal.control.coordinator.reads import CoordinatorReads
 from shoal.control.coordinator.settings import CoordinatorSettings
@@ -52,7 +53,8 @@ log = logging.getLogger(__name__)
 _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
-class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlement, ProofService):
+class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlement, ProofService,
+                  JobProgress):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,

@@ -163,6 +163,7 @@ class ProofEpochRow(Base):
     rooted_at_s: Mapped[float] = mapped_column(Float)
     chain_epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)
     anchored_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    anchor_tx: Mapped[str | None] = mapped_column(String(66), nullable=True)
 
 
 class ChallengeRow(Base):
@@ -196,3 +197,16 @@ class VerdictRow(Base):
     kind: Mapped[str] = mapped_column(String(32))
     body: Mapped[dict] = mapped_column(JSON)  # the SignedVerdictBody
     ruling: Mapped[str | None] = mapped_column(String(16), nullable=True)
+
+
+class StepProgressRow(Base):
+    """A committed step's loss and pace, as the agent of its rank 0 reported it."""
+
+    __tablename__ = "step_progress"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    t: Mapped[float] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    world: Mapped[int] = mapped_column(Integer)
+    samples: Mapped[int] = mapped_column(Integer)
+    worker: Mapped[str] = mapped_column(String(128))

@@ -1,5 +1,5 @@
 """Proof of learning through the coordinator: work records, proof epochs,
-challenges and verdicts.
+challenges and verdicts; and each job's step progress.
 
 Revision ID: 0004
 Revises: 0003
@@ -38,6 +38,7 @@ def upgrade() -> None:
         sa.Column("rooted_at_s", sa.Float(), nullable=False),
         sa.Column("chain_epoch", sa.Integer(), nullable=True),
         sa.Column("anchored_at_s", sa.Float(), nullable=True),
+        sa.Column("anchor_tx", sa.String(length=66), nullable=True),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.job_id"]),
         sa.PrimaryKeyConstraint("job_id", "epoch"),
     )
@@ -75,9 +76,22 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("seq"),
     )
     op.create_index(op.f("ix_verdicts_job_id"), "verdicts", ["job_id"], unique=False)
+    op.create_table(
+        "step_progress",
+        sa.Column("job_id", sa.String(length=64), nullable=False),
+        sa.Column("step", sa.Integer(), autoincrement=False, nullable=False),
+        sa.Column("t", sa.Float(), nullable=False),
+        sa.Column("loss", sa.Float(), nullable=True),
+        sa.Column("world", sa.Integer(), nullable=False),
+        sa.Column("samples", sa.Integer(), nullable=False),
+        sa.Column("worker", sa.String(length=128), nullable=False),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.job_id"]),
+        sa.PrimaryKeyConstraint("job_id", "step"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("step_progress")
     op.drop_index(op.f("ix_verdicts_job_id"), table_name="verdicts")
     op.drop_table("verdicts")
     op.drop_index("ix_challenges_target", table_name="challenges")

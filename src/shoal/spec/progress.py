@@ -1,0 +1,34 @@
+"""How a market job is doing, as the coordinator shows it: each committed
+step's loss and pace (sent by the agent of the step's rank 0), and the
+membership epochs its job host formed."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from shoal.spec.base import Frozen
+
+MAX_STEPS_PER_UPLOAD = 2000
+
+
+class StepProgress(Frozen):
+    step: int = Field(ge=0, le=2**62)
+    t: float  # wall time the step committed
+    loss: float | None = None  # the step's global mean training loss (None: the guard skipped it)
+    world: int = Field(ge=1, le=1_000_000)
+    samples: int = Field(ge=0, le=2**40)  # the step's global batch
+
+
+class ProgressUpload(Frozen):
+    """Committed steps of a lease's worker while it was rank 0."""
+
+    lease: int = Field(ge=1, le=2**62)
+    worker: str = Field(min_length=1, max_length=128)
+    steps: tuple[StepProgress, ...] = Field(min_length=1, max_length=MAX_STEPS_PER_UPLOAD)
+
+
+class MembershipChange(Frozen):
+    t: float
+    epoch: int
+    members: tuple[str, ...]
+    reason: str = ""
