@@ -13,14 +13,15 @@ import pytest
 import torch
 
 from shoal.spec.job import Aggregation
-from shoal.train.aggregate import (aggregate, centered_clip, krum_choice, median, multi_krum,
-                                   trim_count, trimmed_mean)
+from shoal.train.aggregate import (aggregate, centered_clip, distance_filter, krum_choice, median,
+                                   multi_krum, trim_count, trimmed_mean)
 from shoal.train.exchange import GradientExchange
 from shoal.train.group import GRAVEYARD, EpochGroup, GroupCancelled
 from tests.conftest import shoal_command, tiny_job_toml
 
 ROBUST = [Aggregation.trimmed_mean, Aggregation.median, Aggregation.centered_clip,
-          Aggregation.multi_krum]
+          Aggregation.multi_krum, Aggregation.distance_filter]
+WHOLE_WORKER = [Aggregation.multi_krum, Aggregation.distance_filter]
 
 
 def _t(*values: float) -> torch.Tensor:
@@ -92,8 +93,20 @@ def test_multi_krum_is_the_share_weighted_mean_of_the_kept_workers():
         pytest.approx(1.75)
 
 
+def test_distance_filter_by_hand():
+    # Workers at 0, 1, 3 and 10: median 2, distances 2, 1, 1, 8, their median 1.5, so the
+    # radius is 3 and the worker at 10 goes; weights 0.1, 0.2, 0.3 count for the rest.
+    gradients = torch.stack([_t(0), _t(1), _t(3), _t(10)])
+    assert distance_filter(gradients, [0.1, 0.2, 0.3, 0.4]).item() == \
+        pytest.approx((0.2 * 1 + 0.3 * 3) / 0.6)
+    # Nothing finite to keep: the (non-finite) median, which the guard then refuses.
+    nan = torch.stack([_t(float("nan"))] * 2 + [_t(1), _t(2)])
+    assert not torch.isfinite(distance_filter(nan, [0.25] * 4)).all()
+
+
+@pytest.mark.parametrize("rule", WHOLE_WORKER)
 @pytest.mark.parametrize("attack", ["sign_flip_scaled", "huge", "nan", "inf"])
-def test_multi_krum_leaves_the_attacker_out_whole(attack):
+def test_whole_worker_rules_leave_the_attacker_out_whole(rule, attack):
     # The cheat's move: any far-off vector at rank 1. Its outcome: the step is exactly
     # the other three workers' mean, as if it had sent nothing.
     truth, honest = _honest(3)
@@ -101,9 +114,32 @@ def test_multi_krum_leaves_the_attacker_out_whole(attack):
              "nan": torch.full_like(truth, float("nan")),
              "inf": torch.full_like(truth, float("inf"))}[attack]
     per_worker = [honest[0], cheat, honest[1], honest[2]]
-    assert krum_choice(torch.stack(per_worker)) == [0, 2, 3]
-    out = aggregate(Aggregation.multi_krum, [g * 0.25 for g in per_worker], [0.25] * 4)
+    if rule is Aggregation.multi_krum:
+        assert krum_choice(torch.stack(per_worker)) == [0, 2, 3]
+    out = aggregate(rule, [g * 0.25 for g in per_worker], [0.25] * 4)
     torch.testing.assert_close(out, honest.mean(0))
+
+
+@pytest.mark.parametrize("rule", WHOLE_WORKER)
+def test_whole_worker_rules_weigh_the_kept_workers_by_share(rule):
+    _, honest = _honest(3)
+    weights = [0.4, 0.2, 0.1, 0.3]
+    per_worker = [honest[0], 1e3 * torch.ones_like(honest[0]), honest[1], honest[2]]
+    out = aggregate(rule, [g * w for g, w in zip(per_worker, weights)], weights)
+    expected = (0.4 * honest[0] + 0.1 * honest[1] + 0.3 * honest[2]) / 0.8
+    torch.testing.assert_close(out, expected)
+
+
+def test_distance_filter_without_attacker_keeps_every_worker():
+    # Unlike Multi-Krum it costs no honest samples: four honest workers, even with
+    # shares of 1 : 2 : 2 : 3 (noise shrinking with the share), all stay.
+    truth = torch.randn(4000, generator=torch.Generator().manual_seed(1))
+    noise = torch.randn(4, 4000, generator=torch.Generator().manual_seed(2))
+    weights = [0.125, 0.25, 0.25, 0.375]
+    per_worker = [truth + noise[i] / (8 * w) ** 0.5 for i, w in enumerate(weights)]
+    contributions = [g * w for g, w in zip(per_worker, weights)]
+    out = aggregate(Aggregation.distance_filter, contributions, weights)
+    torch.testing.assert_close(out, aggregate(Aggregation.mean, contributions, weights))
 
 
 def test_multi_krum_without_attacker_drops_f_honest_workers():

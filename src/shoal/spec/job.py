@@ -97,6 +97,7 @@ class Aggregation(str, enum.Enum):
     median = "median"
     centered_clip = "centered_clip"
     multi_krum = "multi_krum"  # drops whole workers: the n - f nearest to the others stay
+    distance_filter = "distance_filter"  # drops whole workers far from the median
 
 
 class SyncSpec(Frozen):

@@ -19,6 +19,11 @@ from shoal.spec.job import Aggregation
 # participants one cheat is half the vote, and no rule can tell which half lies.
 MIN_WORKERS = 3
 CENTERED_CLIP_ITERATIONS = 3
+# distance_filter keeps workers within this many times the median worker's distance
+# from the coordinate-wise median: honest workers differ by sampling noise, which
+# varies little between them (a worker with a quarter of another's share is about
+# twice as far).
+FILTER_RADIUS = 2.0
 _ROW = 8192  # norms sum fixed rows, so the result does not depend on the thread count
 # Up to this many workers a sorting network of element-wise min/max orders each
 # coordinate (a few passes over the gradients); torch.sort is ~20x slower for n = 4.
@@ -53,6 +58,8 @@ def aggregate(rule: Aggregation, contributions: Sequence[torch.Tensor],
         out = centered_clip(gradients)
     elif rule is Aggregation.multi_krum:
         out = multi_krum(gradients, [w for _, w in present])
+    elif rule is Aggregation.distance_filter:
+        out = distance_filter(gradients, [w for _, w in present])
     else:
         raise ValueError(f"unknown aggregation rule {rule!r}")
     return (out + 0.0).to(dtype)  # -0.0 + 0.0 is +0.0: one zero, whichever order ties took
@@ -127,9 +134,7 @@ def multi_krum(gradients: torch.Tensor, weights: Sequence[float],
     spread; dropping whole workers leaves the kept honest workers' mean intact, so
     against one far-off cheat the step is the other workers' mean gradient.
     """
-    kept = krum_choice(gradients, f)
-    total = math.fsum(weights[i] for i in kept)
-    return _rank_order_sum([gradients[i] * (weights[i] / total) for i in kept])
+    return _weighted_mean(gradients, weights, krum_choice(gradients, f))
 
 
 def krum_choice(gradients: torch.Tensor, f: int | None = None) -> list[int]:
@@ -152,6 +157,31 @@ def krum_choice(gradients: torch.Tensor, f: int | None = None) -> list[int]:
     neighbours = max(1, n - f - 2)
     scores = [sum(sorted(row[:i] + row[i + 1:])[:neighbours]) for i, row in enumerate(distances)]
     return sorted(sorted(range(n), key=lambda i: (scores[i], i))[:n - f])
+
+
+def distance_filter(gradients: torch.Tensor, weights: Sequence[float],
+                    radius: float = FILTER_RADIUS) -> torch.Tensor:
+    """The share-weighted mean of the workers whose distance from the coordinate-wise
+    median is at most `radius` times the median of those distances (a worker with a
+    distance that is not finite is dropped); the median itself if none is left.
+
+    Like Multi-Krum it drops whole workers, so against a far-off cheat the step is
+    the others' mean; unlike it, it drops no honest worker when nobody is far off.
+    A cheat that stays inside the radius is kept and moves the step by about its
+    share times `radius` honest distances at most.
+    """
+    centre = median(gradients)
+    distances = _row_norms(gradients - centre)
+    bound = radius * _median_finite(distances)
+    kept = [i for i, d in enumerate(distances) if math.isfinite(d) and d <= bound]
+    return _weighted_mean(gradients, weights, kept) if kept else centre
+
+
+def _weighted_mean(gradients: torch.Tensor, weights: Sequence[float],
+                   kept: Sequence[int]) -> torch.Tensor:
+    """Σ_{i ∈ kept} w_i g_i / Σ_{i ∈ kept} w_i, summed in rank order."""
+    total = math.fsum(weights[i] for i in kept)
+    return _rank_order_sum([gradients[i] * (weights[i] / total) for i in kept])
 
 
 def _ordered(gradients: torch.Tensor) -> list[torch.Tensor]:
