@@ -13,7 +13,10 @@ the rules step by step, and `exchange_cost` turns the extra seconds into a
 throughput cost against the honest mean run's step time. Every run is the
 same job (examples/tiny-gpt.toml with `--steps`), seed, workers and victim;
 shares are rebalanced by measured speed as in any run, so the robust rules'
-losses move a little with the machine's load (the mean's do not). Target: some rule keeps
+losses move a little with the machine's load (the mean's do not). `floor_gap` sizes
+what a rule that leaves the cheat's samples out can reach at best: the plain mean
+on the other workers alone (one fewer, the global batch cut to their part of it;
+the same seed, but other batches). Target: some rule keeps
 `loss_gap <= 0.05` while the plain mean diverges (its gap above 1 nat), at a
 throughput cost <= 10%.
 
@@ -53,9 +56,12 @@ def log(message: str) -> None:
     print(f"[bench.robust] {message}", file=sys.stderr, flush=True)
 
 
-def train(rule: str, workers: int, steps: int, warmup: int, attacked: bool) -> dict:
+def train(rule: str, workers: int, steps: int, warmup: int, attacked: bool,
+          global_batch: int | None = None) -> dict:
     """One launch of the job under `rule`; its val loss, throughput and replica checks."""
-    job = load_job(JOB, overrides={"steps": steps, "aggregation": rule})
+    overrides = {"steps": steps, "aggregation": rule}
+    job = load_job(JOB, overrides=overrides if global_batch is None
+                   else {**overrides, "global_batch": global_batch})
     with scratch_dir("shoal-robust-") as scratch:
         run_dir = Path(scratch) / "run"
         config = LaunchConfig(
@@ -137,7 +143,7 @@ def gap(loss: float | None, honest: float | None) -> float | None:
     return round(loss - honest, 4) if loss is not None and honest is not None else None
 
 
-def summarise(honest: dict[str, list[dict]], attacked: dict[str, dict],
+def summarise(honest: dict[str, list[dict]], attacked: dict[str, dict], floor: dict,
               exchange_s: dict[str, float], global_batch: int) -> dict:
     reference = honest["mean"][0]["val_loss"]
     speed = {rule: median([r["samples_per_s"] for r in runs]) for rule, runs in honest.items()}
@@ -155,6 +161,7 @@ def summarise(honest: dict[str, list[dict]], attacked: dict[str, dict],
     return {
         "honest_val_loss": reference,
         "loss_gap": loss_gap,
+        "floor_gap": gap(floor["val_loss"], reference),
         "throughput_cost": cost,
         "exchange_cost": paired,
         "samples_per_s": speed,
@@ -189,6 +196,9 @@ def main() -> None:
     attacked = {rule: train(rule, args.workers, args.steps, args.warmup, attacked=True)
                 for rule in RULES}
     job = load_job(JOB, overrides={"steps": args.steps})
+    floor_batch = job.global_batch * (args.workers - 1) // args.workers
+    floor = train("mean", args.workers - 1, args.steps, args.warmup, attacked=False,
+                  global_batch=floor_batch)
     settings = {"job": JOB, "steps": args.steps, "workers": args.workers,
                 "global_batch": job.global_batch, "model": job.model.model_dump(),
                 "seed": job.seed, "adversary": f"{VICTIM}={ADVERSARY}", "every_step": True,
@@ -197,8 +207,9 @@ def main() -> None:
                 "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                 "cores": os.cpu_count()}
     print(json.dumps({"bench": "robust", "settings": settings,
-                      **summarise(honest, attacked, exchange_s, job.global_batch),
-                      "runs": {"honest": honest, "attacked": attacked}}), flush=True)
+                      **summarise(honest, attacked, floor, exchange_s, job.global_batch),
+                      "runs": {"honest": honest, "attacked": attacked, "floor": floor}}),
+          flush=True)
 
 
 if __name__ == "__main__":
