@@ -28,6 +28,7 @@ from shoal.cli.market_cmd import (
     submit_command, top_up_command,
 )
 from shoal.cli.rendezvous_cmd import rendezvous_command
+from shoal.cli.report_cmd import report_command
 from shoal.cli.run_cmd import run_command
 from shoal.cli.train_cmd import train_command
 from shoal.cli.verify_cmd import verify_command
@@ -55,6 +56,7 @@ app.command("grant")(grant_command)
 app.add_typer(key_app, name="key")
 app.command("plan")(plan_command)
 app.command("verify")(verify_command)
+app.command("report")(report_command)
 
 
 @app.callback()
