@@ -31,7 +31,7 @@ class AloneInBackground(Alone):
     def __init__(self) -> None:
         self.started: list[torch.Tensor] = []
 
-    def start_all_reduce(self, tensor):
+    def start_all_reduce(self, tensor, should_cancel):
         self.started.append(tensor)
         return len(self.started)
 

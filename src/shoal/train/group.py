@@ -89,33 +89,26 @@ class EpochGroup:
     """The process group of one epoch, with cancellable collectives."""
 
     def __init__(self, pg: dist.ProcessGroup, epoch: int, rank: int, world: int,
-                 timeout_s: float, poll_s: float) -> None:
+                 timeout_s: float, poll_s: float, *, store: dist.Store | None = None,
+                 backend: str = "gloo") -> None:
         self.pg, self.epoch, self.rank, self.world = pg, epoch, rank, world
         self.timeout_s, self.poll_s = timeout_s, poll_s
         self.device = torch.device("cpu")  # gloo exchanges CPU tensors
         self._in_flight: list[object] = []
+        # Background all-reduces run on a second group of the epoch (its own connections
+        # and threads), built at the first one: on the step's group, the blocking
+        # collectives of the steps in between would queue behind them on the same sockets.
+        self._store, self._backend = store, backend
+        self._background: dist.ProcessGroup | None = None
         self._started: list[object] = []  # background all-reduces not yet waited for
 
     @classmethod
     def build(cls, store: dist.Store, epoch: int, rank: int, world: int, *, backend: str,
               timeout_s: float, poll_s: float, should_cancel: ShouldCancel) -> EpochGroup:
         prefixed = dist.PrefixStore(f"group/{epoch}", store)
-        made: dict[str, object] = {}
-        done = threading.Event()
-
-        def construct() -> None:
-            try:
-                made["pg"] = _new_backend(backend, prefixed, rank, world, timeout_s)
-            except Exception as error:  # reported to the waiting thread below
-                made["error"] = error
-            finally:
-                done.set()
-
-        threading.Thread(target=construct, name=f"build-group-{epoch}", daemon=True).start()
-        _wait(done, should_cancel, poll_s, timeout_s, f"building the group of epoch {epoch}")
-        if "error" in made:
-            raise GroupFailed(f"group of epoch {epoch} could not form: {made['error']}")
-        return cls(made["pg"], epoch, rank, world, timeout_s, poll_s)
+        pg = _construct(backend, prefixed, rank, world, timeout_s, poll_s, should_cancel,
+                        f"the group of epoch {epoch}")
+        return cls(pg, epoch, rank, world, timeout_s, poll_s, store=prefixed, backend=backend)
 
     def _run(self, works: list[dist.Work], buffers: list[torch.Tensor],
              should_cancel: ShouldCancel, what: str) -> None:
@@ -135,10 +128,15 @@ class EpochGroup:
         works = [self.pg.allreduce([t], dist.AllreduceOptions()) for t in tensors]
         self._run(works, tensors, should_cancel, "all-reduce")
 
-    def start_all_reduce(self, tensor: torch.Tensor) -> dist.Work:
+    def start_all_reduce(self, tensor: torch.Tensor, should_cancel: ShouldCancel) -> dist.Work:
         """Begin summing `tensor` across the group and return at once; `wait_for` it
         later. Every member must start it at the same point of its collectives."""
-        work = self.pg.allreduce([tensor], dist.AllreduceOptions())
+        if self._background is None:
+            self._background = self.pg if self._store is None else _construct(
+                self._backend, dist.PrefixStore("background", self._store), self.rank,
+                self.world, self.timeout_s, self.poll_s, should_cancel,
+                f"the background group of epoch {self.epoch}")
+        work = self._background.allreduce([tensor], dist.AllreduceOptions())
         self._started += [work, tensor]
         return work
 
@@ -166,9 +164,32 @@ class EpochGroup:
 
     def abandon(self) -> None:
         """Hand this group and anything in flight to the graveyard; never touch it again."""
-        GRAVEYARD.bury([self.pg, *self._in_flight, *self._started], linger_s=self.timeout_s + 5.0)
-        self.pg = None  # type: ignore[assignment]
+        GRAVEYARD.bury([self.pg, self._background, *self._in_flight, *self._started],
+                       linger_s=self.timeout_s + 5.0)
+        self.pg = self._background = None  # type: ignore[assignment]
         self._in_flight, self._started = [], []
+
+
+def _construct(backend: str, store: dist.Store, rank: int, world: int, timeout_s: float,
+               poll_s: float, should_cancel: ShouldCancel, what: str) -> dist.ProcessGroup:
+    """A process group, built on a thread while the caller waits with a deadline and a
+    cancel check."""
+    made: dict[str, object] = {}
+    done = threading.Event()
+
+    def construct() -> None:
+        try:
+            made["pg"] = _new_backend(backend, store, rank, world, timeout_s)
+        except Exception as error:  # reported to the waiting thread below
+            made["error"] = error
+        finally:
+            done.set()
+
+    threading.Thread(target=construct, name=f"build {what}", daemon=True).start()
+    _wait(done, should_cancel, poll_s, timeout_s, f"building {what}")
+    if "error" in made:
+        raise GroupFailed(f"{what} could not form: {made['error']}")
+    return made["pg"]
 
 
 def _new_backend(backend: str, store: dist.Store, rank: int, world: int,

@@ -93,9 +93,10 @@ class StaleDiLoCo(DiLoCo):
         expected = self.round_expected + work.global_batch
         own = self.start - self._flat()
         sent = torch.cat([own * (mine / expected), torch.tensor([float(mine)])])
-        # Started first, in the same order on every member: the group's collectives
-        # must match, and the inner steps' scalar all-reduces run beside it.
-        self._started = Round(self.outer_index, expected, own, sent, group.start_all_reduce(sent))
+        # Started first, in the same order on every member (on the group's background
+        # lane: the inner steps' scalar all-reduces run beside it, not behind it).
+        handle = group.start_all_reduce(sent, should_cancel)
+        self._started = Round(self.outer_index, expected, own, sent, handle)
         self._plain_bytes += ring_all_reduce_bytes(sent.nbytes, group.world)
         tail = self.exchange.scalar_tail()
         scalars = tail.clone()
