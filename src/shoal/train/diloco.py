@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from typing import Any
 
 import torch
 
 from shoal.spec.job import SyncSpec
+from shoal.train import inject
 from shoal.train.codecs import make_codec
 from shoal.train.codecs.base import ShouldCancel, ring_all_reduce_bytes
 from shoal.train.errors import TrainError
@@ -114,6 +116,7 @@ class DiLoCo:
         mine = self.round_samples + work.share
         expected = self.round_expected + work.global_batch
         delta = (self.outer - self._flat()) * (mine / expected)
+        time.sleep(inject.exchange_delay_s())  # benchmarks only: a slow link, emulated
         if self.codec is not None:
             summed = self.codec.exchange(delta, group, should_cancel)
         else:

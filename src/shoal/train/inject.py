@@ -7,6 +7,9 @@ signals cannot reach: SHOAL_INJECT is a comma-separated list of
     hang@WORKER:stepN:S             hang S seconds before computing step N, alive (a stuck
                                     data loader or device wait; signals cannot fake that)
     diverge@WORKER:stepN            perturb this worker's parameters before step N
+    exchange-delay:S                every DiLoCo outer exchange takes at least S seconds, on
+                                    every worker (a slow link that the votes' few bytes do
+                                    not queue behind, as they would in one FIFO queue)
 """
 
 from __future__ import annotations
@@ -81,6 +84,13 @@ def hang_s(worker: str, step: int) -> float:
 def diverge(worker: str, step: int) -> bool:
     return any(first == step for first, _, _ in _steps("diverge", worker)) and \
         _first_to_claim(f"diverge-{worker}-{step}")
+
+
+def exchange_delay_s() -> float:
+    for entry in _entries():
+        if entry.startswith("exchange-delay:"):
+            return float(entry.split(":", 1)[1])
+    return 0.0
 
 
 def worker_faults(worker: str, step: int, params: list[torch.Tensor]) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from shoal.spec.job import SyncSpec
+from shoal.train import inject
 from shoal.train.codecs.base import ShouldCancel, ring_all_reduce_bytes
 from shoal.train.diloco import DiLoCo, outer_sgd_step
 from shoal.train.exchange import GradientExchange
@@ -60,6 +62,7 @@ class Round:
     own: torch.Tensor  # this worker's pseudo-gradient (start - local), unweighted
     sent: torch.Tensor  # sample-weighted pseudo-gradient and this worker's samples, summed in place
     work: Any  # the group's handle on that all-reduce
+    started_at: float = 0.0  # time.monotonic() at its start
 
 
 class StaleDiLoCo(DiLoCo):
@@ -96,7 +99,7 @@ class StaleDiLoCo(DiLoCo):
         # Started first, in the same order on every member (on the group's background
         # lane: the inner steps' scalar all-reduces run beside it, not behind it).
         handle = group.start_all_reduce(sent, should_cancel)
-        self._started = Round(self.outer_index, expected, own, sent, handle)
+        self._started = Round(self.outer_index, expected, own, sent, handle, time.monotonic())
         self._plain_bytes += ring_all_reduce_bytes(sent.nbytes, group.world)
         tail = self.exchange.scalar_tail()
         scalars = tail.clone()
@@ -108,6 +111,8 @@ class StaleDiLoCo(DiLoCo):
                                self._last(work.step))
         for r in in_flight[:self._due]:  # arrived long ago, unless a link is slower than k rounds
             group.wait_for(r.work, r.sent, should_cancel)
+            # Benchmarks only: the exchange emulated over a slow link ends this late.
+            time.sleep(max(0.0, r.started_at + inject.exchange_delay_s() - time.monotonic()))
 
     def checked(self) -> list[torch.Tensor]:
         arrived = [*self.pending, self._started][:self._due] if self._outer_now else []
