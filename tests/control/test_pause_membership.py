@@ -57,3 +57,27 @@ def test_a_leaver_is_not_kept_while_others_stay(rdzv):
     rdzv.request_leave("a")
     authority.tick(0.1)
     assert rdzv.epoch(1).members == ("b",) and rdzv.epoch(1).reason == "leave:a"
+
+
+def test_joiners_arriving_as_the_last_member_leaves_take_its_state_first(rdzv):
+    """One member lost, the other leaving (its provider dropped), a replacement waiting:
+    the leaver forms the next epoch with the replacement (which takes its live state)
+    and only then goes; the replacement never starts an epoch alone, without state."""
+    alive = {"a": True, "b": True, "c": True}
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST),
+                                    process_alive=lambda w: alive.get(w))
+    rdzv.request_join("a")
+    rdzv.request_join("b")
+    authority.tick(0.0)
+    alive["b"] = False
+    rdzv.report_exit("b")
+    rdzv.request_leave("a")
+    rdzv.request_join("c")
+    authority.tick(0.1)
+    authority.tick(0.1 + authority.config.join_batch_s)
+    handover = rdzv.epoch(rdzv.latest_epoch())
+    assert handover.members == ("a", "c"), handover  # a holds the state, c takes it
+    rdzv.request_leave("a")  # after a step together, a leaves again
+    authority.tick(1.0)
+    after = rdzv.epoch(rdzv.latest_epoch())
+    assert after.members == ("c",) and "leave:a" in after.reason

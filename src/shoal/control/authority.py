@@ -155,11 +155,13 @@ class MembershipAuthority:
 
     def _keep_last_holder(self, dropped: set[str], reasons: list[str],
                           leaving: list[str]) -> tuple[set[str], list[str]]:
-        """When every member leaves at once (a paused job's leases all end), one leaver
-        stays a member for one more step boundary: alone, it writes the checkpoint that
-        whoever comes next restores from, instead of the state leaving with nobody."""
+        """When every member leaves at once (a paused job's leases all end, or one is lost
+        while the last leaves), one leaver stays a member for one more step boundary:
+        alone, it writes the checkpoint whoever comes next restores from; with joiners
+        waiting, it forms the next epoch with them, so they take its live state (joiners
+        alone would start from their own disks, which hold nothing of this job)."""
         alive_leavers = [m for m in self.members if m in leaving and self._alive(m)]
-        if alive_leavers and dropped >= set(self.members) and not self._pending:
+        if alive_leavers and dropped >= set(self.members):
             kept = alive_leavers[0]
             return dropped - {kept}, [r for r in reasons if r != f"leave:{kept}"] + [f"holds-state:{kept}"]
         return dropped, reasons
