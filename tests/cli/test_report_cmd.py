@@ -54,7 +54,7 @@ def demo_report() -> DemoReport:
         ef=EfficiencyReport(time=1.4, cost=2.1, static_wall_s=98.0, static_cost_wei=3 * 10**15,
                             measured=True, how="the same job on 3 on-demand devices"),
         budget_wei=10**20, spent_wei=3 * BIG_WEI, refunded_wei=10**20 - 3 * BIG_WEI,
-        conserved=True, gas={"settle": 210_000, "anchor": 48_000},
+        conserved=True, store_chain_agree=True, gas={"settle": 210_000, "anchor": 48_000},
         anchors=(AnchorReport(epoch=0, root="0x" + "11" * 32, tx="0x" + "cd" * 32),
                  AnchorReport(epoch=1, root="0x" + "22" * 32, tx="0x" + "ef" * 32)),
         progress=progress, membership=membership, verdicts={"honest": 7, "wrong_contribution": 1})
@@ -85,18 +85,19 @@ def test_report_renders_the_plots_and_every_fault_provider_and_anchor(tmp_path, 
         assert anchor.root in page and anchor.tx in page
     assert report.slashes[0].tx in page and "wrong contribution at step 41" in page
     assert "settle" in page and "210000" in page and "yes, to the wei" in page
+    assert "the chain booked what the store metered" in page
 
 
 def test_report_out_path_and_an_unrendered_run(tmp_path, cli_env):
     out = tmp_path / "elsewhere.html"
     (tmp_path / "report.json").write_text(demo_report().model_copy(
         update={"progress": (), "membership": (), "faults": (), "anchors": (), "ef": None,
-                "eta_het": None, "conserved": False}).model_dump_json())
+                "eta_het": None, "conserved": False, "store_chain_agree": False}).model_dump_json())
     done = subprocess.run(shoal_command("report", str(tmp_path), "--out", str(out)),
                           capture_output=True, text=True, env=cli_env, timeout=60)
     assert done.returncode == 0, done.stderr
     page = out.read_text()
-    assert "no membership epochs recorded" in page and "NO</span>" in page
+    assert "no membership epochs recorded" in page and page.count('class="bad">NO') == 2
     assert not (tmp_path / "report.html").exists()
 
 

@@ -83,11 +83,16 @@ def _summary(r: DemoReport) -> Raw:
     figures += [
         ("budget (wei)", _num(r.budget_wei)), ("spent (wei)", _num(r.spent_wei)),
         ("refunded (wei)", _num(r.refunded_wei)),
-        ("money conserved", Raw('<span class="good">yes, to the wei</span>') if r.conserved
-         else Raw('<span class="bad">NO</span>')),
+        ("money conserved", _verdict(r.conserved, "yes, to the wei")),
+        ("store and chain agree", _verdict(r.store_chain_agree,
+                                           "yes: the chain booked what the store metered")),
     ]
     return Raw('<dl class="figures">' + "".join(
         f"<dt>{escape(name)}</dt><dd>{_cell(value)}</dd>" for name, value in figures) + "</dl>")
+
+
+def _verdict(ok: bool, yes: str) -> Raw:
+    return Raw(f'<span class="good">{escape(yes)}</span>' if ok else '<span class="bad">NO</span>')
 
 
 def _faults(r: DemoReport) -> Raw:
