@@ -31,6 +31,8 @@ def coordinator_command(
     referee_key: Path = typer.Option(None, "--referee-key", help="File with the contract "
                                      "referee's private key: guilty verdicts are then ruled on "
                                      "by one replay and slashed on chain."),
+    dashboard: bool = typer.Option(False, "--dashboard", help="Serve a live dashboard page at "
+                                   "/dashboard (jobs, curves, membership, faults, money, anchors)."),
 ) -> None:
     """Run the coordinator: market rounds, agents' heartbeats, jobs, audit log, /metrics."""
     import uvicorn
@@ -39,7 +41,8 @@ def coordinator_command(
     from shoal.control.coordinator import Coordinator, CoordinatorSettings, create_app
     from shoal.control.errors import ControlError
 
-    values = {"host": host, "port": port, "audience": audience, "operators": tuple(operator)}
+    values = {"host": host, "port": port, "audience": audience, "operators": tuple(operator),
+              "dashboard": dashboard}
     if store:
         values["store_url"] = store
     if prices:
@@ -57,8 +60,17 @@ def coordinator_command(
                               referee_key=_referee(referee_key, settlement), replayer=gpt_replayer)
     log.info("coordinator %r on http://%s:%d (store %s)", settings.audience, settings.host,
              settings.port, coordinator.engine.url.render_as_string())
+    if settings.dashboard:
+        log.info("dashboard: http://%s:%d/dashboard", _browsable(settings.host), settings.port)
     uvicorn.run(create_app(coordinator), host=settings.host, port=settings.port,
                 log_level="warning", access_log=False)
+
+
+def _browsable(host: str) -> str:
+    """Where a browser on this machine finds a server bound to `host`."""
+    if host in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
 
 
 def _settlement(settings):  # noqa: ANN001, ANN202 - CoordinatorSettings -> Settlement | None

@@ -29,6 +29,7 @@ from shoal.control.coordinator.limits import BodyLimit
 from shoal.control.coordinator.metrics import CoordinatorMetrics, TimedRequests, state_gauges
 from shoal.control.coordinator.rounds import RoundLoop
 from shoal.control.coordinator.service import Coordinator
+from shoal.control.dashboard.routes import dashboard_routes
 from shoal.control.errors import ControlError
 from shoal.control.identity import Signer, Unauthenticated
 from shoal.market import MarketError
@@ -91,6 +92,8 @@ def create_app(coordinator: Coordinator, run_rounds: bool = True) -> FastAPI:
     _timing(app, metrics)
     _routes(app)
     proof_routes(app)
+    if coordinator.settings.dashboard:
+        dashboard_routes(app)
     _fast_heartbeats(app, coordinator, metrics)
     return app
 

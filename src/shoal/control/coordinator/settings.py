@@ -43,6 +43,7 @@ class CoordinatorSettings(BaseSettings):
     # (default: --host, or 127.0.0.1 when that is a wildcard).
     rendezvous_bind: str | None = None
     stall_deadline_s: float = Field(1.0, ge=0.1)  # job hosts' liveness floor
+    dashboard: bool = False  # serve the live dashboard page at /dashboard
     # Settlement on a chain (all three, or none: escrow is then the store's bookkeeping).
     chain_rpc: str | None = None  # an Ethereum JSON-RPC URL
     ledger_contract: str | None = None  # the market contract there

@@ -14,6 +14,7 @@ WIDTH, HEIGHT = 720, 220
 LEFT, RIGHT, TOP, BOTTOM = 60, 14, 14, 30
 ROW_PX = 20  # one member's row in a timeline
 NAME_PX = 120  # a timeline's left margin: room for a worker's id
+LABEL_PX = 48  # a fault's label is about this wide
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,16 @@ def _x_axis(frame: Frame, bottom: float) -> list[str]:
 
 
 def _marks(frame: Frame, marks: Sequence[Mark], top: float, bottom: float) -> list[str]:
-    out = []
-    for mark in marks:
+    out, last_x, level = [], -1e9, 0
+    for mark in sorted(marks, key=lambda m: m.x):
         if not 0 <= mark.x <= frame.xmax:
             continue
         x, kind = frame.x(mark.x), css_class(mark.kind)
+        level = level + 1 if x - last_x < LABEL_PX else 0  # close marks: labels step down
+        last_x = x
         out.append(f'<line class="mark {kind}" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" '
                    f'y2="{bottom}"><title>{escape(mark.label)}</title></line>')
-        out.append(f'<text class="mark-label" x="{x + 3:.1f}" y="{top + 9}">'
+        out.append(f'<text class="mark-label" x="{x + 3:.1f}" y="{top + 9 + 10 * (level % 4)}">'
                    f'{escape(mark.kind)}</text>')
     return out
 

@@ -1,0 +1,407 @@
+"use strict";
+// shoal's live dashboard. It polls the coordinator's public JSON API and
+// draws the selected job (a click on the jobs table, #job=ID, or the newest)
+// as inline SVG: curves, membership, faults, money and anchored roots.
+// report_html.py draws the same charts on the server; keep the two alike.
+
+const POLL_MS = 1500;
+const PACE_WINDOW = 8;  // commits the throughput is averaged over
+const WIDTH = 720, HEIGHT = 220, LEFT = 60, RIGHT = 14, TOP = 14, BOTTOM = 30;
+const ROW_PX = 20, NAME_PX = 120, LABEL_PX = 48;
+const SVG_NS = "http://www.w3.org/2000/svg";
+const PAGE = 1000, PROGRESS_PAGE = 5000;  // the API's longest answers
+
+const state = {
+  jobs: [], selected: null, events: [], eventSeq: 0, tick: 0,
+  progress: new Map(),  // job id -> its committed steps, in step order
+  membership: [], epochs: [],  // of the selected job
+  names: new Map(),  // provider address -> name
+  agents: new Map(),  // offer id -> agent id
+};
+
+// ------------------------------------------------------------ fetching
+// Wei can pass 2^53: keep every integer JSON.parse would round as its text.
+const SOURCE_ACCESS = (() => {
+  let seen = false;
+  JSON.parse("1", (k, v, context) => { seen = !!(context && "source" in context); return v; });
+  return seen;
+})();
+
+function exactJSON(text) {
+  if (!SOURCE_ACCESS) text = text.replace(/([:,[]\s*)(-?\d{16,})(?=\s*[,\]}])/g, '$1"$2"');
+  return JSON.parse(text, (key, value, context) =>
+    typeof value === "number" && !Number.isSafeInteger(value) && context &&
+      /^-?\d+$/.test(context.source) ? context.source : value);
+}
+
+async function get(path) {
+  const response = await fetch(path, {cache: "no-store"});
+  if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
+  return exactJSON(await response.text());
+}
+
+async function pollEvents() {
+  // All events, not ?job=: an offer withdrawn (agent lost, slashed) names the
+  // leases it ended, not a job.
+  for (;;) {
+    const batch = await get(`/v1/events?after=${state.eventSeq}&limit=${PAGE}`);
+    state.events.push(...batch);
+    if (batch.length) state.eventSeq = batch[batch.length - 1].seq;
+    if (batch.length < PAGE) return;
+  }
+}
+
+async function pollProviders() {
+  for (const p of await get("/v1/providers")) {
+    state.names.set(p.address, p.name);
+    for (const offer of p.offers) state.agents.set(offer.offer_id, offer.agent_id);
+  }
+}
+
+async function pollJob(job) {
+  const id = encodeURIComponent(job.job_id);
+  const steps = state.progress.get(job.job_id) || [];
+  for (;;) {
+    const after = steps.length ? steps[steps.length - 1].step : -1;
+    const batch = await get(`/v1/jobs/${id}/progress?after=${after}`);
+    steps.push(...batch);
+    if (batch.length < PROGRESS_PAGE) break;
+  }
+  state.progress.set(job.job_id, steps);
+  state.membership = await get(`/v1/jobs/${id}/membership`);
+  state.epochs = await get(`/v1/jobs/${id}/proof/epochs`);
+}
+
+async function poll() {
+  try {
+    state.jobs = await get("/v1/jobs");
+    await pollEvents();
+    if (state.tick % 4 === 0) await pollProviders();
+    const job = selectedJob();
+    if (job) await pollJob(job);
+    render(job);
+    status(`updated ${new Date().toLocaleTimeString()}`, false);
+  } catch (error) {
+    status(`cannot read the coordinator: ${error.message}`, true);
+  }
+  state.tick += 1;
+}
+
+function selectedJob() {
+  const wanted = state.selected || new URLSearchParams(location.hash.slice(1)).get("job");
+  const chosen = state.jobs.find(j => j.job_id === wanted);
+  if (chosen) return chosen;
+  return state.jobs.reduce((a, b) => (a && a.created_at_s >= b.created_at_s ? a : b), null);
+}
+
+// ------------------------------------------------------------ the job's story
+function jobEvents(job) {
+  const leases = new Set(job.leases.map(l => l.lease));
+  return state.events.filter(e => e.job_id === job.job_id ||
+    (e.kind === "offer_withdrawn" && (e.detail.ended_leases || []).some(l => leases.has(l))));
+}
+
+function agentOfLease(job, lease) {
+  const held = job.leases.find(l => l.lease === lease);
+  return held ? state.agents.get(held.offer_id) || held.offer_id : `lease ${lease}`;
+}
+
+function party(address) {  // a table cell: the name, or the address where none is known
+  const name = state.names.get(address);
+  return name ? el("span", {title: address}, name) : hash(address || "");
+}
+
+// A fault is an event that cost the job members or time; null for the rest.
+function faultOf(event, job, filledBefore) {
+  const d = event.detail || {};
+  switch (event.kind) {
+    case "offer_withdrawn": {
+      const reason = String(d.reason || "withdrawn");
+      const kind = reason === "agent lost" ? "lost" : reason.startsWith("slashed") ? "slash" : "withdrawn";
+      return {kind, who: state.agents.get(d.offer_id) || d.offer_id, text: reason};
+    }
+    case "job_filled":
+      if ((d.notices || []).length) {
+        return {kind: "notice", who: d.notices.map(l => agentOfLease(job, l)).join(", "),
+                text: `spot notice: ${d.reason || "preempted"}`};
+      }
+      if (filledBefore && (d.new_leases || []).length) {
+        return {kind: "join", who: d.new_leases.map(l => agentOfLease(job, l)).join(", "),
+                text: "leased as a replacement"};
+      }
+      return null;
+    case "worker_slashed":
+      return {kind: "slash", who: party(d.provider), text: `${d.worker} step ${d.step}: ${d.why}`};
+    case "offer_marked_down":
+      return {kind: "slow", who: state.agents.get(d.offer_id) || d.offer_id, text: "below its measured speed"};
+    case "job_paused": case "job_failed": case "settlement_failed":
+      return {kind: event.kind.replace("job_", "").replace("settlement_", ""), who: "",
+              text: String(d.reason || event.kind)};
+    default:
+      return null;
+  }
+}
+
+function faults(job, events) {
+  const out = [];
+  let filled = false;
+  for (const e of events) {
+    const fault = faultOf(e, job, filled);
+    if (fault) out.push({...fault, at: e.at_s - job.created_at_s});
+    if (e.kind === "job_filled" && (e.detail.new_leases || []).length) filled = true;
+  }
+  return out;
+}
+
+// ------------------------------------------------------------ curves
+function throughput(steps, t0) {
+  const out = [];
+  for (let i = 1; i < steps.length; i++) {
+    const first = Math.max(0, i - PACE_WINDOW);
+    const seconds = steps[i].t - steps[first].t;
+    let samples = 0;
+    for (let j = first + 1; j <= i; j++) samples += steps[j].samples;
+    out.push([steps[i].t - t0, seconds > 0 ? samples / seconds : null]);
+  }
+  return out;
+}
+
+function memberRows(job, t0, xmax) {
+  const changes = [...state.membership].sort((a, b) => a.t - b.t);
+  if (!changes.length) {  // no epoch formed yet: who holds a lease, when
+    return job.leases.map(l => ({
+      name: `l${l.lease} ${state.agents.get(l.offer_id) || l.offer_id}`, lease: true,
+      spans: [[l.start_s - t0, l.ends_at_s == null ? xmax : Math.min(l.ends_at_s - t0, xmax)]]}));
+  }
+  const rows = new Map();
+  changes.forEach((change, i) => {
+    const start = change.t - t0, end = i + 1 < changes.length ? changes[i + 1].t - t0 : xmax;
+    for (const member of change.members) {
+      if (!rows.has(member)) rows.set(member, {name: member, lease: false, spans: []});
+      const spans = rows.get(member).spans, last = spans[spans.length - 1];
+      if (last && Math.abs(last[1] - start) < 1e-9) last[1] = end; else spans.push([start, end]);
+    }
+  });
+  return [...rows.values()];
+}
+
+// ------------------------------------------------------------ drawing
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  node.append(...children.map(c => (c instanceof Node ? c : String(c))));
+  return node;
+}
+
+function sv(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  node.append(...children.map(c => (c instanceof Node ? c : String(c))));
+  return node;
+}
+
+function niceTicks(lo, hi, count) {
+  if (!(hi > lo)) hi = lo + 1;
+  const raw = (hi - lo) / count, magnitude = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 5, 10].map(m => m * magnitude).find(s => s >= raw);
+  const first = Math.ceil(lo / step - 1e-9) * step, out = [];
+  for (let v = first; v <= hi + step * 1e-9; v += step) out.push(v);
+  return out;
+}
+
+function tickLabel(v) {
+  return v === 0 || (Math.abs(v) >= 0.01 && Math.abs(v) < 1e6) ? String(+v.toPrecision(4))
+    : v.toExponential(1);
+}
+
+function frame(xmax, ylo, yhi, height, left) {
+  xmax = xmax > 0 ? xmax : 1;
+  if (!(yhi > ylo)) yhi = ylo + 1;
+  return {xmax, ylo, yhi, left, height,
+          x: v => left + (WIDTH - left - RIGHT) * v / xmax,
+          y: v => TOP + (height - TOP - BOTTOM) * (1 - (v - ylo) / (yhi - ylo))};
+}
+
+function xAxis(f, bottom) {
+  const out = [sv("line", {class: "axis", x1: f.left, y1: bottom, x2: WIDTH - RIGHT, y2: bottom})];
+  for (const tick of niceTicks(0, f.xmax, 5)) {
+    out.push(sv("text", {x: f.x(tick).toFixed(1), y: bottom + 14, "text-anchor": "middle"},
+                tickLabel(tick)));
+  }
+  out.push(sv("text", {x: WIDTH - RIGHT, y: bottom + 26, "text-anchor": "end"}, "s"));
+  return out;
+}
+
+function markLines(f, marks, bottom) {
+  const out = [];
+  let lastX = -1e9, level = 0;
+  for (const m of [...marks].sort((a, b) => a.at - b.at)) {
+    if (m.at < 0 || m.at > f.xmax) continue;
+    const x = f.x(m.at), cls = m.kind.toLowerCase().replace(/[^a-z0-9_-]/g, "");
+    level = x - lastX < LABEL_PX ? level + 1 : 0;  // close marks: labels step down
+    lastX = x;
+    out.push(sv("line", {class: `mark ${cls}`, x1: x.toFixed(1), y1: TOP, x2: x.toFixed(1), y2: bottom},
+                sv("title", {}, `${m.kind}: ${m.who instanceof Node ? m.who.textContent : m.who} ${m.text}`)));
+    out.push(sv("text", {class: "mark-label", x: (x + 3).toFixed(1), y: TOP + 9 + 10 * (level % 4)}, m.kind));
+  }
+  return out;
+}
+
+function draw(svg, height, children) {
+  svg.setAttribute("viewBox", `0 0 ${WIDTH} ${height}`);
+  svg.replaceChildren(...children);
+}
+
+function lineChart(svg, points, {xmax, marks, series, pathId, yLabel}) {
+  const ys = points.map(p => p[1]).filter(y => y != null && isFinite(y));
+  const lo = ys.length ? Math.min(...ys) : 0, hi = ys.length ? Math.max(...ys) : 1;
+  const pad = (hi - lo) * 0.05 || Math.abs(hi) * 0.05 || 1;
+  const f = frame(xmax, lo - pad, hi + pad, HEIGHT, LEFT), bottom = HEIGHT - BOTTOM;
+  const body = [];
+  for (const tick of niceTicks(f.ylo, f.yhi, 4)) {
+    const y = f.y(tick).toFixed(1);
+    body.push(sv("line", {class: "grid", x1: LEFT, y1: y, x2: WIDTH - RIGHT, y2: y}),
+              sv("text", {x: LEFT - 6, y: (+y + 4).toFixed(1), "text-anchor": "end"}, tickLabel(tick)));
+  }
+  body.push(...xAxis(f, bottom), sv("text", {x: LEFT, y: TOP - 3}, yLabel), ...markLines(f, marks, bottom));
+  const path = [];
+  let penDown = false;
+  for (const [x, y] of points) {
+    if (y == null || !isFinite(y)) { penDown = false; continue; }
+    path.push(`${penDown ? "L" : "M"}${f.x(x).toFixed(1)} ${f.y(y).toFixed(1)}`);
+    penDown = true;
+  }
+  body.push(sv("path", {id: pathId, class: `series ${series}`, "data-points": ys.length, d: path.join(" ")}));
+  draw(svg, HEIGHT, body);
+}
+
+function timeline(svg, rows, {xmax, marks, epochs}) {
+  const height = TOP + BOTTOM + ROW_PX * Math.max(rows.length, 1), bottom = height - BOTTOM;
+  const f = frame(xmax, 0, 1, height, NAME_PX);
+  const body = xAxis(f, bottom);
+  for (const [x, epoch] of epochs) {
+    body.push(sv("line", {class: "epoch", x1: f.x(x).toFixed(1), y1: TOP, x2: f.x(x).toFixed(1), y2: bottom},
+                 sv("title", {}, `epoch ${epoch}`)));
+  }
+  rows.forEach((row, i) => {
+    const top = TOP + i * ROW_PX;
+    body.push(sv("text", {x: NAME_PX - 6, y: top + 14, "text-anchor": "end", class: "member"},
+                 row.name.slice(-20), sv("title", {}, row.name)));
+    for (const [start, end] of row.spans) {
+      const x0 = f.x(Math.max(start, 0)), x1 = f.x(Math.min(end, f.xmax));
+      body.push(sv("rect", {class: row.lease ? "bar lease" : "bar", x: x0.toFixed(1), y: top + 3,
+                            width: Math.max(x1 - x0, 1).toFixed(1), height: ROW_PX - 6},
+                   sv("title", {}, `${row.name}: ${start.toFixed(1)}-${end.toFixed(1)} s`)));
+    }
+  });
+  body.push(...markLines(f, marks, bottom));
+  draw(svg, height, body);
+}
+
+function table(headers, rows, numeric = []) {
+  if (!rows.length) return el("p", {class: "empty"}, "none yet");
+  const head = el("tr", {}, ...headers.map((h, i) => el("th", numeric.includes(i) ? {class: "num"} : {}, h)));
+  return el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows.map(row =>
+    el("tr", {}, ...row.map((cell, i) => el("td", numeric.includes(i) ? {class: "num"} : {}, cell))))));
+}
+
+function hash(text) {
+  return el("span", {class: "hash"}, text);
+}
+
+function kindBadge(kind) {
+  return el("span", {class: `kind ${kind}`}, kind);
+}
+
+// ------------------------------------------------------------ the page
+function render(job) {
+  renderJobs(job);
+  document.getElementById("job-title").textContent = job ? `${job.job_id} (${job.name})` : "none yet";
+  if (!job) return;
+  const t0 = job.created_at_s, steps = state.progress.get(job.job_id) || [];
+  const events = jobEvents(job), found = faults(job, events);
+  const times = [...steps.map(p => p.t), ...state.membership.map(m => m.t), ...events.map(e => e.at_s),
+                 ...job.leases.map(l => l.start_s)];
+  const xmax = Math.max(1, ...times.map(t => t - t0));
+  lineChart(document.getElementById("loss-chart"), steps.map(p => [p.t - t0, p.loss]),
+            {xmax, marks: found, series: "loss", pathId: "loss-path", yLabel: "training loss"});
+  lineChart(document.getElementById("throughput-chart"), throughput(steps, t0),
+            {xmax, marks: found, series: "pace", pathId: "throughput-path", yLabel: "samples/s"});
+  timeline(document.getElementById("membership"), memberRows(job, t0, xmax),
+           {xmax, marks: found, epochs: state.membership.map(m => [m.t - t0, m.epoch])});
+  document.getElementById("membership-note").textContent = state.membership.length
+    ? `${state.membership.length} membership epochs; dotted: an epoch starts`
+    : "leases (the job host has formed no membership epoch yet)";
+  document.getElementById("faults").replaceChildren(table(["at (s)", "kind", "who", "what"],
+    found.map(f => [f.at.toFixed(1), kindBadge(f.kind), f.who, f.text]), [0]));
+  renderMoney(job, events);
+  document.getElementById("anchors").replaceChildren(table(
+    ["epoch", "root", "records", "chain epoch", "transaction"],
+    state.epochs.map(e => [e.epoch, hash(e.root), `${e.records}${e.complete ? "" : " (incomplete)"}`,
+                           e.chain_epoch == null ? "" : e.chain_epoch,
+                           e.anchor_tx ? hash(e.anchor_tx) : "not anchored"]), [0, 2, 3]));
+}
+
+function renderJobs(selected) {
+  const rows = [...state.jobs].sort((a, b) => b.created_at_s - a.created_at_s).map(job => {
+    const open = job.leases.filter(l => l.ends_at_s == null).length;
+    const row = el("tr", {class: job === selected ? "job selected" : "job", "data-job": job.job_id},
+      el("td", {}, job.job_id), el("td", {}, job.name), el("td", {}, job.status),
+      el("td", {class: "num"}, `${open} / ${job.workers}`), el("td", {class: "num"}, String(job.spent_wei)),
+      el("td", {class: "num"}, String(job.budget_wei)), el("td", {}, job.chain_job == null ? "" : job.chain_job));
+    row.addEventListener("click", () => {
+      state.selected = job.job_id;
+      history.replaceState(null, "", `#job=${encodeURIComponent(job.job_id)}`);
+      wake();
+    });
+    return row;
+  });
+  document.querySelector("#jobs tbody").replaceChildren(...rows);
+}
+
+function renderMoney(job, events) {
+  const settled = events.filter(e => e.kind === "job_settled").pop();
+  const leases = table(["lease", "agent", "price (wei/s)", "held (s)", ""],
+    job.leases.map(l => [l.lease, state.agents.get(l.offer_id) || l.offer_id, String(l.price_wei_per_s),
+                         ((l.ends_at_s ?? Date.now() / 1000) - l.start_s).toFixed(0),
+                         l.ends_at_s == null ? "open" : "ended"]), [0, 2, 3]);
+  const parts = [el("p", {}, `spent ${job.spent_wei} of ${job.budget_wei} wei (metered)`), leases];
+  if (settled) {
+    const d = settled.detail, paid = d.wei || {};
+    parts.push(el("h2", {}, `settled on chain job ${d.chain_job}`), table(["provider", "seconds", "paid (wei)"],
+      Object.keys(paid).map(a => [party(a), (d.seconds || {})[a] ?? "",
+                                  String(paid[a])]), [1, 2]));
+  }
+  document.getElementById("payments").replaceChildren(...parts);
+  const slashes = events.filter(e => e.kind === "worker_slashed" || e.kind === "verdict_rejected");
+  document.getElementById("slashes").replaceChildren(table(["at (s)", "who", "ruling", "transaction", "why"],
+    slashes.map(e => [(e.at_s - job.created_at_s).toFixed(1),
+                      e.kind === "worker_slashed" ? party(e.detail.provider)
+                        : el("span", {}, "verifier ", party(e.detail.verifier)),
+                      e.kind === "worker_slashed" ? kindBadge("slash") : "accusation rejected",
+                      e.detail.tx ? hash(e.detail.tx) : (e.detail.chain_error || "off chain"),
+                      e.detail.why || ""]), [0]));
+}
+
+function status(text, bad) {
+  const node = document.getElementById("status");
+  node.textContent = text;
+  node.className = bad ? "sub bad" : "sub";
+}
+
+// One poll at a time; a click on a job cuts the wait short.
+let wake = () => {};
+
+function pause(ms) {
+  return new Promise(resolve => {
+    const timer = setTimeout(resolve, ms);
+    wake = () => { clearTimeout(timer); resolve(); };
+  });
+}
+
+(async () => {
+  for (;;) {
+    await poll();
+    await pause(POLL_MS);
+  }
+})();
