@@ -15,6 +15,6 @@ def asset(name: str) -> str:
 
 @cache
 def dashboard_page() -> str:
-    """dashboard.html with its style and script put in place."""
+    """dashboard.html with its style and script (the charts, then the page) put in place."""
     return (asset("dashboard.html").replace("/*STYLE*/", asset("style.css"))
-            .replace("/*SCRIPT*/", asset("dashboard.js")))
+            .replace("/*SCRIPT*/", asset("charts.js") + "\n" + asset("dashboard.js")))
