@@ -6,6 +6,7 @@ and keeps up as more arrive, and a screenshot shows the curve."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import httpx
@@ -20,6 +21,7 @@ from shoal.control.store.schema import ProofEpochRow
 from shoal.spec.audit import RecordUpload
 from shoal.spec.coordinator import COORDINATOR, JobSubmission, OfferTerms, Registration
 from shoal.spec.progress import ProgressUpload, StepProgress
+from tests.conftest import free_port, shoal_command
 from tests.control.coordinator.conftest import Served, make_settings, provider_with_agent
 from tests.control.coordinator.test_proofs import PROOF_JOB, record
 from tests.harness.chromium import headless_chromium, png_pixels
@@ -179,3 +181,41 @@ def test_the_dashboard_draws_a_job_and_keeps_up(served, chromium, tmp_path):
 
 def _near(pixel: bytes, colour: tuple[int, int, int]) -> bool:
     return all(abs(a - b) < 40 for a, b in zip(pixel, colour))
+
+
+def test_the_page_is_served_only_when_asked_for(tmp_path):
+    from shoal.control.coordinator import create_app
+
+    coordinator = Coordinator(make_settings(f"sqlite:///{tmp_path}/store.db"))
+    try:
+        assert "/dashboard" not in {route.path for route in create_app(coordinator).routes}
+    finally:
+        coordinator.engine.dispose()
+
+
+@pytest.mark.slow
+def test_shoal_coordinator_dashboard_prints_where_it_is(tmp_path, cli_env):
+    port = free_port()
+    process = subprocess.Popen(
+        shoal_command("coordinator", "--dashboard", "--port", str(port),
+                      "--store", f"sqlite:///{tmp_path}/store.db"),
+        cwd=tmp_path, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/dashboard"
+        for line in process.stdout:  # the line comes before the server serves
+            if f"dashboard: {url}" in line:
+                break
+        else:
+            raise AssertionError(f"no 'dashboard: {url}' line; exit {process.wait()}")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                page = httpx.get(url, timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "the coordinator did not serve in 30 s"
+                time.sleep(0.2)
+        assert page.status_code == 200 and 'id="loss-chart"' in page.text
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
