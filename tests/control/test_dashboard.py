@@ -27,7 +27,8 @@ from tests.control.coordinator.test_proofs import PROOF_JOB, record
 from tests.harness.chromium import headless_chromium, png_pixels
 
 PRICE = 1_000_000
-BIG_WEI = "18446744073709551617"  # 2^64 + 1: JSON.parse alone would print ...1600
+BIG_WEI = "18446744073709551617"  # 2^64 + 1, sent as a string (the settlement's event does)
+BUDGET_WEI = 2**62 + 1  # a JSON number: JSON.parse alone would show ...904
 ANCHOR_TX = "0x" + "ab" * 32
 SLASH_TX = "0x" + "cd" * 32
 LOSS_BLUE = (0x25, 0x63, 0xEB)  # --loss in style.css
@@ -66,7 +67,7 @@ class Job:
         submitter = served.client(Account.create())
         submitter.register(Registration(role="submitter", name="alice"))
         view = submitter.submit(JobSubmission(name="tiny", job_file=PROOF_JOB, workers=2,
-                                              max_price_wei_per_s=2 * PRICE, budget_wei=10**12))
+                                              max_price_wei_per_s=2 * PRICE, budget_wei=BUDGET_WEI))
         self.job_id, self.t0 = view.job_id, view.created_at_s
         served.app.state.rounds.once()
         self.submitter, self.lease = submitter, {}
@@ -135,6 +136,7 @@ def test_the_dashboard_draws_a_job_and_keeps_up(served, chromium, tmp_path):
     wait = WebDriverWait(chromium, 15)
     wait.until(lambda d: points(d) == 10)
     assert job.job_id in text_of(chromium, "jobs") and job.job_id in text_of(chromium, "job-title")
+    assert str(BUDGET_WEI) in text_of(chromium, "jobs")  # exact past 2^53
     path = chromium.find_element(By.ID, "loss-path").get_attribute("d")
     assert path.startswith("M") and path.count("L") == 9
     assert len(chromium.find_elements(By.CSS_SELECTOR, "#membership rect.bar")) == 2
