@@ -75,7 +75,9 @@ function draw(svg, height, children) {
 
 function lineChart(svg, points, {xmax, marks, series, pathId, yLabel}) {
   const ys = points.map(p => p[1]).filter(y => y != null && isFinite(y));
-  const lo = ys.length ? Math.min(...ys) : 0, hi = ys.length ? Math.max(...ys) : 1;
+  // (reduce, not Math.min(...ys): a long run has more points than a call has arguments)
+  const lo = ys.length ? ys.reduce((a, b) => Math.min(a, b)) : 0;
+  const hi = ys.length ? ys.reduce((a, b) => Math.max(a, b)) : 1;
   const pad = (hi - lo) * 0.05 || Math.abs(hi) * 0.05 || 1;
   const f = frame(xmax, lo - pad, hi + pad, HEIGHT, LEFT), bottom = HEIGHT - BOTTOM;
   const body = [];

@@ -118,7 +118,7 @@ function faultOf(event, job, filledBefore) {
     }
     case "job_filled":
       if ((d.notices || []).length) {
-        return {kind: "notice", who: d.notices.map(l => agentOfLease(job, l)).join(", "),
+        return {kind: "preemption", who: d.notices.map(l => agentOfLease(job, l)).join(", "),
                 text: `spot notice: ${d.reason || "preempted"}`};
       }
       if (filledBefore && (d.new_leases || []).length) {
@@ -190,7 +190,7 @@ function render(job) {
   const events = jobEvents(job), found = faults(job, events);
   const times = [...steps.map(p => p.t), ...state.membership.map(m => m.t), ...events.map(e => e.at_s),
                  ...job.leases.map(l => l.start_s)];
-  const xmax = Math.max(1, ...times.map(t => t - t0));
+  const xmax = times.reduce((most, t) => Math.max(most, t - t0), 1);
   lineChart(document.getElementById("loss-chart"), steps.map(p => [p.t - t0, p.loss]),
             {xmax, marks: found, series: "loss", pathId: "loss-path", yLabel: "training loss"});
   lineChart(document.getElementById("throughput-chart"), throughput(steps, t0),
