@@ -221,3 +221,22 @@ def test_shoal_coordinator_dashboard_prints_where_it_is(tmp_path, cli_env):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_the_browser_and_the_report_compute_the_same_curves(served, chromium):
+    """dashboard.js and curves.py/svg.py are two copies of one definition: same numbers."""
+    from shoal.control.dashboard.curves import throughput_points
+    from shoal.control.dashboard.svg import nice_ticks
+
+    steps = [StepProgress(step=s, t=100.0 + s * 0.3 + (2.0 if s > 12 else 0.0), loss=None,
+                          world=2, samples=8 + s % 3) for s in range(30)]
+    chromium.get(f"{served.url}/dashboard")
+    in_browser = chromium.execute_script("return throughput(arguments[0], 100)",
+                                         [s.model_dump() for s in steps])
+    in_python = throughput_points(steps, 100.0)
+    assert [x for x, _ in in_browser] == pytest.approx([x for x, _ in in_python])
+    assert [y for _, y in in_browser] == pytest.approx([y for _, y in in_python])
+    for lo, hi in ((0.0, 1.0), (2.31, 4.07), (0.0, 73.2), (-0.5, 0.5), (1e-3, 2e-3)):
+        ticks = chromium.execute_script("return niceTicks(arguments[0], arguments[1], 5)", lo, hi)
+        assert ticks == pytest.approx(nice_ticks(lo, hi, 5))
