@@ -8,7 +8,8 @@ PIP    := $(VENV)/bin/pip
 .PHONY: demo test install install-test clean
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/shoal train examples/tiny-gpt.toml --fresh --report runs/tiny-gpt/report.json
+	rm -rf runs/demo
+	$(VENV)/bin/shoal demo --run-dir runs/demo --report runs/demo-report.json
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest

@@ -57,3 +57,22 @@ def test_the_flag_names_worker_and_adversary():
     for bad in ("sign_flip", "x=zero", "1="):
         with pytest.raises(ShoalError, match="WORKER=NAME"):
             parse_adversaries([bad])
+
+
+def test_an_adversary_at_a_rate_cheats_on_that_share_of_steps_only():
+    import torch
+
+    from shoal.train.adversary import AdversaryContext, load_adversary
+
+    adversary = load_adversary("sign_flip@0.3")
+    honest = [torch.ones(4)]
+    cheated = []
+    for step in range(1000):
+        ctx = AdversaryContext(worker="w", step=step, rank=0, world=2, num_samples=10, params=[])
+        out = adversary.contribution(honest, ctx)
+        assert torch.equal(out[0], -honest[0] if adversary.cheats(step) else honest[0])
+        cheated.append(adversary.cheats(step))
+    assert 0.25 < sum(cheated) / len(cheated) < 0.35
+    for bad in ("sign_flip@0", "sign_flip@1.5", "sign_flip@x"):
+        with pytest.raises(TrainError):
+            load_adversary(bad)

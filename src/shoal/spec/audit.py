@@ -82,6 +82,7 @@ class ChallengeView(Frozen):
     requested_at_s: float
     answered_at_s: float | None = None
     sha256: str | None = None  # of the file the agent sent
+    holder_offline: bool = False  # its agent is not beating: nobody may answer it soon
 
 
 class SignedVerdictBody(Frozen):

@@ -12,6 +12,7 @@ reveals to an audit), through the other methods of `Adversary`.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -184,10 +185,42 @@ BUILT_IN: dict[str, Callable[[], Adversary]] = {
 }
 
 
+class Sometimes(Adversary):
+    """Cheats (as `inner`) on a share `rate` of steps and is honest on the rest; which
+    steps is fixed by a hash of the step, so no pattern tells a verifier when to look."""
+
+    def __init__(self, inner: Adversary, rate: float) -> None:
+        self.inner, self.rate = inner, rate
+        self.name = f"{inner.name}@{rate:g}"
+
+    def cheats(self, step: int) -> bool:
+        digest = hashlib.sha256(f"shoal-sometimes:{self.name}:{step}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < self.rate
+
+    def samples(self, ids: np.ndarray, ctx: AdversaryContext) -> np.ndarray:
+        return self.inner.samples(ids, ctx) if self.cheats(ctx.step) else ids
+
+    def contribution(self, honest: Contribution, ctx: AdversaryContext) -> Contribution:
+        return self.inner.contribution(honest, ctx) if self.cheats(ctx.step) else honest
+
+    def record(self, record: WorkRecord, ctx: AdversaryContext) -> WorkRecord:
+        return self.inner.record(record, ctx) if self.cheats(ctx.step) else record
+
+
 def load_adversary(spec: str | None) -> Adversary | None:
-    """A built-in NAME or `module:callable`; None for an honest worker."""
+    """A built-in NAME or `module:callable`, optionally `@RATE` (cheat on that share of
+    steps, e.g. `sign_flip@0.3`); None for an honest worker."""
     if not spec:
         return None
+    base, at, rate = spec.rpartition("@") if "@" in spec else (spec, "", "")
+    if at:
+        try:
+            share = float(rate)
+        except ValueError:
+            share = -1.0
+        if not 0.0 < share <= 1.0:
+            raise TrainError(f"adversary {spec!r}: the rate after @ must be in (0, 1]")
+        return Sometimes(load_adversary(base), share)
     if spec in BUILT_IN:
         return BUILT_IN[spec]()
     module_name, _, attribute = spec.partition(":")

@@ -182,3 +182,15 @@ def test_progress_is_kept_once_per_step_and_only_from_the_lease_holder(market):
     assert a.progress(job_id) == list(steps)  # the first report stands
     assert [p.step for p in a.progress(job_id, after=1)] == [2, 3]
     assert a.membership(job_id) == []  # no host has formed an epoch yet
+
+
+def test_a_verifier_is_told_when_the_agent_holding_a_file_is_offline(market):
+    served, a, _, verifier, job_id, lease = market
+    worker = f"agent-a-l{lease}-a0-w0"
+    a.upload_records(job_id, RecordUpload(lease=lease, records=(record(worker, 0),)))
+    (asked,) = verifier.raise_challenges(job_id, [ChallengeRequest(worker=worker, step=0)])
+    a.heartbeat("agent-a", Heartbeat())
+    assert not verifier.challenges(job_id)[0].holder_offline
+    time.sleep(served.app.state.coordinator.settings.agent_timeout_s + 0.2)
+    (view,) = verifier.challenges(job_id)
+    assert view.challenge == asked.challenge and view.holder_offline  # no answer can come soon

@@ -144,6 +144,11 @@ class Agent:
 
     def _leave(self) -> None:
         self.workers.stop_all()
+        try:  # what the workers wrote as they left: their last records and steps
+            self.proofs.upload({w.job for w in self.workers.workers.values()})
+            self.progress.upload({n: w.job for n, w in self.workers.workers.items()})
+        except ControlError as error:
+            log.warning("could not send the last work records: %s", error)
         for offer_id in self.offer_ids:
             try:
                 self.client.withdraw_offer(offer_id)

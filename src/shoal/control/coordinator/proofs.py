@@ -272,10 +272,18 @@ class ProofService:
             return tuple(self._pending.get(agent_id, {}).values())
 
     def challenges(self, job_id: str) -> list[ChallengeView]:
+        """The job's challenges; an unanswered one says whether its agent is offline (silent
+        past the agent timeout), so a verifier need not wait for an answer that cannot come."""
+        horizon = self.now_s() - self.settings.agent_timeout_s
         with Session(self.engine) as session:
             rows = session.scalars(select(ChallengeRow).where(ChallengeRow.job_id == job_id)
-                                   .order_by(ChallengeRow.challenge))
-            return [_challenge_view(row) for row in rows]
+                                   .order_by(ChallengeRow.challenge)).all()
+            seen = dict(session.execute(select(AgentRow.agent_id, AgentRow.last_seen_s).where(
+                AgentRow.agent_id.in_({row.agent_id for row in rows}))).all())
+            return [_challenge_view(row).model_copy(update={
+                        "holder_offline": row.answered_at_s is None
+                        and seen.get(row.agent_id, 0.0) < horizon})
+                    for row in rows]
 
     def answer_challenge(self, provider: str, challenge: int, data: bytes) -> ChallengeView:
         if not data:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from eth_account.signers.local import LocalAccount
 
-from shoal.control.client import CoordinatorClient
+from shoal.control.client import CoordinatorClient, CoordinatorRefused
 from shoal.control.trust.verdicts import sign_verdict
 from shoal.control.trust.verifier import EpochAudit, Verifier
 from shoal.proof.merkle import epoch_tree
@@ -58,29 +58,41 @@ class RemoteAudits:
         _, ordered = epoch_tree(records)
         chosen = self.verifier.chosen(epoch, ordered, self.roots[epoch], rate=self.rate,
                                       every=self.every)
-        self._fetch(chosen)
+        self._fetch(chosen, records)
         result = self.verifier.audit_epoch(epoch, records, rate=self.rate, every=self.every)
         self._file(result)
         self.done.add(epoch)
         on_audit(result)
         return result
 
-    def _fetch(self, chosen: list[WorkRecord]) -> None:
+    def _fetch(self, chosen: list[WorkRecord], records: list[WorkRecord]) -> None:
         """Challenge what the chosen audits need and bring the answers into the local store."""
         wanted = [ChallengeRequest(worker=r.worker, step=r.step, kind=BlobKind.reveal)
                   for r in chosen]
-        wanted += [ChallengeRequest(worker=r.worker, step=step, kind=BlobKind.params)
-                   for step, r in sorted({r.step: r for r in chosen}.items())]
+        # A step's parameters are kept by its rank 0; without its record (a worker lost
+        # before it sent it) nobody holds them, and the audit says `unavailable`.
+        rank0 = {r.step: r for r in records if r.rank == 0}
+        wanted += [ChallengeRequest(worker=rank0[step].worker, step=step, kind=BlobKind.params)
+                   for step in sorted({r.step for r in chosen}) if step in rank0]
         views: dict[int, ChallengeView] = {}
         for i in range(0, len(wanted), MAX_CHALLENGES_PER_REQUEST):
-            for view in self.client.raise_challenges(self.job_id,
-                                                     wanted[i : i + MAX_CHALLENGES_PER_REQUEST]):
-                views[view.challenge] = view
+            batch = wanted[i : i + MAX_CHALLENGES_PER_REQUEST]
+            try:
+                found = self.client.raise_challenges(self.job_id, batch)
+            except CoordinatorRefused as refused:
+                if refused.status != 404:
+                    raise
+                found = self._one_by_one(batch)
+            views.update({view.challenge: view for view in found})
         deadline = time.monotonic() + self.answer_wait_s
         while True:
             for view in list(views.values()):
                 if view.answered_at_s is not None:
                     self._save(view)
+                    views.pop(view.challenge)
+                elif view.holder_offline:
+                    log.warning("challenge %d (%s of %s, step %d): its agent is offline",
+                                view.challenge, view.kind.value, view.worker, view.step)
                     views.pop(view.challenge)
             if not views or time.monotonic() > deadline:
                 break
@@ -90,6 +102,18 @@ class RemoteAudits:
         for view in views.values():
             log.warning("challenge %d (%s of %s, step %d) unanswered after %.0f s", view.challenge,
                         view.kind.value, view.worker, view.step, self.answer_wait_s)
+
+    def _one_by_one(self, batch: list[ChallengeRequest]) -> list[ChallengeView]:
+        found = []
+        for item in batch:
+            try:
+                found += self.client.raise_challenges(self.job_id, [item])
+            except CoordinatorRefused as refused:
+                if refused.status != 404:
+                    raise
+                log.warning("cannot challenge %s of %s at step %d: %s", item.kind.value,
+                            item.worker, item.step, refused.detail)
+        return found
 
     def _save(self, view: ChallengeView) -> None:
         if view.kind is BlobKind.params:
