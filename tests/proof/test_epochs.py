@@ -41,3 +41,13 @@ def test_an_epoch_is_complete_only_when_every_step_has_records():
     assert not is_complete(records, 1, epoch_steps=5)  # nothing of epoch 1 yet
     assert is_complete([record(5, "w0"), record(6, "w0")], 1, epoch_steps=5, total_steps=7)
     assert not is_complete([], 2, epoch_steps=5, total_steps=7)  # past the job's end: no epoch
+
+
+def test_only_the_newest_lineage_of_a_redone_step_counts():
+    from shoal.proof.epochs import final_lineage
+
+    old = [record(5, "a", membership_epoch=2), record(5, "b", membership_epoch=2)]
+    redone = [record(5, "c", membership_epoch=4, params_sha256="f" * 64)]
+    other = [record(6, "c", membership_epoch=4)]
+    assert final_lineage(old + redone + other) == redone + other
+    assert final_lineage(old) == old  # nothing redone: everything counts

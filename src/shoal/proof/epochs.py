@@ -44,6 +44,17 @@ def by_epoch(records: Iterable[WorkRecord], epoch_steps: int) -> dict[int, list[
     return {e: sorted(g, key=lambda r: (r.step, r.worker)) for e, g in sorted(groups.items())}
 
 
+def final_lineage(records: Iterable[WorkRecord]) -> list[WorkRecord]:
+    """Of each step's records, those of the newest membership epoch that committed it
+    (a step redone after a restore leaves the abandoned lineage's records behind: they
+    were honest work on a model that did not go on, and are neither audited nor blamed)."""
+    records = list(records)
+    newest: dict[int, int] = {}
+    for r in records:
+        newest[r.step] = max(newest.get(r.step, 0), r.membership_epoch)
+    return [r for r in records if r.membership_epoch == newest[r.step]]
+
+
 def missing_steps(records: Iterable[WorkRecord], epoch: int, epoch_steps: int,
                   total_steps: int | None = None) -> list[int]:
     """The steps of `epoch` that no record covers (records of other epochs are ignored)."""

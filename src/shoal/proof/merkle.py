@@ -94,7 +94,7 @@ def epoch_tree(records: Iterable[WorkRecord]) -> tuple[MerkleTree, list[WorkReco
     The order is canonical so that anyone holding the records rebuilds the
     anchored root, whatever order they arrived in.
     """
-    ordered = sorted(records, key=lambda r: (r.step, r.worker))
+    ordered = sorted(records, key=lambda r: (r.step, r.worker, r.membership_epoch))
     if not ordered:
         raise EmptyTree()
     jobs = {r.job for r in ordered}

@@ -46,6 +46,11 @@ class WorkRecord(Frozen):
     # Seeds the step's own randomness (dropout): derived from the job seed, the step
     # and the first position, so nobody picks it.
     rng_seed: int = Field(ge=0)
+    # The membership epoch the step committed in. A step is committed once per lineage;
+    # it is committed again only after the job's state was lost and restored from a
+    # checkpoint, in a later epoch, and then only the newest epoch's records of the step
+    # describe the model that went on (`shoal.proof.epochs.final_lineage`).
+    membership_epoch: int = Field(0, ge=0)
 
     @property
     def samples(self) -> int:

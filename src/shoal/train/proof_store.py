@@ -64,9 +64,9 @@ class ProofStore:
             out.write(record.model_dump_json() + "\n")
 
     def save_params(self, step: int, state: dict[str, torch.Tensor]) -> None:
-        path = self.params_path(step)
-        if not path.exists():
-            _save_atomic({k: v.detach().cpu() for k, v in state.items()}, path)
+        """The parameters `step` starts from; written at every attempt of the step (the
+        same values, unless the step is redone after a restore: then the newest stand)."""
+        _save_atomic({k: v.detach().cpu() for k, v in state.items()}, self.params_path(step))
 
     def save_reveal(self, worker: str, step: int, tensors: list[torch.Tensor]) -> None:
         _save_atomic([t.detach().cpu().clone() for t in tensors], self.reveal_path(worker, step))
@@ -106,7 +106,7 @@ class ProofStore:
 
     def records(self, worker: str | None = None) -> list[WorkRecord]:
         """Every record (of one worker, or all); for a step recorded twice by a worker (a
-        redone step), the last one stands."""
+        step redone after a restore), the last one stands."""
         latest: dict[tuple[str, int], WorkRecord] = {}
         for name in ([worker] if worker else self.workers()):
             path = self.records_path(name)

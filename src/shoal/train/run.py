@@ -206,7 +206,7 @@ class Run:
             self._drop_group(stale=True)
             return
         if decision.commit:
-            self.proof.committed()
+            self.proof.committed(self.record.epoch)
             applying = time.time()
             self._apply(scalars, decision.verdict)
             self.balancer.after_apply(time.time() - applying)

@@ -51,11 +51,13 @@ class StepProof:
         if self.recorder is not None:
             self.recorder.seal(views)
 
-    def committed(self) -> None:
-        """The step committed everywhere: publish its record and keep its contribution."""
+    def committed(self, membership_epoch: int = 0) -> None:
+        """The step committed everywhere (in `membership_epoch`): publish its record and keep
+        its contribution."""
         if self.recorder is None or self.recorder.pending is None:
             return
         record, sent = self.recorder.pending
+        record = record.model_copy(update={"membership_epoch": membership_epoch})
         if self.adversary is not None:
             record = self.adversary.record(record, self._context)
             sent = self.adversary.reveal(sent, self._context)

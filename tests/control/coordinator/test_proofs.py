@@ -194,3 +194,36 @@ def test_a_verifier_is_told_when_the_agent_holding_a_file_is_offline(market):
     time.sleep(served.app.state.coordinator.settings.agent_timeout_s + 0.2)
     (view,) = verifier.challenges(job_id)
     assert view.challenge == asked.challenge and view.holder_offline  # no answer can come soon
+
+
+def test_a_step_redone_after_a_restore_supersedes_the_abandoned_lineage(market):
+    """A step committed, then redone in a later membership epoch after the job's state was
+    restored: the newer record stands; an older one cannot come back; an accusation of
+    the abandoned lineage's record is rejected, not held against its honest worker."""
+    served, a, _, verifier, job_id, lease = market
+    coordinator = served.app.state.coordinator
+    first, second = f"agent-a-l{lease}-a0-w0", f"agent-a-l{lease}-a1-w0"
+    old = [record(first, s).model_copy(update={"membership_epoch": 1}) for s in range(5)]
+    a.upload_records(job_id, RecordUpload(lease=lease, records=tuple(old)))
+    redone = [record(second, s, contribution="b").model_copy(update={"membership_epoch": 3})
+              for s in (3, 4)]
+    again = record(first, 4, contribution="b").model_copy(update={"membership_epoch": 3})
+    assert a.upload_records(job_id, RecordUpload(lease=lease, records=(*redone, again))).stored == 3
+    back = record(first, 4).model_copy(update={"membership_epoch": 1})
+    assert "never change" in refused(
+        lambda: a.upload_records(job_id, RecordUpload(lease=lease, records=(back,))), 409)
+    served.app.state.rounds.once()
+    (epoch,) = a.proof_epochs(job_id)
+    assert epoch.complete  # every step has its final lineage's ranks
+    # The params of a redone step are asked of the newest lineage's rank 0.
+    (params,) = verifier.raise_challenges(job_id, [ChallengeRequest(worker="x", step=3,
+                                                                    kind=BlobKind.params)])
+    assert params.worker == second
+    signed = sign_verdict(Verdict(job="tiny", epoch=0, step=3, worker=first,
+                                  kind=VerdictKind.wrong_params), verifier.account)
+    (filed,) = verifier.file_verdicts(job_id, VerdictFiling(verdicts=(SignedVerdictBody(
+        verdict=signed.verdict, signature=signed.signature),)))
+    coordinator.referee.wait()
+    (ruled,) = [v for v in verifier.verdicts(job_id) if v.seq == filed.seq]
+    assert ruled.ruling == "rejected"
+    assert not [e for e in verifier.events(job=job_id) if e.kind == "worker_slashed"]

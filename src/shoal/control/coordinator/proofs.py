@@ -32,7 +32,7 @@ from shoal.control.store.schema import (
     AgentRow, ChallengeRow, JobRow, LeaseRow, OfferRow, ProofEpochRow, VerdictRow, WorkRecordRow,
 )
 from shoal.ledger import LedgerError
-from shoal.proof.epochs import is_complete, steps_of
+from shoal.proof.epochs import final_lineage, is_complete, steps_of
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, ProofEpochView, RecordUpload, UploadReceipt,
@@ -107,10 +107,17 @@ class ProofService:
                 body = record.model_dump(mode="json")
                 row = session.get(WorkRecordRow, (job_id, record.worker, record.step))
                 if row is not None:
-                    if row.body != body:
+                    stored_epoch = row.body.get("membership_epoch", 0)
+                    if row.body == body:
+                        known += 1
+                        continue
+                    if record.membership_epoch <= stored_epoch:
                         raise Conflict(f"a different record for {record.worker} step {record.step} "
                                        "is already stored; records are commitments and never change")
-                    known += 1
+                    # The step was redone after a restore (a later membership epoch) before
+                    # its proof epoch was rooted: the newer lineage's record stands.
+                    row.body, row.lease, row.agent_id = body, lease.lease, agent_id
+                    stored += 1
                     continue
                 session.add(WorkRecordRow(job_id=job_id, worker=record.worker, step=record.step,
                                           lease=lease.lease, provider=provider, agent_id=agent_id,
@@ -256,10 +263,14 @@ class ProofService:
         step's rank 0 (the one worker that keeps them)."""
         rows = session.scalars(select(WorkRecordRow).where(
             WorkRecordRow.job_id == job_id, WorkRecordRow.step == item.step)).all()
+        # The newest lineage's records: after a restore, a step's parameters are those the
+        # redone step started from.
+        newest = max((r.body.get("membership_epoch", 0) for r in rows), default=0)
         if item.kind is BlobKind.reveal:
             found = [r for r in rows if r.worker == item.worker]
         else:
-            found = [r for r in rows if r.body.get("rank") == 0]
+            found = [r for r in rows if r.body.get("rank") == 0
+                     and r.body.get("membership_epoch", 0) == newest]
         if not found:
             raise NotFound(f"no work record of {item.worker} at step {item.step} in job "
                            f"'{job_id}' to challenge" if item.kind is BlobKind.reveal else
@@ -410,6 +421,7 @@ def all_ranks(records: list[WorkRecord]) -> bool:
     for record in records:
         by_step[record.step].append(record)
     for step_records in by_step.values():
+        step_records = final_lineage(step_records)
         shares = Counter(r.shares for r in step_records).most_common(1)[0][0]
         needed = {rank for rank, share in enumerate(shares) if share > 0}
         if not needed <= {r.rank for r in step_records}:

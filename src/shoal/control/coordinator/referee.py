@@ -101,15 +101,20 @@ class Referee:
 
     def _replay(self, job_id: str, verdict: Verdict, record: WorkRecord) -> tuple[str, str]:
         from shoal.control.trust.verifier import Verifier
+        from shoal.proof.epochs import final_lineage
         from shoal.spec.proof import hyper_digest
         from shoal.train.audit import Auditor
         from shoal.train.proof_store import ProofStore
 
         co = self.coordinator
-        if self.replayer is None:
-            return UNDECIDED, "this coordinator has no replayer for the job's model"
         spec = co.job_spec(job_id)
         epoch = record.step // spec.proof.epoch_steps
+        records = co.work_records(job_id, epoch)
+        if record not in final_lineage(records):
+            return REJECTED, ("the record is of a lineage abandoned after a restore (its step "
+                              "was redone in a later membership epoch): not audited, not blamed")
+        if self.replayer is None:
+            return UNDECIDED, "this coordinator has no replayer for the job's model"
         roots = {e.epoch: bytes.fromhex(e.root[2:]) for e in co.proof_epochs(job_id)}
         if epoch not in roots:
             return UNDECIDED, f"proof epoch {epoch} is not rooted yet"
@@ -117,7 +122,7 @@ class Referee:
                           hyper_sha256=hyper_digest(spec.hyperparameters()),
                           tolerance=spec.proof.tolerance, verifier="referee")
         judge = Verifier(auditor, spec.proof, salt=b"", roots=roots.get, total_steps=spec.steps)
-        found = judge.audit_one(record, co.work_records(job_id, epoch))
+        found = judge.audit_one(record, records)
         if found.kind is VerdictKind.unavailable:
             return UNDECIDED, f"the referee could not replay: {found.detail}"
         if found.guilty:

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shoal.proof.epochs import by_epoch, is_complete
+from shoal.proof.epochs import by_epoch, final_lineage, is_complete
 from shoal.proof.merkle import MerkleTree, epoch_tree
 from shoal.proof.sampling import audit_sample, beacon
 from shoal.spec.proof import ProofSpec, Verdict, VerdictKind, WorkRecord
@@ -63,9 +63,10 @@ class Verifier:
     def chosen(self, epoch: int, ordered: list[WorkRecord], root: bytes, *,
                rate: float | None = None, every: bool = False) -> list[WorkRecord]:
         """The records of an epoch this verifier must audit (fixed by root and salt)."""
+        current = final_lineage(ordered)  # an abandoned lineage's records are not audited
         if every:
-            return ordered
-        return audit_sample(ordered, rate or self.spec.audit_rate,
+            return current
+        return audit_sample(current, rate or self.spec.audit_rate,
                             self.spec.min_audits_per_worker, beacon(root, self.salt))
 
     def audit_one(self, record: WorkRecord, epoch_records: list[WorkRecord]) -> Verdict:
@@ -73,9 +74,10 @@ class Verifier:
         tree, ordered = epoch_tree(epoch_records)
         epoch = record.step // self.spec.epoch_steps
         root = self.roots(epoch) or tree.root
-        i = next(i for i, r in enumerate(ordered) if (r.step, r.worker) == (record.step, record.worker))
+        i = next(i for i, r in enumerate(ordered) if (r.step, r.worker, r.membership_epoch)
+                 == (record.step, record.worker, record.membership_epoch))
         return self.auditor.audit(ordered[i], Inclusion(epoch, i, tree.count, tree.proof(i), root),
-                                  [r for r in ordered if r.step == record.step])
+                                  [r for r in final_lineage(ordered) if r.step == record.step])
 
     def audit_epoch(self, epoch: int, records: list[WorkRecord], *, rate: float | None = None,
                     every: bool = False) -> EpochAudit:
@@ -91,13 +93,13 @@ class Verifier:
             tree = MerkleTree(published)
         chosen = self.chosen(epoch, ordered, root, rate=rate, every=every)
         by_step: dict[int, list[WorkRecord]] = defaultdict(list)
-        for record in ordered:
+        for record in final_lineage(ordered):
             by_step[record.step].append(record)
-        index = {(r.step, r.worker): i for i, r in enumerate(ordered)}
+        index = {(r.step, r.worker, r.membership_epoch): i for i, r in enumerate(ordered)}
         result = EpochAudit(epoch, root, anchored is not None, len(ordered))
         started = time.perf_counter()
         for record in sorted(chosen, key=lambda r: (r.step, r.worker)):
-            i = index[(record.step, record.worker)]
+            i = index[(record.step, record.worker, record.membership_epoch)]
             inclusion = Inclusion(epoch, i, tree.count, tree.proof(i), root)
             result.verdicts.append(self.auditor.audit(record, inclusion, by_step[record.step]))
         result.replay_s = time.perf_counter() - started

@@ -8,6 +8,7 @@ from collections import defaultdict
 
 from shoal.control.trust.verdicts import SignedVerdict
 from shoal.control.trust.verifier import Verifier
+from shoal.proof.epochs import final_lineage
 from shoal.proof.merkle import epoch_tree
 from shoal.proof.verdicts import Disagreement, disagreements
 from shoal.spec.proof import WorkRecord
@@ -31,7 +32,7 @@ def recheck(signed: list[SignedVerdict], verifier: Verifier,
         if index is None:
             continue
         root = verifier.roots(verdict.epoch) or tree.root
-        step_records = [r for r in ordered if r.step == verdict.step]
+        step_records = [r for r in final_lineage(ordered) if r.step == verdict.step]
         rechecks.append(verifier.auditor.audit(
             ordered[index], Inclusion(verdict.epoch, index, tree.count, tree.proof(index), root),
             step_records))
