@@ -53,8 +53,14 @@ class Agent:
         self.client, self.config = client, config
         self.workers = LeaseWorkers(config.agent_id, config.work_dir, config.slowdown,
                                     config.grace_s, adversary=config.adversary)
-        self.proofs = ProofRelay(client, config.work_dir, config.agent_id)
-        self.progress = ProgressRelay(client, config.work_dir)
+        # Uploads and challenge answers run on a thread and a connection of their own: a
+        # beat held up behind them would get the agent reaped and its leases replaced.
+        relay_client = CoordinatorClient(client.url, client.account)
+        self.proofs = ProofRelay(relay_client, config.work_dir, config.agent_id)
+        self.progress = ProgressRelay(relay_client, config.work_dir)
+        self._relay_lock = threading.Lock()
+        self._challenges: tuple = ()
+        self._relay = threading.Thread(target=self._relay_loop, name="agent-relay", daemon=True)
         self.stopping = threading.Event()
         self.offer_ids = [f"{config.agent_id}-d{i}" for i in range(config.devices)]
         self.accepted: set[int] = set()  # leases whose chain terms were signed
@@ -85,6 +91,7 @@ class Agent:
         """Beat until stopped; then the workers leave and the offers are withdrawn."""
         period_s = self.client.info().heartbeat_s
         offline_since: float | None = None
+        self._relay.start()
         while not self.stopping.is_set():
             started = time.monotonic()
             try:
@@ -96,9 +103,8 @@ class Agent:
                     self._repost_if_withdrawn()
                 self._accept(reply.assignments)
                 self.workers.follow(reply.assignments, reply.stop)
-                self.proofs.upload({w.job for w in self.workers.workers.values()})
-                self.progress.upload({n: w.job for n, w in self.workers.workers.items()})
-                self.proofs.answer(reply.challenges)
+                with self._relay_lock:
+                    self._challenges = reply.challenges
             except ControlError as error:
                 if offline_since is None:
                     offline_since = time.monotonic()
@@ -142,13 +148,28 @@ class Agent:
             log.info("offers were withdrawn while we were unheard; posting them again")
             self.post_offers()
 
+    def _relay_loop(self) -> None:
+        """Send new work records and step progress, and answer challenges, once a beat."""
+        period_s = self.client.info().heartbeat_s
+        while not self.stopping.wait(period_s):
+            self._relay_once()
+
+    def _relay_once(self) -> None:
+        with self._relay_lock:
+            challenges = self._challenges
+        workers = dict(self.workers.workers)
+        try:
+            self.proofs.upload({w.job for w in workers.values()})
+            self.progress.upload({n: w.job for n, w in workers.items()})
+            self.proofs.answer(challenges)
+        except ControlError as error:
+            log.warning("sending work records or answers failed (%s); trying again", error)
+
     def _leave(self) -> None:
         self.workers.stop_all()
-        try:  # what the workers wrote as they left: their last records and steps
-            self.proofs.upload({w.job for w in self.workers.workers.values()})
-            self.progress.upload({n: w.job for n, w in self.workers.workers.items()})
-        except ControlError as error:
-            log.warning("could not send the last work records: %s", error)
+        if self._relay.is_alive():
+            self._relay.join(timeout=30)
+        self._relay_once()  # what the workers wrote as they left: their last records and steps
         for offer_id in self.offer_ids:
             try:
                 self.client.withdraw_offer(offer_id)
