@@ -213,8 +213,11 @@ def test_converges_close_to_slt_zero_with_identical_replicas(tmp_path, diloco_va
     # theta_outer's fingerprint is compared at every step: a difference would have
     # discarded a step and re-formed the group.
     assert report.epochs == 1
+    # Hashed every step (SHOAL_REPLICA_CHECK=1): theta_outer mid-run, the model at the end.
+    assert report.replica_checks >= STEPS - 1
     final = [r for r in read_step_logs(tmp_path / "run") if r.step == STEPS - 1]
-    assert len(final) == 3 and len({r.param_sha256 for r in final}) == 1 and final[0].param_sha256
+    assert len(final) == 3 and len({r.param_sha256 for r in final}) == 1
+    assert final[0].param_sha256 == report.param_sha256
 
 
 @pytest.mark.slow
@@ -234,3 +237,19 @@ def test_a_kill_while_an_exchange_is_in_flight(tmp_path):
     logs = "".join(p.read_text() for p in (tmp_path / "run").glob("w*.log"))
     assert "round(s) in flight abandoned (membership epoch" in logs
     assert report.slt_seen == 1 and report.val_loss is not None and report.val_loss < 4.0
+
+
+@pytest.mark.slow
+def test_a_joiner_with_a_round_in_flight(tmp_path):
+    from tests.train.test_sync_elastic import BATCH, assert_covered
+
+    # A joiner takes seconds to start: a longer run, so that it joins well before the end.
+    report = _launch(tmp_path, {**DILOCO, "slt": 1}, workers=2, steps=400, chaos="join@step25")
+    assert_covered(report, steps=400)
+    # The join abandons the round in flight (10 steps), plus the inner work of the round of
+    # whoever restarted from the live state (at most one round).
+    assert report.rounds_dropped == 1
+    assert 10 * BATCH <= report.samples_dropped <= 2 * 10 * BATCH
+    joined = [r for r in read_step_logs(tmp_path / "run") if r.worker == "w2"]
+    assert joined and joined[-1].world == 3
+    assert joined[-1].param_sha256 == report.param_sha256  # the same model as everyone's

@@ -35,6 +35,7 @@ from shoal.train.errors import TrainError
 from shoal.train.exchange import GradientExchange
 from shoal.train.fingerprint import fingerprint
 from shoal.train.group import EpochGroup
+from shoal.train.hashing import param_sha256
 from shoal.train.sync import InnerStep, StepWork
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,9 @@ class DiLoCo:
 
     def fingerprint(self) -> tuple[int, int]:
         return fingerprint(list(self._views(self.outer)))
+
+    def agreed_sha256(self, model: torch.nn.Module) -> str | None:
+        return param_sha256(model) if self.consensus else None  # only where it holds theta_outer
 
     def new_epoch(self, epoch: int) -> None:
         if self.codec is not None:

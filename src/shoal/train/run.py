@@ -258,7 +258,7 @@ class Run:
         self.replica.advance(self._global_batch, snapshot=verdict is GuardVerdict.apply and agreed)
         check = self.config.replica_check_interval
         self._hash_due = self._hash_due or bool(check and self.step_index % check == 0)
-        full_hash = param_sha256(self.model) if self._hash_due and agreed else None
+        full_hash = self.sync.agreed_sha256(self.model) if self._hash_due else None
         self._hash_due = self._hash_due and full_hash is None
         applied = verdict is GuardVerdict.apply
         self.step_log.write(self, scalars.mean_loss if applied else None, applied, t_commit, full_hash)

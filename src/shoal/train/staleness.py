@@ -39,6 +39,7 @@ from shoal.train.codecs.base import ShouldCancel, ring_all_reduce_bytes
 from shoal.train.diloco import DiLoCo, outer_sgd_step
 from shoal.train.exchange import GradientExchange
 from shoal.train.group import EpochGroup
+from shoal.train.hashing import param_sha256
 from shoal.train.sync import InnerStep, StepWork
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,18 @@ class StaleDiLoCo(DiLoCo):
     def rolled_back(self) -> None:
         self._load_flat(self.start)
         self.round_samples, self.consensus = 0, False
+
+    def agreed_sha256(self, model: torch.nn.Module) -> str | None:
+        """theta_outer's hash, as the model's parameters: the model itself holds it only
+        at the run's end (each worker adds its own rounds in flight)."""
+        if self.consensus:
+            return param_sha256(model)
+        local = self._flat()
+        self._load_flat(self.outer)
+        try:
+            return param_sha256(model)
+        finally:
+            self._load_flat(local)
 
     def new_epoch(self, epoch: int) -> None:
         super().new_epoch(epoch)

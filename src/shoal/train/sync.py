@@ -23,6 +23,7 @@ from shoal.train.codecs.base import ShouldCancel, ring_all_gather_bytes, ring_al
 from shoal.train.exchange import GradientExchange
 from shoal.train.fingerprint import fingerprint
 from shoal.train.group import EpochGroup
+from shoal.train.hashing import param_sha256
 
 InnerStep = Callable[[], None]  # install the gradients, clip, step the user's optimizer
 
@@ -84,6 +85,10 @@ class EveryStep:
             tail.copy_(sent[0])
             ex.flat_gradients().copy_(summed)
             self._plain_bytes += sum(ring_all_reduce_bytes(t.nbytes, group.world) for t in sent)
+
+    def agreed_sha256(self, model: torch.nn.Module) -> str | None:
+        """The hash of what every replica holds alike, to compare across replicas."""
+        return param_sha256(model)
 
     def checked(self) -> list[torch.Tensor]:
         """What the guard looks at for NaN and Inf."""
