@@ -41,3 +41,4 @@ def test_the_quick_demo_recovers_every_fault_slashes_the_cheat_and_conserves_eth
     assert report.anchors and all(a.tx for a in report.anchors)
     assert report.ef is not None and not report.ef.measured  # EF > 1 is the full demo's figure
     assert sum(report.gas.values()) > 0 and report.verdicts.get("wrong_contribution", 0) >= 1
+    assert report.rechecked > 0 and report.verifier_slashes == ()  # an honest verifier

@@ -111,8 +111,12 @@ def _summary(console, result, run_dir: Path) -> None:  # noqa: ANN001
         table.add_row(f"slashed: {s.provider}", f"{s.amount_wei / 1e18:.4f} ETH")
     for p in result.providers:
         table.add_row(f"provider {p.name} ({p.tenancy})",
-                      f"{p.steps} steps, paid {p.paid_wei / 1e18:.8f} ETH"
+                      f"{p.steps} steps, paid {p.paid_wei / 1e9:,.2f} gwei"
                       + (f", slashed {p.slashed_wei / 1e18:.4f} ETH" if p.slashed_wei else ""))
+    table.add_row("audits", ", ".join(f"{k} {n}" for k, n in sorted(result.verdicts.items()))
+                  + f"; the whistleblower re-audited {result.rechecked}")
+    for s in result.verifier_slashes:
+        table.add_row("verifier penalised", f"{s.address}: {s.why}")
     table.add_row("eta_het", str(result.eta_het))
     if result.ef is not None:
         table.add_row("EF time / cost", f"{result.ef.time} / {result.ef.cost} ({result.ef.how})")

@@ -52,6 +52,9 @@ def verify_command(
     answer_wait_s: float = typer.Option(60.0, "--answer-wait-s", min=0.1,
                                         help="With --coordinator: how long agents get to "
                                              "answer a challenge."),
+    recheck: bool = typer.Option(False, "--recheck", help="With --coordinator: be a "
+                                 "whistleblower, re-auditing the records other verifiers "
+                                 "judged; a wrong `valid` costs its verifier stake."),
 ) -> None:
     """Replay sampled work records of a job and judge each one."""
     try:
@@ -63,7 +66,7 @@ def verify_command(
             raise ShoalError("--coordinator audits a market job: give --job ID and --key PATH "
                              "(a verifier's key), and no job file")
         _verify_remote(coordinator, job_id, key, salt_bytes, rate, every, follow, interval_s,
-                       answer_wait_s, tolerance, as_json)
+                       answer_wait_s, tolerance, as_json, recheck)
         return
     if job_file is None:
         raise ShoalError("give the job file the run used, or --coordinator URL --job ID")
@@ -131,7 +134,7 @@ def verify_command(
 
 def _verify_remote(url: str, job_id: str, key: Path, salt: bytes, rate: float | None, every: bool,
                    follow: bool, interval_s: float, answer_wait_s: float,
-                   tolerance: float | None, as_json: bool) -> None:
+                   tolerance: float | None, as_json: bool, recheck: bool = False) -> None:
     """Audit a market job through its coordinator: challenges, replays, filed verdicts."""
     import tomllib
 
@@ -155,7 +158,7 @@ def _verify_remote(url: str, job_id: str, key: Path, salt: bytes, rate: float | 
                           tolerance=tolerance if tolerance is not None else job.proof.tolerance,
                           verifier=account.address)
         audits = RemoteAudits(client, job_id, job, auditor, account, salt=salt, rate=rate,
-                              every=every, answer_wait_s=answer_wait_s)
+                              every=every, answer_wait_s=answer_wait_s, recheck=recheck)
         last_epoch = (job.steps - 1) // job.proof.epoch_steps
         while True:
             for epoch in audits.pending_epochs():
@@ -165,10 +168,11 @@ def _verify_remote(url: str, job_id: str, key: Path, salt: bytes, rate: float | 
                     typer.echo(f"epoch {epoch}: {len(result.verdicts)} audits filed, guilty: "
                                f"{', '.join(sorted(result.guilty)) or 'none'}")
             ended = client.job(job_id).status in ENDED
-            if not follow or last_epoch in audits.done or (ended and not audits.pending_epochs()):
+            if not follow or (last_epoch in audits.done and not recheck) or \
+                    (ended and not audits.pending_epochs()):
                 break
             time.sleep(interval_s)
-    if not results:
+    if not results and not recheck:
         raise ShoalError(f"job {job_id} has no rooted proof epoch to audit yet (try --follow)")
     _print(results, salt, time.perf_counter() - started, as_json)
     if any(r.guilty for r in results):

@@ -87,7 +87,9 @@ class DemoReport(Frozen):
     anchors: tuple[AnchorReport, ...] = ()
     progress: tuple[StepProgress, ...] = ()  # loss and pace per committed step
     membership: tuple[MembershipChange, ...] = ()
-    verdicts: dict[str, int] = Field(default_factory=dict)  # kind -> count
+    verdicts: dict[str, int] = Field(default_factory=dict)  # kind -> count (every verifier's)
+    rechecked: int = 0  # verdicts the whistleblower re-audited
+    verifier_slashes: tuple[SlashReport, ...] = ()  # verifiers shown to have signed a wrong valid
 
 
 # -- scenarios: who provides, who cheats, and what happens when ------------------

@@ -55,8 +55,12 @@ def _plan_transfer(record: MembershipEpoch, arrivals: list[WorkerArrival], rank:
         # Nobody holds live state: rank 0 alone reads the newest checkpoint (or keeps
         # its fresh initialization) and sends it to all, so every member starts from
         # the same state even if their disks differ or a checkpoint lands meanwhile.
-        if rank == 0:
-            load_from_disk()
+        if rank == 0 and not load_from_disk() and record.epoch > 0:
+            # Not the job's first epoch: its state left with the last member that held it
+            # and this host has no checkpoint of it. Say so, loudly: every step is redone.
+            log.error("epoch %d: no member holds the job's state and this host has no "
+                      "checkpoint of it: training starts over from a fresh initialization",
+                      record.epoch)
         return 0, list(range(1, len(arrivals)))
     best = max(a.step for a in holders)
     source = next(r for r, a in enumerate(arrivals) if a.has_state and a.step == best)

@@ -227,3 +227,36 @@ def test_a_step_redone_after_a_restore_supersedes_the_abandoned_lineage(market):
     (ruled,) = [v for v in verifier.verdicts(job_id) if v.seq == filed.seq]
     assert ruled.ruling == "rejected"
     assert not [e for e in verifier.events(job=job_id) if e.kind == "worker_slashed"]
+
+
+def test_a_verifier_that_signed_valid_on_work_shown_wrong_is_penalised(market, operator):
+    """A whistleblower's guilty verdict on a record another verifier called valid is upheld:
+    the worker's provider is slashed and the lazy verifier is named for its penalty."""
+    served, a, b, lazy, job_id, lease = market
+    coordinator = served.app.state.coordinator
+    coordinator.referee.withheld_grace_s = 0.3
+    whistle = served.client(Account.create())
+    served.client(operator).request("POST", "/v1/grants", Grant(
+        address=whistle.account.address, role=Role.verifier, name="whistle"))
+    worker = f"agent-a-l{lease}-a0-w0"
+    a.upload_records(job_id, RecordUpload(lease=lease, records=tuple(record(worker, s)
+                                                                     for s in range(5))))
+    served.app.state.rounds.once()
+
+    def file(client, kind):
+        signed = sign_verdict(Verdict(job="tiny", epoch=0, step=4, worker=worker, kind=kind),
+                              client.account)
+        return client.file_verdicts(job_id, VerdictFiling(verdicts=(SignedVerdictBody(
+            verdict=signed.verdict, signature=signed.signature),)))
+
+    file(lazy, VerdictKind.valid)
+    whistle.raise_challenges(job_id, [ChallengeRequest(worker=worker, step=4)])
+    time.sleep(0.4)
+    a.heartbeat("agent-a", Heartbeat())  # alive, and not answering
+    file(whistle, VerdictKind.withheld)
+    coordinator.referee.wait()
+    events = whistle.events(job=job_id)
+    assert [e.detail["provider"] for e in events if e.kind == "worker_slashed"] == [a.account.address]
+    (penalty,) = [e for e in events if e.kind == "verifier_slashed"]
+    assert penalty.detail["verifier"] == lazy.account.address
+    assert penalty.detail["shown_by"] == whistle.account.address

@@ -34,8 +34,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 UPHELD, REJECTED, UNDECIDED = "upheld", "rejected", "undecided"
-# A verifier that accused falsely loses this much stake (wei), part of it to the accused.
+# A verifier that accused falsely loses this much stake (wei), part of it to the accused;
+# one that signed `valid` on work a replay shows wrong loses as much, part of it to the
+# verifier (or whistleblower) whose verdict was upheld.
 FALSE_ACCUSATION_PENALTY_WEI = 10**15
+LAZY_VERDICT_PENALTY_WEI = 10**15
 
 
 class Referee:
@@ -48,6 +51,7 @@ class Referee:
         self.withheld_grace_s = withheld_grace_s
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="shoal-referee")
         self._slashed: set[tuple[str, str]] = set()  # (job, provider) slashed already
+        self._lazy_seen: set[tuple[str, str, str, int]] = set()  # (job, verifier, worker, step)
 
     def rule_later(self, job_id: str, verdicts: list[int]) -> None:
         self._executor.submit(self._rule_all, job_id, verdicts)
@@ -147,6 +151,8 @@ class Referee:
                 chain_note = self._chain(lambda: co.settlement.ledger.slash(
                     self.account, chain_job, provider, verdict.verifier))
             co.drop_provider(job_id, provider, reason=f"slashed: {why}")
+        if ruling == UPHELD:
+            self._lazy_verifiers(job_id, verdict, enforce, chain_job)
         elif ruling == REJECTED and enforce:
             chain_note = self._chain(lambda: co.settlement.ledger.slash_verifier(
                 self.account, verdict.verifier, FALSE_ACCUSATION_PENALTY_WEI,
@@ -158,6 +164,27 @@ class Referee:
                       provider=provider, why=why, **chain_note)
         log.warning("job %s: verdict %d on %s step %d %s: %s", job_id, seq, verdict.worker,
                     verdict.step, ruling, why)
+
+    def _lazy_verifiers(self, job_id: str, upheld: Verdict, enforce: bool,
+                        chain_job: int | None) -> None:
+        """Verifiers that signed `valid` on the record whose guilty verdict stands."""
+        co = self.coordinator
+        for view in co.verdicts(job_id):
+            v = view.verdict
+            key = (job_id, v.verifier, v.worker, v.step)
+            if (v.worker, v.step) != (upheld.worker, upheld.step) or v.guilty \
+                    or v.verifier.lower() == upheld.verifier.lower() or key in self._lazy_seen:
+                continue
+            self._lazy_seen.add(key)
+            note = self._chain(lambda: co.settlement.ledger.slash_verifier(
+                self.account, v.verifier, LAZY_VERDICT_PENALTY_WEI, upheld.verifier)) \
+                if enforce else {}
+            with co._change() as session:
+                co._event(session, co.now_s(), COORDINATOR, "verifier_slashed", job_id,
+                          verifier=v.verifier, worker=v.worker, step=v.step,
+                          shown_by=upheld.verifier, **note)
+            log.warning("job %s: verifier %s signed valid on %s step %d, shown wrong by %s",
+                        job_id, v.verifier, v.worker, v.step, upheld.verifier)
 
     @staticmethod
     def _chain(send) -> dict[str, str]:  # noqa: ANN001 - a thunk sending one transaction

@@ -72,8 +72,15 @@ def build_report(demo: Demo) -> DemoReport:
     spent = sum(demo.credited.values())
     wall = (progress[-1].t - progress[0].t) if len(progress) > 1 else 0.0
     verdicts: dict[str, int] = {}
+    rechecked = 0
     for v in co.verdicts(job_id):
         verdicts[v.verdict.kind.value] = verdicts.get(v.verdict.kind.value, 0) + 1
+        rechecked += v.verdict.verifier.lower() == demo.whistleblower.address.lower()
+    verifier_slashes = tuple(
+        SlashReport(provider="verifier", address=str(e.detail.get("verifier")),
+                    amount_wei=10**15 if e.detail.get("tx") else 0, tx=e.detail.get("tx"),
+                    why=f"signed valid on {e.detail.get('worker')} step {e.detail.get('step')}")
+        for e in events if e.kind == "verifier_slashed")
     return DemoReport(
         scenario=demo.scenario.name, job_id=job_id, chain_job=demo.chain_job,
         started_at=started, wall_s=round(wall, 2), steps=len(steps),
@@ -85,7 +92,8 @@ def build_report(demo: Demo) -> DemoReport:
         store_chain_agree=_store_chain_agree(demo, events),
         anchors=tuple(AnchorReport(epoch=e.epoch, root=e.root, tx=e.anchor_tx)
                       for e in co.proof_epochs(job_id)),
-        progress=tuple(progress), membership=tuple(co.membership(job_id)), verdicts=verdicts)
+        progress=tuple(progress), membership=tuple(co.membership(job_id)), verdicts=verdicts,
+        rechecked=rechecked, verifier_slashes=verifier_slashes)
 
 
 def _store_chain_agree(demo: Demo, events) -> bool:  # noqa: ANN001

@@ -148,8 +148,10 @@ class Demo:
                    START_TIMEOUT_S, "the providers' pre-flights and offers")
         s.phase = "submitting"
         self.submitter.register(Registration(role="submitter", name="submitter"))
-        CoordinatorClient(self.url, admin).request("POST", "/v1/grants", Grant(
-            address=parties.verifier.address, role=Role.verifier, name="verifier"))
+        self.whistleblower = Account.create()  # re-checks the verifier; needs no ETH
+        for account, name in ((parties.verifier, "verifier"), (self.whistleblower, "whistle")):
+            CoordinatorClient(self.url, admin).request("POST", "/v1/grants", Grant(
+                address=account.address, role=Role.verifier, name=name))
         sc = self.scenario
         self.chain_job = chain.ledger.create_job(parties.submitter, sc.max_price_wei_per_s,
                                                  sc.budget_wei).returned
@@ -209,11 +211,16 @@ class Demo:
     def _finish(self) -> None:
         s = self.state
         s.phase = "auditing"
-        verifier = self.processes.running["verifier"]
-        deadline = time.monotonic() + VERIFIER_TIMEOUT_S
-        while verifier.poll() is None and time.monotonic() < deadline:
-            self.options.tick(self)
-            time.sleep(0.5)
+        self._await("verifier", VERIFIER_TIMEOUT_S)
+        # The whistleblower re-audits what the verifier judged: a `valid` on a cheat's work
+        # would be upheld against the cheat and cost the verifier its stake.
+        s.phase = "rechecking"
+        self.processes.start("whistleblower", "verify", "--coordinator", self.url, "--job",
+                             s.job_id, "--key",
+                             str(write_key(self.run_dir / "keys" / "whistleblower.key",
+                                           self.whistleblower)),
+                             "--recheck", "--answer-wait-s", "10", "--json")
+        self._await("whistleblower", VERIFIER_TIMEOUT_S)
         self.coordinator.referee.wait()
         s.phase = "paying"
         self.processes.stop_all()
@@ -237,6 +244,16 @@ class Demo:
                 ledger.withdraw(account)
         s.phase = "done"
         self.options.tick(self)
+
+    def _await(self, name: str, timeout_s: float) -> None:
+        process = self.processes.running[name]
+        deadline = time.monotonic() + timeout_s
+        while process.poll() is None and time.monotonic() < deadline:
+            self.options.tick(self)
+            time.sleep(0.5)
+        if process.poll() is None:
+            self.state.notes.append(f"{name} still auditing after {timeout_s:.0f} s; stopped")
+            log.warning("%s did not finish within %.0f s; stopping it", name, timeout_s)
 
     def _wait(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s

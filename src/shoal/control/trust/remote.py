@@ -22,6 +22,7 @@ from eth_account.signers.local import LocalAccount
 from shoal.control.client import CoordinatorClient, CoordinatorRefused
 from shoal.control.trust.verdicts import sign_verdict
 from shoal.control.trust.verifier import EpochAudit, Verifier
+from shoal.proof.epochs import final_lineage
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import (
     MAX_CHALLENGES_PER_REQUEST, MAX_VERDICTS_PER_FILING, BlobKind, ChallengeRequest,
@@ -38,8 +39,13 @@ log = logging.getLogger(__name__)
 class RemoteAudits:
     def __init__(self, client: CoordinatorClient, job_id: str, job: JobSpec, auditor: Auditor,
                  account: LocalAccount, *, salt: bytes, rate: float | None = None,
-                 every: bool = False, answer_wait_s: float = 60.0, poll_s: float = 0.5) -> None:
+                 every: bool = False, answer_wait_s: float = 60.0, poll_s: float = 0.5,
+                 recheck: bool = False) -> None:
+        """`recheck`: a whistleblower, re-auditing the records other verifiers judged (a
+        `valid` it finds wrong is upheld against the cheat and the verifier that signed it)."""
         self.client, self.job_id, self.job, self.account = client, job_id, job, account
+        self.recheck = recheck
+        self._judged: dict[int, set[tuple[str, int]]] = {}
         self.store: ProofStore = auditor.store
         self.rate, self.every = rate, every
         self.answer_wait_s, self.poll_s = answer_wait_s, poll_s
@@ -51,15 +57,26 @@ class RemoteAudits:
     def pending_epochs(self) -> list[int]:
         epochs = self.client.proof_epochs(self.job_id)
         self.roots.update({e.epoch: bytes.fromhex(e.root[2:]) for e in epochs})
+        if self.recheck:
+            self._judged = {}
+            for view in self.client.verdicts(self.job_id):
+                v = view.verdict
+                if v.verifier.lower() != self.account.address.lower():
+                    self._judged.setdefault(v.epoch, set()).add((v.worker, v.step))
+            return [e.epoch for e in epochs if e.epoch not in self.done and e.epoch in self._judged]
         return [e.epoch for e in epochs if e.epoch not in self.done]
 
     def audit(self, epoch: int, on_audit: Callable[[EpochAudit], None] = lambda _: None) -> EpochAudit:
         records = self.client.work_records(self.job_id, epoch)
         _, ordered = epoch_tree(records)
-        chosen = self.verifier.chosen(epoch, ordered, self.roots[epoch], rate=self.rate,
-                                      every=self.every)
+        if self.recheck:
+            judged = self._judged.get(epoch, set())
+            chosen = [r for r in final_lineage(ordered) if (r.worker, r.step) in judged]
+        else:
+            chosen = self.verifier.chosen(epoch, ordered, self.roots[epoch], rate=self.rate,
+                                          every=self.every)
         self._fetch(chosen, records)
-        result = self.verifier.audit_epoch(epoch, records, rate=self.rate, every=self.every)
+        result = self.verifier.audit_epoch(epoch, records, chosen=chosen)
         self._file(result)
         self.done.add(epoch)
         on_audit(result)

@@ -80,8 +80,9 @@ class Verifier:
                                   [r for r in final_lineage(ordered) if r.step == record.step])
 
     def audit_epoch(self, epoch: int, records: list[WorkRecord], *, rate: float | None = None,
-                    every: bool = False) -> EpochAudit:
-        """Audit one epoch's records: a sample at `rate` (the job's by default), or all."""
+                    every: bool = False, chosen: list[WorkRecord] | None = None) -> EpochAudit:
+        """Audit one epoch's records: a sample at `rate` (the job's by default), all, or the
+        `chosen` ones (a whistleblower re-checks what others judged)."""
         tree, ordered = epoch_tree(records)
         anchored = self.roots(epoch)
         root = anchored if anchored is not None else tree.root
@@ -91,7 +92,8 @@ class Verifier:
             # Prove each record against the anchored leaves: a record changed since the
             # anchor fails alone, instead of breaking its neighbours' proofs.
             tree = MerkleTree(published)
-        chosen = self.chosen(epoch, ordered, root, rate=rate, every=every)
+        if chosen is None:
+            chosen = self.chosen(epoch, ordered, root, rate=rate, every=every)
         by_step: dict[int, list[WorkRecord]] = defaultdict(list)
         for record in final_lineage(ordered):
             by_step[record.step].append(record)
