@@ -72,21 +72,25 @@ def _fault_report(fault: FaultEvent, epochs: list[dict], steps: list[StepRecord]
     noticed = [e["t"] for e in epochs if e["t"] >= fault.t and fault.worker in e["reason"]]
     if fault.kind is FaultKind.join:
         noticed = [e["t"] for e in epochs if e["t"] >= fault.t and fault.worker in e["members"]]
-    # A step is lost when it was committed before the fault and committed again, in a
-    # later epoch, after it (state went back to a checkpoint). Replicas commit the same
-    # step a few ms apart, so records of the same epoch never count as a redo.
-    epoch_before: dict[int, int] = {}
-    for r in all_records:
-        if r.t_commit <= fault.t:
-            epoch_before[r.step] = max(r.epoch, epoch_before.get(r.step, -1))
-    redone = {r.step for r in all_records
-              if r.t_commit > fault.t and r.epoch > epoch_before.get(r.step, r.epoch)}
+    redone = redone_steps(all_records, fault.t)
     return FaultReport(
         kind=fault.kind, worker=fault.worker, t=round(fault.t - started, 3),
         detection_s=round(noticed[0] - fault.t, 4) if noticed else None,
         recovery_s=_round(recovery_s(spans, fault.t)) if fault.kind is not FaultKind.join else None,
         steps_lost=len(redone),
     )
+
+
+def redone_steps(records: list[StepRecord], fault_t: float) -> set[int]:
+    """Steps lost to a fault at `fault_t`: committed before it and committed again, in a
+    later epoch, after it (state went back to a checkpoint). Replicas commit the same step
+    a few ms apart, so records of the same epoch never count as a redo."""
+    epoch_before: dict[int, int] = {}
+    for r in records:
+        if r.t_commit <= fault_t:
+            epoch_before[r.step] = max(r.epoch, epoch_before.get(r.step, -1))
+    return {r.step for r in records
+            if r.t_commit > fault_t and r.epoch > epoch_before.get(r.step, r.epoch)}
 
 
 def _round(value: float | None) -> float | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from shoal.control.agent.tail import Tail
 from shoal.control.client import CoordinatorClient, CoordinatorRefused
 from shoal.spec.elastic import StepRecord
 from shoal.spec.progress import MAX_STEPS_PER_UPLOAD, ProgressUpload, StepProgress
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 class ProgressRelay:
     def __init__(self, client: CoordinatorClient, work_dir: Path) -> None:
         self.client, self.work_dir = client, work_dir
-        self._sent: dict[Path, int] = {}  # step log -> bytes already read
+        self._tail = Tail()
 
     def upload(self, leases: dict[int, str]) -> int:
         """Send new rank-0 steps of each lease's workers (`leases`: number -> job)."""
@@ -30,15 +31,9 @@ class ProgressRelay:
         return sent
 
     def _upload_file(self, lease: int, job_id: str, path: Path) -> int:
-        start = self._sent.get(path, 0)
-        with path.open("rb") as handle:
-            handle.seek(start)
-            data = handle.read()
-        whole = data[: data.rfind(b"\n") + 1]
-        if not whole:
-            return 0
         steps, worker = [], None
-        for line in whole.decode().splitlines():
+        lines, end = self._tail.new_lines(path)
+        for line in lines:
             try:
                 record = StepRecord.model_validate_json(line)
             except ValidationError:
@@ -53,5 +48,5 @@ class ProgressRelay:
                     lease=lease, worker=worker, steps=tuple(steps[i : i + MAX_STEPS_PER_UPLOAD])))
             except CoordinatorRefused as refused:
                 log.warning("lease %d: progress refused: %s", lease, refused.detail)
-        self._sent[path] = start + len(whole)
+        self._tail.consumed(path, end)  # not reached when the coordinator is unreachable
         return len(steps)

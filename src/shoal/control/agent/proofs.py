@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from shoal.control.agent.tail import Tail
 from shoal.control.client import CoordinatorClient, CoordinatorRefused
 from shoal.control.errors import ControlError
 from shoal.spec.audit import MAX_RECORDS_PER_UPLOAD, BlobKind, ChallengeView, RecordUpload
@@ -33,7 +34,7 @@ def proof_dir(work_dir: Path, job_id: str) -> Path:
 class ProofRelay:
     def __init__(self, client: CoordinatorClient, work_dir: Path, agent_id: str) -> None:
         self.client, self.work_dir, self.agent_id = client, work_dir, agent_id
-        self._sent: dict[Path, int] = {}  # records file -> bytes already uploaded
+        self._tail = Tail()
         self._answered: set[int] = set()
         self._lease = re.compile(re.escape(agent_id) + r"-l([0-9]+)-")
 
@@ -50,15 +51,9 @@ class ProofRelay:
         match = self._lease.match(path.name)
         if match is None:
             return 0
-        start = self._sent.get(path, 0)
-        with path.open("rb") as handle:
-            handle.seek(start)
-            data = handle.read()
-        whole = data[: data.rfind(b"\n") + 1]
-        if not whole:
-            return 0
         records = []
-        for line in whole.decode().splitlines():
+        lines, end = self._tail.new_lines(path)
+        for line in lines:
             try:
                 records.append(WorkRecord.model_validate_json(line))
             except ValidationError as error:
@@ -72,7 +67,7 @@ class ProofRelay:
                 # A record the coordinator will never take (its epoch was rooted while we
                 # were away): say so once and move on, or we would resend it forever.
                 log.error("job %s lease %d: records refused: %s", job_id, lease, refused.detail)
-        self._sent[path] = start + len(whole)
+        self._tail.consumed(path, end)  # not reached when the coordinator is unreachable
         return len(records)
 
     def answer(self, challenges: tuple[ChallengeView, ...]) -> None:

@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from shoal.control.demo.runner import Demo
-from shoal.control.elastic_report import coverage, lineage
+from shoal.control.elastic_report import coverage, lineage, redone_steps
 from shoal.control.recovery import recovery_s
 from shoal.spec.demo import (
     AnchorReport, DemoReport, EfficiencyReport, EventKind, FaultReport, ProviderReport,
@@ -108,12 +108,7 @@ def _store_chain_agree(demo: Demo, events) -> bool:  # noqa: ANN001
 def _fault(provider: str, kind: str, t: float, started: float, records: list[StepRecord],
            steps: list[StepRecord], detail: str = "") -> FaultReport:
     spans = [(r.t_start, r.t_commit) for r in steps]
-    epoch_before: dict[int, int] = {}
-    for r in records:
-        if r.t_commit <= t:
-            epoch_before[r.step] = max(r.epoch, epoch_before.get(r.step, -1))
-    redone = {r.step for r in records
-              if r.t_commit > t and r.epoch > epoch_before.get(r.step, r.epoch)}
+    redone = redone_steps(records, t)
     recovery = recovery_s(spans, t) if kind != "join" else None
     return FaultReport(kind=kind, provider=provider, at_s=round(t - started, 2),
                        recovery_s=None if recovery is None else round(recovery, 3),
