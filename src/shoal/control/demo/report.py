@@ -175,6 +175,19 @@ def _eta_het(co, job_id: str, progress) -> float | None:  # noqa: ANN001
 
 def _ef(demo: Demo, progress, wall_s: float, cost_wei: int) -> EfficiencyReport | None:  # noqa: ANN001
     workers = demo.scenario.workers
+    on_demand = demo.coordinator.settings.price_table().on_demand_wei_per_s("cpu") or 0
+    static = [r.t_commit for r in read_step_logs(demo.run_dir / "static" / "run")] \
+        if demo.static_report is not None else []
+    if len(static) > 1 and wall_s > 0 and cost_wei > 0:
+        # The same span as this run's: first committed step to last (start-up excluded).
+        static_wall = max(static) - min(static)
+        static_cost = int(static_wall * workers * on_demand)
+        return EfficiencyReport(
+            time=round(static_wall / wall_s, 3), cost=round(static_cost / cost_wei, 3),
+            static_wall_s=round(static_wall, 2), static_cost_wei=static_cost, measured=True,
+            how=f"measured: the same job on {workers} workers of this machine started together "
+                f"and never faulted (shoal train --workers {workers}), billed at the on-demand "
+                f"reference price of {on_demand} wei/s each")
     paces = _throughputs(progress)
     widest = max((world for world, _ in paces), default=0)
     per_worker = [r / world for world, r in paces if world == widest]
@@ -183,7 +196,6 @@ def _ef(demo: Demo, progress, wall_s: float, cost_wei: int) -> EfficiencyReport 
     rate = statistics.median(per_worker) * workers  # a static world of `workers` at this pace
     samples = sum(p.samples for p in progress)
     static_wall = samples / rate
-    on_demand = demo.coordinator.settings.price_table().on_demand_wei_per_s("cpu") or 0
     static_cost = int(static_wall * workers * on_demand)
     return EfficiencyReport(
         time=round(static_wall / wall_s, 3), cost=round(static_cost / cost_wei, 3),

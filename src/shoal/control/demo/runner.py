@@ -12,8 +12,10 @@ window, every provider paid out, and the report written.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
 import time
 import tomllib
 from collections.abc import Callable
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 QUICK_STEPS = 300  # --quick: the job's steps (events at steps come proportionally sooner)
 START_TIMEOUT_S = 180.0  # agents' pre-flight, offers, the first committed step
 VERIFIER_TIMEOUT_S = 180.0  # after the job's end, for the last epochs' audits
+STATIC_TIMEOUT_S = 300.0  # the static reference run
 
 
 def load_scenario(path: Path) -> Scenario:
@@ -91,6 +94,7 @@ class Demo:
         self.slashed: set[str] = set()
         self.refunded = 0  # wei credited back to the submitter (unspent escrow, slash shares)
         self.booked: dict[str, int] = {}  # address -> seconds the chain booked
+        self.static_report: dict | None = None  # the static reference run's ElasticReport
 
     def _job_file(self) -> str:
         path = (self.options.scenario_path.parent / self.scenario.job).resolve()
@@ -242,8 +246,36 @@ class Demo:
         for account in (*self.chain.parties.providers, self.chain.parties.submitter):
             if ledger.credit_of(account.address):
                 ledger.withdraw(account)
+        if not self.options.quick:
+            s.phase = "static run"
+            self.options.tick(self)
+            self._static_run()
         s.phase = "done"
         self.options.tick(self)
+
+    def _static_run(self) -> None:
+        """The reference EF is measured against: the same job on `workers` workers of this
+        machine, never faulted, started together (`shoal train --workers N`), billed at
+        the on-demand reference price."""
+        folder = self.run_dir / "static"
+        folder.mkdir(parents=True, exist_ok=True)
+        job = folder / "job.toml"
+        job.write_text(self.job_text)
+        process = self.processes.start(
+            "static", "train", str(job), "--workers", str(self.scenario.workers), "--fresh",
+            "--run-dir", str(folder / "run"), "--checkpoint-dir", str(folder / "checkpoints"),
+            "--proof-dir", str(folder / "proof"), "--report", str(folder / "report.json"))
+        try:
+            process.wait(timeout=STATIC_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.processes.kill("static")
+        report = folder / "report.json"
+        if process.returncode == 0 and report.exists():
+            self.static_report = json.loads(report.read_text())
+        else:
+            self.state.notes.append("the static reference run failed; EF is estimated")
+            log.warning("the static reference run failed (see %s); EF is estimated",
+                        self.run_dir / "logs" / "static.log")
 
     def _await(self, name: str, timeout_s: float) -> None:
         process = self.processes.running[name]
