@@ -147,13 +147,18 @@ class Scenario(Frozen):
         if len(set(names)) != len(names):
             raise ValueError(f"provider names repeat: {names}")
         late = {p.name for p in self.providers if not p.start}
+        joins = [e.provider for e in self.events if e.kind is EventKind.join]
         for event in self.events:
             if event.provider not in names:
                 raise ValueError(f"event {event.kind.value} names provider "
                                  f"'{event.provider}', which is not in [[providers]]")
-            if (event.kind is EventKind.join) != (event.provider in late):
-                raise ValueError(f"provider '{event.provider}': a join event needs start = false, "
-                                 "and a provider with start = false needs a join event")
+            if event.kind is EventKind.join and event.provider not in late:
+                raise ValueError(f"provider '{event.provider}': a join event needs start = false "
+                                 "(it is online from the start)")
+        for name in sorted(late):
+            if joins.count(name) != 1:
+                raise ValueError(f"provider '{name}' has start = false: it needs exactly one "
+                                 f"join event (it has {joins.count(name)})")
         if self.min_workers > self.workers:
             raise ValueError("min_workers cannot exceed workers")
         return self

@@ -38,14 +38,20 @@ def render(demo: Demo) -> Panel:
             head.add_row("members", ", ".join(members[-1].members) + f"  (epoch {members[-1].epoch})")
         head.add_row("spend", f"{job.spent_wei / 1e18:.6f} ETH of {job.budget_wei / 1e18:.4f} "
                               f"(escrow left {job.remaining_wei / 1e18:.6f})")
-        faults = Table("t", "fault", "provider", title="scenario", title_justify="left")
+        faults = Table("t", "fault", "provider", "recovery", title="scenario",
+                       title_justify="left")
+        commits = [p.t for p in co.progress(s.job_id, after=max(-1, s.committed - 400))]
         for fired in s.fired:
             at = fired.t - (s.started_t or fired.t)
-            faults.add_row(f"{at:.0f} s", fired.event.kind.value, fired.event.provider)
+            # Live, the time until the job committed again; the report's RTO (back to 90%
+            # of the steady pace) is measured from the step logs at the end.
+            after = [t for t in commits if t > fired.t]
+            resumed = f"steps again after {after[0] - fired.t:.2f} s" if after else "…"
+            faults.add_row(f"{at:.0f} s", fired.event.kind.value, fired.event.provider, resumed)
         for e in co.events(s.job_id, limit=1000):
             if e.kind in ("worker_slashed", "offer_withdrawn", "verdict_rejected"):
                 at = e.at_s - (s.started_t or e.at_s)
                 faults.add_row(f"{at:.0f} s", e.kind.replace("_", " "),
-                               str(e.detail.get("offer_id") or e.detail.get("provider") or ""))
+                               str(e.detail.get("offer_id") or e.detail.get("provider") or ""), "")
         parts.append(faults)
     return Panel(Group(*parts), title="shoal demo", subtitle=time.strftime("%H:%M:%S"))

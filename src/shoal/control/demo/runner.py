@@ -138,6 +138,8 @@ class Demo:
         self.coordinator = Coordinator(settings, settlement=Settlement(chain.ledger, parties.operator),
                                        referee_key=parties.referee, replayer=self.replayer)
         self.served = ServedCoordinator(self.coordinator)
+        log.info("coordinator at %s%s", self.url,
+                 f"; dashboard: {self.url}/dashboard" if self.options.dashboard else "")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
         self.processes = Processes(self.run_dir, env)
         s.phase = "providers"
