@@ -81,7 +81,7 @@ def demo_problems(result) -> list[str]:  # noqa: ANN001 - DemoReport
         problems.append(f"{result.samples_skipped} samples skipped, "
                         f"{result.samples_duplicated} duplicated")
     for f in result.faults:
-        if f.kind != "join" and (f.recovery_s is None or f.steps_lost):
+        if f.kind != "join" and ((f.recovery_s is None and not f.after_end) or f.steps_lost):
             problems.append(f"fault {f.kind} of {f.provider} at {f.at_s:.0f} s: recovery "
                             f"{f.recovery_s}, {f.steps_lost} steps lost")
     slashed = {s.provider for s in result.slashes}
@@ -104,7 +104,8 @@ def _summary(console, result, run_dir: Path) -> None:  # noqa: ANN001
     table.add_row("samples skipped / duplicated",
                   f"{result.samples_skipped} / {result.samples_duplicated}")
     for f in result.faults:
-        rec = f"{f.recovery_s:.2f} s" if f.recovery_s is not None else "n/a"
+        rec = (f"{f.recovery_s:.2f} s" if f.recovery_s is not None else
+               "nothing left to recover (at the job's end)" if f.after_end else "n/a")
         table.add_row(f"fault: {f.kind} ({f.provider}) at {f.at_s:.0f} s",
                       f"recovered in {rec}, {f.steps_lost} steps lost")
     for s in result.slashes:

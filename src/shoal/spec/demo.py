@@ -23,6 +23,9 @@ class FaultReport(Frozen):
     recovery_s: float | None  # until the job's throughput was back to 90% of before (None: not)
     steps_lost: int  # committed steps redone (0: none lost)
     detail: str = ""
+    # It came as the job ended (too few steps after it to measure a recovery): there was
+    # nothing to recover, and recovery_s is None for that reason.
+    after_end: bool = False
 
 
 class SlashReport(Frozen):

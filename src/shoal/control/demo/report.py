@@ -27,6 +27,7 @@ from shoal.spec.demo import (
 from shoal.spec.elastic import StepRecord
 from shoal.train.step_log import read_step_logs
 
+END_STEPS = 20  # a fault with fewer committed steps after it came as the job ended
 FAULT_NAMES = {EventKind.preempt: "preemption", EventKind.kill: "kill", EventKind.join: "join"}
 
 
@@ -110,9 +111,11 @@ def _fault(provider: str, kind: str, t: float, started: float, records: list[Ste
     spans = [(r.t_start, r.t_commit) for r in steps]
     redone = redone_steps(records, t)
     recovery = recovery_s(spans, t) if kind != "join" else None
+    after = sum(1 for r in steps if r.t_start >= t)
     return FaultReport(kind=kind, provider=provider, at_s=round(t - started, 2),
                        recovery_s=None if recovery is None else round(recovery, 3),
-                       steps_lost=len(redone), detail=detail)
+                       steps_lost=len(redone), detail=detail,
+                       after_end=recovery is None and after < END_STEPS)
 
 
 def _slashed_wei(chain, provider: str) -> int:  # noqa: ANN001 - DemoChain
