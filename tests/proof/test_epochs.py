@@ -51,3 +51,16 @@ def test_only_the_newest_lineage_of_a_redone_step_counts():
     other = [record(6, "c", membership_epoch=4)]
     assert final_lineage(old + redone + other) == redone + other
     assert final_lineage(old) == old  # nothing redone: everything counts
+
+
+def test_two_workers_keep_each_steps_parameters_and_the_duty_rotates():
+    from shoal.proof.epochs import params_keepers
+
+    assert params_keepers(7, 1) == {0}
+    assert params_keepers(7, 2) == {0, 1}
+    kept = [params_keepers(step, 4) for step in range(8)]
+    assert all(len(k) == 2 for k in kept)
+    # Over a cycle every rank keeps the same share, and no rank keeps every step.
+    assert {rank: sum(rank in k for k in kept) for rank in range(4)} == {0: 4, 1: 4, 2: 4, 3: 4}
+    with pytest.raises(ProofError):
+        params_keepers(0, 0)

@@ -44,6 +44,18 @@ def by_epoch(records: Iterable[WorkRecord], epoch_steps: int) -> dict[int, list[
     return {e: sorted(g, key=lambda r: (r.step, r.worker)) for e, g in sorted(groups.items())}
 
 
+PARAMS_KEEPERS = 2  # workers that keep the parameters each step starts from
+
+
+def params_keepers(step: int, world: int) -> frozenset[int]:
+    """The ranks that keep the parameters `step` starts from, for replays: two, rotating
+    with the step, so one worker leaving (or lost) takes no step's parameters with it and
+    each keeps about 2/world of the steps (rank 0 alone kept all, and took all with it)."""
+    if world < 1:
+        raise ProofError(f"world is {world}; a step has at least one worker")
+    return frozenset((step + i) % world for i in range(min(PARAMS_KEEPERS, world)))
+
+
 def final_lineage(records: Iterable[WorkRecord]) -> list[WorkRecord]:
     """Of each step's records, those of the newest membership epoch that committed it
     (a step redone after a restore leaves the abandoned lineage's records behind: they

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shoal.proof.epochs import params_keepers
 from shoal.spec.proof import ProofSpec, WorkRecord
 from shoal.train.hashing import param_sha256
 from shoal.train.proof_store import ProofStore, contribution_norm, contribution_sha256
@@ -46,10 +47,10 @@ class WorkRecorder:
     def begin(self, step: int, model: torch.nn.Module, positions: range, rank: int,
               shares: tuple[int, ...]) -> int:
         """At a step's start: note what it starts from; returns the step's RNG seed.
-        Rank 0 also keeps the parameters the step starts from, for replays."""
+        The step's two keepers also keep the parameters it starts from, for replays."""
         self._step, self._positions, self._rank, self._shares = step, positions, rank, shares
         self._params_sha256 = param_sha256(model)
-        if rank == 0:
+        if rank in params_keepers(step, len(shares)):
             self.store.save_params(step, model.state_dict())
         self._rng_seed = step_rng_seed(self.settings.seed, step, positions.start)
         self._pending, self._sent = None, None

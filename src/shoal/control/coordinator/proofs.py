@@ -32,7 +32,7 @@ from shoal.control.store.schema import (
     AgentRow, ChallengeRow, JobRow, LeaseRow, OfferRow, ProofEpochRow, VerdictRow, WorkRecordRow,
 )
 from shoal.ledger import LedgerError
-from shoal.proof.epochs import final_lineage, is_complete, steps_of
+from shoal.proof.epochs import final_lineage, is_complete, params_keepers, steps_of
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, ProofEpochView, RecordUpload, UploadReceipt,
@@ -235,7 +235,7 @@ class ProofService:
                     ChallengeRow.job_id == job_id, ChallengeRow.worker == item.worker,
                     ChallengeRow.step == item.step, ChallengeRow.kind == item.kind.value))
                 if row is None and item.kind is BlobKind.params:
-                    # Parameters are the step's, whoever asks: file them under its rank 0.
+                    # Parameters are the step's, whoever asks: file them under one keeper.
                     agent_id, worker = self._holder(session, job_id, item)
                     item = item.model_copy(update={"worker": worker})
                     row = session.scalar(select(ChallengeRow).where(
@@ -259,8 +259,8 @@ class ProofService:
         return out
 
     def _holder(self, session: Session, job_id: str, item: ChallengeRequest) -> tuple[str, str]:
-        """The agent that holds the file: the worker's, or for parameters, the agent of the
-        step's rank 0 (the one worker that keeps them)."""
+        """The agent that holds the file: the worker's, or for parameters, the agent of one
+        of the step's two keepers (`params_keepers`), an online one if there is."""
         rows = session.scalars(select(WorkRecordRow).where(
             WorkRecordRow.job_id == job_id, WorkRecordRow.step == item.step)).all()
         # The newest lineage's records: after a restore, a step's parameters are those the
@@ -269,12 +269,17 @@ class ProofService:
         if item.kind is BlobKind.reveal:
             found = [r for r in rows if r.worker == item.worker]
         else:
-            found = [r for r in rows if r.body.get("rank") == 0
-                     and r.body.get("membership_epoch", 0) == newest]
+            found = [r for r in rows if r.body.get("membership_epoch", 0) == newest
+                     and r.body.get("rank") in params_keepers(item.step,
+                                                              len(r.body.get("shares", ())))]
+            seen = dict(session.execute(select(AgentRow.agent_id, AgentRow.last_seen_s).where(
+                AgentRow.agent_id.in_({r.agent_id for r in found}))).all())
+            found.sort(key=lambda r: (-seen.get(r.agent_id, 0.0), r.body.get("rank")))
         if not found:
             raise NotFound(f"no work record of {item.worker} at step {item.step} in job "
                            f"'{job_id}' to challenge" if item.kind is BlobKind.reveal else
-                           f"no rank-0 record at step {item.step} in job '{job_id}'")
+                           f"no record of a worker keeping step {item.step}'s parameters in "
+                           f"job '{job_id}'")
         return found[0].agent_id, found[0].worker
 
     def pending_challenges(self, agent_id: str) -> tuple[ChallengeView, ...]:

@@ -22,7 +22,7 @@ from eth_account.signers.local import LocalAccount
 from shoal.control.client import CoordinatorClient, CoordinatorRefused
 from shoal.control.trust.verdicts import sign_verdict
 from shoal.control.trust.verifier import EpochAudit, Verifier
-from shoal.proof.epochs import final_lineage
+from shoal.proof.epochs import final_lineage, params_keepers
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import (
     MAX_CHALLENGES_PER_REQUEST, MAX_VERDICTS_PER_FILING, BlobKind, ChallengeRequest,
@@ -86,11 +86,12 @@ class RemoteAudits:
         """Challenge what the chosen audits need and bring the answers into the local store."""
         wanted = [ChallengeRequest(worker=r.worker, step=r.step, kind=BlobKind.reveal)
                   for r in chosen]
-        # A step's parameters are kept by its rank 0; without its record (a worker lost
-        # before it sent it) nobody holds them, and the audit says `unavailable`.
-        rank0 = {r.step: r for r in records if r.rank == 0}
-        wanted += [ChallengeRequest(worker=rank0[step].worker, step=step, kind=BlobKind.params)
-                   for step in sorted({r.step for r in chosen}) if step in rank0]
+        # A step's parameters are kept by two of its workers (`params_keepers`); the
+        # coordinator asks one whose agent is online. Without a keeper's record (both lost
+        # before they sent it) nobody holds them, and the audit says `unavailable`.
+        keepers = {r.step: r for r in records if r.rank in params_keepers(r.step, len(r.shares))}
+        wanted += [ChallengeRequest(worker=keepers[step].worker, step=step, kind=BlobKind.params)
+                   for step in sorted({r.step for r in chosen}) if step in keepers]
         views: dict[int, ChallengeView] = {}
         for i in range(0, len(wanted), MAX_CHALLENGES_PER_REQUEST):
             batch = wanted[i : i + MAX_CHALLENGES_PER_REQUEST]
