@@ -179,31 +179,34 @@ def _eta_het(co, job_id: str, progress) -> float | None:  # noqa: ANN001
 def _ef(demo: Demo, progress, wall_s: float, cost_wei: int) -> EfficiencyReport | None:  # noqa: ANN001
     workers = demo.scenario.workers
     on_demand = demo.coordinator.settings.price_table().on_demand_wei_per_s("cpu") or 0
+    if wall_s <= 0 or cost_wei <= 0:
+        return None
     static = [r.t_commit for r in read_step_logs(demo.run_dir / "static" / "run")] \
         if demo.static_report is not None else []
-    if len(static) > 1 and wall_s > 0 and cost_wei > 0:
+    if len(static) > 1:
         # The same span as this run's: first committed step to last (start-up excluded).
-        static_wall = max(static) - min(static)
-        static_cost = int(static_wall * workers * on_demand)
-        return EfficiencyReport(
-            time=round(static_wall / wall_s, 3), cost=round(static_cost / cost_wei, 3),
-            static_wall_s=round(static_wall, 2), static_cost_wei=static_cost, measured=True,
-            how=f"measured: the same job on {workers} workers of this machine started together "
-                f"and never faulted (shoal train --workers {workers}), billed at the on-demand "
-                f"reference price of {on_demand} wei/s each")
+        return _efficiency(max(static) - min(static), wall_s, cost_wei, workers, on_demand, True,
+                           f"measured: the same job on {workers} workers of this machine "
+                           f"started together and never faulted (shoal train --workers "
+                           f"{workers}), billed at the on-demand reference price of "
+                           f"{on_demand} wei/s each")
     paces = _throughputs(progress)
     widest = max((world for world, _ in paces), default=0)
     per_worker = [r / world for world, r in paces if world == widest]
-    if len(per_worker) < 5 or wall_s <= 0 or cost_wei <= 0:
+    if len(per_worker) < 5:
         return None
     rate = statistics.median(per_worker) * workers  # a static world of `workers` at this pace
-    samples = sum(p.samples for p in progress)
-    static_wall = samples / rate
+    return _efficiency(sum(p.samples for p in progress) / rate, wall_s, cost_wei, workers,
+                       on_demand, False,
+                       f"estimated: {workers} on-demand cpu workers at {on_demand} wei/s each, "
+                       f"never faulted, each at this run's median pace per worker in its "
+                       f"widest world ({widest} workers): {rate:.1f} samples/s")
+
+
+def _efficiency(static_wall: float, wall_s: float, cost_wei: int, workers: int, on_demand: int,
+                measured: bool, how: str) -> EfficiencyReport:
     static_cost = int(static_wall * workers * on_demand)
     return EfficiencyReport(
         time=round(static_wall / wall_s, 3), cost=round(static_cost / cost_wei, 3),
-        static_wall_s=round(static_wall, 2), static_cost_wei=static_cost, measured=False,
-        how=f"estimated: {workers} on-demand cpu workers at {on_demand} wei/s each, never "
-            f"faulted, each at this run's median pace per worker in its widest world "
-            f"({widest} workers): {rate:.1f} samples/s")
-
+        static_wall_s=round(static_wall, 2), static_cost_wei=static_cost,
+        measured=measured, how=how)
