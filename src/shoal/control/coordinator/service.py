@@ -5,7 +5,9 @@ Every change is one transaction that writes the market's journal, the rows
 the API reads, and an audit event together, so the store never shows a
 lease the market would not rebuild after a restart. Participants and their
 roles (participants.py), reads (reads.py), the watch over running work
-(supervision.py) and settlement on a chain (chain_jobs.py) are mixed in.
+(supervision.py), settlement on a chain (chain_jobs.py), work records and proof
+epochs (proofs.py), challenges and verdicts (audits.py) and job progress
+(progress.py) are mixed in.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator import journal
+from shoal.control.coordinator.audits import AuditService
 from shoal.control.coordinator.chain_jobs import ChainSettlement
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.job_hosts import JobHosts
@@ -54,7 +57,7 @@ _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
 class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlement, ProofService,
-                  JobProgress):
+                  AuditService, JobProgress):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
@@ -80,6 +83,7 @@ class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlemen
                               settings.stall_deadline_s)
         self._rebuild()
         self._proof_init()
+        self._audit_init()
         self.referee = Referee(self, referee_key, replayer)
         self.started_s = self.now_s()
 

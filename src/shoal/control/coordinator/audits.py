@@ -1,0 +1,211 @@
+"""Challenges and verdicts, mixed into `Coordinator`: verifiers raise
+challenges for the files only a worker's agent holds (a revealed contribution,
+or the parameters a step started from), which the agent answers once, at its
+next beat; verifiers file signed verdicts, and the referee (referee.py) rules
+on the guilty ones.
+
+Open challenges are kept in memory by agent as well as in the store: the
+heartbeat's reply carries them without a store read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.control.store.schema import AgentRow, ChallengeRow, VerdictRow, WorkRecordRow
+from shoal.proof.epochs import params_keepers
+from shoal.spec.audit import (
+    BlobKind, ChallengeRequest, ChallengeView, VerdictFiling, VerdictView,
+)
+from shoal.spec.proof import Verdict
+
+
+class AuditService:
+    """Uses the Coordinator's `engine`, `settings`, `referee`, `_change`, `_event`, `now_s`,
+    and ProofService's `proof_dir`, `job_spec` and `_proof_job`."""
+
+    def _audit_init(self) -> None:
+        self._challenge_lock = threading.Lock()
+        self._pending: dict[str, dict[int, ChallengeView]] = defaultdict(dict)  # agent -> open
+        with Session(self.engine) as session:
+            for row in session.scalars(select(ChallengeRow).where(ChallengeRow.answered_at_s.is_(None))):
+                self._pending[row.agent_id][row.challenge] = _challenge_view(row)
+
+    def raise_challenges(self, verifier: str, job_id: str,
+                         items: tuple[ChallengeRequest, ...]) -> list[ChallengeView]:
+        out = []
+        with self._change() as session:
+            now = self.now_s()
+            self._proof_job(session, job_id)
+            for item in items:
+                row = session.scalar(select(ChallengeRow).where(
+                    ChallengeRow.job_id == job_id, ChallengeRow.worker == item.worker,
+                    ChallengeRow.step == item.step, ChallengeRow.kind == item.kind.value))
+                if row is None and item.kind is BlobKind.params:
+                    # Parameters are the step's, whoever asks: file them under one keeper.
+                    agent_id, worker = self._holder(session, job_id, item)
+                    item = item.model_copy(update={"worker": worker})
+                    row = session.scalar(select(ChallengeRow).where(
+                        ChallengeRow.job_id == job_id, ChallengeRow.worker == worker,
+                        ChallengeRow.step == item.step, ChallengeRow.kind == item.kind.value))
+                if row is None:
+                    agent_id, worker = self._holder(session, job_id, item)
+                    row = ChallengeRow(job_id=job_id, worker=worker, step=item.step,
+                                       kind=item.kind.value, requested_by=verifier,
+                                       requested_at_s=now, agent_id=agent_id)
+                    session.add(row)
+                    session.flush()
+                    self._event(session, now, verifier, "challenge_raised", job_id,
+                                challenge=row.challenge, worker=item.worker, step=item.step,
+                                blob=item.kind.value, agent_id=row.agent_id)
+                out.append(_challenge_view(row))
+        with self._challenge_lock:
+            for view in out:
+                if view.answered_at_s is None:
+                    self._pending[view.agent_id][view.challenge] = view
+        return out
+
+    def _holder(self, session: Session, job_id: str, item: ChallengeRequest) -> tuple[str, str]:
+        """The agent that holds the file: the worker's, or for parameters, the agent of one
+        of the step's two keepers (`params_keepers`), an online one if there is."""
+        rows = session.scalars(select(WorkRecordRow).where(
+            WorkRecordRow.job_id == job_id, WorkRecordRow.step == item.step)).all()
+        # The newest lineage's records: after a restore, a step's parameters are those the
+        # redone step started from.
+        newest = max((r.body.get("membership_epoch", 0) for r in rows), default=0)
+        if item.kind is BlobKind.reveal:
+            found = [r for r in rows if r.worker == item.worker]
+        else:
+            found = [r for r in rows if r.body.get("membership_epoch", 0) == newest
+                     and r.body.get("rank") in params_keepers(item.step,
+                                                              len(r.body.get("shares", ())))]
+            seen = dict(session.execute(select(AgentRow.agent_id, AgentRow.last_seen_s).where(
+                AgentRow.agent_id.in_({r.agent_id for r in found}))).all())
+            found.sort(key=lambda r: (-seen.get(r.agent_id, 0.0), r.body.get("rank")))
+        if not found:
+            raise NotFound(f"no work record of {item.worker} at step {item.step} in job "
+                           f"'{job_id}' to challenge" if item.kind is BlobKind.reveal else
+                           f"no record of a worker keeping step {item.step}'s parameters in "
+                           f"job '{job_id}'")
+        return found[0].agent_id, found[0].worker
+
+    def pending_challenges(self, agent_id: str) -> tuple[ChallengeView, ...]:
+        """What the agent must answer (the heartbeat's reply: memory only, no store read)."""
+        with self._challenge_lock:
+            return tuple(self._pending.get(agent_id, {}).values())
+
+    def challenges(self, job_id: str) -> list[ChallengeView]:
+        """The job's challenges; an unanswered one says whether its agent is offline (silent
+        past the agent timeout), so a verifier need not wait for an answer that cannot come."""
+        horizon = self.now_s() - self.settings.agent_timeout_s
+        with Session(self.engine) as session:
+            rows = session.scalars(select(ChallengeRow).where(ChallengeRow.job_id == job_id)
+                                   .order_by(ChallengeRow.challenge)).all()
+            seen = dict(session.execute(select(AgentRow.agent_id, AgentRow.last_seen_s).where(
+                AgentRow.agent_id.in_({row.agent_id for row in rows}))).all())
+            return [_challenge_view(row).model_copy(update={
+                        "holder_offline": row.answered_at_s is None
+                        and seen.get(row.agent_id, 0.0) < horizon})
+                    for row in rows]
+
+    def answer_challenge(self, provider: str, challenge: int, data: bytes) -> ChallengeView:
+        if not data:
+            raise Conflict("an answer is the file the worker wrote; the body is empty")
+        with self._change() as session:
+            now = self.now_s()
+            row = session.get(ChallengeRow, challenge)
+            if row is None:
+                raise NotFound(f"no challenge {challenge}")
+            agent = session.get(AgentRow, row.agent_id)
+            if agent is None or agent.provider != provider:
+                raise Forbidden(f"challenge {challenge} is for agent '{row.agent_id}', not yours")
+            if row.answered_at_s is not None:
+                raise Conflict(f"challenge {challenge} was answered already; an answer is final")
+            path = self._blob_path(row)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(path.name + ".part")
+            partial.write_bytes(data)
+            os.replace(partial, path)
+            row.answered_at_s, row.sha256 = now, hashlib.sha256(data).hexdigest()
+            self._event(session, now, provider, "challenge_answered", row.job_id,
+                        challenge=challenge, bytes=len(data), sha256=row.sha256)
+            view = _challenge_view(row)
+        with self._challenge_lock:
+            self._pending[view.agent_id].pop(challenge, None)
+        return view
+
+    def _blob_path(self, row: ChallengeRow) -> Path:
+        base = self.proof_dir(row.job_id)
+        if row.kind == BlobKind.params.value:
+            return base / "params" / f"{row.step:09d}.pt"
+        return base / "reveal" / row.worker / f"{row.step:09d}.pt"
+
+    def challenge_file(self, challenge: int) -> Path:
+        with Session(self.engine) as session:
+            row = session.get(ChallengeRow, challenge)
+            if row is None:
+                raise NotFound(f"no challenge {challenge}")
+            if row.answered_at_s is None:
+                raise NotFound(f"challenge {challenge} is not answered yet; its agent sends the "
+                               "file at its next heartbeat")
+            return self._blob_path(row)
+
+    # ------------------------------------------------------------ verdicts
+    def file_verdicts(self, verifier: str, job_id: str, filing: VerdictFiling) -> list[VerdictView]:
+        from shoal.control.trust.verdicts import SignedVerdict
+
+        out, guilty = [], []
+        with self._change() as session:
+            now = self.now_s()
+            job = self._proof_job(session, job_id)
+            name = self.job_spec(job_id, job.job_file).name
+            for body in filing.verdicts:
+                signed = SignedVerdict(verdict=body.verdict, signature=body.signature)
+                if signed.verdict.verifier.lower() != verifier.lower() or not signed.authentic:
+                    raise Forbidden("each verdict must be signed by the key that files it "
+                                    f"({verifier}); sign them with `shoal verify --key`")
+                if signed.verdict.job != name:
+                    raise Conflict(f"a verdict names job '{signed.verdict.job}', not '{name}'")
+                row = VerdictRow(job_id=job_id, at_s=now, verifier=verifier,
+                                 worker=signed.verdict.worker, step=signed.verdict.step,
+                                 kind=signed.verdict.kind.value, body=body.model_dump(mode="json"))
+                session.add(row)
+                session.flush()
+                out.append(_verdict_view(row))
+                if signed.verdict.guilty:
+                    guilty.append(row.seq)
+            kinds: dict[str, int] = defaultdict(int)
+            for view in out:
+                kinds[view.verdict.kind.value] += 1
+            self._event(session, now, verifier, "verdicts_filed", job_id, kinds=dict(kinds),
+                        guilty=[(v.verdict.worker, v.verdict.step, v.verdict.kind.value)
+                                for v in out if v.verdict.guilty])
+        if guilty and self.referee is not None:
+            self.referee.rule_later(job_id, guilty)
+        return out
+
+    def verdicts(self, job_id: str) -> list[VerdictView]:
+        with Session(self.engine) as session:
+            rows = session.scalars(select(VerdictRow).where(VerdictRow.job_id == job_id)
+                                   .order_by(VerdictRow.seq))
+            return [_verdict_view(row) for row in rows]
+
+
+def _challenge_view(row: ChallengeRow) -> ChallengeView:
+    return ChallengeView(challenge=row.challenge, job_id=row.job_id, worker=row.worker,
+                         step=row.step, kind=BlobKind(row.kind), agent_id=row.agent_id,
+                         requested_at_s=row.requested_at_s, answered_at_s=row.answered_at_s,
+                         sha256=row.sha256)
+
+
+def _verdict_view(row: VerdictRow) -> VerdictView:
+    return VerdictView(seq=row.seq, at_s=row.at_s, verdict=Verdict.model_validate(row.body["verdict"]),
+                       ruling=row.ruling)
