@@ -20,6 +20,7 @@ from shoal.spec.audit import (
     ChallengeRequest, Challenges, ChallengeView, JobFile, ProofEpochView, RecordUpload, UploadReceipt,
     VerdictFiling, VerdictView,
 )
+from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.ledger import LeaseAcceptance
 from shoal.spec.progress import MembershipChange, ProgressUpload, StepProgress
 from shoal.spec.proof import WorkRecord
@@ -174,6 +175,16 @@ class CoordinatorClient:
 
     def challenge_file(self, challenge: int) -> bytes:
         return self.request("GET", f"/v1/challenges/{challenge}/file", sign=False, raw=True)
+
+    def carried_checkpoint(self, job_id: str) -> CheckpointView | None:
+        return self._get(f"/v1/jobs/{job_id}/checkpoint", CheckpointView | None)  # type: ignore[arg-type]
+
+    def upload_checkpoint(self, job_id: str, step: int, lease: int, data: bytes) -> CheckpointView:
+        return TypeAdapter(CheckpointView).validate_python(self.request(
+            "PUT", f"/v1/jobs/{job_id}/checkpoints/{step}", data, params={"lease": lease}))
+
+    def checkpoint_file(self, job_id: str, step: int) -> bytes:
+        return self.request("GET", f"/v1/jobs/{job_id}/checkpoints/{step}/file", raw=True)
 
     def file_verdicts(self, job_id: str, filing: VerdictFiling) -> list[VerdictView]:
         return self._post(f"/v1/jobs/{job_id}/proof/verdicts", filing, list[VerdictView])

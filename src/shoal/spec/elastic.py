@@ -24,6 +24,9 @@ class WorkerArrival(Frozen):
     worker: str
     step: int = Field(ge=0)  # steps this worker's state has completed (0 for a fresh joiner)
     has_state: bool  # holds the job's live state (a fresh or fenced joiner does not)
+    # The newest checkpoint on this worker's disk (its own, or one its agent fetched):
+    # when no member holds live state, the member with the newest restores it for all.
+    disk_step: int | None = Field(None, ge=0)
 
 
 class MembershipEpoch(Frozen):

@@ -72,6 +72,7 @@ class Membership:
             try:
                 formed = form_epoch(
                     self.rdzv, record, self.worker, step=replica.step, has_state=replica.held,
+                    disk_step=replica.disk_step(),
                     backend=self.config.backend, timeout_s=self.config.collective_timeout_s,
                     poll_s=self.config.poll_s,
                     newer=lambda epoch=record.epoch: self._newer_than(epoch),

@@ -52,23 +52,32 @@ def _plan_transfer(record: MembershipEpoch, arrivals: list[WorkerArrival], rank:
         return source, [r for r in range(len(arrivals)) if r != source]
     holders = [a for a in arrivals if a.has_state]
     if not holders:
-        # Nobody holds live state: rank 0 alone reads the newest checkpoint (or keeps
-        # its fresh initialization) and sends it to all, so every member starts from
-        # the same state even if their disks differ or a checkpoint lands meanwhile.
-        if rank == 0 and not load_from_disk() and record.epoch > 0:
+        # Nobody holds live state: one member alone reads its newest checkpoint (or keeps
+        # its fresh initialization) and sends it to all, so every member starts from the
+        # same state even if their disks differ or a checkpoint lands meanwhile. It is the
+        # member whose disk has the newest (a replacement's agent may have fetched the
+        # job's carried checkpoint); rank 0 when no disk has any.
+        source = _newest_disk(arrivals)
+        if rank == source and not load_from_disk() and record.epoch > 0:
             # Not the job's first epoch: its state left with the last member that held it
-            # and this host has no checkpoint of it. Say so, loudly: every step is redone.
-            log.error("epoch %d: no member holds the job's state and this host has no "
-                      "checkpoint of it: training starts over from a fresh initialization",
-                      record.epoch)
-        return 0, list(range(1, len(arrivals)))
+            # and no checkpoint of it reached this machine. Say so, loudly: every step is redone.
+            log.error("epoch %d: no member holds the job's state and no checkpoint of it is "
+                      "here: training starts over from a fresh initialization", record.epoch)
+        return source, [r for r in range(len(arrivals)) if r != source]
     best = max(a.step for a in holders)
     source = next(r for r, a in enumerate(arrivals) if a.has_state and a.step == best)
     return source, [r for r, a in enumerate(arrivals) if not (a.has_state and a.step == best)]
 
 
+def _newest_disk(arrivals: list[WorkerArrival]) -> int:
+    """The rank with the newest checkpoint on disk (the lowest such rank); 0 if none has one."""
+    steps = [a.disk_step if a.disk_step is not None else -1 for a in arrivals]
+    return steps.index(max(steps)) if max(steps) >= 0 else 0
+
+
 def form_epoch(rdzv: Rendezvous, record: MembershipEpoch, worker: str, *, step: int,
-               has_state: bool, backend: str, timeout_s: float, poll_s: float,
+               has_state: bool, disk_step: int | None = None, backend: str, timeout_s: float,
+               poll_s: float,
                newer: Callable[[], bool], live_state: Callable[[], dict[str, Any]],
                load_state: Callable[[dict[str, Any]], None],
                load_from_disk: Callable[[], bool],
@@ -78,7 +87,8 @@ def form_epoch(rdzv: Rendezvous, record: MembershipEpoch, worker: str, *, step: 
     `group_store` opens a store connection of the group's own: a cancelled build
     can leave its connection blocked in a wait, and it must not block ours."""
     rank = record.members.index(worker)
-    rdzv.arrive(record.epoch, WorkerArrival(worker=worker, step=step, has_state=has_state))
+    rdzv.arrive(record.epoch, WorkerArrival(worker=worker, step=step, has_state=has_state,
+                                            disk_step=disk_step))
     arrivals = _wait_arrivals(rdzv, record, poll_s, newer)
     group = EpochGroup.build(group_store(), record.epoch, rank, len(record.members),
                              backend=backend, timeout_s=timeout_s, poll_s=poll_s,

@@ -72,6 +72,10 @@ class ReplicaState:
     def snapshot(self) -> Snapshot:
         return Snapshot(self.step, self.cursor, detached_copy(self.state_dict(with_last_good=False)))
 
+    def disk_step(self) -> int | None:
+        """The step of the newest checkpoint on this worker's disk (not yet verified)."""
+        return self.checkpoints.latest_step() if self.checkpoints is not None else None
+
     def load_checkpoint(self) -> bool:
         """Restore the newest good checkpoint; False if there is none."""
         if self.checkpoints is None:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.control.agent.checkpoints import CheckpointRelay
 from shoal.control.agent.leases import LeaseWorkers
 from shoal.control.agent.preflight import preflight
 from shoal.control.agent.progress import ProgressRelay
@@ -58,6 +59,7 @@ class Agent:
         relay_client = CoordinatorClient(client.url, client.account)
         self.proofs = ProofRelay(relay_client, config.work_dir, config.agent_id)
         self.progress = ProgressRelay(relay_client, config.work_dir)
+        self.carry = CheckpointRelay(relay_client, config.work_dir)
         self._relay_lock = threading.Lock()
         self._challenges: tuple = ()
         self._relay = threading.Thread(target=self._relay_loop, name="agent-relay", daemon=True)
@@ -149,7 +151,8 @@ class Agent:
             self.post_offers()
 
     def _relay_loop(self) -> None:
-        """Send new work records and step progress, and answer challenges, once a beat."""
+        """Send new work records and step progress, answer challenges and carry checkpoints,
+        once a beat."""
         period_s = self.client.info().heartbeat_s
         while not self.stopping.wait(period_s):
             self._relay_once()
@@ -164,6 +167,8 @@ class Agent:
             self.proofs.answer(challenges)
         except ControlError as error:
             log.warning("sending work records or answers failed (%s); trying again", error)
+        # After the records: a checkpoint is checked against its step's records.
+        self.carry.sync({n: (w.job, self.workers.job_file(n)) for n, w in workers.items()})
 
     def _leave(self) -> None:
         self.workers.stop_all()

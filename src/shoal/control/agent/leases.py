@@ -18,6 +18,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shoal.control.agent.checkpoints import checkpoint_dir
 from shoal.control.agent.proofs import proof_dir
 from shoal.control.worker_process import WorkerProcess
 from shoal.spec.errors import SpecError
@@ -46,6 +47,10 @@ class LeaseWorkers:
         self.slowdown, self.grace_s, self.max_restarts = slowdown, grace_s, max_restarts
         self.workers: dict[int, LeaseWorker] = {}
         self.refused: set[int] = set()  # leases whose job file this agent will not run
+
+    def job_file(self, lease: int) -> Path:
+        """The job file a lease's worker was started with."""
+        return self.work_dir / f"lease-{lease}" / "job.toml"
 
     def running(self) -> tuple[int, ...]:
         """Leases with a live worker: what the agent reports in its heartbeat."""
@@ -85,13 +90,13 @@ class LeaseWorkers:
             return None
         lease_dir = self.work_dir / f"lease-{lease.lease}"
         lease_dir.mkdir(parents=True, exist_ok=True)
-        job_file = lease_dir / "job.toml"
+        job_file = self.job_file(lease.lease)
         job_file.write_text(assignment.job_file)
         node = f"{self.agent_id}-l{lease.lease}-a{attempt}"
         # The submitter's job file never chooses where on this machine files are written:
         # checkpoints go under the agent's own directory, one per job, kept across leases.
         # Work records and challenge files likewise (the agent uploads and answers from there).
-        checkpoints = self.work_dir / "jobs" / lease.job / "checkpoints"
+        checkpoints = checkpoint_dir(self.work_dir, lease.job)
         command = [sys.executable, "-m", "shoal.cli.main", "train", str(job_file),
                    "--workers", "1", "--rendezvous", assignment.rendezvous, "--node", node,
                    "--run-dir", str(lease_dir / f"run-{attempt}"), "--grace-s", str(self.grace_s),

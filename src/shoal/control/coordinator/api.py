@@ -22,6 +22,7 @@ from starlette.routing import Match, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from shoal import __version__
+from shoal.control.coordinator.api_checkpoints import CHECKPOINT_PATHS, checkpoint_routes
 from shoal.control.coordinator.api_proofs import FILE_PATHS, proof_routes
 from shoal.control.coordinator.auth import coordinator_of, signed, signed_beat
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
@@ -87,11 +88,13 @@ def create_app(coordinator: Coordinator, run_rounds: bool = True) -> FastAPI:
                   responses=PROBLEMS)
     app.state.coordinator, app.state.metrics, app.state.rounds = coordinator, metrics, rounds
     app.add_middleware(BodyLimit, max_bytes=coordinator.settings.max_body_bytes,
-                       file_bytes=coordinator.settings.max_file_bytes, file_paths=FILE_PATHS)
+                       file_bytes=coordinator.settings.max_file_bytes,
+                       file_paths=re.compile(f"{FILE_PATHS.pattern}|{CHECKPOINT_PATHS.pattern}"))
     _errors(app, metrics)
     _timing(app, metrics)
     _routes(app)
     proof_routes(app)
+    checkpoint_routes(app)
     if coordinator.settings.dashboard:
         dashboard_routes(app)
     _fast_heartbeats(app, coordinator, metrics)

@@ -6,8 +6,8 @@ the API reads, and an audit event together, so the store never shows a
 lease the market would not rebuild after a restart. Participants and their
 roles (participants.py), reads (reads.py), the watch over running work
 (supervision.py), settlement on a chain (chain_jobs.py), work records and proof
-epochs (proofs.py), challenges and verdicts (audits.py) and job progress
-(progress.py) are mixed in.
+epochs (proofs.py), challenges and verdicts (audits.py), job progress
+(progress.py) and checkpoints carried between machines (checkpoints.py) are mixed in.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from shoal.control.coordinator import journal
 from shoal.control.coordinator.audits import AuditService
 from shoal.control.coordinator.chain_jobs import ChainSettlement
+from shoal.control.coordinator.checkpoints import CheckpointCarry
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.job_hosts import JobHosts
 from shoal.control.coordinator.participants import Participants
@@ -57,7 +58,7 @@ _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
 class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlement, ProofService,
-                  AuditService, JobProgress):
+                  AuditService, JobProgress, CheckpointCarry):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
@@ -84,6 +85,7 @@ class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlemen
         self._rebuild()
         self._proof_init()
         self._audit_init()
+        self._carry_init()
         self.referee = Referee(self, referee_key, replayer)
         self.started_s = self.now_s()
 
