@@ -229,12 +229,14 @@ class MembershipAuthority:
         record = MembershipEpoch(epoch=self.epoch, members=members, weights=self._weights(members),
                                  reason=reason, state_source=state_source)
         self._watch.reset(self.epoch, now, veterans)
-        self.rdzv.publish_epoch(record)
         entry = {"t": time.time(), "epoch": self.epoch, "members": list(members), "reason": reason}
-        log.info("epoch %d: %d members %s (%s)", self.epoch, len(members), list(members), reason)
+        # Logged before it is published: the coordinator holds work records to this log, and
+        # a member can commit a step in the epoch (and upload its record) only once published.
         if self.event_log is not None:
             with open(self.event_log, "a") as handle:
                 handle.write(json.dumps(entry) + "\n")
+        self.rdzv.publish_epoch(record)
+        log.info("epoch %d: %d members %s (%s)", self.epoch, len(members), list(members), reason)
 
     def _weights(self, members: tuple[str, ...]) -> tuple[float, ...]:
         """Shares by measured speed; a newcomer gets the mean of the known speeds."""

@@ -1,19 +1,23 @@
 """Proof of learning through the coordinator, on both stores, tried as the
 parties that would game it: a provider rewriting a committed record, or
 speaking for another provider's worker or lease; a record sent after its
-epoch was rooted; a challenge answered by someone else, or twice; a verdict
-signed by another key or for another job; an accusation of a record that
-does not exist; a worker that withholds what it committed to."""
+epoch was rooted; a record claiming a membership epoch, rank or world the
+job's host never published; a challenge answered by someone else, or twice;
+a verdict signed by another key or for another job; an accusation of a
+record that does not exist; a worker that withholds what it committed to."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 from eth_account import Account
 
+from shoal.control.agent.proofs import ProofRelay, proof_dir
 from shoal.control.client import CoordinatorRefused
 from shoal.control.trust.verdicts import sign_verdict
+from shoal.proof.epochs import final_lineage
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, RecordUpload, SignedVerdictBody, VerdictFiling,
@@ -26,12 +30,28 @@ PRICE = 1_000_000
 PROOF_JOB = TINY_JOB + "[proof]\nenabled = true\nepoch_steps = 5\n"
 
 
-def record(worker: str, step: int, contribution: str = "c", job: str = "tiny") -> WorkRecord:
+def record(worker: str, step: int, contribution: str = "c", job: str = "tiny", *,
+           epoch: int = 0, rank: int = 0, shares: tuple[int, ...] = (8,)) -> WorkRecord:
+    """`worker`'s record of `step`, committed in membership epoch `epoch` as `rank` of
+    len(shares) (its positions are its rank's slice of the step's 8 samples)."""
+    start = 8 * step + sum(shares[:rank])
     return WorkRecord(job=job, step=step, worker=worker, params_sha256="0" * 64,
-                      positions_start=8 * step, positions_end=8 * step + 8, rank=0, shares=(8,),
-                      seed=7, global_batch=8, hyper_sha256="1" * 64,
+                      positions_start=start, positions_end=start + shares[rank], rank=rank,
+                      shares=shares, seed=7, global_batch=8, hyper_sha256="1" * 64,
                       contribution_sha256=(contribution * 64)[:64].replace("c", "a"),
-                      contribution_norm=1.0, rng_seed=step)
+                      contribution_norm=1.0, rng_seed=step, membership_epoch=epoch)
+
+
+def publish(coordinator, job_id: str, members: list[str], reason: str) -> int:
+    """The job's host publishes the next membership epoch: one line of its epochs.jsonl,
+    as the membership authority writes it. Returns the epoch's number."""
+    path = coordinator.hosts.run_dir(job_id) / "epochs.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    epoch = len(path.read_text().splitlines()) if path.exists() else 0
+    with path.open("a") as log:
+        log.write(json.dumps({"t": time.time(), "epoch": epoch, "members": members,
+                              "reason": reason}) + "\n")
+    return epoch
 
 
 def refused(call, status: int) -> str:
@@ -56,9 +76,31 @@ def market(served: Served, operator):
     served.app.state.rounds.once()
     (lease,) = submitter.job(job.job_id).leases
     assert lease.offer_id == "dev-a"
+    # The job's host forms the first epoch with agent-a's worker, as rank 0 of 1.
+    publish(served.app.state.coordinator, job.job_id, [f"agent-a-l{lease.lease}-a0-w0"], "start")
     served.client(operator).request("POST", "/v1/grants", Grant(
         address=verifier.account.address, role=Role.verifier, name="vera"))
     return served, a, b, verifier, job.job_id, lease.lease
+
+
+@pytest.fixture
+def pair(served: Served):
+    """A two-worker proof job, formed by its host as epoch 0: agent-a's worker (provider A)
+    rank 0 and agent-b's (provider B) rank 1, each computing 4 of a step's 8 samples."""
+    a, b, submitter = (served.client(Account.create()) for _ in range(3))
+    for client, agent in ((a, "agent-a"), (b, "agent-b")):
+        provider_with_agent(client, agent)
+        client.post_offer(OfferTerms(offer_id=f"dev-{agent[-1]}", agent_id=agent,
+                                     price_wei_per_s=PRICE))
+    submitter.register(Registration(role="submitter", name="alice"))
+    job = submitter.submit(JobSubmission(name="tiny", job_file=PROOF_JOB, workers=2,
+                                         max_price_wei_per_s=PRICE, budget_wei=10**12))
+    served.app.state.rounds.once()
+    leases = {lease.offer_id[-1]: lease.lease for lease in submitter.job(job.job_id).leases}
+    assert sorted(leases) == ["a", "b"]
+    publish(served.app.state.coordinator, job.job_id,
+            [f"agent-a-l{leases['a']}-a0-w0", f"agent-b-l{leases['b']}-a0-w0"], "start")
+    return served, a, b, job.job_id, leases
 
 
 def test_records_are_commitments_that_only_the_lease_holder_can_make(market):
@@ -181,7 +223,8 @@ def test_progress_is_kept_once_per_step_and_only_from_the_lease_holder(market):
         lease=lease, worker=f"agent-b-l{lease}-a0-w0", steps=steps)), 403)
     assert a.progress(job_id) == list(steps)  # the first report stands
     assert [p.step for p in a.progress(job_id, after=1)] == [2, 3]
-    assert a.membership(job_id) == []  # no host has formed an epoch yet
+    (formed,) = a.membership(job_id)  # the host's epochs, as the coordinator reads them
+    assert (formed.epoch, formed.members, formed.reason) == (0, (worker,), "start")
 
 
 def test_a_verifier_is_told_when_the_agent_holding_a_file_is_offline(market):
@@ -197,19 +240,25 @@ def test_a_verifier_is_told_when_the_agent_holding_a_file_is_offline(market):
 
 
 def test_a_step_redone_after_a_restore_supersedes_the_abandoned_lineage(market):
-    """A step committed, then redone in a later membership epoch after the job's state was
-    restored: the newer record stands; an older one cannot come back; an accusation of
-    the abandoned lineage's record is rejected, not held against its honest worker."""
+    """A step committed, then redone in a later membership epoch the job's host published
+    after the job's state was restored: the newer records stand; an older one cannot come
+    back; an accusation of the abandoned lineage's record is rejected, not held against its
+    honest worker."""
     served, a, _, verifier, job_id, lease = market
     coordinator = served.app.state.coordinator
-    first, second = f"agent-a-l{lease}-a0-w0", f"agent-a-l{lease}-a1-w0"
-    old = [record(first, s).model_copy(update={"membership_epoch": 1}) for s in range(5)]
-    a.upload_records(job_id, RecordUpload(lease=lease, records=tuple(old)))
-    redone = [record(second, s, contribution="b").model_copy(update={"membership_epoch": 3})
-              for s in (3, 4)]
-    again = record(first, 4, contribution="b").model_copy(update={"membership_epoch": 3})
-    assert a.upload_records(job_id, RecordUpload(lease=lease, records=(*redone, again))).stored == 3
-    back = record(first, 4).model_copy(update={"membership_epoch": 1})
+    first, second, third = (f"agent-a-l{lease}-a{n}-w0" for n in range(3))
+    assert publish(coordinator, job_id, [first, third], "join") == 1
+    old = [record(w, s, epoch=1, rank=r, shares=(4, 4)) for s in range(5)
+           for r, w in enumerate((first, third))]
+    assert a.upload_records(job_id, RecordUpload(lease=lease, records=tuple(old))).stored == 10
+    # third is lost with the live state; second joins, and the job goes on from the
+    # checkpoint of step 3 (epochs published after the coordinator last read the file).
+    publish(coordinator, job_id, [first], f"exit:{third}")
+    assert publish(coordinator, job_id, [second, first], "join") == 3
+    redone = [record(w, s, contribution="b", epoch=3, rank=r, shares=(4, 4)) for s in (3, 4)
+              for r, w in enumerate((second, first))]
+    assert a.upload_records(job_id, RecordUpload(lease=lease, records=tuple(redone))).stored == 4
+    back = record(first, 4, epoch=1, shares=(4, 4))
     assert "never change" in refused(
         lambda: a.upload_records(job_id, RecordUpload(lease=lease, records=(back,))), 409)
     served.app.state.rounds.once()
@@ -219,7 +268,7 @@ def test_a_step_redone_after_a_restore_supersedes_the_abandoned_lineage(market):
     (params,) = verifier.raise_challenges(job_id, [ChallengeRequest(worker="x", step=3,
                                                                     kind=BlobKind.params)])
     assert params.worker == second
-    signed = sign_verdict(Verdict(job="tiny", epoch=0, step=3, worker=first,
+    signed = sign_verdict(Verdict(job="tiny", epoch=0, step=3, worker=third,
                                   kind=VerdictKind.wrong_params), verifier.account)
     (filed,) = verifier.file_verdicts(job_id, VerdictFiling(verdicts=(SignedVerdictBody(
         verdict=signed.verdict, signature=signed.signature),)))
@@ -260,3 +309,64 @@ def test_a_verifier_that_signed_valid_on_work_shown_wrong_is_penalised(market, o
     (penalty,) = [e for e in events if e.kind == "verifier_slashed"]
     assert penalty.detail["verifier"] == lazy.account.address
     assert penalty.detail["shown_by"] == whistle.account.address
+
+
+def test_a_record_claims_only_the_seat_the_job_host_published(pair):
+    """B's worker tries to be the only final lineage of steps it shares with A's worker
+    (so that A's honest records are neither audited nor counted), or to rewrite its own
+    committed record, by claiming a membership epoch, rank or world the job's host never
+    published. Each claim is refused naming what is wrong, and nothing of it is stored."""
+    served, a, b, job_id, leases = pair
+    honest, cheat = f"agent-a-l{leases['a']}-a0-w0", f"agent-b-l{leases['b']}-a0-w0"
+    mine = [record(honest, s, rank=0, shares=(4, 4)) for s in range(5)]
+    theirs = [record(cheat, s, rank=1, shares=(4, 4)) for s in range(4)]
+    for client, lease, records in ((a, leases["a"], mine), (b, leases["b"], theirs)):
+        upload = RecordUpload(lease=lease, records=tuple(records))
+        assert client.upload_records(job_id, upload).stored == len(records)
+
+    def attempt(**claim) -> str:
+        worker = claim.pop("worker", cheat)
+        step = claim.pop("step", 4)
+        forged = record(worker, step, contribution="b", **{"rank": 1, "shares": (4, 4), **claim})
+        return refused(lambda: b.upload_records(job_id, RecordUpload(lease=leases["b"],
+                                                                     records=(forged,))), 409)
+
+    assert "membership_epoch 7" in attempt(epoch=7)  # the newest lineage, by its own say
+    assert "claims rank 0" in attempt(rank=0)  # A's seat (rank 0 keeps the parameters)
+    assert "not a member" in attempt(worker=f"agent-b-l{leases['b']}-a1-w0")  # an extra worker
+    assert "3 ways (shares)" in attempt(shares=(3, 3, 2))  # a world the epoch never had
+    assert "membership_epoch 1" in attempt(step=3, epoch=1)  # a redo of its committed step 3
+    # A batch carrying one forged claim is refused whole: nothing of it is stored.
+    batch = (record(cheat, 4, rank=1, shares=(4, 4)), record(cheat, 4, epoch=2, rank=1,
+                                                              shares=(4, 4)))
+    refused(lambda: b.upload_records(job_id, RecordUpload(lease=leases["b"], records=batch)), 409)
+
+    stored = a.work_records(job_id, 0)
+    assert sorted(stored, key=lambda r: (r.step, r.worker)) == \
+        sorted(mine + theirs, key=lambda r: (r.step, r.worker))  # as committed, nothing forged
+    assert sorted(final_lineage(stored), key=lambda r: (r.step, r.worker)) == \
+        sorted(stored, key=lambda r: (r.step, r.worker))  # A's honest records all still count
+    # B's honest step 4 still goes in, and the epoch is rooted complete, every record counted.
+    assert b.upload_records(job_id, RecordUpload(lease=leases["b"], records=batch[:1])).stored == 1
+    served.app.state.rounds.once()
+    (epoch,) = a.proof_epochs(job_id)
+    assert (epoch.records, epoch.complete) == (10, True)
+
+
+def test_the_agent_sends_a_refused_batchs_good_records_one_by_one(market, tmp_path):
+    """One record of a batch the coordinator refuses does not take the batch's good
+    records with it, and the relay moves on rather than sending the refused one forever."""
+    _, a, _, _, job_id, lease = market
+    worker = f"agent-a-l{lease}-a0-w0"
+    good = [record(worker, s) for s in (0, 1, 3)]
+    forged = record(worker, 2, epoch=4)  # an epoch the job's host never published
+    lines = [r.model_dump_json() for r in (good[0], good[1], forged, good[2])]
+    folder = proof_dir(tmp_path, job_id) / "records"
+    folder.mkdir(parents=True)
+    (folder / f"{worker}.jsonl").write_text("".join(line + "\n" for line in lines))
+
+    relay = ProofRelay(a, tmp_path, "agent-a")
+    assert relay.upload({job_id}) == 4
+    assert a.work_records(job_id, 0) == good
+    assert relay.upload({job_id}) == 0  # nothing is sent again
+

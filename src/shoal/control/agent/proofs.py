@@ -64,11 +64,19 @@ class ProofRelay:
             try:
                 self.client.upload_records(job_id, RecordUpload(lease=lease, records=batch))
             except CoordinatorRefused as refused:
-                # A record the coordinator will never take (its epoch was rooted while we
-                # were away): say so once and move on, or we would resend it forever.
-                log.error("job %s lease %d: records refused: %s", job_id, lease, refused.detail)
+                if len(batch) == 1:
+                    _refused(job_id, lease, batch[0], refused)
+                else:  # a batch is stored whole or not at all: the others must not go with it
+                    self._upload_one_by_one(job_id, lease, batch)
         self._tail.consumed(path, end)  # not reached when the coordinator is unreachable
         return len(records)
+
+    def _upload_one_by_one(self, job_id: str, lease: int, batch: tuple[WorkRecord, ...]) -> None:
+        for record in batch:
+            try:
+                self.client.upload_records(job_id, RecordUpload(lease=lease, records=(record,)))
+            except CoordinatorRefused as refused:
+                _refused(job_id, lease, record, refused)
 
     def answer(self, challenges: tuple[ChallengeView, ...]) -> None:
         for challenge in challenges:
@@ -95,3 +103,11 @@ class ProofRelay:
             self._answered.add(challenge.challenge)
             log.info("challenge %d answered (%s of %s, step %d)", challenge.challenge,
                      challenge.kind.value, challenge.worker, challenge.step)
+
+
+def _refused(job_id: str, lease: int, record: WorkRecord, refused: CoordinatorRefused) -> None:
+    # A record the coordinator will never take (its epoch was rooted while we were away,
+    # or it claims a seat the job's host never gave): say so once and move on, or we would
+    # resend it forever.
+    log.error("job %s lease %d: the record of %s for step %d is refused: %s", job_id, lease,
+              record.worker, record.step, refused.detail)

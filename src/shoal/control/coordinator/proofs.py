@@ -9,7 +9,9 @@ replaced (but by the same step redone in a later membership epoch, before
 its epoch is rooted), and a record arriving after its epoch was rooted is
 refused. A worker may only speak for itself: its id
 must carry the prefix its agent gives workers of that lease
-(`AGENT-lLEASE-`), and the agent must be the caller's.
+(`AGENT-lLEASE-`), and the agent must be the caller's; and only for the seat it
+held: the membership epoch, rank and world a record claims must be those the
+job's host published (`published_epochs.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.control.coordinator.published_epochs import PublishedEpochs
 from shoal.control.store.schema import JobRow, LeaseRow, OfferRow, ProofEpochRow, WorkRecordRow
 from shoal.ledger import LedgerError
 from shoal.proof.epochs import final_lineage, is_complete, steps_of
@@ -47,11 +50,13 @@ def worker_prefix(agent_id: str, lease: int) -> str:
 
 
 class ProofService:
-    """Uses the Coordinator's `engine`, `settings`, `settlement`, `_change`, `_event`, `now_s`."""
+    """Uses the Coordinator's `engine`, `settings`, `settlement`, `hosts`, `_change`, `_event`,
+    `now_s`."""
 
     def _proof_init(self) -> None:
         self._specs: dict[str, JobSpec] = {}
         self._final_seen: dict[str, float] = {}  # job -> when its host's final word was first read
+        self._published = PublishedEpochs(self.hosts.run_dir)
 
     def proof_dir(self, job_id: str) -> Path:
         """The job's answered challenges, laid out as a `ProofStore` (params/, reveal/)."""
@@ -88,6 +93,7 @@ class ProofService:
             stored = known = 0
             for record in upload.records:
                 _check_record(record, spec, prefix, rooted)
+                self._published.check(job_id, record)
                 body = record.model_dump(mode="json")
                 row = session.get(WorkRecordRow, (job_id, record.worker, record.step))
                 if row is not None:
