@@ -6,6 +6,8 @@ lease ended; on one host, a SIGKILLed coordinator comes back mid-job."""
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import time
 
 import pytest
@@ -185,13 +187,17 @@ def run_to_end(alice, stack, tmp_path, name: str, budget: int, steps: int, on_pa
 
 
 @pytest.mark.slow
-def test_a_job_out_of_escrow_pauses_with_its_state_and_finishes_as_if_never_paused(tmp_path, cli_env):
+def test_a_job_out_of_escrow_pauses_and_finishes_on_another_machine_as_if_never_paused(
+        tmp_path, cli_env):
+    """Paused on agent a, whose machine is then lost with its disk; topped up, the job
+    resumes on agent b from the checkpoint a's worker wrote as it left, carried by the
+    coordinator, and ends with the parameters of a run never paused, bit for bit."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     stack = Stack(tmp_path, {**cli_env, "SHOAL_COORDINATOR_DATA_DIR": str(tmp_path / "coord")})
     try:
         wait_healthy(url, stack.coordinator(f"sqlite:///{tmp_path}/store.db", "127.0.0.1", port))
-        stack.agent("a", url, PRICE, slowdown=4.0)  # checkpoints stay on the agent's disk
+        agent_a = stack.agent("a", url, PRICE, slowdown=4.0)
         alice = submitter(url, tmp_path)
         wait_for(lambda: sum(len(p.offers) for p in alice.providers()), lambda n: n == 1, 120,
                  stack, "the agent offering")
@@ -204,22 +210,38 @@ def test_a_job_out_of_escrow_pauses_with_its_state_and_finishes_as_if_never_paus
             assert paused.status is JobStatus.paused, "the job ended before its escrow did"
             assert paused.spent_wei <= paused.budget_wei  # never billed past the escrow
             assert all(lease.ends_at_s is not None for lease in paused.leases)
-            time.sleep(8)  # the worker leaves at a step boundary and writes its state down
+            logs = wait_for(lambda: "".join(p.read_text() for p in tmp_path.glob(
+                "a/lease-*/run-*/*.log")), lambda text: "last worker leaving: checkpoint of step"
+                in text, 60, stack, "the leaving worker's checkpoint")
+            left_at = int(re.search(r"last worker leaving: checkpoint of step (\d+)", logs)[1])
+            carried = wait_for(lambda: alice.carried_checkpoint(job_id),
+                               lambda c: c is not None and c.step == left_at, 60, stack,
+                               f"step {left_at} carried to the coordinator")
+            assert carried.lease == paused.leases[0].lease
+            # Written where the agent chose, not where the job file said.
+            assert list((tmp_path / "a" / "jobs" / job_id / "checkpoints").glob("*.pt"))
+            assert not (tmp_path / "ckpt-paused").exists()
+            kill_group(agent_a)  # the machine is lost, and its disk with it
+            shutil.rmtree(tmp_path / "a")
+            stack.agent("b", url, PRICE, slowdown=4.0)
+            wait_for(lambda: [o.offer_id for p in alice.providers() for o in p.offers
+                              if not o.withdrawn], lambda ids: ids == ["b-d0"], 120, stack,
+                     "agent a reaped and agent b offering")
             alice.top_up(job_id, 10**12)
+            return left_at
 
         paused_run, paused_final, run_dir = run_to_end(
             alice, stack, tmp_path, "paused", budget=PRICE * 20, steps=steps, on_pause=top_up)
-        logs = "".join(p.read_text() for p in tmp_path.glob("a/lease-*/run-*/*.log"))
-        assert "last worker leaving: checkpoint of step" in logs, stack.logs()
-        # Written where the agent chose, not where the job file said.
-        assert list((tmp_path / "a" / "jobs" / paused_run.job_id / "checkpoints").glob("*.pt"))
-        assert not (tmp_path / "ckpt-paused").exists()
+        logs_b = "".join(p.read_text() for p in tmp_path.glob("b/lease-*/run-*/*.log"))
+        assert re.search(r"restored step [1-9][0-9]* from", logs_b), stack.logs()
+        assert "starts over" not in logs_b
         epochs = [json.loads(line) for line in (run_dir / "epochs.jsonl").read_text().splitlines()]
         assert epochs[-1]["reason"] == "join" and len(epochs) >= 2, epochs  # resumed from disk
         whole_run, whole_final, _ = run_to_end(alice, stack, tmp_path, "whole", budget=10**12,
                                                steps=steps)
         assert paused_final == whole_final  # same steps, same parameters, bit for bit
         assert len(paused_run.leases) == 2 and len(whole_run.leases) == 1
+        assert {lease.offer_id for lease in paused_run.leases} == {"a-d0", "b-d0"}
     finally:
         stack.close()
 
