@@ -65,13 +65,51 @@ class Backend(str, enum.Enum):
 
 
 class Preflight(Frozen):
-    """What an agent measured on its own device before offering it."""
+    """What an agent measured on its own device before offering it.
+
+    The link figures are the coordinator's probe's (`ProbeRendezvous`): the
+    coordinator times the collectives on its own side and records what it saw
+    in place of whatever an agent states. None: no probe of this coordinator
+    measured them.
+    """
 
     device_kind: Name
     speed_samples_per_s: float = Field(gt=0.0, le=1e9)
     memory_gb: float = Field(gt=0.0, le=1e6)
     backend: Backend = Backend.gloo
     collective_ok: bool  # a collective with the coordinator's probe completed
+    rtt_ms: float | None = Field(None, gt=0.0, le=600_000.0)  # a one-float all-reduce, median
+    # A two-rank all-reduce of a few MiB: payload bits over the median time (what
+    # nccl-tests calls algorithm bandwidth; for two ranks, also the bus bandwidth).
+    bandwidth_gbps: float | None = Field(None, gt=0.0, le=10_000.0)
+
+    @model_validator(mode="after")
+    def _figures_need_a_collective(self) -> Preflight:
+        if not self.collective_ok and (self.rtt_ms is not None or self.bandwidth_gbps is not None):
+            raise ValueError("rtt_ms and bandwidth_gbps are measured by a collective; "
+                             "with collective_ok false there are none")
+        return self
+
+
+# Bounds an agent holds a probe's plan to: a coordinator cannot make it send more.
+PROBE_MAX_PAYLOAD_BYTES = 16 * 2**20
+PROBE_MAX_ROUNDS = 16
+
+
+class ProbeRendezvous(Frozen):
+    """The coordinator's answer to an agent's signed probe request: where to join
+    its two-rank gloo group, under which one-time key, and the collectives to run.
+
+    The host is not named: an agent joins on the host it already calls the
+    coordinator at, so a reply cannot steer it elsewhere.
+    """
+
+    port: int = Field(ge=1, le=65535)  # a TCPStore open for this probe only
+    key: str = Field(pattern=r"^[0-9a-f]{32}$")  # the store prefix of this probe's group
+    deadline_s: float = Field(gt=0.0, le=300.0)  # the probe gives up this long after it opened
+    rtt_rounds: int = Field(ge=1, le=PROBE_MAX_ROUNDS)  # one-float all-reduces, timed
+    bandwidth_rounds: int = Field(ge=1, le=PROBE_MAX_ROUNDS)  # payload all-reduces, timed
+    payload_bytes: int = Field(ge=4, le=PROBE_MAX_PAYLOAD_BYTES, multiple_of=4)  # float32
 
 
 class AgentRegistration(Frozen):

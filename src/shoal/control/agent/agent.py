@@ -68,17 +68,20 @@ class Agent:
         self.accepted: set[int] = set()  # leases whose chain terms were signed
 
     def enroll(self) -> None:
-        """Pre-flight, then register as a provider, register the agent, post its offers."""
+        """Register as a provider, pre-flight (the coordinator's probe is a provider's
+        call), register the agent with what it measured, post its offers."""
         c = self.config
-        measured = preflight(c.devices, c.device_kind, c.slowdown)
-        log.info("pre-flight: %d × %s at %.1f samples/s, %.1f GB, gloo collective %s",
-                 c.devices, c.device_kind, measured[0].speed_samples_per_s,
-                 measured[0].memory_gb, "ok" if measured[0].collective_ok else "FAILED")
         try:
             self.client.register(Registration(role="provider", name=c.agent_id))
         except CoordinatorRefused as refused:
             if refused.status != 409:
                 raise
+        measured = preflight(self.client, c.agent_id, c.devices, c.device_kind, c.slowdown)
+        first = measured[0]
+        log.info("pre-flight: %d × %s at %.1f samples/s, %.1f GB, collective with the "
+                 "coordinator %s", c.devices, c.device_kind, first.speed_samples_per_s,
+                 first.memory_gb, f"ok ({first.rtt_ms:.2f} ms, {first.bandwidth_gbps:.2f} Gb/s)"
+                 if first.collective_ok else "FAILED")
         self.client.register_agent(AgentRegistration(agent_id=c.agent_id, region=c.region,
                                                      devices=measured))
         self.post_offers()

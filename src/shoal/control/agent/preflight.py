@@ -1,23 +1,33 @@
-"""An agent's pre-flight: what its device really does, measured before it is
-offered, so an offer's speed is a measurement and not a claim.
+"""An agent's pre-flight: what its device and its link really do, measured
+before it is offered, so an offer's figures are measurements and not claims.
 
 Speed is samples per second of a fixed probe (a small MLP's forward and
 backward at batch 32), divided by `slowdown` when one machine poses as a
-slower provider; memory is this machine's, shared by its devices; the
-collective is a real two-rank gloo all-reduce over loopback.
+slower provider; memory is this machine's, shared by its devices; the link
+is the coordinator's probe: a two-rank gloo group with the coordinator, whose
+round trip and bandwidth the coordinator times and tells back (link_probe.py).
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import os
-import threading
 import time
+from urllib.parse import urlsplit
 
-from shoal.spec.coordinator import Backend, Preflight
+from pydantic import ValidationError
 
+from shoal.control.client import CoordinatorClient
+from shoal.control.errors import ControlError
+from shoal.control.link_probe import AGENT_RANK, LinkFigures, exchange, probe_group
+from shoal.control.netaddr import address_towards
+from shoal.spec.coordinator import Backend, Preflight, ProbeRendezvous
+
+log = logging.getLogger(__name__)
 PROBE_BATCH = 32
 PROBE_S = 0.5
+PROBE_TIMEOUT_S = 60.0  # the most an agent waits on a probe, whatever the coordinator says
 
 
 def measure_speed(slowdown: float = 1.0, probe_s: float = PROBE_S) -> float:
@@ -44,35 +54,45 @@ def memory_gb(devices: int) -> float:
     return round(total / 2**30 / max(1, devices), 2)
 
 
-def collective_ok(timeout_s: float = 20.0) -> bool:
-    """A two-rank gloo all-reduce over loopback: the backend the workers will use works."""
-    import torch
-    import torch.distributed as dist
+def probe_link(client: CoordinatorClient, agent_id: str,
+               timeout_s: float = PROBE_TIMEOUT_S) -> LinkFigures:
+    """Join the coordinator's probe for `agent_id`; a failure is an outcome, not an error.
 
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
-    results: list[float] = [0.0, 0.0]
+    Trusting the coordinator no further than needed: the group is joined on the
+    host this agent already calls it at (never a host the reply names), at the
+    port the reply names, and the plan's sizes are bounded by ProbeRendezvous.
+    """
+    try:
+        plan = ProbeRendezvous.model_validate(client.request("POST", f"/v1/agents/{agent_id}/probe"))
+    except (ControlError, ValidationError) as error:
+        return LinkFigures.failed(f"the coordinator opened no probe: {error}")
+    host = urlsplit(client.url).hostname or "127.0.0.1"
+    wait_s = min(plan.deadline_s, timeout_s)
+    deadline = time.monotonic() + wait_s
+    try:
+        import torch.distributed as dist
 
-    def rank(index: int) -> None:
-        # Each rank its own store connection: one client's blocking wait would stall the other.
-        client = dist.TCPStore("127.0.0.1", store.port, is_master=False,
-                               timeout=datetime.timedelta(seconds=timeout_s))
-        group = dist.ProcessGroupGloo(dist.PrefixStore("preflight", client), index, 2,
-                                      datetime.timedelta(seconds=timeout_s))
-        tensor = torch.tensor([float(index + 1)])
-        group.allreduce([tensor]).wait()
-        results[index] = float(tensor.item())
-
-    threads = [threading.Thread(target=rank, args=(i,), daemon=True) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout_s)
-    return results == [3.0, 3.0]
+        local = address_towards(host, plan.port)
+        store = dist.TCPStore(host, plan.port, is_master=False,
+                              timeout=datetime.timedelta(seconds=wait_s))
+        group = probe_group(dist.PrefixStore(plan.key, store), AGENT_RANK, local, wait_s)
+        return exchange(group, AGENT_RANK, plan, deadline)
+    except (RuntimeError, ControlError) as error:  # gloo's and the store's errors, and ours
+        return LinkFigures.failed(f"{host}:{plan.port}: {str(error).strip().splitlines()[0][:300]}")
 
 
-def preflight(devices: int, device_kind: str, slowdown: float = 1.0) -> tuple[Preflight, ...]:
-    speed, memory, works = measure_speed(slowdown), memory_gb(devices), collective_ok()
+def preflight(client: CoordinatorClient, agent_id: str, devices: int, device_kind: str,
+              slowdown: float = 1.0) -> tuple[Preflight, ...]:
+    """Measure this machine and its link to the coordinator (its agent must be
+    registered as a provider: the probe is a signed request)."""
+    speed, memory = measure_speed(slowdown), memory_gb(devices)
+    link = probe_link(client, agent_id)
+    if not link.collective_ok:
+        log.error("pre-flight: no collective with the coordinator's probe (%s). Check that this "
+                  "host reaches the coordinator's host on TCP (a firewall between them?) and "
+                  "that the coordinator binds an address this host can reach (its --host, or "
+                  "SHOAL_COORDINATOR_RENDEZVOUS_BIND)", link.reason)
     return tuple(Preflight(device_kind=device_kind, speed_samples_per_s=round(speed, 2),
-                           memory_gb=memory, backend=Backend.gloo, collective_ok=works)
+                           memory_gb=memory, backend=Backend.gloo, collective_ok=link.collective_ok,
+                           rtt_ms=link.rtt_ms, bandwidth_gbps=link.bandwidth_gbps)
                  for _ in range(devices))

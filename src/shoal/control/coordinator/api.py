@@ -23,6 +23,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from shoal import __version__
 from shoal.control.coordinator.api_checkpoints import CHECKPOINT_PATHS, checkpoint_routes
+from shoal.control.coordinator.api_probe import probe_routes
 from shoal.control.coordinator.api_proofs import FILE_PATHS, proof_routes
 from shoal.control.coordinator.auth import coordinator_of, signed, signed_beat
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
@@ -94,6 +95,7 @@ def create_app(coordinator: Coordinator, run_rounds: bool = True) -> FastAPI:
     _timing(app, metrics)
     _routes(app)
     proof_routes(app)
+    probe_routes(app)
     checkpoint_routes(app)
     if coordinator.settings.dashboard:
         dashboard_routes(app)

@@ -31,6 +31,7 @@ from shoal.control.coordinator.checkpoints import CheckpointCarry
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.job_hosts import JobHosts
 from shoal.control.coordinator.participants import Participants
+from shoal.control.coordinator.probe import NetworkProbing
 from shoal.control.coordinator.progress import JobProgress
 from shoal.control.coordinator.proofs import ProofService
 from shoal.control.coordinator.reads import CoordinatorReads
@@ -58,7 +59,7 @@ _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
 class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlement, ProofService,
-                  AuditService, JobProgress, CheckpointCarry):
+                  AuditService, JobProgress, CheckpointCarry, NetworkProbing):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
@@ -85,6 +86,7 @@ class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlemen
         self._rebuild()
         self._proof_init()
         self._audit_init()
+        self._probe_init()
         self._carry_init()
         self.referee = Referee(self, referee_key, replayer)
         self.started_s = self.now_s()
@@ -144,12 +146,13 @@ class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlemen
         if bad:
             raise Conflict(f"agent '{registration.agent_id}': the pre-flight collective failed "
                            f"on {bad}; fix the backend before offering these devices")
+        measured = self.probed_devices(provider, registration)  # the link as our probe saw it
         with self._change() as session:
             now = self.now_s()
             row = session.get(AgentRow, registration.agent_id)
             if row is not None and row.provider != provider:
                 raise Forbidden(f"agent '{registration.agent_id}' belongs to another provider")
-            devices = [d.model_dump(mode="json") for d in registration.devices]
+            devices = [d.model_dump(mode="json") for d in measured]
             if row is None:
                 row = AgentRow(agent_id=registration.agent_id, provider=provider,
                                registered_at_s=now, running=[], region=registration.region,

@@ -43,6 +43,10 @@ class CoordinatorSettings(BaseSettings):
     # (default: --host, or 127.0.0.1 when that is a wildcard).
     rendezvous_bind: str | None = None
     stall_deadline_s: float = Field(1.0, ge=0.1)  # job hosts' liveness floor
+    # An agent's network probe (probe.py) gives up this long after it opened.
+    probe_deadline_s: float = Field(15.0, gt=0, le=300)
+    # Agents must pass a probe to register (None: once bound beyond loopback).
+    probe_required: bool | None = None
     dashboard: bool = False  # serve the live dashboard page at /dashboard
     # Settlement on a chain (all three, or none: escrow is then the store's bookkeeping).
     chain_rpc: str | None = None  # an Ethereum JSON-RPC URL
@@ -54,6 +58,12 @@ class CoordinatorSettings(BaseSettings):
         if self.rendezvous_bind:
             return self.rendezvous_bind
         return "127.0.0.1" if self.host in ("0.0.0.0", "::", "localhost") else self.host
+
+    @property
+    def requires_probe(self) -> bool:
+        if self.probe_required is not None:
+            return self.probe_required
+        return self.host not in ("127.0.0.1", "localhost", "::1")
 
     @field_validator("operators")
     @classmethod
