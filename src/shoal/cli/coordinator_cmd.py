@@ -31,6 +31,9 @@ def coordinator_command(
     referee_key: Path = typer.Option(None, "--referee-key", help="File with the contract "
                                      "referee's private key: guilty verdicts are then ruled on "
                                      "by one replay and slashed on chain."),
+    forced_error_rate: float = typer.Option(None, "--forced-error-rate", help="Share of "
+                                            "records served to verifiers as planted wrong ones "
+                                            "(forced errors; default 0.05); 0 plants none."),
     dashboard: bool = typer.Option(False, "--dashboard", help="Serve a live dashboard page at "
                                    "/dashboard (jobs, curves, membership, faults, money, anchors)."),
 ) -> None:
@@ -43,6 +46,8 @@ def coordinator_command(
 
     values = {"host": host, "port": port, "audience": audience, "operators": tuple(operator),
               "dashboard": dashboard}
+    if forced_error_rate is not None:
+        values["forced_error_rate"] = forced_error_rate
     if store:
         values["store_url"] = store
     if prices:

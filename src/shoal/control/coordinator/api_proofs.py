@@ -57,7 +57,7 @@ def proof_routes(app: FastAPI) -> None:
     def records(job_id: JobPath, co: Co,
                 epoch: Annotated[int, Query(ge=0, le=2**62)]) -> list[WorkRecord]:
         co.job(job_id)  # 404 for a job that does not exist
-        return co.work_records(job_id, epoch)
+        return co.served_records(job_id, epoch)  # forced errors in (plants.py)
 
     @app.get("/v1/jobs/{job_id}/job-file", tags=["jobs"])
     def job_file(job_id: JobPath, co: Co) -> JobFile:
@@ -65,7 +65,7 @@ def proof_routes(app: FastAPI) -> None:
 
     @app.get("/v1/jobs/{job_id}/proof/epochs", tags=["proof"])
     def epochs(job_id: JobPath, co: Co) -> list[ProofEpochView]:
-        return co.proof_epochs(job_id)
+        return co.served_epochs(job_id)
 
     @app.post("/v1/jobs/{job_id}/proof/challenges", tags=["proof"], status_code=201)
     def raise_challenges(job_id: JobPath, body: Challenges, co: Co,

@@ -5,7 +5,8 @@ next beat; verifiers file signed verdicts, and the referee (referee.py) rules
 on the guilty ones.
 
 Open challenges are kept in memory by agent as well as in the store: the
-heartbeat's reply carries them without a store read.
+heartbeat's reply carries them without a store read. Forced errors (plants.py) are
+served through the same routes, indistinguishable from real records until the reveal.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
-from shoal.control.store.schema import AgentRow, ChallengeRow, VerdictRow, WorkRecordRow
+from shoal.control.coordinator.plants import FETCH_BASE, LATE, ForcedErrorService
+from shoal.control.store.schema import (
+    AgentRow, ChallengeRow, ForcedPlanRow, VerdictRow, WorkRecordRow,
+)
 from shoal.proof.epochs import params_keepers
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, VerdictFiling, VerdictView,
@@ -28,7 +32,7 @@ from shoal.spec.audit import (
 from shoal.spec.proof import Verdict
 
 
-class AuditService:
+class AuditService(ForcedErrorService):
     """Uses the Coordinator's `engine`, `settings`, `referee`, `_change`, `_event`, `now_s`,
     and ProofService's `proof_dir`, `job_spec` and `_proof_job`."""
 
@@ -38,6 +42,7 @@ class AuditService:
         with Session(self.engine) as session:
             for row in session.scalars(select(ChallengeRow).where(ChallengeRow.answered_at_s.is_(None))):
                 self._pending[row.agent_id][row.challenge] = _challenge_view(row)
+        self._forced_init()
 
     def raise_challenges(self, verifier: str, job_id: str,
                          items: tuple[ChallengeRequest, ...]) -> list[ChallengeView]:
@@ -46,6 +51,8 @@ class AuditService:
             now = self.now_s()
             self._proof_job(session, job_id)
             for item in items:
+                if item.kind is BlobKind.reveal:
+                    self.check_challengeable(session, job_id, item.step)
                 row = session.scalar(select(ChallengeRow).where(
                     ChallengeRow.job_id == job_id, ChallengeRow.worker == item.worker,
                     ChallengeRow.step == item.step, ChallengeRow.kind == item.kind.value))
@@ -119,6 +126,8 @@ class AuditService:
     def answer_challenge(self, provider: str, challenge: int, data: bytes) -> ChallengeView:
         if not data:
             raise Conflict("an answer is the file the worker wrote; the body is empty")
+        if challenge >= FETCH_BASE:
+            return self.answer_plant(provider, challenge, data)
         with self._change() as session:
             now = self.now_s()
             row = session.get(ChallengeRow, challenge)
@@ -135,8 +144,14 @@ class AuditService:
             partial.write_bytes(data)
             os.replace(partial, path)
             row.answered_at_s, row.sha256 = now, hashlib.sha256(data).hexdigest()
+            size = len(data)
+            plant = self.plant_of(session, row.job_id, row.worker, row.step) \
+                if row.kind == BlobKind.reveal.value else None
+            if plant is not None:  # what the verifier downloads, and must be able to check
+                row.sha256 = plant.sha256
+                size = self.plant_path(row.job_id, row.worker, row.step).stat().st_size
             self._event(session, now, provider, "challenge_answered", row.job_id,
-                        challenge=challenge, bytes=len(data), sha256=row.sha256)
+                        challenge=challenge, bytes=size, sha256=row.sha256)
             view = _challenge_view(row)
         with self._challenge_lock:
             self._pending[view.agent_id].pop(challenge, None)
@@ -156,6 +171,9 @@ class AuditService:
             if row.answered_at_s is None:
                 raise NotFound(f"challenge {challenge} is not answered yet; its agent sends the "
                                "file at its next heartbeat")
+            if row.kind == BlobKind.reveal.value and \
+                    self.plant_of(session, row.job_id, row.worker, row.step) is not None:
+                return self.plant_path(row.job_id, row.worker, row.step)
             return self._blob_path(row)
 
     # ------------------------------------------------------------ verdicts
@@ -167,6 +185,7 @@ class AuditService:
             now = self.now_s()
             job = self._proof_job(session, job_id)
             name = self.job_spec(job_id, job.job_file).name
+            plan = session.get(ForcedPlanRow, job_id)
             for body in filing.verdicts:
                 signed = SignedVerdict(verdict=body.verdict, signature=body.signature)
                 if signed.verdict.verifier.lower() != verifier.lower() or not signed.authentic:
@@ -177,10 +196,15 @@ class AuditService:
                 row = VerdictRow(job_id=job_id, at_s=now, verifier=verifier,
                                  worker=signed.verdict.worker, step=signed.verdict.step,
                                  kind=signed.verdict.kind.value, body=body.model_dump(mode="json"))
+                planted = self.plant_of(session, job_id, row.worker, row.step) is not None
+                if planted and plan.revealed_at_s is not None:
+                    row.ruling = LATE  # filed knowing the plants: it tells nothing
                 session.add(row)
                 session.flush()
                 out.append(_verdict_view(row))
-                if signed.verdict.guilty:
+                # A plant is the operator's, never the worker's guilt: its verdicts wait for
+                # the reveal, and the referee never replays it (see plants.py).
+                if signed.verdict.guilty and not planted:
                     guilty.append(row.seq)
             kinds: dict[str, int] = defaultdict(int)
             for view in out:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from shoal.train.replay import Replayer
 
 log = logging.getLogger(__name__)
-UPHELD, REJECTED, UNDECIDED = "upheld", "rejected", "undecided"
+UPHELD, REJECTED, UNDECIDED, PLANT = "upheld", "rejected", "undecided", "plant"
 # A verifier that accused falsely loses this much stake (wei), part of it to the accused;
 # one that signed `valid` on work a replay shows wrong loses as much, part of it to the
 # verifier (or whistleblower) whose verdict was upheld.
@@ -75,6 +75,10 @@ class Referee:
                 return row.ruling if row else UNDECIDED
             verdict = Verdict.model_validate(row.body["verdict"])
             record_row = session.get(WorkRecordRow, (job_id, verdict.worker, verdict.step))
+        if co.is_plant(job_id, verdict.worker, verdict.step):
+            # A planted record is the operator's: its verdicts are scored at the reveal
+            # (plants.py), and a replay of the worker's real record must not rule on them.
+            return PLANT
         if record_row is None:
             ruling, why = REJECTED, "the accused record does not exist"
         elif verdict.kind is VerdictKind.withheld:
@@ -185,6 +189,14 @@ class Referee:
                           shown_by=upheld.verifier, **note)
             log.warning("job %s: verifier %s signed valid on %s step %d, shown wrong by %s",
                         job_id, v.verifier, v.worker, v.step, upheld.verifier)
+
+    def penalise_missed_plant(self, verifier: str, to: str) -> dict[str, str]:
+        """A verifier signed `valid` on a forced error: it loses stake, part of it to `to`."""
+        co = self.coordinator
+        if self.account is None or co.settlement is None:
+            return {}
+        return self._chain(lambda: co.settlement.ledger.slash_verifier(
+            self.account, verifier, LAZY_VERDICT_PENALTY_WEI, to))
 
     @staticmethod
     def _chain(send) -> dict[str, str]:  # noqa: ANN001 - a thunk sending one transaction

@@ -35,6 +35,7 @@ class RoundLoop:
         clearing = self.coordinator.clear()
         self.coordinator.supervise_jobs()
         self.coordinator.root_epochs()
+        self.coordinator.plant_forced_errors()
         self.metrics.rounds.inc()
         self.metrics.leases.inc(sum(len(f.new_leases) for f in clearing.fills))
         self.metrics.notices.inc(len(clearing.notices))

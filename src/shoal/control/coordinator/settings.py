@@ -52,6 +52,15 @@ class CoordinatorSettings(BaseSettings):
     chain_rpc: str | None = None  # an Ethereum JSON-RPC URL
     ledger_contract: str | None = None  # the market contract there
     operator_key_file: Path | None = None  # the contract's operator key (0x hex)
+    # Forced errors (Truebit): the share of records served to verifiers as planted wrong
+    # ones, so signing `valid` without replaying costs a verifier its stake (0: none).
+    forced_error_rate: float = Field(0.05, ge=0.0, le=0.5)
+    # How long every rooted epoch waits for its plants' files before verifiers see it
+    # (planted or not: the wait tells nothing); a plant whose file is later is dropped.
+    forced_error_wait_s: float = Field(5.0, gt=0)
+    # After a job ends, how long verifiers have to file on its last epoch before the plan's
+    # secret (which records were planted) is revealed and missed plants are penalised.
+    forced_error_window_s: float = Field(600.0, ge=0)
 
     @property
     def rendezvous_address(self) -> str:

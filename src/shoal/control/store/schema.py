@@ -210,3 +210,48 @@ class StepProgressRow(Base):
     world: Mapped[int] = mapped_column(Integer)
     samples: Mapped[int] = mapped_column(Integer)
     worker: Mapped[str] = mapped_column(String(128))
+
+
+class ForcedPlanRow(Base):
+    """A job's forced errors: the operator's secret, committed to (sha256) when the plan
+    is made and revealed once the job's audits are over."""
+
+    __tablename__ = "forced_plans"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), primary_key=True)
+    secret: Mapped[str] = mapped_column(String(64))  # hex; served to nobody before the reveal
+    commitment: Mapped[str] = mapped_column(String(64))
+    rate: Mapped[float] = mapped_column(Float)
+    committed_at_s: Mapped[float] = mapped_column(Float)
+    revealed_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class PlantRow(Base):
+    """A record the plan marked as planted: its reveal fetched from the worker's agent,
+    then served to verifiers scaled and re-committed ("ready"), or served as it is
+    ("dropped") when the file did not come in time or did not open the commitment."""
+
+    __tablename__ = "plants"
+    plant: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+    worker: Mapped[str] = mapped_column(String(128))
+    step: Mapped[int] = mapped_column(Integer)
+    agent_id: Mapped[str] = mapped_column(String(64))
+    requested_at_s: Mapped[float] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(String(16))  # fetching, ready, dropped
+    body: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # the record as served
+    sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)  # of the served file
+
+    __table_args__ = (Index("ix_plants_target", "job_id", "worker", "step", unique=True),)
+
+
+class ServedEpochRow(Base):
+    """A rooted proof epoch as verifiers see it (plants in): published a fixed wait after
+    it was scheduled, whatever it holds, so the wait tells nothing."""
+
+    __tablename__ = "served_epochs"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    scheduled_at_s: Mapped[float] = mapped_column(Float)
+    published_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    root: Mapped[str | None] = mapped_column(String(66), nullable=True)  # of the served tree

@@ -1,0 +1,83 @@
+"""A forced error's file: a worker's revealed contribution, scaled by a factor drawn
+from the operator's secret, saved the way the worker saved the real one.
+
+Scaling keeps every cheap property a verifier might screen with (shapes, dtype,
+the zero pattern of sparse gradients such as an embedding's, the direction, the
+correlation with peers' contributions) and moves the values a few tolerances
+away, so only a replay tells it from the real one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import json
+import tempfile
+import zipfile
+from pathlib import Path
+
+from shoal.spec.proof import WorkRecord
+
+_SCALE = 2.0**64
+# The plant is this many tolerances from the real contribution (drawn per record): an
+# honest replay lands within one tolerance of the real one, so at least three from it.
+MIN_TOLERANCES, MAX_TOLERANCES = 4.0, 8.0
+
+
+def plant_factor(secret: bytes, record: WorkRecord, tolerance: float) -> float:
+    """What the planted contribution is the real one times (drawn from the secret, so the
+    reveal shows the operator did not choose it after seeing verdicts)."""
+    item = json.dumps([record.job, record.worker, record.step, "scale"], separators=(",", ":"))
+    draw = hmac.new(secret, item.encode(), hashlib.sha256).digest()
+    u = int.from_bytes(draw[:8], "big") / _SCALE
+    shift = (MIN_TOLERANCES + (MAX_TOLERANCES - MIN_TOLERANCES) * u) * max(tolerance, 1e-3)
+    # Down or up at random, so the norm says nothing; never down to zero or below.
+    return 1.0 - shift if draw[8] & 1 and shift < 0.5 else 1.0 + shift
+
+
+def planted_reveal(data: bytes, record: WorkRecord, secret: bytes,
+                   tolerance: float) -> tuple[WorkRecord, bytes] | None:
+    """The record as served (re-committed) and the file served for it, or None when the
+    worker's file cannot make a sound plant: it does not load, does not open the record's
+    commitment (then the record is served as it is, and a replay finds the cheat), or
+    scaling would not move it past the tolerance (low-precision values)."""
+    import torch
+
+    from shoal.train.proof_store import contribution_norm, contribution_sha256
+    from shoal.train.replay import relative_distance
+
+    try:
+        real = torch.load(io.BytesIO(data), weights_only=True)
+    except Exception:  # noqa: BLE001 - any unreadable file: no plant, the record stays real
+        return None
+    if not isinstance(real, list) or not real or not all(isinstance(t, torch.Tensor) for t in real):
+        return None
+    if contribution_sha256(record.job, record.worker, record.step, real) != record.contribution_sha256:
+        return None
+    factor = plant_factor(secret, record, tolerance)
+    wrong = [(t.double() * factor).to(t.dtype) if t.is_floating_point() else t.clone()
+             for t in real]
+    if relative_distance(real, wrong) <= 3 * tolerance:
+        return None  # an honest verifier could find it valid: it must not be a plant
+    served = record.model_copy(update={
+        "contribution_sha256": contribution_sha256(record.job, record.worker, record.step, wrong),
+        "contribution_norm": contribution_norm(wrong)})
+    return served, _saved_like(data, wrong)
+
+
+def _saved_like(original: bytes, tensors: list) -> bytes:
+    """`tensors` saved as the worker saved `original`: torch names the archive's folder
+    after the file it writes (the worker's temporary name, with its pid), so the plant
+    is written under that same name, or the folder alone would tell it apart."""
+    import torch
+
+    try:
+        names = zipfile.ZipFile(io.BytesIO(original)).namelist()
+        folder = names[0].split("/")[0] if names and "/" in names[0] else "archive"
+    except zipfile.BadZipFile:
+        folder = "archive"
+    with tempfile.TemporaryDirectory(prefix="shoal-plant-") as directory:
+        path = Path(directory) / f"{folder}.tmp"
+        torch.save([t.contiguous() for t in tensors], path)
+        return path.read_bytes()
