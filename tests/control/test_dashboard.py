@@ -97,10 +97,14 @@ class Job:
             for n, (at, members, why) in enumerate(epochs, start=1)))
 
     def root_and_anchor_epoch_0(self) -> str:
-        """Records for steps 0-4 rooted by the coordinator; the anchor's transaction
-        written as a chain settlement would (no chain here)."""
-        self.providers["agent-a"].upload_records(self.job_id, RecordUpload(
-            lease=self.lease["agent-a"], records=tuple(record(self.worker_a, s) for s in range(5))))
+        """Both workers' records for steps 0-4, committed in the host's first epoch (numbered
+        1 by `membership`), rooted by the coordinator; the anchor's transaction written as a
+        chain settlement would (no chain here)."""
+        for rank, agent in enumerate(("agent-a", "agent-b")):
+            self.providers[agent].upload_records(self.job_id, RecordUpload(
+                lease=self.lease[agent], records=tuple(
+                    record(self.worker(agent), s, epoch=1, rank=rank, shares=(4, 4))
+                    for s in range(5))))
         self.served.app.state.rounds.once()
         with self.co._change() as session:
             row = session.scalar(select(ProofEpochRow).where(ProofEpochRow.job_id == self.job_id))
