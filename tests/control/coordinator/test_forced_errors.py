@@ -121,7 +121,8 @@ def forced(store_url, operator, monkeypatch, tmp_path, chain):
 class Setup:
     def __init__(self, served, coordinator, clock, a, submitter, lazy, honest, job_id, worker,
                  records, files, ledger, settlement, referee) -> None:
-        self.served, self.co, self.clock, self.a, self.submitter = served, coordinator, clock, a, submitter
+        self.served, self.co, self.clock = served, coordinator, clock
+        self.a, self.submitter = a, submitter
         self.lazy, self.honest, self.job_id, self.worker = lazy, honest, job_id, worker
         self.records, self.files, self.ledger = records, files, ledger
         self.settlement, self.referee = settlement, referee
@@ -166,7 +167,8 @@ def replay_verdicts(s: Setup, client) -> dict[int, VerdictKind]:
     kinds = {}
     for step, data in s.answer(client, range(5)).items():
         revealed = torch.load(io.BytesIO(data), weights_only=True)
-        assert contribution_sha256("tiny", s.worker, step, revealed) == served[step].contribution_sha256
+        opened = contribution_sha256("tiny", s.worker, step, revealed)
+        assert opened == served[step].contribution_sha256
         distance = relative_distance(contribution(s.worker, step), revealed)
         kinds[step] = VerdictKind.valid if distance <= 1e-3 else VerdictKind.wrong_contribution
     return kinds

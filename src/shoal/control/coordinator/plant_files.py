@@ -53,7 +53,8 @@ def planted_reveal(data: bytes, record: WorkRecord, secret: bytes,
         return None
     if not isinstance(real, list) or not real or not all(isinstance(t, torch.Tensor) for t in real):
         return None
-    if contribution_sha256(record.job, record.worker, record.step, real) != record.contribution_sha256:
+    opened = contribution_sha256(record.job, record.worker, record.step, real)
+    if opened != record.contribution_sha256:
         return None
     factor = plant_factor(secret, record, tolerance)
     wrong = [(t.double() * factor).to(t.dtype) if t.is_floating_point() else t.clone()

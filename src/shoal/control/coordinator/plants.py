@@ -222,7 +222,9 @@ class ForcedErrorService:
     def answer_plant(self, provider: str, challenge: int, data: bytes) -> ChallengeView:
         with self._change() as session:
             now = self.now_s()
-            row = session.get(PlantRow, challenge - FETCH_BASE)
+            # Past a 32-bit key no plant exists (and PostgreSQL would refuse the lookup).
+            row = session.get(PlantRow, challenge - FETCH_BASE) \
+                if challenge - FETCH_BASE < 2**31 else None
             if row is None:
                 raise NotFound(f"no challenge {challenge}")
             agent = session.get(AgentRow, row.agent_id)
