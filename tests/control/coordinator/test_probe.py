@@ -199,3 +199,21 @@ def test_an_agent_takes_no_host_and_no_unbounded_plan_from_a_reply(forged, why):
             "bandwidth_rounds": 1, "payload_bytes": 4}
     link = probe_link(_coordinator_answering({**plan, **forged}), "agent-a")
     assert not link.collective_ok and why in link.reason and "opened no probe" in link.reason
+
+
+def test_more_agents_than_probes_at_once_all_get_probed(probing):
+    """A crowd starting together (a demo's agents, a fleet after an outage) waits its turn."""
+    coordinator = probing.app.state.coordinator
+    clients = [provider(probing, f"p{i}") for i in range(coordinator.probes.max_open + 2)]
+    links: dict[int, object] = {}
+
+    def probe(i: int) -> None:
+        links[i] = probe_link(clients[i], f"agent-{i}")
+
+    threads = [threading.Thread(target=probe, args=(i,)) for i in range(len(clients))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(links) == list(range(len(clients)))
+    assert all(link.collective_ok for link in links.values()), links

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from shoal.control.client import CoordinatorClient
+from shoal.control.client import CoordinatorClient, CoordinatorRefused
 from shoal.control.errors import ControlError
 from shoal.control.link_probe import AGENT_RANK, LinkFigures, exchange, probe_group
 from shoal.control.netaddr import address_towards
@@ -63,7 +63,7 @@ def probe_link(client: CoordinatorClient, agent_id: str,
     port the reply names, and the plan's sizes are bounded by ProbeRendezvous.
     """
     try:
-        plan = ProbeRendezvous.model_validate(client.request("POST", f"/v1/agents/{agent_id}/probe"))
+        plan = _ask_for_probe(client, agent_id, time.monotonic() + timeout_s)
     except (ControlError, ValidationError) as error:
         return LinkFigures.failed(f"the coordinator opened no probe: {error}")
     host = urlsplit(client.url).hostname or "127.0.0.1"
@@ -79,6 +79,22 @@ def probe_link(client: CoordinatorClient, agent_id: str,
         return exchange(group, AGENT_RANK, plan, deadline)
     except (RuntimeError, ControlError) as error:  # gloo's and the store's errors, and ours
         return LinkFigures.failed(f"{host}:{plan.port}: {str(error).strip().splitlines()[0][:300]}")
+
+
+def _ask_for_probe(client: CoordinatorClient, agent_id: str, deadline: float) -> ProbeRendezvous:
+    """The coordinator runs a few probes at a time: while it is busy (409), ask again."""
+    wait_s = 0.5
+    while True:
+        try:
+            return ProbeRendezvous.model_validate(
+                client.request("POST", f"/v1/agents/{agent_id}/probe"))
+        except CoordinatorRefused as refused:
+            if refused.status != 409 or time.monotonic() + wait_s > deadline:
+                raise
+            log.info("the coordinator's probes are busy (%s); asking again in %.1f s",
+                     refused.detail, wait_s)
+        time.sleep(wait_s)
+        wait_s = min(2 * wait_s, 4.0)
 
 
 def preflight(client: CoordinatorClient, agent_id: str, devices: int, device_kind: str,

@@ -135,8 +135,8 @@ def _measure(bind: str, store, plan: ProbeRendezvous) -> LinkFigures:  # noqa: A
     deadline = time.monotonic() + plan.deadline_s
     # The store's waits end by the deadline too: an agent that never comes leaves
     # rank 0 waiting on it, not on gloo's half-hour default.
-    store.set_timeout(datetime.timedelta(seconds=plan.deadline_s))
     try:
+        store.set_timeout(datetime.timedelta(seconds=plan.deadline_s))
         group = probe_group(dist.PrefixStore(plan.key, store), COORDINATOR_RANK, bind,
                             plan.deadline_s)
         return exchange(group, COORDINATOR_RANK, plan, deadline)
