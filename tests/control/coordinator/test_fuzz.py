@@ -54,7 +54,7 @@ def fuzz_schema(served: Served, operator):
     served.client(operator).request("POST", "/v1/grants", Grant(
         address=keys["verifier"].address, role=Role.verifier, name="vera"))
     served.known = {"job_id": job.job_id, "agent_id": "agent-a", "offer_id": "dev-a", "lease": 1,
-                    "challenge": 1}
+                    "challenge": 1, "step": 0}
     served.fuzz_session = SigningSession(keys, served.app.state.coordinator.settings.audience)
     return schemathesis.openapi.from_dict(served.app.openapi())
 
