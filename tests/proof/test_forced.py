@@ -80,3 +80,18 @@ def test_no_worker_is_blamed_for_a_plant():
                 for r in records]
     assert any(v.guilty for v in verdicts)
     assert not any(v.guilty for v in without_plants(plan, verdicts))
+
+
+def test_a_sealed_anchor_is_bound_to_the_records_and_opened_only_by_the_secret():
+    from shoal.proof.forced import sealed_root
+
+    secret = os.urandom(32)
+    plan, other = ForcedErrors(secret, 0.1), ForcedErrors(os.urandom(32), 0.1)
+    root = os.urandom(32)
+    salt = plan.anchor_salt("job", 3)
+    assert ForcedErrors(secret, 0.1).anchor_salt("job", 3) == salt  # anyone, once revealed
+    assert len({salt, plan.anchor_salt("job", 4), plan.anchor_salt("job3", 3),
+                other.anchor_salt("job", 3)}) == 4
+    sealed = sealed_root(root, salt)
+    assert sealed not in (root, sealed_root(root, plan.anchor_salt("job", 4)))
+    assert sealed != sealed_root(os.urandom(32), salt)  # bound to the records' root

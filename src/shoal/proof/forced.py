@@ -51,6 +51,12 @@ class ForcedErrors:
         """The secret, for publication once the epoch's verdicts are in."""
         return self._secret
 
+    def anchor_salt(self, job: str, epoch: int) -> bytes:
+        """The salt that seals epoch `epoch`'s anchored root (see `sealed_root`); anyone
+        derives it from the secret once it is revealed."""
+        item = json.dumps(["anchor", job, epoch], separators=(",", ":")).encode()
+        return hmac.new(self._secret, item, hashlib.sha256).digest()
+
     def is_planted(self, job: str, epoch: int, step: int, worker: str) -> bool:
         """Whether the audit item (job, epoch, step, worker) is a planted wrong record."""
         # JSON keeps the fields apart: ("a", 1, …) and ("a1", …) cannot collide.
@@ -86,3 +92,18 @@ def score_verifiers(plan: ForcedErrors, verdicts: Iterable[Verdict]) -> PlantSco
 def without_plants(plan: ForcedErrors, verdicts: Iterable[Verdict]) -> list[Verdict]:
     """The verdicts on real records: a plant is the operator's, never the worker's guilt."""
     return [v for v in verdicts if not plan.planted(v)]
+
+
+def sealed_root(records_root: bytes, salt: bytes) -> bytes:
+    """What the operator anchors for an epoch while it serves forced errors.
+
+    Verifiers are served a tree with plants in it, whose root differs from the
+    workers' own wherever an epoch holds a plant. Were the workers' root
+    anchored as it is, a verifier would compare the two and learn which
+    epochs hold plants, then replay only those: the plants would never catch
+    it being lazy elsewhere. Sealed with a salt only the operator knows until
+    the reveal, the anchor tells nothing of that, yet still binds the operator
+    to the workers' records: after the reveal, anyone recomputes it from the
+    records' root and the revealed secret (`ForcedErrors.anchor_salt`).
+    """
+    return hashlib.sha256(b"\x04" + records_root + salt).digest()

@@ -53,6 +53,9 @@ class ProofEpochView(Frozen):
     chain_epoch: int | None = None  # the anchor's index on the job's chain escrow
     anchored_at_s: float | None = None
     anchor_tx: str | None = None  # the anchoring transaction's hash
+    # What the chain holds: `root`, or while forced errors are served, `root` sealed with a
+    # salt revealed after the job (shoal.proof.forced.sealed_root).
+    anchored_root: str | None = None
 
 
 class BlobKind(str, enum.Enum):

@@ -62,7 +62,8 @@ class EfficiencyReport(Frozen):
 
 class AnchorReport(Frozen):
     epoch: int
-    root: str
+    root: str  # over the workers' records
+    anchored: str | None = None  # on chain: `root`, sealed while forced errors are served
     tx: str | None
 
 

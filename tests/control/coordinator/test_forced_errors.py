@@ -16,15 +16,17 @@ from pathlib import Path
 import pytest
 import torch
 from eth_account import Account
+from sqlalchemy.orm import Session
 
 from shoal.control.coordinator import Coordinator
 from shoal.control.coordinator import plants as plants_module
 from shoal.control.coordinator.plants import FETCH_BASE
 from shoal.control.coordinator.referee import LAZY_VERDICT_PENALTY_WEI
 from shoal.control.coordinator.settlement import Settlement
+from shoal.control.store.schema import JobRow
 from shoal.control.trust.verdicts import sign_verdict
 from shoal.ledger import Chain, Ledger
-from shoal.proof.forced import ForcedErrors, verify_reveal
+from shoal.proof.forced import ForcedErrors, sealed_root, verify_reveal
 from shoal.proof.merkle import epoch_tree, verify_proof
 from shoal.spec.audit import ChallengeRequest, RecordUpload, SignedVerdictBody, VerdictFiling
 from shoal.spec.coordinator import (
@@ -296,3 +298,29 @@ def test_a_plants_guilty_verdict_cannot_slash_its_provider_through_the_referee(f
     (accused,) = s.file(s.lazy, {real: VerdictKind.wrong_params})
     s.co.referee.wait()
     assert {v.seq: v.ruling for v in s.lazy.verdicts(s.job_id)}[accused.seq] is not None
+
+
+def test_the_chain_anchor_tells_no_verifier_which_epochs_hold_plants(forced, chain):
+    """The served root differs from the workers' root wherever an epoch holds a plant; the
+    chain holds neither, but the workers' root sealed with a salt revealed after the job."""
+    s = forced
+    _, _, _, rest = chain
+    chain_job = s.ledger.create_job(rest[2], 2 * PRICE, 10**15).returned
+    with Session(s.co.engine) as session, session.begin():
+        session.get(JobRow, s.job_id).chain_job = chain_job
+    s.co.settlement = s.settlement  # the epoch is anchored as it is rooted
+    assert s.planted_steps(), "the test needs a plant in epoch 0"
+    s.serve_epoch()
+    (served,) = s.lazy.proof_epochs(s.job_id)  # what a verifier sees
+    (anchor,) = s.ledger.anchors(chain_job)
+    workers_root = s.co.proof_epochs(s.job_id)[0].root
+    assert served.anchored_root == anchor.root
+    assert anchor.root not in (workers_root, served.root)
+    assert served.root != workers_root  # the plant: a verifier comparing would have known
+
+    # Once the job is over and the secret revealed, anyone checks what was anchored.
+    s.co.end_job(s.submitter.account.address, s.job_id, JobStatus.finished)
+    s.served.app.state.rounds.once()
+    (reveal,) = s.events("forced_errors_revealed")
+    salt = ForcedErrors(bytes.fromhex(reveal.detail["secret"]), RATE).anchor_salt(s.job_id, 0)
+    assert "0x" + sealed_root(bytes.fromhex(workers_root[2:]), salt).hex() == anchor.root

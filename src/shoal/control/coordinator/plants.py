@@ -11,13 +11,11 @@ agree, so every cheap check passes and only a replay shows it wrong. Every roote
 waits the same `forced_error_wait_s` for its plants' files before verifiers see it, and
 no reveal of it may be challenged before, so neither timing nor an early copy tells.
 
-What a hostile verifier can still tell, and why it stays:
-- the root served for an epoch (over the served records) is not the root anchored on
-  chain (over the workers' records) when the epoch holds a plant: it learns which epochs
-  hold one, never which record. Binding both in the anchor (`trust.served.anchored_root`)
-  would hide even that, but the anchor is made at rooting (proofs.py), before a plant's
-  file can be fetched; served roots are instead published as events, so the operator is
-  held to them.
+What a hostile verifier cannot tell, and what it can (and why that stays):
+- not which epochs hold plants: the served root of one that does differs from the
+  workers' root, so the chain holds neither, but the workers' root sealed with a salt
+  from the secret (proofs.py `_anchored_value`, `shoal.proof.forced.sealed_root`),
+  which anyone checks after the reveal.
 - a provider sees its agent asked for a file no verifier challenged: colluding with a
   verifier, it can tell its own records' plants (it knows its true records anyway).
 - the referee rules at once on a guilty verdict on a real record, not on a plant (a

@@ -28,6 +28,7 @@ from shoal.control.coordinator.published_epochs import PublishedEpochs
 from shoal.control.store.schema import JobRow, LeaseRow, OfferRow, ProofEpochRow, WorkRecordRow
 from shoal.ledger import LedgerError
 from shoal.proof.epochs import final_lineage, is_complete, steps_of
+from shoal.proof.forced import ForcedErrors, sealed_root
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import ProofEpochView, RecordUpload, UploadReceipt
 from shoal.spec.coordinator import COORDINATOR, JobStatus
@@ -51,7 +52,8 @@ def worker_prefix(agent_id: str, lease: int) -> str:
 
 class ProofService:
     """Uses the Coordinator's `engine`, `settings`, `settlement`, `hosts`, `_change`, `_event`,
-    `now_s`."""
+    `now_s`; ForcedErrorService's `forced_errors_on` and `_plan` (the secret that seals
+    anchors while forced errors are served)."""
 
     def _proof_init(self) -> None:
         self._specs: dict[str, JobSpec] = {}
@@ -196,14 +198,25 @@ class ProofService:
         if self.settlement is None or job.chain_job is None:
             return
         ledger = self.settlement.ledger
+        value = self._anchored_value(session, job.job_id, row)
         try:
             chain_epoch = ledger.job(job.chain_job).epochs
-            outcome = ledger.anchor(self.settlement.operator, job.chain_job, chain_epoch, row.root)
+            outcome = ledger.anchor(self.settlement.operator, job.chain_job, chain_epoch, value)
         except LedgerError as error:  # the epoch stays rooted here; the chain is told nothing
             log.error("job %s: anchoring proof epoch %d failed: %s", job.job_id, row.epoch, error)
             return
         row.chain_epoch, row.anchored_at_s = chain_epoch, self.now_s()
-        row.anchor_tx = outcome.tx_hash
+        row.anchor_tx, row.anchored_root = outcome.tx_hash, value
+
+    def _anchored_value(self, session: Session, job_id: str, row: ProofEpochRow) -> str:
+        """The root itself; sealed while forced errors are served, so that the chain does
+        not tell verifiers which epochs' served roots differ from their records' (see
+        `shoal.proof.forced.sealed_root`)."""
+        if not self.forced_errors_on:
+            return row.root
+        plan = self._plan(session, job_id, self.now_s())  # the secret is committed first
+        salt = ForcedErrors(bytes.fromhex(plan.secret), plan.rate).anchor_salt(job_id, row.epoch)
+        return "0x" + sealed_root(bytes.fromhex(row.root[2:]), salt).hex()
 
     def proof_epochs(self, job_id: str) -> list[ProofEpochView]:
         with Session(self.engine) as session:
@@ -281,4 +294,5 @@ def _check_record(record: WorkRecord, spec: JobSpec, prefix: str, rooted: int | 
 def _epoch_view(row: ProofEpochRow) -> ProofEpochView:
     return ProofEpochView(epoch=row.epoch, root=row.root, records=row.records,
                           complete=row.complete, chain_epoch=row.chain_epoch,
-                          anchored_at_s=row.anchored_at_s, anchor_tx=row.anchor_tx)
+                          anchored_at_s=row.anchored_at_s, anchor_tx=row.anchor_tx,
+                          anchored_root=row.anchored_root)

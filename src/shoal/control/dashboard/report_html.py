@@ -49,7 +49,7 @@ def render_report(report: DemoReport) -> str:
              for s in report.slashes])),
         _section("Anchored roots", "anchors", _table(
             ["epoch", "root", "transaction"],
-            [(_num(a.epoch), _hash(a.root), _hash(a.tx or "not anchored"))
+            [(_num(a.epoch), _hash(a.anchored or a.root), _hash(a.tx or "not anchored"))
              for a in report.anchors])),
         _section("Gas per contract function", "gas", _table(
             ["function", "gas"], [(name, _num(gas)) for name, gas in sorted(report.gas.items())])),

@@ -91,7 +91,8 @@ def build_report(demo: Demo) -> DemoReport:
         budget_wei=budget, spent_wei=spent, refunded_wei=budget - spent,
         conserved=chain.start_total - chain.total() == fees, gas=gas,
         store_chain_agree=_store_chain_agree(demo, events),
-        anchors=tuple(AnchorReport(epoch=e.epoch, root=e.root, tx=e.anchor_tx)
+        anchors=tuple(AnchorReport(epoch=e.epoch, root=e.root, anchored=e.anchored_root,
+                                   tx=e.anchor_tx)
                       for e in co.proof_epochs(job_id)),
         progress=tuple(progress), membership=tuple(co.membership(job_id)), verdicts=verdicts,
         rechecked=rechecked, verifier_slashes=verifier_slashes)

@@ -164,6 +164,9 @@ class ProofEpochRow(Base):
     chain_epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)
     anchored_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     anchor_tx: Mapped[str | None] = mapped_column(String(66), nullable=True)
+    # What went on chain: the root, or with forced errors served, the root sealed with a
+    # salt revealed after the job (shoal.proof.forced.sealed_root).
+    anchored_root: Mapped[str | None] = mapped_column(String(66), nullable=True)
 
 
 class ChallengeRow(Base):

@@ -11,21 +11,11 @@ ever blamed for one (`without_plants`).
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from shoal.proof.forced import ForcedErrors
 from shoal.spec.proof import WorkRecord
 from shoal.train.proof_store import ProofStore, contribution_norm, contribution_sha256
-
-
-def anchored_root(records_root: bytes, served_root: bytes) -> bytes:
-    """What the operator anchors for an epoch: the workers' own records (what disputes
-    and payment rest on) bound to the tree it serves verifiers (plants included).
-    Verifiers see only the second, and the first as an opaque hash: they cannot
-    tell which served records differ from the workers'."""
-    return hashlib.sha256(b"\x03" + records_root + served_root).digest()
 
 
 class ServedStore:
