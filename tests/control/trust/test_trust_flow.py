@@ -10,11 +10,13 @@ from __future__ import annotations
 import pytest
 
 from shoal.control.trust.court import Court
-from shoal.control.trust.served import ServedStore, anchored_root
+from shoal.control.trust.served import ServedStore
 from shoal.control.trust.verdicts import sign_verdict
 from shoal.control.trust.verifier import Verifier, false_accusations, lazy_verdicts
 from shoal.control.trust.whistleblower import recheck
-from shoal.proof.forced import ForcedErrors, score_verifiers, verify_reveal, without_plants
+from shoal.proof.forced import (
+    ForcedErrors, score_verifiers, sealed_root, verify_reveal, without_plants,
+)
 from shoal.proof.merkle import epoch_tree
 from shoal.proof.verdicts import guilty_workers
 from shoal.spec.ledger import DisputeState
@@ -51,7 +53,8 @@ def test_cheat_is_slashed_and_unpaid_and_lying_verifiers_lose_their_bonds(tmp_pa
     providers = {f"w{i}": p.address for i, p in enumerate(a.providers)}
 
     # The operator commits to its plants' secret, serves records with plants in, and
-    # anchors each epoch: the workers' records bound to the tree it serves.
+    # anchors each epoch: the workers' root, sealed so that the chain does not tell which
+    # epochs' served roots differ from it.
     forced = ForcedErrors(b"the operator's secret, 32 bytes.", rate=0.3)
     commitment = forced.commitment()
     served = ServedStore(proven.store, forced, EPOCH_STEPS)
@@ -60,12 +63,12 @@ def test_cheat_is_slashed_and_unpaid_and_lying_verifiers_lose_their_bonds(tmp_pa
     served_roots = {}
     for epoch in (0, 1):
         served_roots[epoch] = epoch_tree(shown[epoch])[0].root
-        ledger.anchor(a.operator, job, epoch, anchored_root(epoch_tree(real[epoch])[0].root,
-                                                            served_roots[epoch]))
+        ledger.anchor(a.operator, job, epoch, sealed_root(epoch_tree(real[epoch])[0].root,
+                                                          forced.anchor_salt("job", epoch)))
     ledger.book(a.operator, job, 1, dict.fromkeys(providers.values(), 300))
-    for epoch, anchor in enumerate(ledger.anchors(job)):  # what a verifier checks first
-        assert bytes.fromhex(anchor.root[2:]) == anchored_root(
-            epoch_tree(real[epoch])[0].root, served_roots[epoch])
+    for epoch, anchor in enumerate(ledger.anchors(job)):
+        assert bytes.fromhex(anchor.root[2:]) not in (served_roots[epoch],
+                                                      epoch_tree(real[epoch])[0].root)
 
     def verifier(account, source):
         return Verifier(proven.auditor(source, verifier=account.address), spec,
@@ -86,6 +89,10 @@ def test_cheat_is_slashed_and_unpaid_and_lying_verifiers_lose_their_bonds(tmp_pa
     # The operator reveals its secret; anyone checks it against the commitment, and the
     # plants show who signed `valid` on a wrong record.
     assert verify_reveal(commitment, forced.reveal())
+    opened = ForcedErrors(forced.reveal(), rate=0.3)  # anyone, from the revealed secret
+    for epoch, anchor in enumerate(ledger.anchors(job)):
+        assert bytes.fromhex(anchor.root[2:]) == sealed_root(
+            epoch_tree(real[epoch])[0].root, opened.anchor_salt("job", epoch))
     score = score_verifiers(forced, [s.verdict for s in lazy_signed + malicious_signed]
                             + without_plants(forced, audits) + [v for v in audits if forced.planted(v)])
     assert lazy.address in score.missed and whistleblower.address not in score.missed
