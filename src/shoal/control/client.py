@@ -22,7 +22,7 @@ from shoal.spec.audit import (
 )
 from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.ledger import LeaseAcceptance
-from shoal.spec.progress import MembershipChange, ProgressUpload, StepProgress
+from shoal.spec.progress import JobPlanView, MembershipChange, ProgressUpload, StepProgress
 from shoal.spec.proof import WorkRecord
 
 T = TypeVar("T")
@@ -175,6 +175,9 @@ class CoordinatorClient:
 
     def challenge_file(self, challenge: int) -> bytes:
         return self.request("GET", f"/v1/challenges/{challenge}/file", sign=False, raw=True)
+
+    def job_plan(self, job_id: str) -> JobPlanView | None:
+        return self._get(f"/v1/jobs/{job_id}/plan", JobPlanView | None)  # type: ignore[arg-type]
 
     def carried_checkpoint(self, job_id: str) -> CheckpointView | None:
         return self._get(f"/v1/jobs/{job_id}/checkpoint", CheckpointView | None)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from shoal.spec.base import Frozen
+from shoal.spec.plan import Codec, SyncMode
 
 MAX_STEPS_PER_UPLOAD = 2000
 
@@ -32,3 +33,23 @@ class MembershipChange(Frozen):
     epoch: int
     members: tuple[str, ...]
     reason: str = ""
+
+
+class JobPlanView(Frozen):
+    """What the planner made of a job's members at one membership epoch."""
+
+    t: float  # when the coordinator planned it
+    epoch: int  # the membership epoch planned for
+    members: tuple[str, ...]
+    dp: int = Field(ge=1)
+    pp: int = Field(ge=1)
+    mode: SyncMode
+    inner_steps: int = Field(ge=1)
+    codec: Codec
+    step_time_s: float = Field(ge=0.0)  # predicted for that mode and codec
+    compute_s: float = Field(ge=0.0)
+    exchange_s: float = Field(ge=0.0)  # per optimizer step (amortized over inner steps)
+    unused: tuple[str, ...] = ()
+    links: str  # "probed": from the coordinator's probes of each agent; else region defaults
+    advice: str = ""  # set when the planner would synchronize otherwise than the job does
+    measured_step_s: float | None = None  # median of the job's steps since (on read)

@@ -1,7 +1,7 @@
 """The API's routes on a job's work: agents upload work records and step
 progress and answer challenges, verifiers raise challenges and file signed
-verdicts, anyone reads progress, membership, epochs, records, challenged
-files and verdicts."""
+verdicts, anyone reads progress, membership, the planner's view of the
+members, epochs, records, challenged files and verdicts."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from shoal.spec.audit import (
     VerdictView,
 )
 from shoal.spec.coordinator import Role
-from shoal.spec.progress import MembershipChange, ProgressUpload, StepProgress
+from shoal.spec.progress import JobPlanView, MembershipChange, ProgressUpload, StepProgress
 from shoal.spec.proof import WorkRecord
 
 JobPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
@@ -47,6 +47,10 @@ def proof_routes(app: FastAPI) -> None:
     @app.get("/v1/jobs/{job_id}/membership", tags=["jobs"])
     def membership(job_id: JobPath, co: Co) -> list[MembershipChange]:
         return co.membership(job_id)
+
+    @app.get("/v1/jobs/{job_id}/plan", tags=["jobs"])
+    def plan(job_id: JobPath, co: Co) -> JobPlanView | None:
+        return co.job_plan(job_id)
 
     @app.post("/v1/jobs/{job_id}/proof/records", tags=["proof"])
     def upload_records(job_id: JobPath, body: RecordUpload, co: Co,

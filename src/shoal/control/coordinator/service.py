@@ -7,7 +7,8 @@ lease the market would not rebuild after a restart. Participants and their
 roles (participants.py), reads (reads.py), the watch over running work
 (supervision.py), settlement on a chain (chain_jobs.py), work records and proof
 epochs (proofs.py), challenges and verdicts (audits.py), job progress
-(progress.py) and checkpoints carried between machines (checkpoints.py) are mixed in.
+(progress.py), checkpoints carried between machines (checkpoints.py) and plans of
+each job's members (planning.py) are mixed in.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from shoal.control.coordinator.checkpoints import CheckpointCarry
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.job_hosts import JobHosts
 from shoal.control.coordinator.participants import Participants
+from shoal.control.coordinator.planning import JobPlanning
 from shoal.control.coordinator.probe import NetworkProbing
 from shoal.control.coordinator.progress import JobProgress
 from shoal.control.coordinator.proofs import ProofService
@@ -59,7 +61,7 @@ _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
 class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlement, ProofService,
-                  AuditService, JobProgress, CheckpointCarry, NetworkProbing):
+                  AuditService, JobProgress, CheckpointCarry, NetworkProbing, JobPlanning):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
@@ -88,6 +90,7 @@ class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlemen
         self._audit_init()
         self._probe_init()
         self._carry_init()
+        self._planning_init()
         self.referee = Referee(self, referee_key, replayer)
         self.started_s = self.now_s()
 
