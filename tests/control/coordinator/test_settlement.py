@@ -20,6 +20,7 @@ from shoal.spec.ledger import LedgerConfig
 from tests.control.coordinator.conftest import (
     TINY_JOB, Served, make_settings, provider_with_agent,
 )
+from tests.control.coordinator.test_proofs import publish
 
 PRICE = 1_000_000
 BUDGET = 10**12
@@ -116,6 +117,10 @@ def test_providers_accept_by_signature_and_the_chain_pays_what_the_store_metered
     assert all(ledger.lease(chain_job, p.address).accepted_at for p in (p1, p2))
     assert providers["a"].heartbeat("a", Heartbeat()).assignments[0].acceptance is None
 
+    # Both leases' workers are in the job (as its host publishes them): both are paid.
+    leases = {lease.offer_id: lease.lease for lease in submitter.job(job.job_id).leases}
+    publish(served.app.state.coordinator, job.job_id,
+            [f"a-l{leases['a-d0']}-a0-w0", f"b-l{leases['b-d0']}-a0-w0"], "start")
     time.sleep(3)
     ledger.chain.advance_time(3)  # blocks were mined at acceptance; let chain time pass too
     ended = submitter.job_action(job.job_id, "cancel")
@@ -134,3 +139,67 @@ def test_providers_accept_by_signature_and_the_chain_pays_what_the_store_metered
     assert escrow.owed_wei == paid
     metered = sum(int(w) for w in settled.detail["metered_wei"].values())
     assert paid <= metered <= ended.spent_wei
+
+
+def test_a_lease_whose_worker_never_joins_is_ended_and_never_paid(tmp_path):
+    """Squatting: provider b's agent beats and reports its lease running, but no worker of
+    it ever joins the job. After the grace its lease ends (its offer withdrawn), and at
+    settlement it books nothing; a, whose worker is in the job, is paid."""
+    chain = Chain.embedded()
+    owner, operator, referee, alice, _, p1, p2 = chain.dev_accounts()[:7]
+    ledger = Ledger.deploy(chain, owner, operator.address, referee.address,
+                           LedgerConfig(min_stake_wei=10**15))
+    for provider in (p1, p2):
+        ledger.stake(provider, 10**18)
+    coordinator = Coordinator(make_settings(f"sqlite:///{tmp_path}/store.db", member_grace_s=1.0),
+                              settlement=Settlement(ledger, operator))
+    served = Served(coordinator)
+    try:
+        chain_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
+        submitter = served.client(alice)
+        submitter.register(Registration(role="submitter", name="alice"))
+        providers = {}
+        for name, account in (("a", p1), ("b", p2)):
+            client = served.client(account)
+            provider_with_agent(client, name)
+            client.post_offer(OfferTerms(offer_id=f"{name}-d0", agent_id=name,
+                                         price_wei_per_s=PRICE))
+            providers[name] = client
+        job = submitter.submit(submission(chain_job))
+        deadline = time.monotonic() + 60
+        while not submitter.job(job.job_id).rendezvous:
+            assert time.monotonic() < deadline
+            for name, client in providers.items():
+                client.heartbeat(name, Heartbeat())
+            served.app.state.rounds.once()
+            time.sleep(0.2)
+        leases = {lease.offer_id: lease.lease for lease in submitter.job(job.job_id).leases}
+        for name, client in providers.items():
+            reply = client.heartbeat(name, Heartbeat(running=(leases[f"{name}-d0"],)))
+            Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
+                reply.assignments)
+        publish(coordinator, job.job_id, [f"a-l{leases['a-d0']}-a0-w0"], "start")
+
+        time.sleep(1.5)  # past the grace; b keeps beating, its lease "running"
+        for name, client in providers.items():
+            client.heartbeat(name, Heartbeat(running=(leases[f"{name}-d0"],)))
+        served.app.state.rounds.once()
+        withdrawn = [e for e in submitter.events(job=None) if e.kind == "offer_withdrawn"]
+        assert [e.detail["offer_id"] for e in withdrawn] == ["b-d0"], withdrawn
+        assert "stayed out of job" in withdrawn[0].detail["reason"]
+        held = {lease.offer_id: lease for lease in submitter.job(job.job_id).leases}
+        assert held["b-d0"].ends_at_s is not None and held["a-d0"].ends_at_s is None
+
+        time.sleep(2)
+        ledger.chain.advance_time(3)
+        submitter.job_action(job.job_id, "cancel")
+        (settled,) = [e for e in submitter.events(job=job.job_id) if e.kind == "job_settled"]
+        assert settled.detail["unpaid_leases"] == [leases["b-d0"]]
+        assert p2.address not in settled.detail["seconds"]
+        assert ledger.lease(chain_job, p2.address).earned_wei == 0
+        assert ledger.lease(chain_job, p1.address).verified_s == settled.detail["seconds"][
+            p1.address] > 0
+    finally:
+        served.stop()
+        coordinator.hosts.stop_all()
+

@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 
 class ChainSettlement:
-    """Uses the Coordinator's `settlement`, `engine`, `_change` and `_event`."""
+    """Uses the Coordinator's `settlement`, `engine`, `_change` and `_event`; LeaseAttendance's
+    `attended_leases` (a lease whose worker never joined the job books nothing)."""
 
     def _check_chain_escrow(self, submitter: str, submission: JobSubmission) -> None:
         if self.settlement is None:
@@ -84,8 +85,11 @@ class ChainSettlement:
         chain_leases = {row.provider: row for row in session.scalars(
             select(ChainLeaseRow).where(ChainLeaseRow.job_id == job.job_id))}
         metered: dict[str, int] = {}
+        attended = self.attended_leases(job.job_id)
+        unpaid = sorted(lease.lease for lease in meter.leases if lease.lease not in attended)
         for lease in meter.leases:
-            metered[lease.provider] = metered.get(lease.provider, 0) + charge_wei(lease, now)
+            if lease.lease in attended:  # no worker in the job, no pay (attendance.py)
+                metered[lease.provider] = metered.get(lease.provider, 0) + charge_wei(lease, now)
         seconds = {p: wei // chain_leases[p].price_wei_per_s
                    for p, wei in metered.items() if p in chain_leases}
         try:
@@ -98,4 +102,4 @@ class ChainSettlement:
         self._event(session, now, COORDINATOR, "job_settled", job.job_id, chain_job=job.chain_job,
                     root=booking.root, seconds=booking.seconds,
                     wei={p: str(w) for p, w in booking.wei.items()},
-                    metered_wei={p: str(w) for p, w in metered.items()})
+                    metered_wei={p: str(w) for p, w in metered.items()}, unpaid_leases=unpaid)

@@ -34,6 +34,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.errors import NotFound
+from shoal.control.coordinator.markdown import lease_of
 from shoal.control.store.schema import AgentRow, EventRow, JobRow, LeaseRow, OfferRow
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.job import BYTE_VOCAB, JobSpec
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 # FLOPs of one sample of the agents' pre-flight probe (a 256-512-256 MLP, forward and
 # backward: 6 per weight): turns its measured samples/s into the planner's TFLOP/s.
 PROBE_FLOPS_PER_SAMPLE = 6.0 * (256 * 512 + 512 * 256)
-_WORKER = re.compile(r"^(?P<agent>.+)-l(?P<lease>[0-9]+)-a[0-9]+")
 MEASURED_STEPS = 20  # the measured step time is the median of the last this many steps
 
 
@@ -122,8 +122,8 @@ class JobPlanning:
         """The members' devices as the planner sees them; None if one is not a lease's."""
         devices, probes = [], []
         for worker in members:
-            match = _WORKER.match(worker)
-            lease = session.get(LeaseRow, int(match["lease"])) if match else None
+            number = lease_of(worker)
+            lease = session.get(LeaseRow, number) if number is not None else None
             if lease is None or lease.job_id != job_id:
                 log.debug("job %s: member %s is not a lease's worker; not planned", job_id, worker)
                 return None

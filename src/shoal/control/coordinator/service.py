@@ -26,6 +26,7 @@ from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator import journal
+from shoal.control.coordinator.attendance import LeaseAttendance
 from shoal.control.coordinator.audits import AuditService
 from shoal.control.coordinator.chain_jobs import ChainSettlement
 from shoal.control.coordinator.checkpoints import CheckpointCarry
@@ -61,7 +62,8 @@ _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
 class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlement, ProofService,
-                  AuditService, JobProgress, CheckpointCarry, NetworkProbing, JobPlanning):
+                  AuditService, JobProgress, CheckpointCarry, NetworkProbing, JobPlanning,
+                  LeaseAttendance):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,

@@ -43,6 +43,9 @@ class CoordinatorSettings(BaseSettings):
     # (default: --host, or 127.0.0.1 when that is a wildcard).
     rendezvous_bind: str | None = None
     stall_deadline_s: float = Field(1.0, ge=0.1)  # job hosts' liveness floor
+    # A running lease whose worker stays out of the job's membership this long is ended
+    # (attendance.py): long enough for a worker to start, join and receive the state.
+    member_grace_s: float = Field(120.0, gt=0)
     # An agent's network probe (probe.py) gives up this long after it opened.
     probe_deadline_s: float = Field(15.0, gt=0, le=300)
     # Agents must pass a probe to register (None: once bound beyond loopback).

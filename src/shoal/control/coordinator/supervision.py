@@ -1,7 +1,8 @@
 """The coordinator's watch over running work, mixed into `Coordinator`: a job
 host per job that holds devices, jobs finished or failed by their host's
-final word, offers held to the speeds their workers show, and agents that
-went silent reaped so their leases are replaced."""
+final word, offers held to the speeds their workers show, leases to their
+workers' membership (attendance.py), and agents that went silent reaped so
+their leases are replaced."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from shoal.spec.coordinator import COORDINATOR, JobStatus
 
 class JobSupervision:
     """Uses the Coordinator's `engine`, `hosts`, `market`, `settings`, `_speeds_seen`,
-    `_change`, `_event`, `end_job` and `withdraw_offer`."""
+    `_change`, `_event`, `end_job` and `withdraw_offer`; LeaseAttendance's
+    `hold_leases_to_membership`."""
 
     def supervise_jobs(self) -> None:
         """Start a host for each job that holds devices; finish jobs whose host says so."""
@@ -43,6 +45,7 @@ class JobSupervision:
                 if state.rendezvous and state.rendezvous != row.rendezvous:
                     self._set_rendezvous(row.job_id, state.rendezvous)
                 self.hold_offers_to_speeds(row.job_id)
+                self.hold_leases_to_membership(row.job_id)
 
     def hold_offers_to_speeds(self, job_id: str) -> None:
         """Mark down the offers whose workers run well below what their agents claimed.

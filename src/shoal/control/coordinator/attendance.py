@@ -1,0 +1,68 @@
+"""Leases held to the job's membership, mixed into `Coordinator`: a lease is
+paid for a worker in the job, not for an agent that says it runs one.
+
+An agent's heartbeat says which leases it runs, but only the job's host
+knows who is in the job: its published membership epochs (`epochs.jsonl`).
+A provider could keep beating, report its lease running, and never let a
+worker join (squatting on a lease: the job runs short, the escrow pays).
+So the reconciler holds every running lease to the membership: a lease
+whose worker has not been a member for `member_grace_s` (from the lease's
+start, or from when its worker dropped out) is ended, its offer withdrawn,
+and the market leases a replacement. And at settlement a lease whose
+worker never was a member of any epoch books nothing: no work, no pay.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shoal.control.coordinator.markdown import lease_of
+from shoal.control.store.schema import JobRow, LeaseRow
+from shoal.spec.coordinator import COORDINATOR, JobStatus
+from shoal.spec.progress import MembershipChange
+
+
+class LeaseAttendance:
+    """Uses the Coordinator's `engine`, `settings`, `membership`, `now_s` and
+    `withdraw_offer`."""
+
+    def hold_leases_to_membership(self, job_id: str) -> list[int]:
+        """End the running leases of a running job whose workers stayed out of it past the
+        grace; returns their numbers."""
+        changes = self.membership(job_id)
+        if not changes:
+            return []  # the job has not formed yet: its workers may be waiting for peers
+        now, grace = self.now_s(), self.settings.member_grace_s
+        with Session(self.engine) as session:
+            job = session.get(JobRow, job_id)
+            if job is None or job.status != JobStatus.running.value:
+                return []
+            leases = session.scalars(select(LeaseRow).where(LeaseRow.job_id == job_id)).all()
+            out = [(lease.lease, lease.offer_id) for lease in leases
+                   if (lease.ends_at_s is None or lease.ends_at_s > now)
+                   and now - absent_since(changes, lease.lease, lease.start_s) > grace]
+        for number, offer_id in out:
+            self.withdraw_offer(COORDINATOR, offer_id, reason=(
+                f"the worker of lease {number} stayed out of job {job_id} for more than "
+                f"{grace:.0f} s (an agent that reports a lease running must have its worker in "
+                "the job)"))
+        return [number for number, _ in out]
+
+    def attended_leases(self, job_id: str) -> set[int]:
+        """Leases whose worker was a member of at least one of the job's epochs."""
+        return {n for change in self.membership(job_id) for w in change.members
+                if (n := lease_of(w)) is not None}
+
+
+def absent_since(changes: list[MembershipChange], lease: int, start_s: float) -> float:
+    """Since when `lease`'s worker has been out of the job: the first epoch of the trailing
+    run without it (or its lease's start, if later); +inf when it is a member now."""
+    since = None
+    for change in reversed(changes):
+        if any(lease_of(w) == lease for w in change.members):
+            break
+        since = change.t
+    if since is None:
+        return float("inf")
+    return max(since, start_s)
