@@ -79,3 +79,12 @@ def test_links_come_from_the_coordinators_own_probes_when_every_agent_has_one(se
     assert slow.links == "probed" and slow.epoch == 2
     # The planner saw the slow link: more local steps between exchanges, and a compressed one.
     assert slow.inner_steps > fast.inner_steps and slow.codec is not Codec.none
+
+
+def test_a_worker_names_its_lease_however_its_node_name_was_claimed():
+    from shoal.control.coordinator.markdown import lease_of
+
+    assert lease_of("agent-a-l12-a0-w0") == 12
+    assert lease_of("agent-a-l12-a1.2-w3") == 12  # a node name claimed twice in the job
+    assert lease_of("agent-a-l12") is None and lease_of("w0") is None
+

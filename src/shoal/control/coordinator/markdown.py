@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import re
 
-NODE = re.compile(r"-l(\d+)-a\d+-w\d+$")  # agents name workers AGENT-l<lease>-a<attempt>-w<i>
+# Agents name workers AGENT-l<lease>-a<attempt>-w<i>; a node name claimed twice in a job
+# gets a suffix (AGENT-l<lease>-a<attempt>.<k>-w<i>, see control.launcher).
+NODE = re.compile(r"-l(\d+)-a\d+(?:\.\d+)?-w\d+$")
 TOLERANCE = 0.6  # an index under this share of the reference is not noise
 
 
