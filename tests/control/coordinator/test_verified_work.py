@@ -45,7 +45,10 @@ def test_a_cheating_provider_is_caught_slashed_replaced_and_unpaid(hardhat_url, 
     admin = Account.create()  # the coordinator's operator role (grants the verifier)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    stack = Stack(tmp_path, {**cli_env, "SHOAL_COORDINATOR_DATA_DIR": str(tmp_path / "coord")})
+    # Forced errors are served at the coordinator's default rate; revealed as soon as the
+    # job ends (no window), so that this test can tell the plants from the cheat.
+    stack = Stack(tmp_path, {**cli_env, "SHOAL_COORDINATOR_DATA_DIR": str(tmp_path / "coord"),
+                             "SHOAL_COORDINATOR_FORCED_ERROR_WINDOW_S": "0"})
     try:
         coordinator = stack.coordinator(
             f"sqlite:///{tmp_path}/store.db", "127.0.0.1", port, operator=admin.address,
@@ -75,7 +78,20 @@ def test_a_cheating_provider_is_caught_slashed_replaced_and_unpaid(hardhat_url, 
         assert done.status is JobStatus.finished, stack.logs()
         assert verifier.wait(timeout=300) == 1, stack.logs()  # it found cheating
         found = json.loads((tmp_path / "verifier.log").read_text().strip().splitlines()[-1])
-        assert {w.split("-l")[0] for w in found["guilty"]} == {"b"}  # only the cheat's workers
+        reveal = wait_for(lambda: [e for e in alice.events(job=job.job_id, limit=1000)
+                                   if e.kind == "forced_errors_revealed"], bool, 60, stack,
+                          "the forced errors revealed")[0]
+        planted = {(worker, step) for _, worker, step, state in reveal.detail["plants"]
+                   if state == "ready"}
+        # Guilty verdicts on real records name only the cheat's workers; the verifier cannot
+        # tell a plant from a cheat, so the plants it caught (on anyone's records) are apart.
+        guilty = [v.verdict for v in alice.verdicts(job.job_id) if v.verdict.guilty]
+        assert {v.worker.split("-l")[0] for v in guilty
+                if (v.worker, v.step) not in planted} == {"b"}
+        assert {w.split("-l")[0] for w in found["guilty"]} <= {"b"} | {
+            w.split("-l")[0] for w, _ in planted}
+        assert not [e for e in alice.events(job=job.job_id, limit=1000)
+                    if e.kind == "forced_error_missed"]  # the verifier replays: it misses none
 
         events = alice.events(job=job.job_id, limit=1000)
         (slashed,) = [e for e in events if e.kind == "worker_slashed"]  # once, on chain

@@ -10,22 +10,35 @@ whose worker has not been a member for `member_grace_s` (from the lease's
 start, or from when its worker dropped out) is ended, its offer withdrawn,
 and the market leases a replacement. And at settlement a lease whose
 worker never was a member of any epoch books nothing: no work, no pay.
+
+The other way round, a lost agent's workers are gone with its machine, and
+its launcher with them, so no one tells the job's host they exited: a
+paused job's last state holder (kept a member to hand its state over)
+would then hold the job forever, waiting for it at the next barrier. The
+coordinator, which reaps the agent, reports their exits in its place.
 """
 
 from __future__ import annotations
+
+import logging
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.markdown import lease_of
-from shoal.control.store.schema import JobRow, LeaseRow
+from shoal.control.errors import ControlError
+from shoal.control.netaddr import parse_endpoint
+from shoal.control.store.schema import JobRow, LeaseRow, OfferRow
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.progress import MembershipChange
 
+log = logging.getLogger(__name__)
+LIVE = (JobStatus.waiting.value, JobStatus.running.value, JobStatus.paused.value)
+
 
 class LeaseAttendance:
-    """Uses the Coordinator's `engine`, `settings`, `membership`, `now_s` and
-    `withdraw_offer`."""
+    """Uses the Coordinator's `engine`, `settings`, `membership`, `now_s`, `_change`,
+    `_event` and `withdraw_offer`."""
 
     def hold_leases_to_membership(self, job_id: str) -> list[int]:
         """End the running leases of a running job whose workers stayed out of it past the
@@ -49,6 +62,37 @@ class LeaseAttendance:
                 "the job)"))
         return [number for number, _ in out]
 
+    def report_lost_workers(self, agents: list[str]) -> dict[str, list[str]]:
+        """Tell each live job's host that the members run by `agents` (lost) exited, as
+        their launchers would have; returns job -> workers reported."""
+        if not agents:
+            return {}
+        found: list[tuple[str, str, list[str]]] = []  # (job, its host's endpoint, workers)
+        with Session(self.engine) as session:
+            jobs = session.scalars(select(JobRow).where(JobRow.status.in_(LIVE),
+                                                        JobRow.rendezvous.is_not(None))).all()
+            for job in jobs:
+                changes = self.membership(job.job_id)
+                gone = [w for w in (changes[-1].members if changes else ())
+                        if _agent_of(session, job.job_id, w) in agents]
+                if gone:
+                    found.append((job.job_id, job.rendezvous, gone))
+        reported = {}
+        for job_id, endpoint, workers in found:
+            try:
+                _report_exits(endpoint, workers)
+            except ControlError as error:
+                log.warning("job %s: could not tell its host that %s exited: %s", job_id,
+                            ", ".join(workers), error)
+                continue
+            log.warning("job %s: %s lost with their agent; exits reported to the job's host",
+                        job_id, ", ".join(workers))
+            with self._change() as session:
+                self._event(session, self.now_s(), COORDINATOR, "workers_lost", job_id,
+                            workers=workers)
+            reported[job_id] = workers
+        return reported
+
     def attended_leases(self, job_id: str) -> set[int]:
         """Leases whose worker was a member of at least one of the job's epochs."""
         return {n for change in self.membership(job_id) for w in change.members
@@ -66,3 +110,26 @@ def absent_since(changes: list[MembershipChange], lease: int, start_s: float) ->
     if since is None:
         return float("inf")
     return max(since, start_s)
+
+
+def _agent_of(session: Session, job_id: str, worker: str) -> str | None:
+    """The agent running `worker` on one of the job's leases, or None."""
+    number = lease_of(worker)
+    lease = session.get(LeaseRow, number) if number is not None else None
+    if lease is None or lease.job_id != job_id:
+        return None
+    offer = session.get(OfferRow, lease.offer_id)
+    return offer.agent_id if offer is not None else None
+
+
+def _report_exits(endpoint: str, workers: list[str]) -> None:
+    from shoal.train.rendezvous import Rendezvous, RendezvousError, connect
+
+    host, port = parse_endpoint(endpoint)
+    try:
+        rdzv = Rendezvous(connect(host, port, timeout_s=5.0))
+        for worker in workers:
+            rdzv.report_exit(worker)
+    except RendezvousError as error:
+        raise ControlError(str(error)) from None
+

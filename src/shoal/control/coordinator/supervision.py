@@ -18,7 +18,7 @@ from shoal.spec.coordinator import COORDINATOR, JobStatus
 class JobSupervision:
     """Uses the Coordinator's `engine`, `hosts`, `market`, `settings`, `_speeds_seen`,
     `_change`, `_event`, `end_job` and `withdraw_offer`; LeaseAttendance's
-    `hold_leases_to_membership`."""
+    `hold_leases_to_membership` and `report_lost_workers`."""
 
     def supervise_jobs(self) -> None:
         """Start a host for each job that holds devices; finish jobs whose host says so."""
@@ -113,4 +113,6 @@ class JobSupervision:
                 OfferRow.agent_id.in_(lost), OfferRow.withdrawn.is_(False))).all()
         for offer_id in offers:
             self.withdraw_offer(COORDINATOR, offer_id, reason="agent lost")
+        if offers:  # once per loss: a reaped agent has no offers left
+            self.report_lost_workers(list(lost))
         return list(lost) if offers else []
