@@ -4,20 +4,20 @@ in step. No HTTP here: the API calls these methods with the verified signer.
 Every change is one transaction that writes the market's journal, the rows
 the API reads, and an audit event together, so the store never shows a
 lease the market would not rebuild after a restart. Participants and their
-roles (participants.py), reads (reads.py), the watch over running work
-(supervision.py), settlement on a chain (chain_jobs.py), work records and proof
-epochs (proofs.py), challenges and verdicts (audits.py), job progress
-(progress.py), checkpoints carried between machines (checkpoints.py) and plans of
-each job's members (planning.py) are mixed in.
+roles (participants.py), jobs as submitters drive them (jobs.py), reads
+(reads.py), the watch over running work (supervision.py), leases held to the
+jobs' membership (attendance.py), settlement on a chain (chain_jobs.py), work
+records and proof epochs (proofs.py), challenges and verdicts (audits.py),
+job progress (progress.py), checkpoints carried between machines
+(checkpoints.py), agents' network probes (probe.py) and plans of each job's
+members (planning.py) are mixed in.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
-import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -32,6 +32,7 @@ from shoal.control.coordinator.chain_jobs import ChainSettlement
 from shoal.control.coordinator.checkpoints import CheckpointCarry
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.job_hosts import JobHosts
+from shoal.control.coordinator.jobs import JobLifecycle
 from shoal.control.coordinator.participants import Participants
 from shoal.control.coordinator.planning import JobPlanning
 from shoal.control.coordinator.probe import NetworkProbing
@@ -41,7 +42,7 @@ from shoal.control.coordinator.reads import CoordinatorReads
 from shoal.control.coordinator.settings import CoordinatorSettings
 from shoal.control.coordinator.settlement import Settlement
 from shoal.control.coordinator.supervision import JobSupervision
-from shoal.control.coordinator.views import agent_view, job_view, offer_view
+from shoal.control.coordinator.views import agent_view, offer_view
 from shoal.control.identity import Unauthenticated
 from shoal.control.store import beats
 from shoal.control.store.database import open_store_engine
@@ -51,19 +52,18 @@ from shoal.control.store.schema import (
 from shoal.market import Clearing, Market, MarketConfig, MarketError
 from shoal.spec.coordinator import (
     COORDINATOR, ENDED, AgentRegistration, AgentView, Assignment, Heartbeat, HeartbeatReply,
-    JobStatus, JobSubmission, JobView, OfferTerms, OfferView, Role,
+    JobStatus, OfferTerms, OfferView,
 )
 from shoal.spec.errors import SpecError
-from shoal.spec.jobfile import parse_job, refuse_for_providers
-from shoal.spec.market import Bid, DeviceLease, FillStatus, Offer
+from shoal.spec.market import DeviceLease, FillStatus, Offer
 
 log = logging.getLogger(__name__)
 _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
-class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlement, ProofService,
-                  AuditService, JobProgress, CheckpointCarry, NetworkProbing, JobPlanning,
-                  LeaseAttendance):
+class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
+                  ChainSettlement, ProofService, AuditService, JobProgress, CheckpointCarry,
+                  NetworkProbing, JobPlanning, LeaseAttendance):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
@@ -257,82 +257,6 @@ class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlemen
             raise Forbidden(f"agent '{agent_id}' belongs to another provider")
         return agent
 
-    # ------------------------------------------------------------ submitters
-    def submit_job(self, submitter: str, submission: JobSubmission) -> JobView:
-        _check_job_file(submission.job_file)
-        self._check_chain_escrow(submitter, submission)
-        job_id = f"{submission.name}-{secrets.token_hex(4)}"
-        bid = Bid(job=job_id, **submission.model_dump(exclude={"name", "job_file", "chain_job"}))
-        with self._change() as session:
-            now = self.now_s()
-            self._command(session, "submit", {"bid": bid.model_dump(mode="json")}, now)
-            row = JobRow(job_id=job_id, name=submission.name, submitter=submitter,
-                         job_file=submission.job_file, bid=bid.model_dump(mode="json"),
-                         status=JobStatus.waiting.value, created_at_s=now,
-                         chain_job=submission.chain_job)
-            session.add(row)
-            self._event(session, now, submitter, "job_submitted", job_id,
-                        workers=bid.workers, budget_wei=str(bid.budget_wei),
-                        max_price_wei_per_s=str(bid.max_price_wei_per_s))
-            return job_view(row, self.market.meter(job_id), now)
-
-    def top_up(self, submitter: str, job_id: str, amount_wei: int) -> JobView:
-        """Add escrow; a job paused for want of it resumes at the next round."""
-        with self._change() as session:
-            now = self.now_s()
-            row = self._own_job(session, submitter, job_id)
-            if self.settlement is not None and row.chain_job is not None:
-                budget = self.market.meter(job_id).budget_wei + amount_wei
-                self.settlement.check_escrow(row.chain_job, submitter, budget,
-                                             int(row.bid["max_price_wei_per_s"]))
-            self._command(session, "top_up", {"job": job_id, "amount_wei": str(amount_wei)}, now)
-            if row.status == JobStatus.paused.value:
-                self._command(session, "resume", {"job": job_id}, now)
-                row.status = JobStatus.waiting.value
-            self._event(session, now, submitter, "job_topped_up", job_id,
-                        amount_wei=str(amount_wei))
-            return job_view(row, self.market.meter(job_id), now)
-
-    def set_paused(self, actor: str, job_id: str, paused: bool) -> JobView:
-        with self._change() as session:
-            now = self.now_s()
-            row = self._own_job(session, actor, job_id)
-            if paused:
-                self._store_leases(session, self._command(session, "pause", {"job": job_id}, now))
-                row.status = JobStatus.paused.value
-            else:
-                self._command(session, "resume", {"job": job_id}, now)
-                row.status = JobStatus.waiting.value
-            self._event(session, now, actor, "job_paused" if paused else "job_resumed", job_id)
-            return job_view(row, self.market.meter(job_id), now)
-
-    def end_job(self, actor: str, job_id: str, status: JobStatus, **detail: Any) -> JobView:
-        """Finish or cancel: every lease ends now, so nothing bills idle."""
-        with self._change() as session:
-            now = self.now_s()
-            row = self._own_job(session, actor, job_id)
-            meter = self._command(session, "finish", {"job": job_id}, now)
-            self._store_leases(session, meter.leases)
-            row.status = status.value
-            self._event(session, now, actor, f"job_{status.value}", job_id,
-                        spent_wei=str(meter.accrued_wei(now)), **detail)
-            if status is not JobStatus.finished:
-                self.hosts.stop(job_id, row.host_pid)
-            self.close_proofs(session, row)  # the last epochs' roots go before the bill
-            if self.settlement is not None and row.chain_job is not None:
-                self._settle(session, row, meter, now)
-            return job_view(row, meter, now)
-
-    def _own_job(self, session: Session, actor: str, job_id: str) -> JobRow:
-        row = session.get(JobRow, job_id)
-        if row is None:
-            raise NotFound(f"no job '{job_id}'")
-        if actor not in (row.submitter, COORDINATOR) and self.role_of(actor) is not Role.operator:
-            raise Forbidden(f"job '{job_id}' belongs to another submitter")
-        if JobStatus(row.status) in ENDED:
-            raise Conflict(f"job '{job_id}' is {row.status}; submit a new job")
-        return row
-
     # ------------------------------------------------------------ the market's rounds
     def clear(self) -> Clearing:
         """One market round; journaled and stored only when it changed something."""
@@ -380,13 +304,3 @@ class Coordinator(Participants, CoordinatorReads, JobSupervision, ChainSettlemen
         horizon = self.now_s() - 2 * self.settings.max_skew_s
         with Session(self.engine) as session, session.begin():
             return session.execute(delete(NonceRow).where(NonceRow.seen_at_s < horizon)).rowcount
-
-
-
-def _check_job_file(text: str) -> None:
-    """Refuse a job file `shoal train` would refuse, before anyone is paid to run it."""
-    try:
-        values = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise SpecError(f"job_file: malformed TOML ({error})") from None
-    refuse_for_providers(parse_job(values, source="job_file"))
