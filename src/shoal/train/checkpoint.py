@@ -14,7 +14,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 
 from shoal.train.errors import CheckpointError
+from shoal.train.files import prune_checkpoints, write_whole
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +62,6 @@ def restore_snapshot(snapshot: Snapshot, model: torch.nn.Module,
     model.load_state_dict(snapshot.state["model"])
     optimizer.load_state_dict(snapshot.state["optimizer"])
     torch.set_rng_state(snapshot.state["rng"])
-
-
-def _fsync_write(path: Path, blob: bytes) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(blob)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
 
 
 class CheckpointStore:
@@ -143,7 +134,7 @@ class CheckpointStore:
         blob = buffer.getvalue()
         self.directory.mkdir(parents=True, exist_ok=True)
         name = f"step-{snapshot.step:010d}"
-        _fsync_write(self.directory / f"{name}.pt", blob)
+        write_whole(self.directory / f"{name}.pt", blob)
         manifest = {
             "format": _FORMAT,
             "step": snapshot.step,
@@ -153,15 +144,12 @@ class CheckpointStore:
             "identity": self.identity,
             "written_at": time.time(),
         }
-        _fsync_write(self.directory / f"{name}.json", json.dumps(manifest, indent=1).encode())
+        write_whole(self.directory / f"{name}.json", json.dumps(manifest, indent=1).encode())
         log.debug("checkpoint step %d written (%d bytes)", snapshot.step, len(blob))
         self._prune()
 
     def _prune(self) -> None:
-        manifests = self._manifests()
-        for old in manifests[self.keep:]:
-            for path in (old, old.with_suffix(".pt")):
-                path.unlink(missing_ok=True)
+        prune_checkpoints(self.directory, self.keep)
 
     # -- reading ---------------------------------------------------------
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from shoal.control.client import CoordinatorClient, CoordinatorRefused
 from shoal.control.errors import ControlError
-from shoal.control.files import prune_checkpoints, write_whole
 from shoal.spec.errors import SpecError
 from shoal.spec.jobfile import parse_job
+from shoal.train.files import prune_checkpoints, write_whole
 
 log = logging.getLogger(__name__)
 DOWNLOAD_EVERY_S = 30.0

@@ -35,12 +35,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
-from shoal.control.files import prune_checkpoints, write_whole
 from shoal.control.store.schema import JobRow, LeaseRow
 from shoal.proof.epochs import final_lineage
 from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
+from shoal.train.files import prune_checkpoints, write_whole
 
 log = logging.getLogger(__name__)
 KEEP = 2  # carried checkpoints kept per job: the newest, and one in case it is being read
