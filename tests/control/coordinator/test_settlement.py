@@ -72,13 +72,12 @@ def test_a_job_is_taken_only_with_its_own_escrow_on_chain(market):
     assert clients["alice"].top_up(job.job_id, 5).budget_wei == BUDGET + 5
 
 
-def test_providers_accept_by_signature_and_the_chain_pays_what_the_store_metered(market, tmp_path):
-    served, ledger, (alice, _, p1, p2) = market
-    chain_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
-    submitter = served.client(alice)
+def leased_and_hosted(served, submitter, accounts, chain_job):
+    """Providers a and b (one agent, one offer each) leased to a new chain job whose host
+    serves; returns their clients and the job."""
     submitter.register(Registration(role="submitter", name="alice"))
     providers = {}
-    for name, account in (("a", p1), ("b", p2)):
+    for name, account in zip("ab", accounts):
         client = served.client(account)
         provider_with_agent(client, name)
         client.post_offer(OfferTerms(offer_id=f"{name}-d0", agent_id=name, price_wei_per_s=PRICE))
@@ -91,6 +90,14 @@ def test_providers_accept_by_signature_and_the_chain_pays_what_the_store_metered
             client.heartbeat(name, Heartbeat())
         served.app.state.rounds.once()
         time.sleep(0.2)
+    return providers, job
+
+
+def test_providers_accept_by_signature_and_the_chain_pays_what_the_store_metered(market, tmp_path):
+    served, ledger, (alice, _, p1, p2) = market
+    chain_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
+    submitter = served.client(alice)
+    providers, job = leased_and_hosted(served, submitter, (p1, p2), chain_job)
     replies = {name: client.heartbeat(name, Heartbeat()) for name, client in providers.items()}
     (a_assignment,) = replies["a"].assignments
     terms = a_assignment.acceptance
@@ -157,22 +164,7 @@ def test_a_lease_whose_worker_never_joins_is_ended_and_never_paid(tmp_path):
     try:
         chain_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
         submitter = served.client(alice)
-        submitter.register(Registration(role="submitter", name="alice"))
-        providers = {}
-        for name, account in (("a", p1), ("b", p2)):
-            client = served.client(account)
-            provider_with_agent(client, name)
-            client.post_offer(OfferTerms(offer_id=f"{name}-d0", agent_id=name,
-                                         price_wei_per_s=PRICE))
-            providers[name] = client
-        job = submitter.submit(submission(chain_job))
-        deadline = time.monotonic() + 60
-        while not submitter.job(job.job_id).rendezvous:
-            assert time.monotonic() < deadline
-            for name, client in providers.items():
-                client.heartbeat(name, Heartbeat())
-            served.app.state.rounds.once()
-            time.sleep(0.2)
+        providers, job = leased_and_hosted(served, submitter, (p1, p2), chain_job)
         leases = {lease.offer_id: lease.lease for lease in submitter.job(job.job_id).leases}
         for name, client in providers.items():
             reply = client.heartbeat(name, Heartbeat(running=(leases[f"{name}-d0"],)))
