@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from shoal.train.errors import CheckpointError
-from shoal.train.files import prune_checkpoints, write_whole
+from shoal.train.files import checkpoint_manifests, manifest_step, prune_checkpoints, write_whole
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +155,11 @@ class CheckpointStore:
 
     def _manifests(self) -> list[Path]:
         """Manifests, newest step first."""
-        if not self.directory.is_dir():
-            return []
-        return sorted(self.directory.glob("step-*.json"), reverse=True)
+        return checkpoint_manifests(self.directory)
 
     def latest_step(self) -> int | None:
         manifests = self._manifests()
-        return int(manifests[0].stem.split("-")[1]) if manifests else None
+        return manifest_step(manifests[0]) if manifests else None
 
     def load_latest(self) -> Snapshot | None:
         """The newest checkpoint whose hash checks out; None if there are none at all."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 
 def write_whole(path: Path, blob: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".tmp")
     with open(partial, "wb") as handle:
         handle.write(blob)
@@ -17,9 +18,19 @@ def write_whole(path: Path, blob: bytes) -> None:
     os.replace(partial, path)
 
 
+def checkpoint_manifests(folder: Path) -> list[Path]:
+    """The manifests (`step-N.json`, written after their payload) in `folder`, newest first."""
+    return sorted(folder.glob("step-*.json"), reverse=True) if folder.is_dir() else []
+
+
+def manifest_step(manifest: Path) -> int:
+    """The step a manifest's name gives (`step-0000000042.json`: 42)."""
+    return int(manifest.stem.split("-")[1])
+
+
 def prune_checkpoints(folder: Path, keep: int) -> None:
     """Keep the `keep` newest checkpoints (`step-N.json` manifest + payload) in `folder`;
     each older manifest goes first, so no manifest is ever left naming a missing payload."""
-    for old in sorted(folder.glob("step-*.json"), reverse=True)[keep:]:
+    for old in checkpoint_manifests(folder)[keep:]:
         old.unlink(missing_ok=True)
         old.with_suffix(".pt").unlink(missing_ok=True)

@@ -26,7 +26,7 @@ from shoal.control.client import CoordinatorClient, CoordinatorRefused
 from shoal.control.errors import ControlError
 from shoal.spec.errors import SpecError
 from shoal.spec.jobfile import parse_job
-from shoal.train.files import prune_checkpoints, write_whole
+from shoal.train.files import checkpoint_manifests, manifest_step, prune_checkpoints, write_whole
 
 log = logging.getLogger(__name__)
 DOWNLOAD_EVERY_S = 30.0
@@ -66,7 +66,8 @@ class CheckpointRelay:
 
     def _sync_job(self, job_id: str, lease: int, job_file: Path, carry: _JobCarry) -> None:
         folder = checkpoint_dir(self.work_dir, job_id)
-        local = _newest(folder)
+        manifests = checkpoint_manifests(folder)
+        local = (manifest_step(manifests[0]), manifests[0]) if manifests else None
         remote = self.client.carried_checkpoint(job_id)
         remote_step = remote.step if remote is not None else -1
         if local is not None and local[0] > remote_step:
@@ -124,7 +125,6 @@ class CheckpointRelay:
             log.warning("job %s: the fetched checkpoint of step %d does not match its hash "
                         "(replaced meanwhile?); fetching again later", job_id, step)
             return
-        folder.mkdir(parents=True, exist_ok=True)
         name = f"step-{step:010d}"
         write_whole(folder / f"{name}.pt", data)
         manifest = {"format": 1, "step": step, "payload": f"{name}.pt", "bytes": len(data),
@@ -134,15 +134,3 @@ class CheckpointRelay:
         prune_checkpoints(folder, KEEP_DOWNLOADED)
         log.info("job %s: fetched the carried checkpoint of step %d (%d bytes)", job_id, step,
                  len(data))
-
-
-def _newest(folder: Path) -> tuple[int, Path] | None:
-    """(step, manifest) of the newest whole checkpoint in `folder` (manifests come last)."""
-    manifests = sorted(folder.glob("step-*.json"), reverse=True) if folder.is_dir() else []
-    for path in manifests:
-        try:
-            return int(path.stem.split("-")[1]), path
-        except (IndexError, ValueError):
-            continue
-    return None
-

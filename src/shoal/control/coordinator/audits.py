@@ -12,7 +12,6 @@ served through the same routes, indistinguishable from real records until the re
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -30,6 +29,7 @@ from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, VerdictFiling, VerdictView,
 )
 from shoal.spec.proof import Verdict
+from shoal.train.files import write_whole
 
 
 class AuditService(ForcedErrorService):
@@ -139,10 +139,7 @@ class AuditService(ForcedErrorService):
             if row.answered_at_s is not None:
                 raise Conflict(f"challenge {challenge} was answered already; an answer is final")
             path = self._blob_path(row)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(path.name + ".part")
-            partial.write_bytes(data)
-            os.replace(partial, path)
+            write_whole(path, data)
             row.answered_at_s, row.sha256 = now, hashlib.sha256(data).hexdigest()
             size = len(data)
             plant = self.plant_of(session, row.job_id, row.worker, row.step) \

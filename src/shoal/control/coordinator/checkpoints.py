@@ -40,13 +40,16 @@ from shoal.proof.epochs import final_lineage
 from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
-from shoal.train.files import prune_checkpoints, write_whole
+from shoal.train.files import checkpoint_manifests, prune_checkpoints, write_whole
 
 log = logging.getLogger(__name__)
 KEEP = 2  # carried checkpoints kept per job: the newest, and one in case it is being read
 # A lease that ended (a pause, a spot notice) may still send what its worker wrote as it
 # left, for this long: the last worker of a paused job writes the job's state down then.
 UPLOAD_GRACE_S = 120.0
+# Models kept to hash uploads with, one per job (building one reads its corpus): a long-lived
+# coordinator runs many jobs, and keeps only the most recently used.
+MODELS_KEPT = 4
 
 
 class NotYetVerifiable(Conflict):
@@ -71,7 +74,10 @@ class CheckpointCarry:
         with Session(self.engine) as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFound(f"no job '{job_id}'")
-        manifests = _manifests(self.carried_dir(job_id))
+        return self._held(job_id)
+
+    def _held(self, job_id: str) -> CheckpointView | None:
+        manifests = checkpoint_manifests(self.carried_dir(job_id))
         return _view(job_id, manifests[0]) if manifests else None
 
     def upload_checkpoint(self, provider: str, job_id: str, lease_number: int, step: int,
@@ -86,12 +92,12 @@ class CheckpointCarry:
                 raise NotFound(f"no job '{job_id}'")
             self._active_lease(session, provider, job_id, lease_number, UPLOAD_GRACE_S)
             spec = self.job_spec(job_id, job.job_file)
-        held = self.carried(job_id)
+        held = self._held(job_id)
         if held is not None and held.step >= step:
             return held.model_copy(update={"stored": False})
         state = _load(data, step)
         with self._carry_lock:
-            held = self.carried(job_id)
+            held = self._held(job_id)
             if held is not None and held.step >= step:  # another agent's upload won the race
                 return held.model_copy(update={"stored": False})
             verified = self._verify(job_id, spec, step, state)
@@ -113,11 +119,10 @@ class CheckpointCarry:
                 raise NotFound(f"no job '{job_id}'")
             if reader.lower() != job.submitter.lower():
                 self._active_lease(session, reader, job_id, None, 0.0)
-        manifests = _manifests(self.carried_dir(job_id))
-        if not manifests:
+        view = self._held(job_id)
+        if view is None:
             raise NotFound(f"job '{job_id}' has no carried checkpoint yet")
-        view = _view(job_id, manifests[0])
-        return view, manifests[0].with_suffix(".pt")
+        return view, self.carried_dir(job_id) / f"step-{view.step:010d}.pt"
 
     # ------------------------------------------------------------ checks
     def _active_lease(self, session: Session, provider: str, job_id: str,
@@ -160,9 +165,12 @@ class CheckpointCarry:
         if replayer is None:
             raise Conflict("this coordinator cannot build the job's model to check a "
                            "checkpoint against its work records (start it with a replayer)")
-        cached = self._carry_models.get(job_id)
+        cached = self._carry_models.pop(job_id, None)
         if cached is None or cached[0] != spec:
-            cached = self._carry_models[job_id] = (spec, replayer(spec).model)
+            cached = (spec, replayer(spec).model)
+        self._carry_models[job_id] = cached  # the newest last: the oldest go first
+        while len(self._carry_models) > MODELS_KEPT:
+            self._carry_models.pop(next(iter(self._carry_models)))
         model = cached[1]
         try:
             model.load_state_dict(state["model"])
@@ -174,7 +182,6 @@ class CheckpointCarry:
     def _write(self, job_id: str, spec: JobSpec, step: int, data: bytes, lease: int,
                provider: str, verified: bool) -> CheckpointView:
         folder = self.carried_dir(job_id)
-        folder.mkdir(parents=True, exist_ok=True)
         name = f"step-{step:010d}"
         write_whole(folder / f"{name}.pt", data)
         manifest = {"format": 1, "step": step, "payload": f"{name}.pt", "bytes": len(data),
@@ -201,10 +208,6 @@ def _load(data: bytes, step: int) -> dict[str, Any]:
     if not isinstance(state.get("cursor"), int):
         raise SpecError("the checkpoint has no data cursor: it cannot resume the data order")
     return state
-
-
-def _manifests(folder: Path) -> list[Path]:
-    return sorted(folder.glob("step-*.json"), reverse=True) if folder.is_dir() else []
 
 
 def _view(job_id: str, manifest_path: Path) -> CheckpointView:

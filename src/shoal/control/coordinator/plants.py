@@ -45,6 +45,7 @@ from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import BlobKind, ChallengeView, ProofEpochView
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+from shoal.train.files import write_whole
 
 log = logging.getLogger(__name__)
 # The numbers agents answer plants' fetches under: apart from verifiers' challenges, so
@@ -230,7 +231,7 @@ class ForcedErrorService:
                 raise Forbidden(f"challenge {challenge} is for agent '{row.agent_id}', not yours")
             if row.state != FETCHING:
                 raise Conflict(f"challenge {challenge} was answered already; an answer is final")
-            _write(self.proof_dir(row.job_id) / "reveal" / row.worker / f"{row.step:09d}.pt", data)
+            write_whole(self.proof_dir(row.job_id) / "reveal" / row.worker / f"{row.step:09d}.pt", data)
             record = WorkRecord.model_validate(session.get(
                 WorkRecordRow, (row.job_id, row.worker, row.step)).body)
             plan = session.get(ForcedPlanRow, row.job_id)
@@ -240,7 +241,7 @@ class ForcedErrorService:
                 row.state = DROPPED
             else:
                 served, blob = made
-                _write(self.plant_path(row.job_id, row.worker, row.step), blob)
+                write_whole(self.plant_path(row.job_id, row.worker, row.step), blob)
                 row.state, row.sha256 = READY, hashlib.sha256(blob).hexdigest()
                 row.body = served.model_dump(mode="json")
             view = _fetch_view(row).model_copy(update={
@@ -307,10 +308,3 @@ def _fetch_view(row: PlantRow) -> ChallengeView:
     return ChallengeView(challenge=FETCH_BASE + row.plant, job_id=row.job_id, worker=row.worker,
                          step=row.step, kind=BlobKind.reveal, agent_id=row.agent_id,
                          requested_at_s=row.requested_at_s)
-
-
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".part")
-    partial.write_bytes(data)
-    os.replace(partial, path)
