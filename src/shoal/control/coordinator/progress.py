@@ -5,8 +5,6 @@ dashboard or a report draws its curves and timelines from."""
 
 from __future__ import annotations
 
-import json
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -19,7 +17,8 @@ MAX_STEPS_PER_READ = 5000
 
 
 class JobProgress:
-    """Uses the Coordinator's `engine`, `hosts`, `_change`."""
+    """Uses the Coordinator's `engine`, `_change`; ProofService's `_published` (the epochs
+    each job's host published, read incrementally)."""
 
     def record_progress(self, provider: str, job_id: str, upload: ProgressUpload) -> int:
         """Store the steps not known yet; the number stored. The first report of a step
@@ -57,16 +56,4 @@ class JobProgress:
         with Session(self.engine) as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFound(f"no job '{job_id}'")
-        path = self.hosts.run_dir(job_id) / "epochs.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text().splitlines():
-            try:
-                value = json.loads(line)
-                out.append(MembershipChange(t=value["t"], epoch=value["epoch"],
-                                            members=tuple(value.get("members", ())),
-                                            reason=str(value.get("reason", ""))))
-            except (ValueError, KeyError):
-                continue  # a line the host was writing when read
-        return out
+        return self._published.changes(job_id)
