@@ -88,3 +88,22 @@ def test_a_worker_names_its_lease_however_its_node_name_was_claimed():
     assert lease_of("agent-a-l12-a1.2-w3") == 12  # a node name claimed twice in the job
     assert lease_of("agent-a-l12") is None and lease_of("w0") is None
 
+
+def test_the_measured_step_time_is_the_newest_steps_pace(served):
+    """Past the first read's worth of steps, the measured pace beside a plan is still the
+    job's latest one (a read of progress from the start would stop at its first steps)."""
+    from shoal.control.coordinator.progress import MAX_STEPS_PER_READ
+    from shoal.control.store.schema import StepProgressRow
+
+    co = served.app.state.coordinator
+    submitter, job_id, leases = market(served, {"a1": "eu"}, 1)
+    publish(co, job_id, [worker("a1", leases)], "start")
+    (planned,) = co.plan_jobs()
+    steps = MAX_STEPS_PER_READ + 100
+    with Session(co.engine) as session, session.begin():
+        session.add_all(StepProgressRow(  # 0.1 s a step, then 0.5 s for the last 50
+            job_id=job_id, step=i, t=planned.t + 0.1 * min(i, steps - 50) + 0.5 * max(
+                0, i - (steps - 50)), loss=1.0, world=1, samples=8, worker="w")
+            for i in range(steps))
+    assert abs(submitter.job_plan(job_id).measured_step_s - 0.5) < 1e-6
+

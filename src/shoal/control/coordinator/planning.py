@@ -49,8 +49,8 @@ MEASURED_STEPS = 20  # the measured step time is the median of the last this man
 
 
 class JobPlanning:
-    """Uses the Coordinator's `engine`, `job_spec`, `membership`, `progress`, `_change`,
-    `_event`, `now_s`."""
+    """Uses the Coordinator's `engine`, `job_spec`, `membership`, `recent_progress`,
+    `_change`, `_event`, `now_s`."""
 
     def _planning_init(self) -> None:
         self._plans: dict[str, tuple[tuple[str, ...], Plan]] = {}  # job -> (members, plan)
@@ -141,7 +141,8 @@ class JobPlanning:
         return Cluster(devices=tuple(devices))
 
     def _measured_step_s(self, job_id: str, since: float) -> float | None:
-        steps = [p for p in self.progress(job_id) if p.t >= since][-(MEASURED_STEPS + 1):]
+        # The newest steps, not the job's first (a read of progress starts at step 0).
+        steps = [p for p in self.recent_progress(job_id, MEASURED_STEPS + 1) if p.t >= since]
         gaps = [b.t - a.t for a, b in zip(steps, steps[1:]) if b.step == a.step + 1]
         return statistics.median(gaps) if gaps else None
 

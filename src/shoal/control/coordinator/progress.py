@@ -52,6 +52,14 @@ class JobProgress:
             return [StepProgress(step=r.step, t=r.t, loss=r.loss, world=r.world,
                                  samples=r.samples) for r in rows]
 
+    def recent_progress(self, job_id: str, count: int) -> list[StepProgress]:
+        """The job's last `count` committed steps, in step order."""
+        with Session(self.engine) as session:
+            rows = session.scalars(select(StepProgressRow).where(StepProgressRow.job_id == job_id)
+                                   .order_by(StepProgressRow.step.desc()).limit(count)).all()
+            return [StepProgress(step=r.step, t=r.t, loss=r.loss, world=r.world,
+                                 samples=r.samples) for r in reversed(rows)]
+
     def membership(self, job_id: str) -> list[MembershipChange]:
         with Session(self.engine) as session:
             if session.get(JobRow, job_id) is None:
