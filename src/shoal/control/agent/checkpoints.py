@@ -19,7 +19,7 @@ import json
 import logging
 import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.control.client import CoordinatorClient, CoordinatorRefused
@@ -30,7 +30,9 @@ from shoal.train.files import checkpoint_manifests, manifest_step, prune_checkpo
 
 log = logging.getLogger(__name__)
 DOWNLOAD_EVERY_S = 30.0
-UPLOAD_TRIES = 20  # a refused upload is tried again this many beats (its step's records may lag)
+UPLOAD_TRIES = 20  # a refused upload is tried again up to this often (its step's records may lag)
+RETRY_MAX_S = 30.0  # ...at the next beat, then after 1 s, 2 s, 4 s... up to this: each try
+# re-reads and re-sends the whole file
 KEEP_DOWNLOADED = 2
 
 
@@ -42,7 +44,9 @@ def checkpoint_dir(work_dir: Path, job_id: str) -> Path:
 @dataclass
 class _JobCarry:
     downloaded_at: float = float("-inf")
-    tries: dict[int, int] = field(default_factory=dict)  # step -> refused uploads
+    step: int = -1  # the newest checkpoint here, the one being sent
+    tries: int = 0  # its refused uploads
+    next_try_at: float = float("-inf")  # refused, it waits longer each time (and is re-read)
 
 
 class CheckpointRelay:
@@ -81,7 +85,9 @@ class CheckpointRelay:
     def _upload(self, job_id: str, lease: int, folder: Path, local: tuple[int, Path],
                 carry: _JobCarry) -> None:
         step, manifest_path = local
-        if carry.tries.get(step, 0) >= UPLOAD_TRIES:
+        if step != carry.step:
+            carry.step, carry.tries, carry.next_try_at = step, 0, float("-inf")
+        if carry.tries >= UPLOAD_TRIES or time.monotonic() < carry.next_try_at:
             return
         try:
             manifest = json.loads(manifest_path.read_text())
@@ -89,17 +95,19 @@ class CheckpointRelay:
         except (OSError, ValueError, KeyError) as error:
             log.warning("job %s: checkpoint of step %d unreadable here (%s); not sent",
                         job_id, step, error)
-            carry.tries[step] = UPLOAD_TRIES
+            carry.tries = UPLOAD_TRIES
             return
         if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
             log.warning("job %s: checkpoint of step %d is damaged here; not sent", job_id, step)
-            carry.tries[step] = UPLOAD_TRIES
+            carry.tries = UPLOAD_TRIES
             return
         try:
             view = self.client.upload_checkpoint(job_id, step, lease, data)
         except CoordinatorRefused as refused:
-            carry.tries[step] = carry.tries.get(step, 0) + 1
-            level = logging.ERROR if carry.tries[step] >= UPLOAD_TRIES else logging.DEBUG
+            carry.tries += 1
+            wait = 0.0 if carry.tries == 1 else min(2.0 ** (carry.tries - 2), RETRY_MAX_S)
+            carry.next_try_at = time.monotonic() + wait
+            level = logging.ERROR if carry.tries >= UPLOAD_TRIES else logging.DEBUG
             log.log(level, "job %s: checkpoint of step %d refused (%d): %s", job_id, step,
                     refused.status, refused.detail)
             return
