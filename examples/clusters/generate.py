@@ -8,9 +8,12 @@ weights and Adam state alone, so every layout pipelines the model.
 Deterministic (seeded). Figures: NVLink-class links inside a machine, 100
 Gbit/s fabric inside a data center (25 on spot instances), campus and
 cross-country links of a few Gbit/s, and intercontinental links of 0.1-1
-Gbit/s with round-trip-like latencies from the cities' distances. Each link
-gets +-10 % of jitter so that no two are quite alike. `world_wide(n)` is
-also used by bench/plan.py to scale the world-wide case up.
+Gbit/s with round-trip-like latencies from the cities' distances. The
+world-wide case is DT-FM's own: one V100 per instance, 5 ms and 2 Gbit/s
+inside a region, and the latency and bandwidth DT-FM measured between each
+pair of its eight AWS regions (`MEASURED`). Each link gets +-10 % of jitter
+so that no two are quite alike. `world_wide(n)` is also used by
+bench/plan.py to scale the world-wide case up.
 """
 
 from __future__ import annotations
@@ -29,9 +32,7 @@ KINDS = {"a100-80g": (312.0, 80.0), "a100-40g": (312.0, 40.0), "v100-32g": (125.
          "rtx3090": (71.0, 24.0)}
 # (latitude, longitude) of the regions the examples use
 CITIES = {"oregon": (45.8, -119.7), "virginia": (38.9, -77.5), "ohio": (40.0, -83.0),
-          "california": (37.4, -122.0), "tokyo": (35.7, 139.7), "seoul": (37.6, 127.0),
-          "london": (51.5, -0.1), "frankfurt": (50.1, 8.7), "ireland": (53.3, -6.3),
-          "campus-a": (42.4, -71.1), "campus-b": (37.4, -122.2)}
+          "california": (37.4, -122.0), "campus-a": (42.4, -71.1), "campus-b": (37.4, -122.2)}
 
 
 def _km(a: str, b: str) -> float:
@@ -49,13 +50,40 @@ def wan_link(a: str, b: str) -> tuple[float, float]:
     return latency, gbps
 
 
+# (latency ms, Gbit/s) between AWS regions as DT-FM measured them (Yuan et al. 2022; the
+# table of its world-wide scenario, DS3Lab/DT-FM scheduler/generate_sim_com_matrices.py);
+# DT-FM assumed 5 ms and 2 Gbit/s between two single-GPU instances of one region.
+MEASURED = {
+    ("oregon", "virginia"): (67, 0.79), ("oregon", "ohio"): (49, 1.10),
+    ("oregon", "tokyo"): (96, 0.523), ("oregon", "seoul"): (124, 0.46),
+    ("oregon", "london"): (136, 0.42), ("oregon", "frankfurt"): (143, 0.404),
+    ("oregon", "ireland"): (124, 0.482), ("virginia", "ohio"): (11, 1.12),
+    ("virginia", "tokyo"): (143, 0.524), ("virginia", "seoul"): (172, 0.500),
+    ("virginia", "london"): (76, 1.16), ("virginia", "frankfurt"): (90, 1.02),
+    ("virginia", "ireland"): (67, 1.05), ("ohio", "tokyo"): (130, 0.694),
+    ("ohio", "seoul"): (159, 0.529), ("ohio", "london"): (86, 1.05),
+    ("ohio", "frankfurt"): (99, 0.799), ("ohio", "ireland"): (77, 1.14),
+    ("tokyo", "seoul"): (34, 1.10), ("tokyo", "london"): (210, 0.366),
+    ("tokyo", "frankfurt"): (223, 0.36), ("tokyo", "ireland"): (199, 0.465),
+    ("seoul", "london"): (238, 0.342), ("seoul", "frankfurt"): (235, 0.358),
+    ("seoul", "ireland"): (228, 0.335), ("london", "frankfurt"): (14, 1.14),
+    ("london", "ireland"): (12, 1.09), ("frankfurt", "ireland"): (24, 1.08),
+}
+DTFM_REGION = (5.0, 2.0)
+
+
+def measured_link(a: str, b: str) -> tuple[float, float]:
+    """(latency ms, Gbit/s) between two of DT-FM's regions, as measured."""
+    return MEASURED.get((a, b)) or MEASURED[(b, a)]
+
+
 def build(devices: list[dict], intra_node: tuple[float, float], intra_region: tuple[float, float],
-          rng: np.random.Generator) -> dict:
+          rng: np.random.Generator, wan_of=wan_link) -> dict:
     """Cluster JSON from devices (name, kind, region, node) and (ms, Gbit/s) inside a machine
-    and inside a region; regions apart are joined by `wan_link`."""
+    and inside a region; regions apart are joined by `wan_of(a, b)`."""
     n = len(devices)
     regions = sorted({d["region"] for d in devices})
-    wan = np.array([[wan_link(a, b) if a != b else intra_region for b in regions] for a in regions])
+    wan = np.array([[wan_of(a, b) if a != b else intra_region for b in regions] for a in regions])
     region = np.array([regions.index(d["region"]) for d in devices])
     node = np.array([d["node"] for d in devices])
     figures = wan[region[:, None], region[None, :]]  # (n, n, 2)
@@ -108,8 +136,10 @@ WORLD = ("oregon", "virginia", "ohio", "tokyo", "seoul", "london", "frankfurt", 
 
 
 def world_wide(rng, per_region: int = 8):
-    fleet = _fleet([(r, "v100-16g", per_region) for r in WORLD])
-    return build(fleet, (0.01, 300.0), (0.1, 100.0), rng)
+    # DT-FM's world-wide scenario: single-V100 instances (p3.2xlarge), 8 in each of 8
+    # regions, its measured links between regions and its 2 Gbit/s inside one.
+    fleet = _fleet([(r, "v100-16g", per_region) for r in WORLD], per_node=1)
+    return build(fleet, DTFM_REGION, DTFM_REGION, rng, wan_of=measured_link)
 
 
 EXAMPLES = {"datacenter": datacenter, "spot": spot, "two-universities": two_universities,
