@@ -6,11 +6,11 @@ from shoal.plan.synthetic import random_cluster  # noqa: F401  (the tests' rando
 from shoal.spec.plan import Cluster, Device, ModelProfile
 
 
-def two_devices(latency_ms: float = 10.0, gbps: float = 8.0) -> Cluster:
+def two_devices(latency_ms: float = 10.0, gbps: float = 8.0, memory_gb: float = 1.0) -> Cluster:
     """a: 10 TFLOP/s, b: 5 TFLOP/s, 1 GB each, one link (8 Gbit/s = 1e9 bytes/s)."""
     return Cluster(
-        devices=(Device(name="a", tflops=10.0, memory_gb=1.0),
-                 Device(name="b", tflops=5.0, memory_gb=1.0)),
+        devices=(Device(name="a", tflops=10.0, memory_gb=memory_gb),
+                 Device(name="b", tflops=5.0, memory_gb=memory_gb)),
         latency_ms=((0.0, latency_ms), (latency_ms, 0.0)),
         bandwidth_gbps=((0.0, gbps), (gbps, 0.0)),
     )

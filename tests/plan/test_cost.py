@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shoal.plan import CostConfig, evaluate, topology
+from shoal.plan import CostConfig, evaluate, ladder, topology
 from shoal.plan.cost import allocate_layers
+from shoal.spec.plan import Codec, SyncMode
 from tests.plan.factory import toy_model, two_devices
 
 HALF = CostConfig(efficiency=0.5)  # a: 5e12 FLOP/s achieved, b: 2.5e12
@@ -51,3 +52,23 @@ def test_a_model_too_big_for_memory_costs_infinity():
     huge = toy_model(parameters=10**9)  # 16 GB of state on 1 GB devices
     costs = evaluate(topology(two_devices()), huge, np.array([[[0, 1]]]), HALF)
     assert np.isinf(costs.step_s[0])
+
+
+def test_diloco_only_where_its_outer_copy_fits():
+    # Two replicas of both layers, 1.6 s of pipeline (2 micro-batches at b's 0.8 s); a
+    # 500 ms link makes every-step all-reduce 2000 B / 1e9 B/s + 2 x 0.5 s: over the
+    # budget (0.2 x 1.6 s), so with room to spare DiLoCo with 10 inner steps is chosen.
+    grid = np.array([[[0, 1]]])
+    roomy = evaluate(topology(two_devices(latency_ms=500.0)), toy_model(), grid, HALF)
+    option = ladder(HALF.sync)[int(roomy.sync[0])]
+    assert (option.mode, option.inner_steps, option.codec) == (SyncMode.diloco, 10, Codec.none)
+    assert roomy.exchange_s[0] == pytest.approx((2e-6 + 1.0) / 10)
+    # 20 kB a device: a layer is 500 params x 16 B + one boundary of 1000 B = 9 kB, two fit;
+    # DiLoCo adds 8 B/param (13 kB a layer) and int8's residual 4 (11 kB): neither fits,
+    # so every-step all-reduce, uncompressed, over the budget, is all that is left.
+    tight = evaluate(topology(two_devices(latency_ms=500.0, memory_gb=2e-5)), toy_model(), grid,
+                     HALF)
+    option = ladder(HALF.sync)[int(tight.sync[0])]
+    assert (option.mode, option.codec) == (SyncMode.allreduce, Codec.none)
+    assert tight.step_s[0] == pytest.approx(1.6 + 2e-6 + 1.0)
+    assert tight.layers[0].tolist() == [2]

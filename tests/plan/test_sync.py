@@ -7,16 +7,20 @@ import numpy as np
 import pytest
 
 from shoal.plan import SyncConfig, ladder
-from shoal.plan.sync import choose, exchange_s
+from shoal.plan.sync import DILOCO_BYTES, RESIDUAL_BYTES, choose, exchange_s, memory_classes
 from shoal.spec.plan import Codec, SyncMode
 from tests.plan.factory import toy_model
 
 CONFIG = SyncConfig()  # budget: exchange <= 0.2 x pipeline time
 
 
-def _choice(bandwidth: float, width: int = 16, dp: int = 2):
-    index, per_step = choose(np.array([[1e9]]), np.array([[bandwidth]]), np.array([[0.0]]), dp,
-                             np.array([1.0]), toy_model(width=width), CONFIG)
+def _choice(bandwidth: float, width: int = 16, dp: int = 2, held: tuple[float, ...] = ()):
+    """One stage group of 1e9 gradient bytes, 1 s of pipeline under every memory class
+    (inf under the classes listed in `held`: those do not fit)."""
+    extra, _ = memory_classes(ladder(CONFIG))
+    pipeline = np.where(np.isin(extra, held), np.inf, 1.0)[:, None]
+    index, per_step = choose(np.full((len(extra), 1, 1), 1e9), np.array([[bandwidth]]),
+                             np.array([[0.0]]), dp, pipeline, toy_model(width=width), CONFIG)
     option = ladder(CONFIG)[int(index[0])]
     return option.mode, option.inner_steps, option.codec, float(per_step[0])
 
@@ -55,3 +59,15 @@ def test_topk_all_gathers_so_it_grows_with_replicas():
     large = exchange_s(Codec.topk, np.array(1e9), np.array(1e9), np.array(0.0), 64, 0.03)
     ring = exchange_s(Codec.none, np.array(1e9), np.array(1e9), np.array(0.0), 64, 0.03)
     assert large > 30 * small and ring < large
+
+
+def test_options_that_memory_cannot_hold_are_skipped():
+    # 8 s plain: DiLoCo 20 with int8 is the first to fit 0.2 s (8 / 2 / 20).
+    assert _choice(1.25e8)[:3] == (SyncMode.diloco, 20, Codec.int8)
+    # Stages that cannot hold DiLoCo's outer copy (8 B/param) with int8's residual (4 more):
+    # on to DiLoCo 50 plain (0.16 s).
+    assert _choice(1.25e8, held=(DILOCO_BYTES + RESIDUAL_BYTES,))[:3] == (
+        SyncMode.diloco, 50, Codec.none)
+    # Nor DiLoCo at all: nothing fits the budget, so the fastest held, every-step int8 (4 s).
+    mode, _, codec, per_step = _choice(1.25e8, held=(DILOCO_BYTES, DILOCO_BYTES + RESIDUAL_BYTES))
+    assert (mode, codec, per_step) == (SyncMode.allreduce, Codec.int8, pytest.approx(4.0))

@@ -14,8 +14,12 @@ stage or link, plus one pass of fill and drain; each transfer costs the
 link's latency plus bytes / bandwidth, activations forward and gradients
 back; the data-parallel exchange follows the pipeline (no overlap), all
 stage groups at once; compute and communication do not share links.
+A share of each device's memory is kept back for the framework (CostConfig).
 Activations are checkpointed at layer boundaries: a stage stores one
-boundary per layer for each micro-batch in flight (at most pp).
+boundary per layer for each micro-batch in flight (at most pp). Beside the
+model's state, a stage holds what its sync option keeps per parameter
+(sync.state_bytes: DiLoCo's outer copy, a codec's residual), so the layers a
+stage can take, and whether a layout fits, depend on the option as well.
 """
 
 from __future__ import annotations
@@ -25,18 +29,24 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shoal.plan.cluster import Topology
-from shoal.plan.sync import SyncConfig, choose
+from shoal.plan.sync import SyncConfig, choose, ladder, memory_classes
 from shoal.spec.plan import ModelProfile
 
 
 @dataclass(frozen=True)
 class CostConfig:
     efficiency: float = 0.4  # achieved share of peak FLOP/s (MFU of large-model training)
+    # Share of each device's memory the plan leaves to the framework: the CUDA context and
+    # kernels, the allocator's fragmentation, the working set of recomputing one layer
+    # (vLLM's default gpu_memory_utilization = 0.9 leaves the same share).
+    memory_reserve: float = 0.1
     sync: SyncConfig = field(default_factory=SyncConfig)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.efficiency <= 1.0:
             raise ValueError("efficiency must be in (0, 1]")
+        if not 0.0 <= self.memory_reserve < 1.0:
+            raise ValueError("memory_reserve must be in [0, 1)")
 
 
 @dataclass(frozen=True)
@@ -88,24 +98,52 @@ def evaluate(top: Topology, model: ModelProfile, grids: np.ndarray,
     mb, per_layer_params = model.micro_batch_samples, model.parameters / model.layers
     m = micro_batches(model, dp)
     speed = top.flops[grids].min(axis=2) * config.efficiency  # (K, pp) FLOP/s
-    memory = top.memory_bytes[grids].min(axis=2)
-    layer_bytes = (per_layer_params * model.state_bytes_per_parameter
-                   + model.activation_bytes_per_sample * mb * min(m, pp))
-    if pp > model.layers:
-        layers = -np.ones((k, pp), dtype=np.int64)
-    else:
-        layers = allocate_layers(speed, np.floor(memory / layer_bytes), model.layers)
-    fits = layers[:, 0] > 0
-    stage_s = layers * (model.flops_per_sample / model.layers * mb) / speed  # (K, pp)
+    extra, _ = memory_classes(ladder(config.sync))
+    memory = top.memory_bytes[grids].min(axis=2) * (1.0 - config.memory_reserve)
+    layers = _layers_by_class(speed, memory, model, min(m, pp), extra)  # (C, K, pp)
+    fits = layers[:, :, 0] > 0  # (C, K)
+    stage_s = layers * (model.flops_per_sample / model.layers * mb) / speed  # (C, K, pp)
     link_s = _transfer_s(top, grids, model.activation_bytes_per_sample * mb)  # (K, pp - 1)
-    pace = np.maximum(stage_s.max(axis=1), link_s.max(axis=1, initial=0.0))
-    pipeline = (m - 1) * pace + stage_s.sum(axis=1) + 2 * link_s.sum(axis=1)
+    pace = np.maximum(stage_s.max(axis=2), link_s.max(axis=1, initial=0.0))
+    pipeline = (m - 1) * pace + stage_s.sum(axis=2) + 2 * link_s.sum(axis=1)  # (C, K)
+    pipeline = np.where(fits, pipeline, np.inf)
     bandwidth, latency = links if links is not None else _group_links(top, grids)
     grad_bytes = layers * per_layer_params * model.gradient_bytes_per_parameter
     sync, exchange = choose(grad_bytes, bandwidth, latency, dp, pipeline, model, config.sync)
-    inf = np.where(fits, 0.0, np.inf)
-    return Costs(step_s=pipeline + exchange + inf, compute_s=m * stage_s.max(axis=1) + inf,
-                 pipeline_s=pipeline + inf, exchange_s=exchange + inf, layers=layers, sync=sync)
+    _, class_of = memory_classes(ladder(config.sync))
+    c, rows = class_of[sync], np.arange(k)
+    compute = m * stage_s.max(axis=2)
+    return Costs(step_s=pipeline[c, rows] + exchange, compute_s=compute[c, rows],
+                 pipeline_s=pipeline[c, rows], exchange_s=exchange, layers=layers[c, rows],
+                 sync=sync)
+
+
+def _layers_by_class(speed: np.ndarray, memory: np.ndarray, model: ModelProfile, in_flight: int,
+                     extra: np.ndarray) -> np.ndarray:
+    """(C, K, pp) layers per stage under each memory class (`extra` bytes per parameter
+    beside the model's state, ascending); -1 for a row that does not fit.
+
+    The loosest class is allocated in full; a tighter one only where that allocation
+    overflows its caps (elsewhere water-filling takes the same steps, as no cap binds).
+    """
+    k, pp = speed.shape
+    per_layer_params = model.parameters / model.layers
+    activations = model.activation_bytes_per_sample * model.micro_batch_samples * in_flight
+    if pp > model.layers:
+        return -np.ones((len(extra), k, pp), dtype=np.int64)
+    out = np.empty((len(extra), k, pp), dtype=np.int64)
+    for c, bytes_per_parameter in enumerate(extra):
+        layer_bytes = per_layer_params * (model.state_bytes_per_parameter + bytes_per_parameter) \
+            + activations
+        caps = np.floor(memory / layer_bytes)
+        if c == 0:
+            out[0] = allocate_layers(speed, caps, model.layers)
+            continue
+        out[c] = out[0]
+        redo = (out[0] > caps).any(axis=1) & (out[0, :, 0] > 0)
+        if redo.any():
+            out[c, redo] = allocate_layers(speed[redo], caps[redo], model.layers)
+    return out
 
 
 def _transfer_s(top: Topology, grids: np.ndarray, message_bytes: float) -> np.ndarray:

@@ -4,6 +4,8 @@ The planner escalates along a ladder from the most faithful option (plain
 all-reduce) to the most frugal (DiLoCo with many inner steps and top-k),
 and stops at the first whose exchange fits a budget share of the pipeline
 time: fidelity is traded for bandwidth only when the network forces it.
+Each option also has its price in device memory (DiLoCo's outer copy, a
+codec's residual), so an option is open only to layouts whose stages hold it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import numpy as np
 from shoal.spec.plan import Codec, ModelProfile, SyncMode
 
 INDEX_BYTES = 4  # top-k sends an int32 index with each kept value
+# Device memory per parameter beside the model's own state, as the runtime keeps it:
+DILOCO_BYTES = 8.0  # theta_outer and the outer momentum, float32 (shoal.train.diloco)
+RESIDUAL_BYTES = 4.0  # a codec's error-feedback residual, float32 (shoal.train.codecs.base)
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,19 @@ def ladder(config: SyncConfig) -> tuple[SyncOption, ...]:
     return tuple(every_step + local + last)
 
 
+def state_bytes(option: SyncOption) -> float:
+    """Bytes per parameter the option keeps on the device beside the model's own state."""
+    extra = DILOCO_BYTES if option.mode is SyncMode.diloco else 0.0
+    return extra + (RESIDUAL_BYTES if option.codec is not Codec.none else 0.0)
+
+
+def memory_classes(options: tuple[SyncOption, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct extra bytes per parameter of `options`, ascending (C,), and each
+    option's class (O,): layouts are judged once per class, not once per option."""
+    extra, class_of = np.unique([state_bytes(o) for o in options], return_inverse=True)
+    return extra, class_of
+
+
 def wire_ratio(codec: Codec, model: ModelProfile, config: SyncConfig) -> float:
     """Bytes on the wire over uncompressed gradient bytes."""
     grad = model.gradient_bytes_per_parameter
@@ -88,18 +106,25 @@ def choose(grad_bytes: np.ndarray, bandwidth: np.ndarray, latency_s: np.ndarray,
            config: SyncConfig) -> tuple[np.ndarray, np.ndarray]:
     """For each of K layouts: the index into `ladder(config)` and its exchange per step.
 
-    grad_bytes, bandwidth, latency_s: (K, pp), per stage group; pipeline_s: (K,).
-    Stage groups exchange at once, so a layout waits for its slowest group;
-    DiLoCo's exchange is spread over its inner steps.
+    grad_bytes: (C, K, pp), each stage group's gradient under each memory class
+    (its layers differ where memory binds); pipeline_s: (C, K), inf where the
+    class does not fit; bandwidth, latency_s: (K, pp). Stage groups exchange at
+    once, so a layout waits for its slowest group; DiLoCo's exchange is spread
+    over its inner steps. The first option that fits memory and the budget is
+    taken; where none fits the budget, the fastest that fits memory.
     """
     options = ladder(config)
+    _, class_of = memory_classes(options)
     per_step = np.stack([
-        exchange_s(o.codec, grad_bytes, bandwidth, latency_s, dp,
+        exchange_s(o.codec, grad_bytes[c], bandwidth, latency_s, dp,
                    wire_ratio(o.codec, model, config)).max(axis=1) / o.inner_steps
-        for o in options
+        for o, c in zip(options, class_of)
     ], axis=1)  # (K, options)
-    fits = per_step <= config.exchange_budget * pipeline_s[:, None]
+    pipeline = pipeline_s[class_of].T  # (K, options)
+    held = np.isfinite(pipeline)
+    per_step = np.where(held, per_step, np.inf)
+    fits = held & (per_step <= config.exchange_budget * pipeline)
     first_fit = np.argmax(fits, axis=1)
-    best = np.argmin(per_step, axis=1)
-    chosen = np.where(fits.any(axis=1), first_fit, best)
+    fastest = np.argmin(pipeline + per_step, axis=1)
+    chosen = np.where(fits.any(axis=1), first_fit, fastest)
     return chosen, per_step[np.arange(len(chosen)), chosen]
