@@ -5,7 +5,9 @@ of nearby devices, order groups as an open path (nearest neighbour, then
 2-opt), and pair each stage's devices with their nearest in the next stage.
 Two duals are built, since which one wins depends on the network: stage
 groups kept tight (cheap all-reduce) or pipelines kept tight (cheap
-activations; the exchange across them can go local, DiLoCo style).
+activations; the exchange across them can go local, DiLoCo style). Where
+devices must sit out, pipelines are also built whole inside regions, so
+that who sits out does not force pipelines across slow links.
 """
 
 from __future__ import annotations
@@ -136,14 +138,58 @@ def tight_stages(top: Topology, members: np.ndarray, dp: int, pp: int, exchange_
     return ordered_stages(groups, top.message_s(message_bytes), micro_batches)
 
 
-def tight_pipelines(top: Topology, members: np.ndarray, dp: int, pp: int,
-                    message_bytes: float) -> np.ndarray:
-    """Pipelines of nearby devices (cheap activations), each an open path; columns of the grid."""
+def tight_pipelines(top: Topology, members: np.ndarray, dp: int, pp: int, message_bytes: float,
+                    paths: dict | None = None) -> np.ndarray:
+    """Pipelines of nearby devices (cheap activations), each an open path; columns of the grid
+    (`paths`: orders already found, see _columns)."""
     link_s = top.message_s(message_bytes)
+    return _columns(link_s, balanced_groups(link_s, members, pp), paths)
+
+
+def regional_pipelines(top: Topology, dp: int, pp: int, message_bytes: float,
+                       paths: dict | None = None) -> np.ndarray:
+    """Pipelines each inside one region where the regions hold whole ones, fastest first,
+    the rest from the fastest devices left; columns of the grid.
+
+    Unlike the other constructions it chooses which devices sit out: when dp x pp
+    is short of the cluster, the fastest dp x pp may leave every region a few
+    devices short of a pipeline, so that pipelines must cross slow links.
+    """
+    link_s = top.message_s(message_bytes)
+    regions = np.array(top.regions)
+    pipelines = []
+    for region in sorted(set(top.regions)):
+        members = np.flatnonzero(regions == region)
+        whole = len(members) // pp * pp
+        if whole:
+            fastest = members[np.argsort(-top.flops[members], kind="stable")][:whole]
+            pipelines += balanced_groups(link_s, np.sort(fastest), pp)
+    # The slowest device paces a pipeline's stages, its slowest link their transfers.
+    pipelines.sort(key=lambda p: (-top.flops[p].min(), link_s[np.ix_(p, p)].max()))
+    chosen = pipelines[:dp]
+    if len(chosen) < dp:
+        placed = np.concatenate(chosen) if chosen else np.array([], dtype=np.int64)
+        left = np.setdiff1d(np.arange(top.size), placed)
+        left = left[np.argsort(-top.flops[left], kind="stable")][: (dp - len(chosen)) * pp]
+        chosen += balanced_groups(link_s, np.sort(left), pp)
+    return _columns(link_s, chosen, paths)
+
+
+def _columns(link_s: np.ndarray, pipelines: list[np.ndarray],
+             paths: dict[tuple[int, ...], np.ndarray] | None = None) -> np.ndarray:
+    """(pp, dp) grid whose columns are `pipelines`, each ordered as a short open path.
+    `paths` keeps the orders found, by device set: constructions of one shape share
+    most pipelines, and ordering them is most of their time on large clusters."""
+    paths = {} if paths is None else paths
     columns = []
-    for pipeline in balanced_groups(link_s, members, pp):
-        order = open_path(link_s[np.ix_(pipeline, pipeline)], starts=2) if pp <= 32 else range(pp)
-        columns.append(pipeline[list(order)])
+    for pipeline in pipelines:
+        key = tuple(sorted(pipeline.tolist()))
+        if key not in paths:
+            pp = len(pipeline)
+            order = open_path(link_s[np.ix_(pipeline, pipeline)], starts=2) if pp <= 32 \
+                else range(pp)
+            paths[key] = pipeline[list(order)]
+        columns.append(paths[key])
     return np.array(columns).T
 
 

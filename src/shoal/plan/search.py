@@ -73,10 +73,12 @@ def first_layouts(top: Topology, model: ModelProfile, dp: int, pp: int) -> list[
     message = model.activation_bytes_per_sample * model.micro_batch_samples
     exchange = model.parameters / pp * model.gradient_bytes_per_parameter
     m = micro_batches(model, dp)
+    paths: dict = {}  # pipelines both pipeline constructions build are ordered once
     return [
         construct.tight_stages(top, members, dp, pp, exchange, message, m),
-        construct.tight_pipelines(top, members, dp, pp, message),
+        construct.tight_pipelines(top, members, dp, pp, message, paths),
         construct.speed_stages(top, members, dp, pp, message, m),
+        construct.regional_pipelines(top, dp, pp, message, paths),
     ]
 
 
