@@ -51,6 +51,27 @@ def test_ties_give_the_tied_value():
     assert centered_clip(gradients).tolist() == [2.0, 0.0]
 
 
+@pytest.mark.parametrize("n", [3, 4, 5, 6, 8, 9])
+def test_coordinate_rules_match_a_full_sort_to_the_bit(n):
+    # The rules read only the middle values (four workers take a shortcut: the middle
+    # two without a full sort); they must give what sorting every coordinate gives,
+    # NaN counted as +inf, infinities and ties included.
+    generator = torch.Generator().manual_seed(n)
+    gradients = torch.randn(n, 5000, generator=generator).round(decimals=1)  # many ties
+    gradients[0, :50] = float("nan")
+    gradients[1, 50:100] = float("inf")
+    gradients[n - 1, 100:150] = -float("inf")
+    ordered = torch.sort(torch.nan_to_num(gradients, nan=float("inf")), dim=0).values
+    b = trim_count(n)
+    expected_trimmed = ordered[b]
+    for row in ordered[b + 1:n - b]:
+        expected_trimmed = expected_trimmed + row
+    expected_median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    same = lambda a, e: torch.equal(a.nan_to_num(7.0), e.nan_to_num(7.0))  # noqa: E731
+    assert same(trimmed_mean(gradients), expected_trimmed / (n - 2 * b))
+    assert same(median(gradients), expected_median)
+
+
 def test_centered_clip_by_hand_with_a_fixed_radius():
     # Start 0, τ = 1: the far worker is clipped to length 1, the near ones pass whole.
     gradients = torch.stack([_t(0.5, 0), _t(-0.5, 0), _t(0, 10)])
