@@ -29,21 +29,21 @@ def replan(previous: Plan, cluster: Cluster, model: ModelProfile,
            config: SearchConfig = SearchConfig()) -> Plan:
     """A plan for the cluster's new membership that keeps devices on their stages where it can.
 
-    Survivors stay on their stage (in-place layout, holes filled by newcomers,
-    then a local search that charges for every move); a fresh plan wins only
-    if it is more than REPLAN_TOLERANCE faster.
+    Survivors stay on their stage and, where their replica lost fewest devices, in
+    their pipeline (in-place layout, holes filled by newcomers, then a local search
+    that charges for every move); a fresh plan wins only if it is more than
+    REPLAN_TOLERANCE faster.
     """
     top = topology(cluster)
     fresh = search(top, model, config)
     if previous.pp > min(model.layers, top.size):
         return to_plan(top, model, fresh, config.cost)
-    stage_of = np.full(top.size, -1)
     index = {name: i for i, name in enumerate(top.names)}
-    for j, stage in enumerate(previous.stages):
-        for name in stage:
-            if name in index:
-                stage_of[index[name]] = j
-    grid = _in_place(top, stage_of, previous.pp)
+    old = np.array([[index.get(name, -1) for name in stage] for stage in previous.stages])
+    stage_of = np.full(top.size, -1)
+    for j, row in enumerate(old):
+        stage_of[row[row >= 0]] = j
+    grid = _in_place(top, old, stage_of)
     rng = np.random.default_rng(config.seed)
     kept = improve(top, model, grid, config, rng, previous_stage=stage_of, move_cost=MOVE_COST)
     if np.isfinite(kept.step_s) and kept.step_s <= fresh.step_s * (1 + REPLAN_TOLERANCE):
@@ -51,16 +51,23 @@ def replan(previous: Plan, cluster: Cluster, model: ModelProfile,
     return to_plan(top, model, fresh, config.cost)
 
 
-def _in_place(top: Topology, stage_of: np.ndarray, pp: int) -> np.ndarray:
-    """(pp, dp) grid: survivors on their old stages, the fastest newcomers in the holes."""
+def _in_place(top: Topology, old: np.ndarray, stage_of: np.ndarray) -> np.ndarray:
+    """(pp, dp) grid from the previous one, `old` (-1 where a device left): the replicas that
+    lost fewest devices keep their whole pipelines; each hole takes a spare survivor of
+    its own stage if there is one (it moves nowhere), else the fastest device left."""
+    pp = len(old)
     dp = top.size // pp
-    rows = [list(np.flatnonzero(stage_of == j)[:dp]) for j in range(pp)]
-    placed = {d for row in rows for d in row}
-    spare = [int(d) for d in np.argsort(-top.flops, kind="stable") if d not in placed]
-    for row in sorted(rows, key=len):  # the emptiest stage chooses first
-        while len(row) < dp:
-            row.append(spare.pop(0))
-    return np.array(rows, dtype=np.int64)
+    keep = np.sort(np.argsort((old < 0).sum(axis=0), kind="stable")[:dp])
+    grid = np.full((pp, dp), -1)
+    grid[:, : len(keep)] = old[:, keep]
+    placed = set(grid.ravel().tolist())
+    spare = [int(d) for d in np.argsort(-top.flops, kind="stable") if int(d) not in placed]
+    for j in np.argsort((grid < 0).sum(axis=1), kind="stable")[::-1]:  # emptiest stage first
+        for r in np.flatnonzero(grid[j] < 0):
+            own = [d for d in spare if stage_of[d] == j]
+            grid[j, r] = own[0] if own else spare[0]
+            spare.remove(int(grid[j, r]))
+    return grid
 
 
 def to_plan(top: Topology, model: ModelProfile, layout: Layout,
