@@ -21,12 +21,14 @@ def test_json_on_an_example_cluster():
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     for key in ("step_time_s", "random_step_time_s", "greedy_step_time_s", "dp", "pp", "stages",
-                "mode", "codec", "search_s"):
+                "mode", "codec", "slt", "search_s"):
         assert key in out
     assert len(out["stages"]) == out["pp"] and all(len(s) == out["dp"] for s in out["stages"])
     assert out["step_time_s"] < out["random_step_time_s"]
     assert out["mode"] in ("allreduce", "diloco")
     assert out["codec"] in ("none", "int8", "topk", "powersgd")
+    # Staleness only where the runtime takes it: DiLoCo, uncompressed.
+    assert out["slt"] == 0 or (out["mode"], out["codec"]) == ("diloco", "none")
 
 
 def test_table(tmp_path):

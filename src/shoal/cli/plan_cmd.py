@@ -49,7 +49,7 @@ def plan_command(
             "greedy_step_time_s": greedy_s, "dp": plan.dp, "pp": plan.pp,
             "stages": [list(s) for s in plan.stages], "layers": list(plan.layers),
             "unused": list(plan.unused), "mode": plan.mode.value,
-            "inner_steps": plan.inner_steps, "codec": plan.codec.value,
+            "inner_steps": plan.inner_steps, "codec": plan.codec.value, "slt": plan.slt,
             "breakdown": plan.breakdown.model_dump(), "search_s": search_s,
             "model": profile.name, "devices": top.size,
         }))
@@ -60,6 +60,7 @@ def plan_command(
 def _print(plan, random_s: float, greedy_s: float, search_s: float, model: str) -> None:  # noqa: ANN001
     console = Console()
     sync = plan.mode.value + (f" ({plan.inner_steps} inner steps)" if plan.inner_steps > 1 else "")
+    sync += f", slt {plan.slt}" if plan.slt else ""
     console.print(f"[bold]{model}[/]: {plan.dp} replicas x {plan.pp} stages, {sync}, "
                   f"codec {plan.codec.value}; planned in {search_s:.2f} s")
     stages = Table("stage", "layers", "devices")

@@ -12,8 +12,9 @@ micro-batch in layers x FLOPs-per-layer / (slowest peak x efficiency);
 the pipeline is GPipe/1F1B-like, (M - 1) micro-batches paced by its slowest
 stage or link, plus one pass of fill and drain; each transfer costs the
 link's latency plus bytes / bandwidth, activations forward and gradients
-back; the data-parallel exchange follows the pipeline (no overlap), all
-stage groups at once; compute and communication do not share links.
+back; the data-parallel exchange follows the pipeline (no overlap, but
+with bounded staleness DiLoCo's runs beside later rounds: sync.exposed_s),
+all stage groups at once; compute and communication do not share links.
 A share of each device's memory is kept back for the framework (CostConfig).
 Activations are checkpointed at layer boundaries: a stage stores one
 boundary per layer for each micro-batch in flight (at most pp). Beside the
@@ -56,7 +57,7 @@ class Costs:
     step_s: np.ndarray  # (K,) per optimizer (inner) step
     compute_s: np.ndarray  # (K,) the slowest stage's compute over all micro-batches
     pipeline_s: np.ndarray  # (K,) compute, transfers and bubble
-    exchange_s: np.ndarray  # (K,) data-parallel exchange, amortized over inner steps
+    exchange_s: np.ndarray  # (K,) data-parallel exchange waited for, amortized over inner steps
     layers: np.ndarray  # (K, pp) layers per stage
     sync: np.ndarray  # (K,) index into sync.ladder
 

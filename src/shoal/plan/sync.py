@@ -4,8 +4,11 @@ The planner escalates along a ladder from the most faithful option (plain
 all-reduce) to the most frugal (DiLoCo with many inner steps and top-k),
 and stops at the first whose exchange fits a budget share of the pipeline
 time: fidelity is traded for bandwidth only when the network forces it.
-Each option also has its price in device memory (DiLoCo's outer copy, a
-codec's residual), so an option is open only to layouts whose stages hold it.
+Bounded staleness (DiLoCo's `slt = k`) is a rung of its own: a round's
+exchange runs beside the next k rounds' compute, so a slow member's exchange
+stalls nobody while it takes less than k rounds. Each option also has its
+price in device memory (DiLoCo's outer copy, a codec's residual, the rounds
+in flight), so an option is open only to layouts whose stages hold it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ INDEX_BYTES = 4  # top-k sends an int32 index with each kept value
 # Device memory per parameter beside the model's own state, as the runtime keeps it:
 DILOCO_BYTES = 8.0  # theta_outer and the outer momentum, float32 (shoal.train.diloco)
 RESIDUAL_BYTES = 4.0  # a codec's error-feedback residual, float32 (shoal.train.codecs.base)
+# slt = k (shoal.train.staleness): where the round began, float32, and for each of the k
+# rounds in flight this worker's own pseudo-gradient and the sum being reduced, float32.
+START_BYTES, IN_FLIGHT_BYTES = 4.0, 8.0
+MAX_SLT = 16  # the runtime's bound ([sync] slt)
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,13 @@ class SyncOption:
     mode: SyncMode
     inner_steps: int
     codec: Codec
+    slt: int = 0  # DiLoCo rounds applied this many outer steps late (exchange in the background)
+
+    def __post_init__(self) -> None:
+        # What the runtime refuses (shoal.spec.job.SyncSpec): staleness delays outer steps,
+        # which every-step all-reduce has none of, and runs its exchange uncompressed.
+        if self.slt and (self.mode is not SyncMode.diloco or self.codec is not Codec.none):
+            raise ValueError("slt > 0 needs mode diloco and codec none")
 
 
 @dataclass(frozen=True)
@@ -37,8 +51,14 @@ class SyncConfig:
     inner_steps: tuple[int, ...] = (10, 20, 50, 100, 200, 500)  # DiLoCo ran H = 500
     topk_fraction: float = 0.01
     powersgd_rank: int = 4
+    # Staleness bounds the planner may choose, after int8 at the same H: on the tiny GPT
+    # slt = 1 cost 0.02-0.09 nats of val loss and slt = 2 0.12-0.15 over slt = 0
+    # (tests/train/test_slt.py, bench/slt.py), int8 0.003 over no codec.
+    staleness: tuple[int, ...] = (1, 2)
 
     def __post_init__(self) -> None:
+        if any(not 1 <= k <= MAX_SLT for k in self.staleness):
+            raise ValueError(f"staleness must list slt values in 1..{MAX_SLT} (or none)")
         if not 0.0 < self.exchange_budget <= 10.0:
             raise ValueError("exchange_budget must be in (0, 10]")
         if not self.inner_steps or min(self.inner_steps) < 2:
@@ -51,8 +71,9 @@ def ladder(config: SyncConfig) -> tuple[SyncOption, ...]:
     """Options from most faithful to most frugal; the planner takes the first that fits."""
     every_step = [SyncOption(SyncMode.allreduce, 1, c) for c in (Codec.none, Codec.int8,
                                                                   Codec.powersgd)]
-    local = [SyncOption(SyncMode.diloco, h, c)
-             for h in sorted(config.inner_steps) for c in (Codec.none, Codec.int8)]
+    local = [option for h in sorted(config.inner_steps) for option in (
+        SyncOption(SyncMode.diloco, h, Codec.none), SyncOption(SyncMode.diloco, h, Codec.int8),
+        *(SyncOption(SyncMode.diloco, h, Codec.none, k) for k in sorted(config.staleness)))]
     most = max(config.inner_steps)
     last = [SyncOption(SyncMode.diloco, most, c) for c in (Codec.powersgd, Codec.topk)]
     return tuple(every_step + local + last)
@@ -61,6 +82,8 @@ def ladder(config: SyncConfig) -> tuple[SyncOption, ...]:
 def state_bytes(option: SyncOption) -> float:
     """Bytes per parameter the option keeps on the device beside the model's own state."""
     extra = DILOCO_BYTES if option.mode is SyncMode.diloco else 0.0
+    if option.slt:
+        extra += START_BYTES + IN_FLIGHT_BYTES * option.slt
     return extra + (RESIDUAL_BYTES if option.codec is not Codec.none else 0.0)
 
 
@@ -85,7 +108,14 @@ def wire_ratio(codec: Codec, model: ModelProfile, config: SyncConfig) -> float:
 
 def exchange_s(codec: Codec, grad_bytes: np.ndarray, bandwidth: np.ndarray, latency_s: np.ndarray,
                dp: int, ratio: float) -> np.ndarray:
-    """Seconds for one exchange of each stage group (shapes broadcast; 0 when dp == 1).
+    """Seconds for one exchange of each stage group (shapes broadcast; 0 when dp == 1)."""
+    on_link, waiting = exchange_parts(codec, grad_bytes, bandwidth, latency_s, dp, ratio)
+    return on_link + waiting
+
+
+def exchange_parts(codec: Codec, grad_bytes: np.ndarray, bandwidth: np.ndarray,
+                   latency_s: np.ndarray, dp: int, ratio: float) -> tuple[np.ndarray, np.ndarray]:
+    """One exchange of each stage group: (seconds of bytes on the link, seconds of latency).
 
     Dense codecs all-reduce in a ring paced by the group's slowest link:
     2 (dp-1)/dp of the bytes and 2 (dp-1) latencies (PowerSGD does it twice,
@@ -93,12 +123,34 @@ def exchange_s(codec: Codec, grad_bytes: np.ndarray, bandwidth: np.ndarray, late
     place, so it all-gathers: (dp-1) times the kept bytes.
     """
     if dp == 1:
-        return np.zeros(np.broadcast(grad_bytes, bandwidth).shape)
+        zero = np.zeros(np.broadcast(grad_bytes, bandwidth).shape)
+        return zero, zero
     sent = grad_bytes * ratio
     if codec is Codec.topk:
-        return (dp - 1) * sent / bandwidth + (dp - 1) * latency_s
-    rounds = 2 if codec is Codec.powersgd else 1
-    return 2 * (dp - 1) / dp * sent / bandwidth + rounds * 2 * (dp - 1) * latency_s
+        on_link, waiting = (dp - 1) * sent / bandwidth, (dp - 1) * latency_s
+    else:
+        rounds = 2 if codec is Codec.powersgd else 1
+        on_link, waiting = 2 * (dp - 1) / dp * sent / bandwidth, rounds * 2 * (dp - 1) * latency_s
+    return np.broadcast_arrays(on_link, waiting)
+
+
+def exposed_s(option: SyncOption, on_link_s: np.ndarray, exchange_s: np.ndarray,
+              pipeline_s: np.ndarray) -> np.ndarray:
+    """Seconds per step that the exchange adds to the pipeline's.
+
+    Without staleness the exchange is waited for whole, spread over the inner
+    steps. With slt = k a round's exchange runs beside the next k rounds of H
+    steps (compute and exchange do not share links), so a round lasts the
+    longest of: its compute (H x pipeline); the exchange's bytes on the link
+    (the rounds in flight share it, so staleness hides no more than one
+    round's worth of bandwidth); the whole exchange over k (its latency
+    does overlap). Only what outlasts the compute is waited for.
+    """
+    if option.slt == 0:
+        return exchange_s / option.inner_steps
+    compute = option.inner_steps * pipeline_s
+    round_s = np.maximum(np.maximum(compute, on_link_s), exchange_s / option.slt)
+    return (round_s - compute) / option.inner_steps
 
 
 def choose(grad_bytes: np.ndarray, bandwidth: np.ndarray, latency_s: np.ndarray, dp: int,
@@ -109,20 +161,21 @@ def choose(grad_bytes: np.ndarray, bandwidth: np.ndarray, latency_s: np.ndarray,
     grad_bytes: (C, K, pp), each stage group's gradient under each memory class
     (its layers differ where memory binds); pipeline_s: (C, K), inf where the
     class does not fit; bandwidth, latency_s: (K, pp). Stage groups exchange at
-    once, so a layout waits for its slowest group; DiLoCo's exchange is spread
-    over its inner steps. The first option that fits memory and the budget is
-    taken; where none fits the budget, the fastest that fits memory.
+    once, so a layout waits for its slowest group (see exposed_s for how long).
+    The first option that fits memory and the budget is taken; where none fits
+    the budget, the fastest that fits memory.
     """
     options = ladder(config)
     _, class_of = memory_classes(options)
-    per_step = np.stack([
-        exchange_s(o.codec, grad_bytes[c], bandwidth, latency_s, dp,
-                   wire_ratio(o.codec, model, config)).max(axis=1) / o.inner_steps
-        for o, c in zip(options, class_of)
-    ], axis=1)  # (K, options)
     pipeline = pipeline_s[class_of].T  # (K, options)
     held = np.isfinite(pipeline)
-    per_step = np.where(held, per_step, np.inf)
+    columns = []
+    for i, (option, c) in enumerate(zip(options, class_of)):
+        on_link, waiting = exchange_parts(option.codec, grad_bytes[c], bandwidth, latency_s, dp,
+                                          wire_ratio(option.codec, model, config))
+        columns.append(exposed_s(option, on_link.max(axis=1), (on_link + waiting).max(axis=1),
+                                 np.where(held[:, i], pipeline[:, i], 0.0)))
+    per_step = np.where(held, np.stack(columns, axis=1), np.inf)  # (K, options)
     fits = held & (per_step <= config.exchange_budget * pipeline)
     first_fit = np.argmax(fits, axis=1)
     fastest = np.argmin(pipeline + per_step, axis=1)

@@ -152,7 +152,9 @@ class StepBreakdown(Frozen):
 
     compute_s: float  # the slowest stage's compute for all of its micro-batches
     pipeline_s: float  # the whole pipeline: compute, transfers and the bubble
-    exchange_s: float  # data-parallel exchange per optimizer step (amortized over inner steps)
+    # data-parallel exchange per optimizer step (amortized over inner steps), the part
+    # that waits: with slt, what a round's exchange takes beyond the compute it runs beside
+    exchange_s: float
 
 
 class Plan(Frozen):
@@ -166,6 +168,9 @@ class Plan(Frozen):
     mode: SyncMode = SyncMode.allreduce
     inner_steps: int = Field(1, ge=1)  # DiLoCo: local steps between outer steps
     codec: Codec = Codec.none
+    # DiLoCo: rounds applied this many outer steps late, their exchange in the background
+    # (the job file's [sync] slt; the runtime bounds it at 16)
+    slt: int = Field(0, ge=0, le=16)
     step_time_s: float = Field(ge=0.0)
     breakdown: StepBreakdown
 
@@ -180,6 +185,9 @@ class Plan(Frozen):
             raise ValueError("a device appears twice in the plan")
         if self.mode is SyncMode.allreduce and self.inner_steps != 1:
             raise ValueError("inner_steps applies to the diloco mode only; use 1")
+        if self.slt and (self.mode is not SyncMode.diloco or self.codec is not Codec.none):
+            # As the runtime's [sync] refuses it: see shoal.spec.job.SyncSpec.
+            raise ValueError("slt > 0 applies to the diloco mode with codec 'none' only")
         return self
 
     @property

@@ -77,8 +77,10 @@ def test_links_come_from_the_coordinators_own_probes_when_every_agent_has_one(se
     publish(co, job_id, [worker("a1", leases), worker("a2", leases)], "join")
     (slow,) = co.plan_jobs()
     assert slow.links == "probed" and slow.epoch == 2
-    # The planner saw the slow link: more local steps between exchanges, and a compressed one.
-    assert slow.inner_steps > fast.inner_steps and slow.codec is not Codec.none
+    # The planner saw the slow link: more local steps between exchanges, and a compressed
+    # one or one in the background, applied late (bounded staleness, said in the advice).
+    assert slow.inner_steps > fast.inner_steps
+    assert slow.codec is not Codec.none or "slt = " in slow.advice
 
 
 def test_a_worker_names_its_lease_however_its_node_name_was_claimed():

@@ -187,14 +187,16 @@ def _probed_links(probes: list[tuple[str, Any, Any]]) -> tuple[tuple[tuple[float
 def _advice(spec: JobSpec, plan: Plan) -> str:
     """A sentence when the planner would synchronize these members otherwise than the job."""
     sync = spec.sync
-    if plan.mode is sync.mode and plan.codec is sync.codec and (
+    if plan.mode is sync.mode and plan.codec is sync.codec and plan.slt == sync.slt and (
             plan.mode is SyncMode.allreduce or plan.inner_steps == sync.inner_steps):
         return ""
     would = plan.mode.value + (f" with inner_steps = {plan.inner_steps}"
                                if plan.mode is SyncMode.diloco else "")
+    would += f", slt = {plan.slt}" if plan.slt else ""
+    runs = sync.mode.value + (f", slt {sync.slt}" if sync.slt else "")
     return (f"for these members' links the planner would run {would} and codec "
             f"'{plan.codec.value}', at {plan.step_time_s:.3g} s a step predicted (the job runs "
-            f"{sync.mode.value}, codec '{sync.codec.value}', fixed for the run: set [sync] in "
+            f"{runs}, codec '{sync.codec.value}', fixed for the run: set [sync] in "
             "the job file for the next one)")
 
 

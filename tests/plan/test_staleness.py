@@ -1,0 +1,53 @@
+"""The planner chooses bounded staleness (slt) where one slow region's exchange would stall
+the rest, and not where no region is slow; figures computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.plan import CostConfig, SearchConfig, SyncConfig, plan
+from shoal.spec.plan import Cluster, Codec, Device, ModelProfile, RegionLink, SyncMode
+
+# 2 layers of 5e7 parameters (2e8 gradient bytes); 1e12 FLOPs a sample; 64 samples a step.
+# Width 8 leaves PowerSGD nothing to gain.
+MODEL = ModelProfile(name="dp", layers=2, width=8, parameters=10**8,
+                     activation_bytes_per_sample=1000.0, flops_per_sample=1e12, batch_samples=64)
+DATA_PARALLEL = SearchConfig(only_shapes=((8, 1),))
+
+
+def _cluster(slow_region: bool) -> Cluster:
+    """4 regions of 2 devices (10 TFLOP/s, 80 GB); 20 ms and 10 Gbit/s between regions, and
+    if `slow_region`, 300 ms and 1 Gbit/s between r3 and the others."""
+    slow = tuple(RegionLink(a="r3", b=f"r{r}", latency_ms=300.0, bandwidth_gbps=1.0)
+                 for r in range(3)) if slow_region else ()
+    return Cluster(devices=tuple(Device(name=f"r{r}-{i}", tflops=10.0, memory_gb=80.0,
+                                        region=f"r{r}") for r in range(4) for i in range(2)),
+                   inter_region_latency_ms=20.0, inter_region_bandwidth_gbps=10.0,
+                   region_links=slow)
+
+
+def test_no_slow_region_no_staleness():
+    # 8 replicas, 8 micro-batches each at 2 layers x 5e11 / 4e12 FLOP/s: 2.0 s a step. Ring
+    # exchange: 2 x 7/8 x 2e8 B / 1.25e9 B/s + 14 x 20 ms = 0.56 s, over 0.2 x 2.0; int8
+    # 0.42 still over; DiLoCo with 10 inner steps waits 0.056 s a step: within budget.
+    result = plan(_cluster(slow_region=False), MODEL, DATA_PARALLEL)
+    assert (result.mode, result.inner_steps, result.codec, result.slt) == (
+        SyncMode.diloco, 10, Codec.none, 0)
+    assert result.step_time_s == pytest.approx(2.0 + 0.056)
+
+
+def test_one_slow_region_gets_staleness():
+    # Through r3: 1.75 x 2e8 / 1.25e8 B/s + 14 x 300 ms = 2.8 + 4.2 = 7.0 s an exchange.
+    # DiLoCo 10 would wait 0.7 s a step (int8 0.56); at slt = 1 the exchange runs beside
+    # the next round's 10 x 2.0 s of compute and nobody waits.
+    result = plan(_cluster(slow_region=True), MODEL, DATA_PARALLEL)
+    assert (result.mode, result.inner_steps, result.codec, result.slt) == (
+        SyncMode.diloco, 10, Codec.none, 1)
+    assert result.breakdown.exchange_s == 0.0
+    assert result.step_time_s == pytest.approx(2.0)
+    # Without staleness on offer, the planner must go to 20 inner steps and still wait
+    # 7.0 / 20 = 0.35 s a step.
+    fixed = plan(_cluster(slow_region=True), MODEL, SearchConfig(
+        only_shapes=((8, 1),), cost=CostConfig(sync=SyncConfig(staleness=()))))
+    assert (fixed.mode, fixed.inner_steps, fixed.slt) == (SyncMode.diloco, 20, 0)
+    assert fixed.step_time_s == pytest.approx(2.0 + 0.35)
