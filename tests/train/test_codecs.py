@@ -153,3 +153,37 @@ def test_every_rank_decodes_the_same_bits(name):
     kept = sum(c.residual for c in codecs)
     assert torch.allclose(sent + kept, 3 * sum(inputs), atol=1e-3)
     assert all(c.bytes_sent > 0 for c in codecs)
+
+
+@pytest.mark.parametrize("name", ["int8", "topk"])
+def test_a_background_exchange_gives_the_bits_of_a_blocking_one(name):
+    """`start`, an all-gather, then `finish` (how DiLoCo with slt sends a round) sums
+    and stages exactly what `exchange` does."""
+    world, results = 3, {}
+    groups = _groups(world)
+
+    def run(rank: int) -> None:
+        contributions = [torch.randn(NUMEL, generator=torch.Generator().manual_seed(10 * rank + i))
+                         for i in range(2)]
+        blocking = make_codec(SyncSpec(codec=name, topk_fraction=0.1), SHAPES)
+        background = make_codec(SyncSpec(codec=name, topk_fraction=0.1), SHAPES)
+        out = []
+        for g in contributions:  # two steps: the second carries the first's residual
+            a = blocking.exchange(g, groups[rank], lambda: False)
+            blocking.commit()
+            b = background.finish(groups[rank].all_gather(background.start(g), lambda: False))
+            background.commit()
+            out.append((a, b, blocking.residual, background.residual))
+        results[rank] = out
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _let_die(groups)
+    assert len(results) == world
+    for out in results.values():
+        for a, b, ra, rb in out:
+            assert torch.equal(a, b) and torch.equal(ra, rb)
+    assert torch.equal(results[0][1][0], results[2][1][0])  # the same sum on every replica

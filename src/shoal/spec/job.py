@@ -135,12 +135,13 @@ class SyncSpec(Frozen):
             raise ValueError(f"sync.slt = {self.slt} delays DiLoCo's outer steps; every-step "
                              "all-reduce has none to delay: set mode = 'diloco' (with "
                              "inner_steps) or drop slt")
-        if self.slt > 0 and self.codec is not Codec.none:
-            # A codec exchanges in several dependent collectives (PowerSGD's P then Q),
-            # which cannot run in the background beside the inner steps' votes yet.
+        if self.slt > 0 and self.codec is Codec.powersgd:
+            # PowerSGD exchanges in two dependent all-reduces (P, then Q from it), which
+            # cannot run in the background beside the inner steps' votes; int8 and top-k
+            # are one all-gather each.
             raise ValueError(f"sync.slt = {self.slt} exchanges the pseudo-gradient in the "
-                             f"background uncompressed; codec = '{self.codec.value}' cannot "
-                             "run there yet: use codec = 'none' with slt, or slt = 0")
+                             "background; codec = 'powersgd' cannot run there: use 'int8' or "
+                             "'topk' with slt, or slt = 0")
         return self
 
 

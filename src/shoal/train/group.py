@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -85,6 +86,14 @@ def _settled(things: list[object]) -> bool:
 GRAVEYARD = _Graveyard()
 
 
+@dataclass(frozen=True, eq=False)
+class Started:
+    """A background collective in flight: its works and every buffer gloo may touch."""
+
+    works: list[dist.Work]
+    buffers: list[torch.Tensor]
+
+
 class EpochGroup:
     """The process group of one epoch, with cancellable collectives."""
 
@@ -100,7 +109,7 @@ class EpochGroup:
         # collectives of the steps in between would queue behind them on the same sockets.
         self._store, self._backend = store, backend
         self._background: dist.ProcessGroup | None = None
-        self._started: list[object] = []  # background all-reduces not yet waited for
+        self._started: list[Started] = []  # background collectives not yet waited for
 
     @classmethod
     def build(cls, store: dist.Store, epoch: int, rank: int, world: int, *, backend: str,
@@ -128,22 +137,39 @@ class EpochGroup:
         works = [self.pg.allreduce([t], dist.AllreduceOptions()) for t in tensors]
         self._run(works, tensors, should_cancel, "all-reduce")
 
-    def start_all_reduce(self, tensor: torch.Tensor, should_cancel: ShouldCancel) -> dist.Work:
+    def start_all_reduce(self, tensor: torch.Tensor, should_cancel: ShouldCancel) -> Started:
         """Begin summing `tensor` across the group and return at once; `wait_for` it
         later. Every member must start it at the same point of its collectives."""
+        pg = self._background_group(should_cancel)
+        work = pg.allreduce([tensor], dist.AllreduceOptions())
+        return self._start([work], [tensor])
+
+    def start_all_gather(self, tensors: list[torch.Tensor],
+                         should_cancel: ShouldCancel) -> tuple[Started, list[list[torch.Tensor]]]:
+        """Begin gathering every member's copy of each tensor (rank order, in new
+        tensors) and return at once; read them after `wait_for`."""
+        gathered = [[torch.empty_like(t) for _ in range(self.world)] for t in tensors]
+        pg = self._background_group(should_cancel)
+        works = [pg.allgather([out], [t]) for out, t in zip(gathered, tensors)]
+        return self._start(works, [*tensors, *(o for out in gathered for o in out)]), gathered
+
+    def wait_for(self, started: Started, should_cancel: ShouldCancel) -> None:
+        """Finish a background collective, with the same deadline and cancel check as the rest."""
+        self._run(started.works, started.buffers, should_cancel, "background exchange")
+        self._started = [t for t in self._started if t is not started]
+
+    def _background_group(self, should_cancel: ShouldCancel) -> dist.ProcessGroup:
         if self._background is None:
             self._background = self.pg if self._store is None else _construct(
                 self._backend, dist.PrefixStore("background", self._store), self.rank,
                 self.world, self.timeout_s, self.poll_s, should_cancel,
                 f"the background group of epoch {self.epoch}")
-        work = self._background.allreduce([tensor], dist.AllreduceOptions())
-        self._started += [work, tensor]
-        return work
+        return self._background
 
-    def wait_for(self, work: dist.Work, tensor: torch.Tensor, should_cancel: ShouldCancel) -> None:
-        """Finish a `start_all_reduce`, with the same deadline and cancel check as the rest."""
-        self._run([work], [tensor], should_cancel, "background all-reduce")
-        self._started = [t for t in self._started if t is not work and t is not tensor]
+    def _start(self, works: list[dist.Work], buffers: list[torch.Tensor]) -> Started:
+        started = Started(works, buffers)
+        self._started.append(started)  # buried with the group if never waited for
+        return started
 
     def all_gather(self, tensors: list[torch.Tensor],
                    should_cancel: ShouldCancel) -> list[list[torch.Tensor]]:
@@ -164,7 +190,8 @@ class EpochGroup:
 
     def abandon(self) -> None:
         """Hand this group and anything in flight to the graveyard; never touch it again."""
-        GRAVEYARD.bury([self.pg, self._background, *self._in_flight, *self._started],
+        started = [t for run in self._started for t in (*run.works, *run.buffers)]
+        GRAVEYARD.bury([self.pg, self._background, *self._in_flight, *started],
                        linger_s=self.timeout_s + 5.0)
         self.pg = self._background = None  # type: ignore[assignment]
         self._in_flight, self._started = [], []

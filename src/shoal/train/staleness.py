@@ -16,6 +16,10 @@ Own progress in full, not its 1/n share of the sum: on the tiny GPT (3 workers,
 H = 10, slt = 1) the final val loss was 3.20-3.25 with it, 3.34 with the 1/n share
 and 3.56 with no correction (plain delay), against 3.16 at slt = 0.
 
+With a codec (int8 or top-k, whose messages are one all-gather), a round is
+encoded when it starts and decoded when it is due; its error-feedback residual
+is kept once the outer step that started it is applied, like every-step's.
+
 A membership change abandons every round in flight on every member (no partial
 sum is ever applied); their samples are counted as `samples_dropped` and the
 rounds as `rounds_dropped`. Nothing in flight travels to a joiner: it gets
@@ -27,7 +31,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +42,7 @@ from shoal.train import inject
 from shoal.train.codecs.base import ShouldCancel, ring_all_reduce_bytes
 from shoal.train.diloco import DiLoCo, outer_sgd_step
 from shoal.train.exchange import GradientExchange
-from shoal.train.group import EpochGroup
+from shoal.train.group import EpochGroup, Started
 from shoal.train.hashing import param_sha256
 from shoal.train.sync import InnerStep, StepWork
 
@@ -54,6 +58,9 @@ def rounds_due(started: Sequence[int], now: int, slt: int, last: bool) -> int:
     return sum(1 for index in started if index + slt <= now)
 
 
+ReadRound = Callable[[], tuple[torch.Tensor, int]]
+
+
 @dataclass
 class Round:
     """One round's exchange, from its outer step until its average is applied."""
@@ -61,9 +68,16 @@ class Round:
     index: int  # the outer step that started it (the same count on every replica)
     expected: int  # samples the round committed, every member's
     own: torch.Tensor  # this worker's pseudo-gradient (start - local), unweighted
-    sent: torch.Tensor  # sample-weighted pseudo-gradient and this worker's samples, summed in place
-    work: Any  # the group's handle on that all-reduce
+    started: Started  # the group's handle on its background exchange
+    # Once the exchange is done: (every member's sample-weighted pseudo-gradient summed,
+    # the samples of the members present).
+    read: ReadRound
     started_at: float = 0.0  # time.monotonic() at its start
+    summed: torch.Tensor | None = None  # `read()`, once it arrived
+    present: int = 0
+
+    def arrive(self) -> None:
+        self.summed, self.present = self.read()
 
 
 class StaleDiLoCo(DiLoCo):
@@ -96,12 +110,10 @@ class StaleDiLoCo(DiLoCo):
         mine = self.round_samples + work.share
         expected = self.round_expected + work.global_batch
         own = self.start - self._flat()
-        sent = torch.cat([own * (mine / expected), torch.tensor([float(mine)])])
         # Started first, in the same order on every member (on the group's background
         # lane: the inner steps' scalar all-reduces run beside it, not behind it).
-        handle = group.start_all_reduce(sent, should_cancel)
-        self._started = Round(self.outer_index, expected, own, sent, handle, time.monotonic())
-        self._plain_bytes += ring_all_reduce_bytes(sent.nbytes, group.world)
+        started, read = self._start_exchange(group, own * (mine / expected), mine, should_cancel)
+        self._started = Round(self.outer_index, expected, own, started, read, time.monotonic())
         tail = self.exchange.scalar_tail()
         scalars = tail.clone()
         group.all_reduce([scalars], should_cancel)
@@ -111,27 +123,45 @@ class StaleDiLoCo(DiLoCo):
         self._due = rounds_due([r.index for r in in_flight], self.outer_index, self.slt,
                                self._last(work.step))
         for r in in_flight[:self._due]:  # arrived long ago, unless a link is slower than k rounds
-            group.wait_for(r.work, r.sent, should_cancel)
+            group.wait_for(r.started, should_cancel)
+            r.arrive()
             # Benchmarks only: the exchange emulated over a slow link ends this late.
             time.sleep(max(0.0, r.started_at + inject.exchange_delay_s() - time.monotonic()))
 
+    def _start_exchange(self, group: EpochGroup, weighted: torch.Tensor, mine: int,
+                        should_cancel: ShouldCancel) -> tuple[Started, ReadRound]:
+        """Begin summing every member's `weighted` pseudo-gradient and samples `mine` in
+        the background: all-reduced whole, or all-gathered through the codec."""
+        samples = torch.tensor([float(mine)])
+        if self.codec is None:
+            sent = torch.cat([weighted, samples])
+            self._plain_bytes += ring_all_reduce_bytes(sent.nbytes, group.world)
+            started = group.start_all_reduce(sent, should_cancel)
+            return started, lambda: (sent[:-1], int(sent[-1].item()))
+        messages = self.codec.start(weighted)
+        self.codec.bytes_sent += self.codec.message_bytes([*messages, samples], group.world)
+        started, gathered = group.start_all_gather([*messages, samples], should_cancel)
+        return started, lambda: (self.codec.finish(gathered[:-1]),
+                                 int(sum(t.item() for t in gathered[-1])))
+
     def checked(self) -> list[torch.Tensor]:
         arrived = [*self.pending, self._started][:self._due] if self._outer_now else []
-        return [*self.exchange.gradients(), *(r.sent for r in arrived)]
+        return [*self.exchange.gradients(), *(r.summed for r in arrived)]
 
     def apply(self, inner_step: InnerStep) -> None:
         if not self._outer_now:
             super().apply(inner_step)
             self._log_fields(0, None, 0)
             return
+        if self.codec is not None:  # the round just started sent its part: the rest waits
+            self.codec.commit()
         self.pending.append(self._started)
         arrived, self.pending = self.pending[:self._due], self.pending[self._due:]
         dropped, late = 0, 0
         for r in arrived:
-            present = int(r.sent[-1].item())
-            average = r.sent[:-1] * (r.expected / present) if present else torch.zeros_like(r.own)
+            average = r.summed * (r.expected / r.present) if r.present else torch.zeros_like(r.own)
             outer_sgd_step(self.outer, self.momentum, average, self.spec)
-            dropped += max(0, r.expected - present)
+            dropped += max(0, r.expected - r.present)
             late += self.outer_index > r.index
         seen = max((self.outer_index - r.index for r in arrived), default=None)
         log.info("outer step %d at step %d: %d round(s) applied (staleness %s), %d in flight%s",

@@ -93,3 +93,43 @@ class Codec(ABC):
     def _exchange(self, corrected: torch.Tensor, group: Collectives,
                   should_cancel: ShouldCancel) -> tuple[torch.Tensor, torch.Tensor]:
         """(sum of every member's decoded message, this member's own decoded message)."""
+
+
+class GatheredCodec(Codec):
+    """A codec whose messages are all-gathered once and decoded in rank order, so its
+    exchange can also run in the background (`start`, then `finish` with what the
+    group gathered): DiLoCo with bounded staleness sends rounds that way."""
+
+    def _exchange(self, corrected: torch.Tensor, group: Collectives,
+                  should_cancel: ShouldCancel) -> tuple[torch.Tensor, torch.Tensor]:
+        messages, mine = self._encode(corrected)
+        self.bytes_sent += ring_all_gather_bytes(sum(m.nbytes for m in messages), group.world)
+        return self._decode(group.all_gather(messages, should_cancel), corrected.numel()), mine
+
+    def start(self, contribution: torch.Tensor) -> list[torch.Tensor]:
+        """This member's messages for `contribution` (plus the residual), to all-gather;
+        the new residual is staged as in `exchange` (commit or discard it)."""
+        if contribution.numel() != self.numel:
+            raise ValueError(f"{self.name}: {contribution.numel()} values for {self.numel}")
+        with torch.no_grad():
+            corrected = contribution.float() + self.residual if self.residual is not None \
+                else contribution.float().clone()
+            messages, mine = self._encode(corrected)
+            self._staged = corrected - mine
+        return messages
+
+    def finish(self, gathered: list[list[torch.Tensor]]) -> torch.Tensor:
+        """Every member's decoded message, summed, from what the group gathered."""
+        return self._decode(gathered, self.numel)
+
+    def message_bytes(self, messages: list[torch.Tensor], world: int) -> int:
+        """What all-gathering `messages` puts on the wire for this member (ring model)."""
+        return ring_all_gather_bytes(sum(m.nbytes for m in messages), world)
+
+    @abstractmethod
+    def _encode(self, corrected: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """(the messages to all-gather, this member's own decoded message)."""
+
+    @abstractmethod
+    def _decode(self, gathered: list[list[torch.Tensor]], numel: int) -> torch.Tensor:
+        """The sum of every member's decoded message: per message, one copy per rank."""

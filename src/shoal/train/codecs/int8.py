@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from shoal.train.codecs.base import Codec, Collectives, ShouldCancel, ring_all_gather_bytes
+from shoal.train.codecs.base import GatheredCodec
 
 CHUNK = 1024  # values per scale: 4 bytes of scale per 1024 of int8 (0.4% overhead)
 
@@ -28,16 +28,16 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, chunk: int = CHUNK) -> tor
     return (padded * scales[:, None]).view(-1)[: q.numel()]
 
 
-class Int8Codec(Codec):
+class Int8Codec(GatheredCodec):
     name = "int8"
 
-    def _exchange(self, corrected: torch.Tensor, group: Collectives,
-                  should_cancel: ShouldCancel) -> tuple[torch.Tensor, torch.Tensor]:
+    def _encode(self, corrected: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         q, scales = quantize(corrected)
-        mine = dequantize(q, scales)
-        self.bytes_sent += ring_all_gather_bytes(q.nbytes + scales.nbytes, group.world)
-        values, all_scales = group.all_gather([q, scales], should_cancel)
-        total = torch.zeros_like(corrected)
+        return [q, scales], dequantize(q, scales)
+
+    def _decode(self, gathered: list[list[torch.Tensor]], numel: int) -> torch.Tensor:
+        values, all_scales = gathered
+        total = torch.zeros(numel)
         for q_r, s_r in zip(values, all_scales):  # rank order: the same bits everywhere
             total += dequantize(q_r, s_r)
-        return total, mine
+        return total

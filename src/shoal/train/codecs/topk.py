@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import torch
 
-from shoal.train.codecs.base import Codec, Collectives, ShouldCancel, ring_all_gather_bytes
+from shoal.train.codecs.base import GatheredCodec
 
 
-class TopKCodec(Codec):
+class TopKCodec(GatheredCodec):
     name = "topk"
 
     def __init__(self, shapes: Sequence[torch.Size], fraction: float) -> None:
@@ -25,15 +25,16 @@ class TopKCodec(Codec):
             raise ValueError("topk fraction must be in (0, 1)")
         self.k = max(1, math.ceil(fraction * self.numel))  # the same k on every member
 
-    def _exchange(self, corrected: torch.Tensor, group: Collectives,
-                  should_cancel: ShouldCancel) -> tuple[torch.Tensor, torch.Tensor]:
+    def _encode(self, corrected: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         indices = torch.topk(corrected.abs(), self.k, sorted=False).indices.to(torch.int32)
         values = corrected[indices.long()]
         mine = torch.zeros_like(corrected)
         mine[indices.long()] = values
-        self.bytes_sent += ring_all_gather_bytes(values.nbytes + indices.nbytes, group.world)
-        all_values, all_indices = group.all_gather([values, indices], should_cancel)
-        total = torch.zeros_like(corrected)
+        return [values, indices], mine
+
+    def _decode(self, gathered: list[list[torch.Tensor]], numel: int) -> torch.Tensor:
+        all_values, all_indices = gathered
+        total = torch.zeros(numel)
         for v_r, i_r in zip(all_values, all_indices):  # rank order; a member's indices are unique
             total.index_add_(0, i_r.long(), v_r)
-        return total, mine
+        return total
