@@ -61,12 +61,13 @@ def open_path(edge: np.ndarray, bottleneck_weight: float = 0.0, starts: int = 8)
         hops = edge[order[:-1], order[1:]]
         return float(hops.sum() + bottleneck_weight * hops.max())
 
+    rows = edge.tolist()  # plain lists: these loops index single edges, thousands of times
     first = np.linspace(0, k - 1, min(k, starts)).astype(int)
-    best = min((_nearest_neighbour(edge, int(start)) for start in first), key=cost)
-    return _two_opt(edge, best, cost, bottleneck_weight > 0)
+    best = min((_nearest_neighbour(rows, int(start)) for start in first), key=cost)
+    return _two_opt(rows, best, cost, bottleneck_weight > 0)
 
 
-def _two_opt(edge: np.ndarray, order: list[int], cost, needs_full: bool) -> list[int]:
+def _two_opt(edge: list[list[float]], order: list[int], cost, needs_full: bool) -> list[int]:
     """Reverse segments while that shortens the path (a sum of edges changes only at the cut
     ends, so without a bottleneck term each try is O(1))."""
     k, improved = len(order), True
@@ -78,10 +79,10 @@ def _two_opt(edge: np.ndarray, order: list[int], cost, needs_full: bool) -> list
                     candidate = order[:i] + order[i:j][::-1] + order[j:]
                     gain = cost(order) - cost(candidate)
                 else:
-                    before = (edge[order[i - 1], order[i]] if i else 0.0) + \
-                        (edge[order[j - 1], order[j]] if j < k else 0.0)
-                    after = (edge[order[i - 1], order[j - 1]] if i else 0.0) + \
-                        (edge[order[i], order[j]] if j < k else 0.0)
+                    before = (edge[order[i - 1]][order[i]] if i else 0.0) + \
+                        (edge[order[j - 1]][order[j]] if j < k else 0.0)
+                    after = (edge[order[i - 1]][order[j - 1]] if i else 0.0) + \
+                        (edge[order[i]][order[j]] if j < k else 0.0)
                     gain = before - after
                 if gain > 1e-12:
                     order = order[:i] + order[i:j][::-1] + order[j:]
@@ -89,14 +90,13 @@ def _two_opt(edge: np.ndarray, order: list[int], cost, needs_full: bool) -> list
     return order
 
 
-def _nearest_neighbour(edge: np.ndarray, start: int) -> list[int]:
-    order, free = [start], np.ones(len(edge), dtype=bool)
-    free[start] = False
-    while free.any():
-        options = np.flatnonzero(free)
-        nxt = int(options[np.argmin(edge[order[-1], options])])
+def _nearest_neighbour(edge: list[list[float]], start: int) -> list[int]:
+    order, free = [start], [i for i in range(len(edge)) if i != start]
+    while free:
+        row = edge[order[-1]]
+        nxt = min(free, key=row.__getitem__)  # the first of equals, as argmin takes
         order.append(nxt)
-        free[nxt] = False
+        free.remove(nxt)
     return order
 
 

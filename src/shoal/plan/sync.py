@@ -169,11 +169,13 @@ def choose(grad_bytes: np.ndarray, bandwidth: np.ndarray, latency_s: np.ndarray,
     _, class_of = memory_classes(options)
     pipeline = pipeline_s[class_of].T  # (K, options)
     held = np.isfinite(pipeline)
-    columns = []
+    columns, exchanges = [], {}  # (class, codec) -> slowest group's (bytes, whole exchange)
     for i, (option, c) in enumerate(zip(options, class_of)):
-        on_link, waiting = exchange_parts(option.codec, grad_bytes[c], bandwidth, latency_s, dp,
-                                          wire_ratio(option.codec, model, config))
-        columns.append(exposed_s(option, on_link.max(axis=1), (on_link + waiting).max(axis=1),
+        if (c, option.codec) not in exchanges:
+            on_link, waiting = exchange_parts(option.codec, grad_bytes[c], bandwidth, latency_s,
+                                              dp, wire_ratio(option.codec, model, config))
+            exchanges[c, option.codec] = on_link.max(axis=1), (on_link + waiting).max(axis=1)
+        columns.append(exposed_s(option, *exchanges[c, option.codec],
                                  np.where(held[:, i], pipeline[:, i], 0.0)))
     per_step = np.where(held, np.stack(columns, axis=1), np.inf)  # (K, options)
     fits = held & (per_step <= config.exchange_budget * pipeline)
