@@ -11,6 +11,7 @@ from shoal.plan.sync import (
     DILOCO_BYTES, IN_FLIGHT_BYTES, RESIDUAL_BYTES, START_BYTES, choose, exchange_s, exposed_s,
     memory_classes, state_bytes,
 )
+from shoal.spec.job import SyncSpec
 from shoal.spec.plan import Codec, SyncMode
 from tests.plan.factory import toy_model
 
@@ -68,6 +69,16 @@ def test_topk_all_gathers_so_it_grows_with_replicas():
     assert large > 30 * small and ring < large
 
 
+def test_int8_all_gathers_so_it_saves_bytes_only_between_few_replicas():
+    # 1e9 B at 1e9 B/s: the plain ring sends 2 (dp-1)/dp of it, int8 (half the bytes)
+    # dp-1 halves: 1.0 s against 0.5 s between two, 1.75 s against 3.5 s among eight.
+    one = (np.array(1e9), np.array(1e9), np.array(0.0))
+    assert exchange_s(Codec.none, *one, 2, 1.0) == pytest.approx(1.0)
+    assert exchange_s(Codec.int8, *one, 2, 0.5) == pytest.approx(0.5)
+    assert exchange_s(Codec.none, *one, 8, 1.0) == pytest.approx(1.75)
+    assert exchange_s(Codec.int8, *one, 8, 0.5) == pytest.approx(3.5)
+
+
 def test_options_that_memory_cannot_hold_are_skipped():
     # 8 s plain: without staleness DiLoCo 20 with int8 is the first to fit 0.2 s (8 / 2 / 20).
     assert _choice(1.25e8, config=NO_SLT)[:3] == (SyncMode.diloco, 20, Codec.int8)
@@ -101,11 +112,12 @@ def test_staleness_hides_latency_k_rounds_deep():
     assert exposed_s(SyncOption(SyncMode.diloco, 20, Codec.none, 2), on_link, total,
                      pipeline) == 0.0
     # So the ladder keeps H at 10 with slt = 2 (5e-5 s a step), where without staleness it
-    # needs H = 200 (0.1 s; H = 100 waits 0.20001).
+    # needs H = 100 and int8, whose all-gather waits one latency, not the ring's two
+    # (10.0005 / 100 s; uncompressed, H = 100 waits 0.20001).
     assert _choice(1e12, latency_s=10.0) == (SyncMode.diloco, 10, Codec.none, 2,
                                              pytest.approx(5e-5))
-    assert _choice(1e12, latency_s=10.0, config=NO_SLT)[:4] == (SyncMode.diloco, 200,
-                                                                 Codec.none, 0)
+    assert _choice(1e12, latency_s=10.0, config=NO_SLT) == (SyncMode.diloco, 100, Codec.int8,
+                                                            0, pytest.approx(0.100005))
 
 
 def test_staleness_hides_no_more_than_a_round_of_bandwidth():
@@ -120,14 +132,18 @@ def test_staleness_hides_no_more_than_a_round_of_bandwidth():
 
 
 def test_the_ladder_never_offers_what_the_runtime_refuses():
-    # The runtime takes slt > 0 only with DiLoCo and no codec (shoal.spec.job.SyncSpec).
+    # Each option as a job file's [sync]: the runtime's own check accepts every one.
     offered = ladder(SyncConfig(staleness=(1, 2, 4)))
     assert {o.slt for o in offered} == {0, 1, 2, 4}
     for option in offered:
+        SyncSpec(mode=option.mode, inner_steps=option.inner_steps, codec=option.codec,
+                 slt=option.slt)
         if option.slt:
-            assert option.mode is SyncMode.diloco and option.codec is Codec.none
-    with pytest.raises(ValueError, match="diloco and codec none"):
-        SyncOption(SyncMode.diloco, 10, Codec.int8, 1)
+            assert option.codec is Codec.none  # offered uncompressed only
+    with pytest.raises(ValueError, match="other than powersgd"):
+        SyncOption(SyncMode.diloco, 10, Codec.powersgd, 1)
+    with pytest.raises(ValueError, match="mode diloco"):
+        SyncOption(SyncMode.allreduce, 1, Codec.none, 1)
     with pytest.raises(ValueError, match="staleness"):
         SyncConfig(staleness=(0,))
     assert state_bytes(SyncOption(SyncMode.diloco, 10, Codec.none, 2)) == 8 + 4 + 2 * 8

@@ -6,7 +6,9 @@ and stops at the first whose exchange fits a budget share of the pipeline
 time: fidelity is traded for bandwidth only when the network forces it.
 Bounded staleness (DiLoCo's `slt = k`) is a rung of its own: a round's
 exchange runs beside the next k rounds' compute, so a slow member's exchange
-stalls nobody while it takes less than k rounds. Each option also has its
+stalls nobody while it takes less than k rounds. It is offered uncompressed
+only (the runtime also takes int8 and top-k with it, at a memory cost that
+grows with the replicas, as each round in flight gathers every member's message). Each option also has its
 price in device memory (DiLoCo's outer copy, a codec's residual, the rounds
 in flight), so an option is open only to layouts whose stages hold it.
 """
@@ -38,9 +40,10 @@ class SyncOption:
 
     def __post_init__(self) -> None:
         # What the runtime refuses (shoal.spec.job.SyncSpec): staleness delays outer steps,
-        # which every-step all-reduce has none of, and runs its exchange uncompressed.
-        if self.slt and (self.mode is not SyncMode.diloco or self.codec is not Codec.none):
-            raise ValueError("slt > 0 needs mode diloco and codec none")
+        # which every-step all-reduce has none of, and PowerSGD's two dependent all-reduces
+        # cannot run in the background.
+        if self.slt and (self.mode is not SyncMode.diloco or self.codec is Codec.powersgd):
+            raise ValueError("slt > 0 needs mode diloco and a codec other than powersgd")
 
 
 @dataclass(frozen=True)
@@ -117,16 +120,19 @@ def exchange_parts(codec: Codec, grad_bytes: np.ndarray, bandwidth: np.ndarray,
                    latency_s: np.ndarray, dp: int, ratio: float) -> tuple[np.ndarray, np.ndarray]:
     """One exchange of each stage group: (seconds of bytes on the link, seconds of latency).
 
-    Dense codecs all-reduce in a ring paced by the group's slowest link:
-    2 (dp-1)/dp of the bytes and 2 (dp-1) latencies (PowerSGD does it twice,
-    for both factors, at half the bytes each). Top-k cannot be summed in
-    place, so it all-gathers: (dp-1) times the kept bytes.
+    Plain gradients and PowerSGD's factors all-reduce in a ring paced by the
+    group's slowest link: 2 (dp-1)/dp of the bytes and 2 (dp-1) latencies
+    (PowerSGD does it twice, for both factors, at half the bytes each).
+    Top-k and int8 messages cannot be summed in place (int8 would overflow),
+    so the runtime all-gathers them and decodes in rank order
+    (shoal.train.codecs): (dp-1) times the kept bytes, which past a few
+    replicas is more than the plain ring sends.
     """
     if dp == 1:
         zero = np.zeros(np.broadcast(grad_bytes, bandwidth).shape)
         return zero, zero
     sent = grad_bytes * ratio
-    if codec is Codec.topk:
+    if codec in (Codec.topk, Codec.int8):
         on_link, waiting = (dp - 1) * sent / bandwidth, (dp - 1) * latency_s
     else:
         rounds = 2 if codec is Codec.powersgd else 1

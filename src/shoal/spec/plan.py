@@ -185,9 +185,9 @@ class Plan(Frozen):
             raise ValueError("a device appears twice in the plan")
         if self.mode is SyncMode.allreduce and self.inner_steps != 1:
             raise ValueError("inner_steps applies to the diloco mode only; use 1")
-        if self.slt and (self.mode is not SyncMode.diloco or self.codec is not Codec.none):
+        if self.slt and (self.mode is not SyncMode.diloco or self.codec is Codec.powersgd):
             # As the runtime's [sync] refuses it: see shoal.spec.job.SyncSpec.
-            raise ValueError("slt > 0 applies to the diloco mode with codec 'none' only")
+            raise ValueError("slt > 0 applies to the diloco mode only, and not with powersgd")
         return self
 
     @property
