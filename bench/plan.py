@@ -2,8 +2,9 @@
 
 For each example cluster (examples/clusters/, 64 devices) and GPT-3 XL:
 shoal's plan and 20 random placements of the same shape (dp x pp), each
-random one with its own choice of sync mode and codec under the same cost
-model; `vs_random` is shoal's predicted step time over their median. Over
+random one with its own choice of sync mode, codec and staleness under the
+same cost model; `vs_random` is shoal's predicted step time over their
+median, and `plans` says what shoal chose (for reading). Over
 50 random clusters of 3-8 devices (random device kinds, regions and links)
 the planner's search is run against exhaustive search: `vs_optimum_worst`
 is the worst ratio. `plan_s_64` and `plan_s_1024` time the search on the
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from shoal.plan import (
-    SearchConfig, exhaustive, parse_cluster, random_layouts, search, topology,
+    SearchConfig, exhaustive, parse_cluster, random_layouts, search, to_plan, topology,
 )
 from shoal.plan.synthetic import random_cluster
 from shoal.spec.plan import Cluster, gpt3_xl
@@ -44,9 +45,10 @@ RANDOM_LAYOUTS = 20
 TARGETS = {"vs_optimum_worst_max": 1.02, "world_wide_vs_random_max": 0.33, "plan_s_1024_max": 10.0}
 
 
-def vs_random(model, only_shapes=()) -> dict[str, float]:
-    """Per example: shoal's step time over the median of random layouts of its shape."""
-    ratios = {}
+def vs_random(model, only_shapes=()) -> tuple[dict[str, float], dict[str, str]]:
+    """Per example: shoal's step time over the median of random layouts of its shape,
+    and shoal's plan in a few words."""
+    ratios, plans = {}, {}
     for name in EXAMPLES:
         path = ROOT / "examples" / "clusters" / f"{name}.json"
         top = topology(parse_cluster(path.read_text(), str(path)))
@@ -55,7 +57,10 @@ def vs_random(model, only_shapes=()) -> dict[str, float]:
         median = np.median([r.step_s for r in random_layouts(top, model, dp, pp,
                                                               RANDOM_LAYOUTS, seed=1)])
         ratios[name] = round(best.step_s / float(median), 4)
-    return ratios
+        p = to_plan(top, model, best)
+        plans[name] = (f"{dp}x{pp} {p.mode.value} H={p.inner_steps} {p.codec.value} "
+                       f"slt={p.slt}: {p.step_time_s:.3f} s vs {float(median):.3f}")
+    return ratios, plans
 
 
 def vs_optimum(model, instances: int, seed: int) -> tuple[float, int]:
@@ -90,15 +95,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     model = gpt3_xl()
-    ratios = vs_random(model)
+    ratios, plans = vs_random(model)
     worst, judged = vs_optimum(model, args.instances, args.seed)
     (wall_64, cpu_64), (wall_1024, cpu_1024) = plan_seconds(model, 8), plan_seconds(model, 128)
     result = {
-        "vs_random": ratios, "vs_optimum_worst": worst, "instances": judged,
+        "vs_random": ratios, "plans": plans, "vs_optimum_worst": worst, "instances": judged,
         "plan_s_64": wall_64, "plan_s_1024": wall_1024,
         "plan_cpu_s_64": cpu_64, "plan_cpu_s_1024": cpu_1024,
         # For reading only: DT-FM fixed 8 x 8 on 64 devices; shoal's own choice is above.
-        "vs_random_at_dp8_pp8": vs_random(model, only_shapes=((8, 8),)),
+        "vs_random_at_dp8_pp8": vs_random(model, only_shapes=((8, 8),))[0],
         "model": model.name, "random_layouts": RANDOM_LAYOUTS, "targets": TARGETS,
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
