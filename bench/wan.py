@@ -1,22 +1,34 @@
 """Training over a slow network (issue 11): the tiny GPT on 4 workers, each on a
 network-namespaced host of its own (tests/harness), once on a fast emulated
-network and once on one 100x slower, each with the sync mode and codec the
-planner (shoal.plan) chooses for a 4-device cluster with those links.
+network and once on one 100x slower in both rate and latency, each with the
+sync mode and codec the planner (shoal.plan) chooses for a 4-device cluster
+with those links.
 
 Figures: `slowdown` (time to a fixed validation loss, slow over fast; training
 time from the commit of step 0, evaluations subtracted),
 `bytes_ratio` (exchange bytes sent per worker on the slow network over those
 of plain every-step all-reduce for the same steps, counted in the exchange by
-the ring model; `wire_bytes_ratio` is the same from the veth counters, store
-and vote traffic included) and `loss_gap` (final validation loss on the slow
-network minus plain all-reduce's on the fast one). Targets: slowdown <= 1.2,
+the ring model; `wire_bytes_ratio` is the same from the hosts' bridge-port
+counters, store and vote traffic included) and `loss_gap` (final validation
+loss on the slow network minus plain all-reduce's on the fast one). Targets: slowdown <= 1.2,
 bytes_ratio <= 1/1000, loss_gap <= 0.03 nats.
 
-Links are shaped with tbf (rate) on both ends of every host's veth. This
-kernel has no netem, so no latency is added: the slow network is 100x
-slower in rate only, and the JSON says so.
+Links go through the harness's userspace emulator (Host.emulate: this kernel
+has no netem): every host's link, both ways, has the rate, half the host-to-host
+one-way latency (a packet crosses the sender's link and the receiver's) and a
+drop-tail queue of 100 ms of backlog (one round trip of the slow network: its
+bandwidth-delay product). Fast: 1000 Mbit/s, 0.5 ms one way between hosts (the
+planner's default within a region). Slow: 10 Mbit/s, 50 ms (RTT 100 ms, about
+a transatlantic path). The slow links have the WAN's 1500-byte MTU, so TCP's
+slow start and loss recovery on its 100 ms round trips count in real-size
+segments; the fast links have a 65,000-byte MTU: on a 1 ms round trip TCP
+behaves much the same with either, and at 1500 bytes the forwarders would move
+83,000 frames/s at line rate and take the CPU the training needs (making the
+fast run slower and the slowdown flattering). The JSON states the settings and
+the forwarders' CPU seconds in each run. The planner is given the same rates
+and latencies. Both runs set SHOAL_POLL_S=0.5 (RUNTIME_ENV says why).
 
-    .venv/bin/python -m bench.wan [--steps 300] [--fast-mbit 1000] [--target 2.6]
+    .venv/bin/python -m bench.wan [--steps 300] [--fast-mbit 1000] [--fast-latency-ms 0.5] [--target 2.6]
 
 Needs root. Prints progress to stderr and, as its last line, one JSON object.
 """
@@ -26,9 +38,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.shoal_side import scratch_dir
@@ -43,20 +55,45 @@ JOB = "examples/tiny-gpt.toml"
 WORKER = Path(__file__).with_name("wan_worker.py")
 WORKERS = 4
 TARGETS = {"slowdown_max": 1.2, "bytes_ratio_max": 1 / 1000, "loss_gap_max": 0.03}
+QUEUE_MS = 100.0  # drop-tail, per direction of each host's link
+# The runtime's store waits use poll_s as their network timeout: at the default 5 ms a
+# worker more than 5 ms (round trip) from the store never sees a key it waits for, and
+# epoch 0's barrier never passes on the slow network. 0.5 s on both networks: waits still
+# return as soon as the key is set (on the fast network it changed no step time).
+RUNTIME_ENV = {"SHOAL_REBALANCE": "0", "TORCH_CPP_LOG_LEVEL": "ERROR", "SHOAL_POLL_S": "0.5"}
+MTU = {"fast": 65000, "slow": 1500}  # why they differ: see the docstring
+
+
+@dataclass(frozen=True)
+class Wan:
+    """One emulated network: every pair of hosts sees `mbit` and `latency_ms` one way."""
+
+    mbit: float
+    latency_ms: float
+    mtu: int
+
+    def settings(self) -> dict:
+        return {"link_mbit": self.mbit, "latency_ms": self.latency_ms, "mtu": self.mtu,
+                "queue_ms": QUEUE_MS}
 
 
 def log(message: str) -> None:
     print(f"[bench.wan] {message}", file=sys.stderr, flush=True)
 
 
-def shape(network: Network, mbit: float) -> None:
-    """tbf at `mbit` on both ends of every host's link (each direction shaped once)."""
-    burst = max(16_000, int(mbit * 1e6 / 8 / 100))  # 10 ms of traffic, at least 16 kB
+def emulate(network: Network, wan: Wan) -> None:
+    """Every host's link at `wan`'s rate, with half its host-to-host latency each way."""
     for host in network.hosts:
-        for prefix, dev in (([], host.link), (["ip", "netns", "exec", host.namespace], "eth0")):
-            subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
-                            "rate", f"{mbit}mbit", "burst", str(burst), "latency", "400ms"],
-                           check=True, capture_output=True, text=True)
+        host.emulate(delay_ms=wan.latency_ms / 2, rate_mbit=wan.mbit, queue_ms=QUEUE_MS, mtu=wan.mtu)
+
+
+def forwarder_cpu_s(network: Network) -> float:
+    """CPU seconds the hosts' link forwarders have used (their own processes, not the training's)."""
+    ticks = 0
+    for host in network.hosts:
+        fields = Path(f"/proc/{host.forwarder.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def sent_by_hosts(network: Network) -> list[int]:
@@ -93,8 +130,8 @@ def tiny_profile(job):
     return profile.model_copy(update={"gradient_bytes_per_parameter": 4.0})
 
 
-def planned(job, tflops: float, mbit: float, max_inner: int):
-    """The planner's mode and codec for 4 devices on links of `mbit`. Data parallel only
+def planned(job, tflops: float, wan: Wan, max_inner: int):
+    """The planner's mode and codec for 4 devices on `wan`'s links. Data parallel only
     (the runtime has no pipeline execution yet), and DiLoCo rounds no longer than a
     sixth of the run (the default ladder goes to H = 500, more than the whole run)."""
     from shoal.plan import CostConfig, SearchConfig, SyncConfig, plan
@@ -102,26 +139,27 @@ def planned(job, tflops: float, mbit: float, max_inner: int):
     devices = tuple(Device(name=f"h{i}", tflops=tflops, memory_gb=4.0) for i in range(WORKERS))
     n = len(devices)
     cluster = Cluster(devices=devices,
-                      latency_ms=tuple(tuple(0.05 for _ in range(n)) for _ in range(n)),
-                      bandwidth_gbps=tuple(tuple(mbit / 1000 for _ in range(n)) for _ in range(n)))
+                      latency_ms=tuple(tuple(wan.latency_ms for _ in range(n)) for _ in range(n)),
+                      bandwidth_gbps=tuple(tuple(wan.mbit / 1000 for _ in range(n)) for _ in range(n)))
     ladder = tuple(h for h in SyncConfig().inner_steps if h <= max_inner) or (max_inner,)
     config = SearchConfig(cost=CostConfig(efficiency=1.0, sync=SyncConfig(inner_steps=ladder)),
                           only_shapes=((WORKERS, 1),))
     return plan(cluster, tiny_profile(job), config)
 
 
-def train(job, mbit: float, scratch: Path, name: str) -> dict:
-    """One run of `job` on 4 namespaced hosts with links shaped to `mbit`."""
+def train(job, wan: Wan, scratch: Path, name: str) -> dict:
+    """One run of `job` on 4 namespaced hosts with links emulated as `wan`."""
     network = Network()
     run_dir = scratch / name
     try:
         hj = hosts_job(network, [1] * WORKERS, run_dir)
-        shape(network, mbit)
+        emulate(network, wan)
         before = sent_by_hosts(network)
         hj.start([str(WORKER), "--", "--job-json", job.model_dump_json()],
-                 env={"SHOAL_REBALANCE": "0", "TORCH_CPP_LOG_LEVEL": "ERROR"})
+                 env=RUNTIME_ENV)
         codes = hj.wait(timeout_s=3600)
         wire = [b - a for a, b in zip(before, sent_by_hosts(network))]
+        forwarders_s = forwarder_cpu_s(network)
         report = hj.report()
         hj.close()
     finally:
@@ -132,7 +170,7 @@ def train(job, mbit: float, scratch: Path, name: str) -> dict:
         log(f"{name}: launchers exited {codes} after all {job.steps} steps")
     records = read_step_logs(run_dir)
     # The clock starts when step 0 commits: process start-up and the first group's
-    # connections are not training (they took up to 10 s on the shaped links).
+    # connections are not training (they took up to 10 s on the slow links).
     start = min(r.t_commit for r in records if r.step == 0)
     per_worker: dict[str, int] = {}
     for r in records:
@@ -141,7 +179,7 @@ def train(job, mbit: float, scratch: Path, name: str) -> dict:
     return {"records": records, "start": start, "evals": evals, "report": report,
             "bytes_per_worker": sum(per_worker.values()) / len(per_worker),
             "wire_per_worker": sum(wire[1:]) / (len(wire) - 1),  # h1..h3: h0 also serves the store
-            "wall_s": max(r.t_commit for r in records) - start}
+            "wall_s": max(r.t_commit for r in records) - start, "forwarder_cpu_s": round(forwarders_s, 1)}
 
 
 def time_to(result: dict, target: float) -> float | None:
@@ -163,6 +201,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--fast-mbit", type=float, default=1000.0)
+    parser.add_argument("--fast-latency-ms", type=float, default=0.5, help="one way, host to host")
     parser.add_argument("--slowdown-factor", type=float, default=100.0)
     parser.add_argument("--target", type=float, default=2.6, help="validation loss, nats/byte")
     parser.add_argument("--eval-interval", type=int, default=10)
@@ -170,28 +209,30 @@ def main() -> None:
     ensure_tools()
     base = load_job(JOB, overrides={"steps": args.steps, "eval_interval": args.eval_interval})
     tflops = calibrate_tflops(base)
-    slow_mbit = args.fast_mbit / args.slowdown_factor
-    plans = {"fast": planned(base, tflops, args.fast_mbit, args.steps // 6),
-             "slow": planned(base, tflops, slow_mbit, args.steps // 6)}
+    wans = {"fast": Wan(args.fast_mbit, args.fast_latency_ms, MTU["fast"]),
+            "slow": Wan(args.fast_mbit / args.slowdown_factor,
+                        args.fast_latency_ms * args.slowdown_factor, MTU["slow"])}
+    plans = {name: planned(base, tflops, wan, args.steps // 6) for name, wan in wans.items()}
     log(f"device {tflops * 1e3:.2f} GFLOP/s; plans: "
         + ", ".join(f"{k} {sync_of(p)} ({p.step_time_s:.3f} s/step)" for k, p in plans.items()))
     runs: dict[str, dict] = {}
     with scratch_dir("shoal-wan-") as scratch:
-        for name, mbit in (("fast", args.fast_mbit), ("slow", slow_mbit)):
+        for name, wan in wans.items():
             job = base.model_copy(update={"sync": SyncSpec(**sync_of(plans[name]))})
-            runs[name] = train(job, mbit, Path(scratch), name)
+            runs[name] = train(job, wan, Path(scratch), name)
             log(f"{name}: {sync_of(plans[name])}, val {runs[name]['report']['val_loss']:.4f}, "
-                f"{runs[name]['wall_s']:.1f} s, {runs[name]['bytes_per_worker'] / 1e6:.2f} MB/worker")
+                f"{runs[name]['wall_s']:.1f} s, {runs[name]['bytes_per_worker'] / 1e6:.2f} MB/worker, "
+                f"forwarders {runs[name]['forwarder_cpu_s']} CPU s")
         plain_fast = plans["fast"].mode is SyncMode.allreduce and plans["fast"].codec.value == "none"
         if not plain_fast:  # the reference is plain all-reduce on the fast network
-            runs["plain"] = train(base, args.fast_mbit, Path(scratch), "plain")
+            runs["plain"] = train(base, wans["fast"], Path(scratch), "plain")
     plain = runs["fast"] if plain_fast else runs["plain"]
     fast_t, slow_t = time_to(runs["fast"], args.target), time_to(runs["slow"], args.target)
     result = {
         "workers": WORKERS, "steps": args.steps, "target_val_loss": args.target,
-        "fast": {"link_mbit": args.fast_mbit, **sync_of(plans["fast"]), "time_to_target_s": fast_t,
+        "fast": {**wans["fast"].settings(), **sync_of(plans["fast"]), "time_to_target_s": fast_t,
                  "val_loss": _r(runs["fast"]["report"]["val_loss"])},
-        "slow": {"link_mbit": slow_mbit, **sync_of(plans["slow"]), "time_to_target_s": slow_t,
+        "slow": {**wans["slow"].settings(), **sync_of(plans["slow"]), "time_to_target_s": slow_t,
                  "val_loss": _r(runs["slow"]["report"]["val_loss"]),
                  "samples_dropped": runs["slow"]["report"].get("samples_dropped")},
         "slowdown": round(slow_t / fast_t, 3) if fast_t and slow_t else None,
@@ -199,8 +240,10 @@ def main() -> None:
         "wire_bytes_ratio": runs["slow"]["wire_per_worker"] / plain["wire_per_worker"],
         "loss_gap": _r(runs["slow"]["report"]["val_loss"] - plain["report"]["val_loss"]),
         "device_gflops": round(tflops * 1e3, 3),
-        "emulation": ("tbf rate limit on both ends of each host's veth; no latency added "
-                      "(this kernel has no netem), so the slow link is 100x slower in rate only"),
+        "emulation": ("userspace link emulator (tests/harness/link_emulator.py) on every host's link, "
+                      "both ways: the rate, half the one-way latency, a drop-tail queue of queue_ms"),
+        "runtime_env": {"SHOAL_POLL_S": float(RUNTIME_ENV["SHOAL_POLL_S"])},
+        "forwarder_cpu_s": {name: r["forwarder_cpu_s"] for name, r in runs.items()},
         "curves": {name: [[e["step"], round(e["val_loss"], 3)] for e in r["evals"]]
                    for name, r in runs.items()},
         "load_avg": os.getloadavg()[0],
