@@ -46,7 +46,8 @@ class JobPlanView(Frozen):
     mode: SyncMode
     inner_steps: int = Field(ge=1)
     codec: Codec
-    step_time_s: float = Field(ge=0.0)  # predicted for that mode and codec
+    slt: int = Field(0, ge=0)  # DiLoCo rounds applied this many outer steps late
+    step_time_s: float = Field(ge=0.0)  # predicted for that mode, codec and slt
     compute_s: float = Field(ge=0.0)
     exchange_s: float = Field(ge=0.0)  # per optimizer step (amortized over inner steps)
     unused: tuple[str, ...] = ()

@@ -80,7 +80,9 @@ def test_links_come_from_the_coordinators_own_probes_when_every_agent_has_one(se
     # The planner saw the slow link: more local steps between exchanges, and a compressed
     # one or one in the background, applied late (bounded staleness, said in the advice).
     assert slow.inner_steps > fast.inner_steps
-    assert slow.codec is not Codec.none or "slt = " in slow.advice
+    assert slow.codec is not Codec.none or slow.slt > 0
+    assert slow.slt == 0 or f"slt = {slow.slt}" in slow.advice  # the job runs slt 0
+    assert fast.slt == 0
 
 
 def test_a_worker_names_its_lease_however_its_node_name_was_claimed():

@@ -105,7 +105,7 @@ class JobPlanning:
         self._plans[job_id] = (members, plan)
         view = JobPlanView(
             t=self.now_s(), epoch=latest.epoch, members=latest.members, dp=plan.dp, pp=plan.pp,
-            mode=plan.mode, inner_steps=plan.inner_steps, codec=plan.codec,
+            mode=plan.mode, inner_steps=plan.inner_steps, codec=plan.codec, slt=plan.slt,
             step_time_s=plan.step_time_s, compute_s=plan.breakdown.compute_s,
             exchange_s=plan.breakdown.exchange_s, unused=plan.unused,
             links="probed" if cluster.latency_ms is not None else "region defaults",
