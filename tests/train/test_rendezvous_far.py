@@ -1,0 +1,59 @@
+"""The rendezvous store across a slow link (namespaced hosts, 2 x 20 ms one way):
+a wait for keys that exist is answered, however short the wait asked for (a
+store 40 ms away never answers a 5 ms wait, so no epoch ever formed across a
+WAN), and reads of a key take one round trip, not two."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from tests.harness import network  # noqa: F401  (the namespaced-hosts fixture)
+from tests.harness.netns import Network
+
+CLIENT = """
+import json, sys, time
+from shoal.train.rendezvous import Rendezvous, connect
+rdzv = Rendezvous(connect(sys.argv[1], int(sys.argv[2])))
+out = {"min_wait_s": rdzv.min_wait_s()}
+start = time.monotonic()
+out["waited"] = rdzv.wait_keys(["ready"], 0.005)  # the key exists: the store says so
+out["wait_s"] = time.monotonic() - start
+start = time.monotonic()
+out["latest"] = rdzv.latest_epoch()
+out["read_s"] = time.monotonic() - start
+start = time.monotonic()
+out["missing"] = rdzv.wait_keys(["never"], 0.005)
+out["missing_s"] = time.monotonic() - start
+print(json.dumps(out))
+"""
+
+SERVER = """
+import sys, time
+from shoal.train.rendezvous import connect
+store = connect("0.0.0.0", 29411, is_master=True)
+store.set("ready", "1")
+store.set("epoch/latest", "3")
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def test_waits_and_reads_work_across_a_slow_link(network: Network, tmp_path):
+    server_host, client_host = network.add_host("store"), network.add_host("worker")
+    server_host.emulate(delay_ms=20.0)
+    client_host.emulate(delay_ms=20.0)
+    log = tmp_path / "server.log"
+    server_host.popen([sys.executable, "-c", SERVER], log=log)
+    deadline = time.monotonic() + 20
+    while "up" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    result = client_host.run([sys.executable, "-c", CLIENT, server_host.address, "29411"],
+                             timeout_s=60)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["waited"] is True and out["latest"] == 3 and out["missing"] is False
+    assert out["min_wait_s"] >= 4 * 0.080  # four round trips of at least 80 ms each
+    assert out["read_s"] < 2 * 0.080 + 0.5 * 0.080  # one round trip: two took at least 160 ms
+    assert out["missing_s"] >= out["min_wait_s"]  # a wait for a missing key lasts the floor
