@@ -19,9 +19,6 @@ from shoal.spec.elastic import MembershipEpoch, ProgressBeat, StepDecision, Work
 from shoal.train.errors import TrainError
 
 _CONNECT_TIMEOUT_S = 60.0
-# compare_set(key, _ABSENT, _ABSENT) reads a key in one round trip without changing it:
-# the value if the key exists, else _ABSENT (check, then get, took two).
-_ABSENT = "\x00shoal:absent"
 # A wait is answered by the store one round trip after its keys exist, so a wait shorter
 # than a few round trips times out even when they do: waits last at least this many.
 _WAIT_ROUND_TRIPS = 4
@@ -55,11 +52,6 @@ class Rendezvous:
         self.store = store
         self._min_wait_s: float | None = None  # measured at the first wait
 
-    def _peek(self, key: str) -> bytes | None:
-        """The key's value, or None if it does not exist: one round trip."""
-        value = self.store.compare_set(key, _ABSENT, _ABSENT)
-        return None if value == _ABSENT.encode() else value
-
     def min_wait_s(self) -> float:
         """The shortest wait worth asking the store for: a few round trips to it (on a
         LAN well under a millisecond; across a WAN, the link's round trip decides)."""
@@ -67,7 +59,7 @@ class Rendezvous:
             trips = []
             for _ in range(3):
                 start = time.monotonic()
-                self._peek("epoch/latest")
+                self.store.check(["epoch/latest"])
                 trips.append(time.monotonic() - start)
             self._min_wait_s = _WAIT_ROUND_TRIPS * min(trips)  # the link, not a busy moment
         return self._min_wait_s
@@ -80,8 +72,9 @@ class Rendezvous:
 
     def latest_epoch(self) -> int:
         """Newest published epoch number, or -1 before the first."""
-        latest = self._peek("epoch/latest")
-        return -1 if latest is None else int(latest)
+        if not self.store.check(["epoch/latest"]):
+            return -1
+        return int(self.store.get("epoch/latest"))
 
     def epoch(self, number: int) -> MembershipEpoch:
         return MembershipEpoch.model_validate_json(self.store.get(f"epoch/{number}"))
@@ -106,10 +99,9 @@ class Rendezvous:
 
     def wait_decision(self, epoch: int, step: int, timeout_s: float) -> StepDecision | None:
         key = f"decision/{epoch}/{step}"
-        decided = self._peek(key)  # often there already: one round trip, not a wait and a get
-        if decided is None and self.wait_keys([key], timeout_s):
-            decided = self.store.get(key)
-        return None if decided is None else StepDecision.model_validate_json(decided)
+        if not self.wait_keys([key], timeout_s):
+            return None
+        return StepDecision.model_validate_json(self.store.get(key))
 
     def decide(self, epoch: int, step: int, proposal: StepDecision) -> StepDecision:
         """Write `proposal` unless a decision exists; return the one that stands."""
@@ -182,10 +174,10 @@ class Rendezvous:
 
     def reform_requested(self, epoch: int) -> tuple[bool, str | None]:
         """(requested, state source) for a reform of `epoch`."""
-        source = self._peek(f"reform/{epoch}")
-        if source is None:
+        key = f"reform/{epoch}"
+        if not self.store.check([key]):
             return False, None
-        return True, source.decode() or None
+        return True, self.store.get(key).decode() or None
 
     # -- liveness and speed ----------------------------------------------
 
@@ -210,8 +202,7 @@ class Rendezvous:
         out = []
         for w in workers:
             key = f"speed/{w}"
-            speed = self._peek(key)
-            out.append(None if speed is None else float(speed))
+            out.append(float(self.store.get(key)) if self.store.check([key]) else None)
         return out
 
     # -- progress and completion -----------------------------------------
@@ -220,8 +211,7 @@ class Rendezvous:
         self.store.set("progress", str(step))
 
     def progress(self) -> int:
-        progress = self._peek("progress")
-        return 0 if progress is None else int(progress)
+        return int(self.store.get("progress")) if self.store.check(["progress"]) else 0
 
     def mark_done(self, final: dict[str, object]) -> None:
         """The job reached its last step; `final` holds the figures rank 0 reports."""
@@ -229,8 +219,7 @@ class Rendezvous:
         self.store.set("done", "1")
 
     def final(self) -> dict[str, object]:
-        final = self._peek("final")
-        return {} if final is None else json.loads(final)
+        return json.loads(self.store.get("final")) if self.store.check(["final"]) else {}
 
     def done(self) -> bool:
         return self.store.check(["done"])
@@ -241,8 +230,7 @@ class Rendezvous:
         self.store.set("done", "1")
 
     def failure(self) -> str | None:
-        reason = self._peek("failed")
-        return None if reason is None else reason.decode()
+        return self.store.get("failed").decode() if self.store.check(["failed"]) else None
 
     def check_failed(self) -> None:
         reason = self.failure()
