@@ -26,7 +26,7 @@ behaves much the same with either, and at 1500 bytes the forwarders would move
 83,000 frames/s at line rate and take the CPU the training needs (making the
 fast run slower and the slowdown flattering). The JSON states the settings and
 the forwarders' CPU seconds in each run. The planner is given the same rates
-and latencies. Both runs set SHOAL_POLL_S=0.5 (RUNTIME_ENV says why).
+and latencies.
 
     .venv/bin/python -m bench.wan [--steps 300] [--fast-mbit 1000] [--fast-latency-ms 0.5] [--target 2.6]
 
@@ -56,11 +56,7 @@ WORKER = Path(__file__).with_name("wan_worker.py")
 WORKERS = 4
 TARGETS = {"slowdown_max": 1.2, "bytes_ratio_max": 1 / 1000, "loss_gap_max": 0.03}
 QUEUE_MS = 100.0  # drop-tail, per direction of each host's link
-# The runtime's store waits use poll_s as their network timeout: at the default 5 ms a
-# worker more than 5 ms (round trip) from the store never sees a key it waits for, and
-# epoch 0's barrier never passes on the slow network. 0.5 s on both networks: waits still
-# return as soon as the key is set (on the fast network it changed no step time).
-RUNTIME_ENV = {"SHOAL_REBALANCE": "0", "TORCH_CPP_LOG_LEVEL": "ERROR", "SHOAL_POLL_S": "0.5"}
+RUNTIME_ENV = {"SHOAL_REBALANCE": "0", "TORCH_CPP_LOG_LEVEL": "ERROR"}
 MTU = {"fast": 65000, "slow": 1500}  # why they differ: see the docstring
 
 
@@ -194,7 +190,8 @@ def time_to(result: dict, target: float) -> float | None:
 
 
 def sync_of(plan) -> dict:
-    return {"mode": plan.mode.value, "inner_steps": plan.inner_steps, "codec": plan.codec.value}
+    return {"mode": plan.mode.value, "inner_steps": plan.inner_steps, "codec": plan.codec.value,
+            "slt": plan.slt}
 
 
 def main() -> None:
@@ -242,7 +239,7 @@ def main() -> None:
         "device_gflops": round(tflops * 1e3, 3),
         "emulation": ("userspace link emulator (tests/harness/link_emulator.py) on every host's link, "
                       "both ways: the rate, half the one-way latency, a drop-tail queue of queue_ms"),
-        "runtime_env": {"SHOAL_POLL_S": float(RUNTIME_ENV["SHOAL_POLL_S"])},
+        "runtime_env": RUNTIME_ENV,
         "forwarder_cpu_s": {name: r["forwarder_cpu_s"] for name, r in runs.items()},
         "curves": {name: [[e["step"], round(e["val_loss"], 3)] for e in r["evals"]]
                    for name, r in runs.items()},
