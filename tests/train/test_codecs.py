@@ -140,12 +140,7 @@ def test_every_rank_decodes_the_same_bits(name):
             codecs[rank].commit()
         out[rank] = totals
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    _let_die(groups)
+    _on_ranks(world, run, groups)
     for step in range(3):
         assert all(torch.equal(out[0][step], out[r][step]) for r in range(world))
     # Over the three steps, what all ranks sent plus what they kept is what they gave.
@@ -176,14 +171,19 @@ def test_a_background_exchange_gives_the_bits_of_a_blocking_one(name):
             out.append((a, b, blocking.residual, background.residual))
         results[rank] = out
 
+    _on_ranks(world, run, groups)
+    assert len(results) == world
+    for out in results.values():
+        for a, b, ra, rb in out:
+            assert torch.equal(a, b) and torch.equal(ra, rb)
+    assert torch.equal(results[0][1][0], results[2][1][0])  # the same sum on every replica
+
+
+def _on_ranks(world: int, run, groups) -> None:
+    """`run(rank)` for every rank on its own thread; then the groups are let go."""
     threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     _let_die(groups)
-    assert len(results) == world
-    for out in results.values():
-        for a, b, ra, rb in out:
-            assert torch.equal(a, b) and torch.equal(ra, rb)
-    assert torch.equal(results[0][1][0], results[2][1][0])  # the same sum on every replica
