@@ -63,14 +63,18 @@ class Codec(ABC):
     def exchange(self, contribution: torch.Tensor, group: Collectives,
                  should_cancel: ShouldCancel) -> torch.Tensor:
         """Every member's decoded message, summed (the same bits on every replica)."""
-        if contribution.numel() != self.numel:
-            raise ValueError(f"{self.name}: {contribution.numel()} values for {self.numel}")
         with torch.no_grad():
-            corrected = contribution.float() + self.residual if self.residual is not None \
-                else contribution.float().clone()
+            corrected = self._corrected(contribution)
             total, mine = self._exchange(corrected, group, should_cancel)
             self._staged = corrected - mine
         return total
+
+    def _corrected(self, contribution: torch.Tensor) -> torch.Tensor:
+        """`contribution` plus what earlier steps did not send (a new tensor)."""
+        if contribution.numel() != self.numel:
+            raise ValueError(f"{self.name}: {contribution.numel()} values for {self.numel}")
+        return contribution.float() + self.residual if self.residual is not None \
+            else contribution.float().clone()
 
     def commit(self) -> None:
         """The step committed and was applied: what was not sent waits for the next one."""
@@ -103,17 +107,14 @@ class GatheredCodec(Codec):
     def _exchange(self, corrected: torch.Tensor, group: Collectives,
                   should_cancel: ShouldCancel) -> tuple[torch.Tensor, torch.Tensor]:
         messages, mine = self._encode(corrected)
-        self.bytes_sent += ring_all_gather_bytes(sum(m.nbytes for m in messages), group.world)
+        self.bytes_sent += self.message_bytes(messages, group.world)
         return self._decode(group.all_gather(messages, should_cancel), corrected.numel()), mine
 
     def start(self, contribution: torch.Tensor) -> list[torch.Tensor]:
         """This member's messages for `contribution` (plus the residual), to all-gather;
         the new residual is staged as in `exchange` (commit or discard it)."""
-        if contribution.numel() != self.numel:
-            raise ValueError(f"{self.name}: {contribution.numel()} values for {self.numel}")
         with torch.no_grad():
-            corrected = contribution.float() + self.residual if self.residual is not None \
-                else contribution.float().clone()
+            corrected = self._corrected(contribution)
             messages, mine = self._encode(corrected)
             self._staged = corrected - mine
         return messages
