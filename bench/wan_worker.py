@@ -1,6 +1,6 @@
 """The built-in GPT worker with validation along the way, for bench/wan.py: rank 0
-evaluates the consensus model (every-step sync: any step; DiLoCo: after an outer
-step) once every `eval_interval` steps and appends {step, val_loss, t, eval_s} to
+evaluates what every replica agrees on (every-step sync: any step; DiLoCo:
+theta_outer, right after an outer step) once every `eval_interval` steps and appends {step, val_loss, t, eval_s} to
 RUN_DIR/evals.jsonl. Everyone else waits for it at the next exchange, so the
 bench subtracts eval_s from the time to the target loss."""
 
@@ -41,9 +41,13 @@ def main(argv: list[str]) -> None:
             loss = model.loss_sum(batch) / len(batch)
         run.backward(loss)
         optimizer.step()
-        if run.step_index >= next_eval and run.sync.consensus and run.rank == 0:
+        # Right after a voted step (every step, or DiLoCo's outer step), theta_outer as
+        # every replica holds it (with slt, the model also holds this worker's own rounds
+        # in flight).
+        if run.step_index >= next_eval and run.sync.votes(run.step_index - 1) and run.rank == 0:
             t0 = time.time()
-            loss_now = evaluate(model, val, job.micro_batch or job.global_batch)
+            with run.sync.agreed():
+                loss_now = evaluate(model, val, job.micro_batch or job.global_batch)
             evals.write(json.dumps({"step": run.step_index, "val_loss": loss_now, "t": t0,
                                     "eval_s": time.time() - t0}) + "\n")
             next_eval = run.step_index + job.eval_interval

@@ -274,3 +274,23 @@ def test_a_dropped_member_no_longer_blocks_the_decision(rdzv):
     with pytest.raises(Excluded):
         agree(rdzv, _epoch(0, ("a", "b", "c")), 2, 8, Ballot(True), poll_s=0.01,
               proposer=_proposer(record))
+
+
+def test_a_member_whole_steps_behind_gets_the_time_those_steps_take():
+    """DiLoCo: inner steps are not voted on, so at a round's end the lead waits at the
+    outer step while a member still takes its last inner steps alone."""
+    from shoal.control.liveness import ProgressWatch
+
+    watch = ProgressWatch(LivenessConfig(floor_s=0.2, initial_s=30.0, step_multiple=3.0,
+                                         margin_s=0.1))
+    watch.reset(0, 0.0, veterans=("a", "b"))
+    for step in range(6):  # both step together, 0.25 s a step
+        beats = {w: ProgressBeat(epoch=0, count=step + 1, step=step, phase=Phase.stepped)
+                 for w in "ab"}
+        assert watch.laggards(beats, 0.25 * step) == []
+    lead = ProgressBeat(epoch=0, count=20, step=19, phase=Phase.exchange)  # at the outer step
+    beats = {"a": lead, "b": ProgressBeat(epoch=0, count=16, step=15, phase=Phase.stepped)}
+    assert watch.laggards(beats, 2.0) == []
+    # Deadline 3 x 0.25 + 0.1, plus 4 steps at 0.25 s: b is fenced only after 1.85 s.
+    assert watch.laggards(beats, 2.0 + 1.8) == []
+    assert watch.laggards(beats, 2.0 + 1.9) == ["b"]

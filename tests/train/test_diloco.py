@@ -37,20 +37,26 @@ class Worker:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)
         self.exchange = GradientExchange(list(self.model.parameters()), groups=1)
         self.sync = make_sync(spec, self.exchange, self.optimizer)
+        self.group = Alone()
 
     def inner_step(self) -> None:
         self.exchange.install()
         self.optimizer.step()
 
     def step(self, step: int, share: int = 8, global_batch: int = 8, apply: bool = True) -> None:
+        """`apply`: the step's verdict (the vote's at an outer step, this worker's own
+        guard's at an inner step)."""
         _loss(self.model, step).backward()
         self.exchange.fold(share / global_batch)
         work = StepWork(step, share, (share,), global_batch)
-        self.sync.exchange_step(Alone(), lambda: False, work, self.inner_step)
-        if apply:
-            self.sync.apply(self.inner_step)
+        if not self.sync.votes(step):
+            self.sync.step_alone(work, self.inner_step, applied=apply)
         else:
-            self.sync.skip()
+            self.sync.exchange_step(self.group, lambda: False, work, self.inner_step)
+            if apply:
+                self.sync.apply(self.inner_step)
+            else:
+                self.sync.skip()
         self.exchange.clear()
 
 
@@ -130,3 +136,19 @@ def test_every_step_sync_with_no_codec_is_one_all_reduce_of_the_buffers():
     worker.exchange.fold(1.0)
     worker.sync.exchange_step(Recording(), lambda: False, StepWork(0, 8, (8,), 8), worker.inner_step)
     assert len(seen) == 1 and all(a is b for a, b in zip(seen[0], worker.exchange.tensors()))
+
+
+def test_an_inner_step_refused_by_its_own_guard_still_counts_in_the_round():
+    worker = Worker()
+    worker.step(0)
+    worker.step(1, apply=False)  # this worker's own guard refused it: not in its delta
+    assert (worker.sync.round_samples, worker.sync.round_expected) == (8, 16)
+    worker.step(2)  # the outer step: 16 of 24 samples behind the average, 8 dropped
+    assert worker.sync.samples_dropped == 8 and worker.sync.consensus
+
+
+def test_only_the_outer_step_is_voted_on():
+    worker = Worker()
+    assert [s for s in range(7) if worker.sync.votes(s)] == [2, 5]
+    assert worker.sync.steps_per_vote == 3
+    assert all(Worker(SyncSpec()).sync.votes(s) for s in range(3))

@@ -50,3 +50,17 @@ def test_fixed_costs_are_counted_so_own_times_even_out():
     # Compute speed alone would give the slowest worker 256/11 = 23 samples: 2.7 s of
     # its time against ~2.3 s for the others. Counting its 0.4 s apply, it gets fewer.
     assert shares[3] < 23
+
+
+def test_a_round_voted_once_proposes_when_the_interval_ends_inside_it():
+    """DiLoCo votes once per round: with rounds of 7 steps and an interval of 10, the
+    outer steps at 6, 13, 20 close steps 0-6, 7-13, 14-20, of which the last two hold
+    an interval's end (steps 9 and 19)."""
+    board, members = _Speeds(), ("w0", "w1")
+    balancer = ShareBalancer("w0", rebalance_interval=10, report_interval=1, slowdown=1.0)
+    balancer.weights = (1.0, 1.0)
+    board.report_speed("w0", 100.0)
+    board.report_speed("w1", 50.0)
+    due = [step for step in (6, 13, 20) if balancer.proposal(board, members, step, span=7)]
+    assert due == [13, 20]
+    assert balancer.proposal(board, members, 19) and not balancer.proposal(board, members, 13)

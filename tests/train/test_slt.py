@@ -20,7 +20,6 @@ from shoal.train.staleness import StaleDiLoCo, rounds_due
 from shoal.train.step_log import read_step_logs
 from tests.train.test_codecs import Alone
 from tests.train.test_diloco import Worker as DiLoCoWorker
-from tests.train.test_diloco import _loss
 
 H = 3
 STEPS = 150  # the slow runs' (tests.train.test_sync_elastic)
@@ -50,19 +49,6 @@ class Worker(DiLoCoWorker):
         self.group = AloneInBackground()
         if steps is not None:
             self.sync.plan(steps)
-
-    def step(self, step: int, share: int = 8, global_batch: int = 8, apply: bool = True) -> None:
-        from shoal.train.sync import StepWork
-
-        _loss(self.model, step).backward()
-        self.exchange.fold(share / global_batch)
-        work = StepWork(step, share, (share,), global_batch)
-        self.sync.exchange_step(self.group, lambda: False, work, self.inner_step)
-        if apply:
-            self.sync.apply(self.inner_step)
-        else:
-            self.sync.skip()
-        self.exchange.clear()
 
 
 # -- the schedule ---------------------------------------------------------------
@@ -291,7 +277,8 @@ def test_a_joiner_with_a_round_in_flight(tmp_path):
     from tests.train.test_sync_elastic import BATCH, assert_covered
 
     # A joiner takes seconds to start: a longer run, so that it joins well before the end.
-    report = _launch(tmp_path, {**DILOCO, "slt": 1}, workers=2, steps=400, chaos="join@step25")
+    report = _launch(tmp_path, {**DILOCO, "slt": 1}, workers=2, steps=400, chaos="join@step25",
+                     slowdown=4.0)
     assert_covered(report, steps=400)
     # The join abandons the round in flight (10 steps), plus the inner work of the round of
     # whoever restarted from the live state (at most one round).

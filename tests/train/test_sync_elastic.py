@@ -23,7 +23,9 @@ BATCH, STEPS, WORKERS = 12, 150, 3
 
 
 def launch(tmp_path: Path, sync: dict, *, workers: int = WORKERS, steps: int = STEPS,
-           chaos: str = "", rebalance: bool = True) -> ElasticReport:
+           chaos: str = "", rebalance: bool = True, slowdown: float = 1.0) -> ElasticReport:
+    """`slowdown`: each step's compute made this many times longer (DiLoCo's inner steps
+    cross no network and take ~13 ms here: a joiner needs seconds to start)."""
     job = parse_job({"name": "sync", "seed": 5, "steps": steps, "global_batch": BATCH,
                      "eval_batches": 4, "model": {"layers": 1, "heads": 2, "width": 32, "context": 32},
                      "data": {"max_bytes": 300_000}, "schedule": {"warmup_steps": 5},
@@ -33,6 +35,8 @@ def launch(tmp_path: Path, sync: dict, *, workers: int = WORKERS, steps: int = S
            "SHOAL_CHECKPOINT_INTERVAL": "10", "SHOAL_IDENTITY": json.dumps(job.resume_identity())}
     if not rebalance:  # shares from measured speed make runs differ in their float sums
         env["SHOAL_REBALANCE"] = "0"
+    if slowdown != 1.0:
+        env["SHOAL_SLOWDOWN"] = str(slowdown)
     config = LaunchConfig(
         command=[sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json", job.model_dump_json()],
         workers=workers, run_dir=tmp_path / "run", chaos=parse_chaos(chaos), stall_deadline_s=1.5,
@@ -87,7 +91,7 @@ def test_converges_close_to_plain_all_reduce(tmp_path, plain_val_loss, name):
     assert report.samples_dropped == 0
     assert report.val_loss < plain_val_loss + margin, (report.val_loss, plain_val_loss)
     records = read_step_logs(tmp_path / "run")
-    assert all(r.bytes_sent for r in records)
+    assert all(r.bytes_sent for r in records if r.step >= 9)  # DiLoCo's first exchange: step 9
 
 
 def test_diloco_survives_a_kill_mid_round(tmp_path):
@@ -106,7 +110,7 @@ def test_diloco_survives_a_kill_mid_round(tmp_path):
 def test_diloco_joiner_starts_from_theta_outer(tmp_path):
     # A joiner takes seconds to start: a longer run, so that it joins well before the end.
     report = launch(tmp_path, {"mode": "diloco", "inner_steps": 10}, workers=2, steps=500,
-                    chaos="join@step25")
+                    chaos="join@step25", slowdown=4.0)
     assert_covered(report, steps=500)
     # The joiner brings no inner work of the round; whoever receives the live state at the
     # join (the joiner, and any member the membership layer judged behind) restarts from
@@ -115,3 +119,25 @@ def test_diloco_joiner_starts_from_theta_outer(tmp_path):
     joined = [r for r in read_step_logs(tmp_path / "run") if r.worker == "w2"]
     assert joined and joined[-1].world == 3 and joined[-1].param_sha256  # hashed at outer steps
     assert "received live state" in (tmp_path / "run" / "w2.log").read_text()
+
+
+def test_diloco_inner_steps_cross_no_network(tmp_path):
+    """Only outer steps are all-reduced and voted on; a worker whose own guard refuses
+    an inner step (its loss is NaN) skips it alone, and the round goes on everywhere."""
+    script = Path(__file__).parent / "scripts" / "diloco_calls.py"
+    config = LaunchConfig(
+        command=[sys.executable, str(script), "40", "5"], workers=3, run_dir=tmp_path / "run",
+        timeout_s=120, env={"SHOAL_REPLICA_CHECK": "1", "SHOAL_INJECT": "nan-loss@w1:step7"})
+    report = Launcher(config).run()
+    assert report.steps == 40 and report.samples_skipped == report.samples_duplicated == 0
+    assert report.replica_mismatches == 0 and report.replica_checks >= 8
+    outer = [s for s in range(40) if (s + 1) % 5 == 0]
+    for worker in ("w0", "w1", "w2"):
+        calls = json.loads((tmp_path / "run" / f"calls-{worker}.json").read_text())
+        assert calls["votes"] == outer and sorted(set(calls["all_reduces"])) == outer
+    records = read_step_logs(tmp_path / "run")
+    skipped = [(r.worker, r.step) for r in records if not r.applied]
+    assert skipped == [("w1", 7)]  # its own verdict; w0 and w2 applied step 7
+    # The round still expected w1's share of step 7 (20 samples): the outer average
+    # counts it as dropped, like a lost member's, and weights by the samples present.
+    assert report.samples_dropped == 20

@@ -5,8 +5,11 @@ entered a step's exchange, voted: shoal.train.liveness), and refreshes its
 point while it waits on peers. Two rules, one deadline:
 
 - behind: the member that got furthest is the lead; a member still short
-  of the lead's point after the deadline is fenced, whether its process is
-  stopped, hung in its data loader or merely far slower than the rest;
+  of the lead's point after the deadline (plus, if it is whole steps behind,
+  the time those steps take at the measured pace: DiLoCo's inner steps are
+  not voted on, so members drift apart within a round) is fenced, whether
+  its process is stopped, hung in its data loader or merely far slower than
+  the rest;
 - silent: a member whose report has not changed for the deadline while a
   member at the same point or further refreshed its own within it is
   fenced: everyone may be waiting in the same exchange, but the one that
@@ -91,12 +94,23 @@ class ProgressWatch:
         if lead != self._lead:
             self._lead, self._lead_at = lead, now
         deadline = self._deadline_s()
-        behind = [w for w, at in positions.items() if at < lead and now - self._behind_since(w) > deadline]
+        lead_step = max((beats[w].step for w in pace if beats[w] is not None), default=0)
+        behind = [w for w, at in positions.items() if at < lead
+                  and now - self._behind_since(w) > deadline + self._catch_up_s(beats[w], lead_step)]
         quiet = [w for w in positions if now - self._changed_at[w] > deadline and w not in behind]
         silent = [w for w in quiet
                   if any(o != w and now - self._changed_at[o] <= deadline
                          and positions[o] >= positions[w] for o in pace)]
         return behind + silent
+
+    def _catch_up_s(self, beat: ProgressBeat | None, lead_step: int) -> float:
+        """Time a member needs to reach the lead's step at the measured pace. Under
+        every-step sync members are never a whole step apart; DiLoCo's inner steps cross
+        no network, so a member may end a round several steps after the lead, still
+        stepping (each point it reports is a step it took alone)."""
+        if beat is None or len(self.step_times) < 3:
+            return 0.0
+        return max(0, lead_step - beat.step) * statistics.median(self.step_times)
 
     def _observe(self, beats: dict[str, ProgressBeat | None], now: float) -> dict[str, Position]:
         for worker, beat in beats.items():

@@ -48,6 +48,7 @@ class Phase(int, enum.Enum):
     arrived = 0  # at the epoch's barrier
     exchange = 1  # its share of a step is computed; in the gradient exchange
     voted = 2  # voted on the step
+    stepped = 3  # took a step with nothing to agree on (a DiLoCo inner step: no exchange, no vote)
 
 
 class ProgressBeat(Frozen):

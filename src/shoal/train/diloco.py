@@ -4,25 +4,34 @@ worker's own shares, then an outer step: every member's pseudo-gradient
 (through a codec if the job has one) and applied to theta_outer by SGD with
 Nesterov momentum. Everyone continues from the new theta_outer.
 
-Inner steps still go through the run's per-step vote, exchanging only the
-scalar tail, so leaves, joins and faults are noticed at step boundaries.
-Replicas legitimately differ between outer steps, so the fingerprint every
-step carries is theta_outer's (the same everywhere), and parameter hashes
-are taken only where the model is theta_outer.
+Inner steps cross no network: only the outer step is exchanged and voted on
+(`votes`); an inner step is judged by the worker's own guard and taken at
+once (`step_alone`). Over a link with a 100 ms round trip the scalar
+all-reduce and the vote of every step cost several times an inner step's
+compute (bench/wan.py). Replicas legitimately differ between outer steps,
+so the fingerprint an outer step's vote carries is theta_outer's (the same
+everywhere), and parameter hashes are taken only where the model is
+theta_outer.
 
-Faults and joins: survivors keep their inner work; a lost member's inner
-work of the round is lost with it. The outer average is then taken over
-the members present (their samples), and the samples the round committed
-but nobody present computed on are counted as `samples_dropped`, logged
-and written to the step log (the report sums them). A joiner starts from
-theta_outer and the outer momentum, and contributes its steps of the round.
+Faults, joins and leaves take effect at the outer step: survivors keep
+their inner work; a member lost mid-round takes its inner work of the
+round with it, and its shares of the steps after it died are computed by
+nobody. The outer average is then taken over the members present (their
+samples), and the samples the round committed but nobody present computed
+on are counted as `samples_dropped`, logged and written to the step log
+(the report sums them). A joiner waits for the round to end and starts
+from theta_outer and the outer momentum; a worker with a spot notice keeps
+computing to the outer step, so its round counts (a round longer than the
+notice loses it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -93,8 +102,42 @@ class DiLoCo:
     def fingerprint(self) -> tuple[int, int]:
         return fingerprint(list(self._views(self.outer)))
 
+    @property
+    def steps_per_vote(self) -> int:
+        return self.spec.inner_steps
+
+    def votes(self, step: int) -> bool:
+        """Only the outer step is exchanged and voted on."""
+        return self.is_outer(step)
+
+    def step_alone(self, work: StepWork, inner_step: InnerStep, applied: bool) -> None:
+        """An inner step, judged by this worker's own guard: `applied` if it passed.
+        The round counts the step's samples whatever this worker's guard said, so the
+        round's expected samples stay the same on every member; this worker's own
+        count grows only by what it applied."""
+        self._work, self._outer_now = work, False
+        if applied and work.share > 0:
+            self._step_on_own_share(work, inner_step)
+        self.round_samples += work.share if applied else 0
+        self.round_expected += work.global_batch
+        self.consensus, self.samples_dropped = False, 0
+
     def agreed_sha256(self, model: torch.nn.Module) -> str | None:
         return param_sha256(model) if self.consensus else None  # only where it holds theta_outer
+
+    @contextlib.contextmanager
+    def agreed(self) -> Iterator[None]:
+        """Inside the block the model holds theta_outer, what every replica agrees on (to
+        evaluate it); this worker's own inner work of the round comes back after."""
+        if self.consensus:
+            yield
+            return
+        local = self._flat()
+        self._load_flat(self.outer)
+        try:
+            yield
+        finally:
+            self._load_flat(local)
 
     def new_epoch(self, epoch: int) -> None:
         if self.codec is not None:
@@ -104,34 +147,30 @@ class DiLoCo:
 
     def exchange_step(self, group: EpochGroup, should_cancel: ShouldCancel, work: StepWork,
                       inner_step: InnerStep) -> None:
-        self._work, self._outer_now = work, self.is_outer(work.step)
-        tail = self.exchange.scalar_tail()
-        if not self._outer_now:  # an inner step: agree on the scalars only
-            sent = tail.clone()
-            group.all_reduce([sent], should_cancel)
-            self._plain_bytes += ring_all_reduce_bytes(sent.nbytes, group.world)
-            tail.copy_(sent)
-            return
+        """The outer step (the run takes inner steps with `step_alone`)."""
+        self._work, self._outer_now = work, True
         # The round's last inner step is taken before the vote (the pseudo-gradient
         # needs it); a discarded or skipped step puts the backup back.
         self._backup = (self._flat().clone(), copy.deepcopy(self.optimizer.state_dict()))
         if work.share > 0:
-            self._local_step(work, inner_step)
+            self._step_on_own_share(work, inner_step)
         mine = self.round_samples + work.share
         expected = self.round_expected + work.global_batch
         delta = (self.outer - self._flat()) * (mine / expected)
         time.sleep(inject.exchange_delay_s())  # benchmarks only: a slow link, emulated
+        tail = self.exchange.scalar_tail()
+        scalars = torch.cat([tail, torch.tensor([float(mine)])])
         if self.codec is not None:
             summed = self.codec.exchange(delta, group, should_cancel)
-        else:
-            summed = delta
-            group.all_reduce([summed], should_cancel)
-            self._plain_bytes += ring_all_reduce_bytes(summed.nbytes, group.world)
-        sent = torch.cat([tail, torch.tensor([float(mine)])])
-        group.all_reduce([sent], should_cancel)
-        self._plain_bytes += ring_all_reduce_bytes(sent.nbytes, group.world)
-        tail.copy_(sent[:-1])
-        self._present, self._expected = int(sent[-1].item()), expected
+            group.all_reduce([scalars], should_cancel)
+            self._plain_bytes += ring_all_reduce_bytes(scalars.nbytes, group.world)
+        else:  # one all-reduce: on a slow link each costs its round trips
+            sent = torch.cat([delta, scalars])
+            group.all_reduce([sent], should_cancel)
+            self._plain_bytes += ring_all_reduce_bytes(sent.nbytes, group.world)
+            summed, scalars = sent[:delta.numel()], sent[delta.numel():]
+        tail.copy_(scalars[:-1])
+        self._present, self._expected = int(scalars[-1].item()), expected
         # Weighted by the samples of the members present, whoever is missing.
         self._delta = summed * (expected / self._present) if self._present else torch.zeros_like(delta)
 
@@ -140,14 +179,8 @@ class DiLoCo:
         return [*self.exchange.gradients(), *extra]
 
     def apply(self, inner_step: InnerStep) -> None:
+        """The outer step committed with an `apply` verdict."""
         work = self._work
-        if not self._outer_now:
-            if work.share > 0:
-                self._local_step(work, inner_step)
-            self.round_samples += work.share
-            self.round_expected += work.global_batch
-            self.consensus, self.samples_dropped = False, 0
-            return
         if self.codec is not None:
             self.codec.commit()
         self._outer_step(self._delta)
@@ -201,7 +234,7 @@ class DiLoCo:
 
     # -- helpers -------------------------------------------------------------------
 
-    def _local_step(self, work: StepWork, inner_step: InnerStep) -> None:
+    def _step_on_own_share(self, work: StepWork, inner_step: InnerStep) -> None:
         # The buffers hold share/global_batch of the mean local gradient: the inner
         # optimizer gets the mean gradient over this worker's own samples.
         for gradients in self.exchange.gradients():

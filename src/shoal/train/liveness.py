@@ -7,6 +7,11 @@ reporting costs the step no round trip. A worker hung in its data
 loader or a device wait reaches no new point, and the authority sees it
 fall behind its peers (shoal.control.liveness) whether or not its
 process still runs.
+
+The same thread writes the worker's other reports that nobody waits for
+(its measured speed; the job's step count, on rank 0): on a link with a
+100 ms round trip, a blocking write per step would cost more than a DiLoCo
+inner step's compute.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from shoal.spec.elastic import Phase, ProgressBeat
 from shoal.train.rendezvous import Rendezvous
@@ -32,6 +38,7 @@ class ProgressReporter:
         self._connect = connect
         self._epoch, self._count = -1, 0
         self._latest: ProgressBeat | None = None
+        self._reports: dict[str, Callable[[Rendezvous], Any]] = {}  # the newest of each kind
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -58,6 +65,19 @@ class ProgressReporter:
             self._latest, self._refreshed_at = self._point, now
         self._wake.set()
 
+    def report_speed(self, worker: str, samples_per_s: float) -> None:
+        """Publish this worker's measured speed (for share balancing), in the background."""
+        self._later("speed", lambda rdzv: rdzv.report_speed(worker, samples_per_s))
+
+    def report_progress(self, step: int) -> None:
+        """Publish the job's committed step count (rank 0), in the background."""
+        self._later("progress", lambda rdzv: rdzv.report_progress(step))
+
+    def _later(self, kind: str, write: Callable[[Rendezvous], Any]) -> None:
+        with self._lock:
+            self._reports[kind] = write  # an older report of the same kind is moot
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
@@ -70,9 +90,11 @@ class ProgressReporter:
             self._wake.clear()
             with self._lock:
                 beat, self._latest = self._latest, None
-            if beat is not None:
+                reports, self._reports = list(self._reports.values()), {}
+            writes = [lambda r, b=beat: r.beat(self.worker, b)] if beat is not None else []
+            for write in [*writes, *reports]:
                 try:
-                    rdzv.beat(self.worker, beat)
+                    write(rdzv)
                 except (RuntimeError, OSError) as error:  # the store is down or unreachable
                     log.debug("progress report failed: %s", error)
             if self._stop.is_set():

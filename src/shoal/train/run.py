@@ -10,8 +10,9 @@
 `batches` yields this worker's share of each step (in micro-batches);
 `optimizer.step()` folds the micro-batch's gradients into the exchange and,
 when the share is done, exchanges them, commits or discards the step with
-every other worker, and re-forms the group when membership changes. Faults
-never reach the loop: a failed step is redone, with the same samples, by
+every other worker (under DiLoCo, only a round's outer step is exchanged and
+voted on; an inner step commits alone), and re-forms the group when
+membership changes. Faults never reach the loop: a failed step is redone, with the same samples, by
 whoever is left.
 """
 
@@ -184,10 +185,14 @@ class Run:
         self._attempt_start = time.time()
 
     def _finish_step(self) -> None:
-        self.balancer.after_compute(self.rdzv, self._share, self._attempt_start, self.step_index)
-        self.membership.post_leave()  # a spot notice takes effect at this step's boundary
+        self.balancer.after_compute(self.progress, self._share, self._attempt_start,
+                                    self.step_index)
+        self.membership.post_leave()  # a spot notice takes effect at the next voted step
         if self.proof.active:
             self.proof.before_exchange(self.exchange)
+        if not self.sync.votes(self.step_index):
+            self._step_alone()
+            return
         self.exchange.write_scalars(
             self.rank, [float(g["lr"]) for g in self.optimizer.param_groups], self._share > 0,
             self._loss_sum, self._loss_samples, self.sync.fingerprint())
@@ -252,18 +257,42 @@ class Run:
             if verdict is GuardVerdict.rollback:
                 self.replica.roll_back()
                 self.sync.rolled_back()
+        self._committed(scalars.mean_loss, verdict is GuardVerdict.apply)
+
+    def _step_alone(self) -> None:
+        """A step with nothing to agree on (a DiLoCo inner step): no exchange, no vote.
+        This worker's own guard judges its own loss and gradients, and the step commits
+        here alone; replicas differ inside a round anyway. Faults, joins, leaves and new
+        shares wait for the next voted step (the round's outer step), where a lost
+        member's inner work is counted as dropped: on a 100 ms link the per-step scalar
+        all-reduce and vote cost more than the step's compute."""
+        loss = self._loss_sum / self._loss_samples if self._loss_samples else None
+        verdict, reason = self.guard.judge(loss, self.exchange.gradients())
+        if reason:
+            log.warning("[epoch %d] step %d, this worker's own: %s (%s)", self.record.epoch,
+                        self.step_index, reason, verdict.value)
+        work = StepWork(self.step_index, self._share, self._shares_now, self._global_batch)
+        self.sync.step_alone(work, self._inner_step, applied=verdict is GuardVerdict.apply)
+        if verdict is GuardVerdict.rollback:
+            self.replica.roll_back()
+            self.sync.rolled_back()
+        self.proof.committed(self.record.epoch)
+        self.progress.reached(self.record.epoch, self.step_index, Phase.stepped)
+        self._committed(loss, verdict is GuardVerdict.apply)
+
+    def _committed(self, loss: float | None, applied: bool) -> None:
+        """The bookkeeping of a committed step: position, hashes, log, progress, checkpoint."""
         self.exchange.clear()
         t_commit = time.time()
         agreed = self.sync.consensus  # under DiLoCo, replicas agree only after outer steps
-        self.replica.advance(self._global_batch, snapshot=verdict is GuardVerdict.apply and agreed)
+        self.replica.advance(self._global_batch, snapshot=applied and agreed)
         check = self.config.replica_check_interval
         self._hash_due = self._hash_due or bool(check and self.step_index % check == 0)
         full_hash = self.sync.agreed_sha256(self.model) if self._hash_due else None
         self._hash_due = self._hash_due and full_hash is None
-        applied = verdict is GuardVerdict.apply
-        self.step_log.write(self, scalars.mean_loss if applied else None, applied, t_commit, full_hash)
+        self.step_log.write(self, loss if applied else None, applied, t_commit, full_hash)
         if self.rank == 0:
-            self.rdzv.report_progress(self.step_index)
+            self.progress.report_progress(self.step_index)
             if self._checkpoints and self.step_index % self.config.checkpoint_interval == 0:
                 self._checkpoints.save_async(self.replica.snapshot())
 
@@ -286,7 +315,8 @@ class Run:
     # -- the deciding rank's questions ----------------------------------------
 
     def _proposed_weights(self) -> tuple[float, ...] | None:
-        return self.balancer.proposal(self.rdzv, self.record.members, self.step_index)
+        return self.balancer.proposal(self.rdzv, self.record.members, self.step_index,
+                                      self.sync.steps_per_vote)
 
     # -- membership ---------------------------------------------------------
 

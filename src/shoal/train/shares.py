@@ -13,10 +13,17 @@ member switches shares at the same step.
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from shoal.spec.elastic import BatchPolicy
 from shoal.train.order import split_shares
 from shoal.train.rendezvous import Rendezvous
+
+
+class SpeedReporter(Protocol):
+    """Where a worker's speed goes: the store, or a thread that writes it there."""
+
+    def report_speed(self, worker: str, samples_per_s: float) -> None: ...
 
 
 class ShareBalancer:
@@ -42,7 +49,8 @@ class ShareBalancer:
         return split_shares(global_batch, list(self.weights),
                             min_share=max(1, global_batch // (4 * world)))
 
-    def after_compute(self, rdzv: Rendezvous, share: int, started: float, step: int) -> None:
+    def after_compute(self, reporter: SpeedReporter, share: int, started: float,
+                      step: int) -> None:
         """Apply the simulated slowdown, then update and publish this worker's speed."""
         compute_s = time.time() - started
         if self.slowdown > 1.0 and compute_s > 0:
@@ -52,20 +60,22 @@ class ShareBalancer:
         speed = share / max(1e-6, time.time() - started + self._apply_s)
         self._speed = speed if self._speed is None else 0.8 * self._speed + 0.2 * speed
         if step % self.report_interval == 0:
-            rdzv.report_speed(self.worker, self._speed)
+            reporter.report_speed(self.worker, self._speed)
 
     def after_apply(self, seconds: float) -> None:
         """How long applying a committed step took this worker (its optimizer step, its
         snapshot): a fixed cost per step that its share must leave room for."""
         self._apply_s = seconds if not self._apply_s else 0.8 * self._apply_s + 0.2 * seconds
 
-    def proposal(self, rdzv: Rendezvous, members: tuple[str, ...],
-                 step: int) -> tuple[float, ...] | None:
+    def proposal(self, rdzv: Rendezvous, members: tuple[str, ...], step: int,
+                 span: int = 1) -> tuple[float, ...] | None:
         """New weights from measured speeds, every interval, if any worker's part moved by
         more than 2% of an equal share (new weights cost nothing: the decision carries them,
-        and a larger dead band left the slowest worker 13% behind the balance point)."""
+        and a larger dead band left the slowest worker 13% behind the balance point).
+        `span`: the steps this decision closes (a DiLoCo round votes once for all of its
+        steps): due if the interval ends in any of them."""
         interval = self.rebalance_interval
-        if not interval or (step + 1) % interval:
+        if not interval or (step + 1) // interval == max(0, step + 1 - span) // interval:
             return None
         speeds = rdzv.speeds(members)
         if any(s is None for s in speeds):

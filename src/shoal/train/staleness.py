@@ -100,13 +100,10 @@ class StaleDiLoCo(DiLoCo):
 
     def exchange_step(self, group: EpochGroup, should_cancel: ShouldCancel, work: StepWork,
                       inner_step: InnerStep) -> None:
-        if not self.is_outer(work.step):
-            super().exchange_step(group, should_cancel, work, inner_step)
-            return
         self._work, self._outer_now = work, True
         self._backup = (self._flat().clone(), copy.deepcopy(self.optimizer.state_dict()))
         if work.share > 0:
-            self._local_step(work, inner_step)
+            self._step_on_own_share(work, inner_step)
         mine = self.round_samples + work.share
         expected = self.round_expected + work.global_batch
         own = self.start - self._flat()
@@ -127,6 +124,10 @@ class StaleDiLoCo(DiLoCo):
             r.arrive()
             # Benchmarks only: the exchange emulated over a slow link ends this late.
             time.sleep(max(0.0, r.started_at + inject.exchange_delay_s() - time.monotonic()))
+
+    def step_alone(self, work: StepWork, inner_step: InnerStep, applied: bool) -> None:
+        super().step_alone(work, inner_step, applied)
+        self._log_fields(0, None, 0)
 
     def _start_exchange(self, group: EpochGroup, weighted: torch.Tensor, mine: int,
                         should_cancel: ShouldCancel) -> tuple[Started, ReadRound]:
@@ -149,10 +150,6 @@ class StaleDiLoCo(DiLoCo):
         return [*self.exchange.gradients(), *(r.summed for r in arrived)]
 
     def apply(self, inner_step: InnerStep) -> None:
-        if not self._outer_now:
-            super().apply(inner_step)
-            self._log_fields(0, None, 0)
-            return
         if self.codec is not None:  # the round just started sent its part: the rest waits
             self.codec.commit()
         self.pending.append(self._started)
@@ -193,14 +190,8 @@ class StaleDiLoCo(DiLoCo):
     def agreed_sha256(self, model: torch.nn.Module) -> str | None:
         """theta_outer's hash, as the model's parameters: the model itself holds it only
         at the run's end (each worker adds its own rounds in flight)."""
-        if self.consensus:
+        with self.agreed():
             return param_sha256(model)
-        local = self._flat()
-        self._load_flat(self.outer)
-        try:
-            return param_sha256(model)
-        finally:
-            self._load_flat(local)
 
     def new_epoch(self, epoch: int) -> None:
         super().new_epoch(epoch)

@@ -5,11 +5,14 @@ today's path), a robust rule's all-gather, or a codec with error feedback
 (then only the small scalar tail is all-reduced beside it). DiLoCo
 (`shoal.train.diloco`) takes local steps and exchanges pseudo-gradients;
 with `slt > 0` (`shoal.train.staleness`) it does so in the background.
-The run talks to either through the same few calls.
+The run talks to either through the same few calls; a step the sync does
+not vote on (a DiLoCo inner step) is taken by `step_alone`, with nothing
+crossing the network.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +64,12 @@ class EveryStep:
     def fingerprint(self) -> tuple[int, int]:
         return fingerprint(self.exchange.params)
 
+    steps_per_vote = 1  # every step is exchanged and voted on
+
+    def votes(self, step: int) -> bool:
+        """Does `step` go through the exchange and the vote? Here, every step."""
+        return True
+
     def new_epoch(self, epoch: int) -> None:
         if self.codec is not None:
             self.codec.reset(f"membership epoch {epoch} formed")
@@ -89,6 +98,10 @@ class EveryStep:
     def agreed_sha256(self, model: torch.nn.Module) -> str | None:
         """The hash of what every replica holds alike, to compare across replicas."""
         return param_sha256(model)
+
+    def agreed(self) -> contextlib.AbstractContextManager[None]:
+        """A block in which the model holds what every replica agrees on: here, always."""
+        return contextlib.nullcontext()
 
     def checked(self) -> list[torch.Tensor]:
         """What the guard looks at for NaN and Inf."""
