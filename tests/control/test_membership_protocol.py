@@ -276,21 +276,53 @@ def test_a_dropped_member_no_longer_blocks_the_decision(rdzv):
               proposer=_proposer(record))
 
 
-def test_a_member_whole_steps_behind_gets_the_time_those_steps_take():
+def test_a_member_behind_is_fenced_only_once_it_stops_making_progress():
     """DiLoCo: inner steps are not voted on, so at a round's end the lead waits at the
-    outer step while a member still takes its last inner steps alone."""
+    outer step while a member still takes its last inner steps alone (or, at the start,
+    still receives the live state over a slow link)."""
     from shoal.control.liveness import ProgressWatch
 
     watch = ProgressWatch(LivenessConfig(floor_s=0.2, initial_s=30.0, step_multiple=3.0,
                                          margin_s=0.1))
     watch.reset(0, 0.0, veterans=("a", "b"))
-    for step in range(6):  # both step together, 0.25 s a step
-        beats = {w: ProgressBeat(epoch=0, count=step + 1, step=step, phase=Phase.stepped)
-                 for w in "ab"}
-        assert watch.laggards(beats, 0.25 * step) == []
+    receiving = ProgressBeat(epoch=0, count=1, step=0, phase=Phase.arrived)
+    for look in range(6):  # a steps, 0.25 s a step; b receives the state, refreshing
+        beats = {"a": ProgressBeat(epoch=0, count=look + 2, step=look, phase=Phase.stepped),
+                 "b": receiving.model_copy(update={"waits": look})}
+        assert watch.laggards(beats, 0.25 * look) == []
     lead = ProgressBeat(epoch=0, count=20, step=19, phase=Phase.exchange)  # at the outer step
-    beats = {"a": lead, "b": ProgressBeat(epoch=0, count=16, step=15, phase=Phase.stepped)}
-    assert watch.laggards(beats, 2.0) == []
-    # Deadline 3 x 0.25 + 0.1, plus 4 steps at 0.25 s: b is fenced only after 1.85 s.
-    assert watch.laggards(beats, 2.0 + 1.8) == []
-    assert watch.laggards(beats, 2.0 + 1.9) == ["b"]
+    for step in range(6):  # b got the state long after a waited; it steps, 0.25 s a step
+        beats = {"a": lead, "b": ProgressBeat(epoch=0, count=step + 2, step=step,
+                                              phase=Phase.stepped)}
+        assert watch.laggards(beats, 5.0 + 0.25 * step) == []
+    # Deadline 3 x 0.25 + 0.1: b, hung at step 5 since 6.25 s, is fenced after 7.1 s.
+    assert watch.laggards(beats, 7.05) == []
+    assert watch.laggards(beats, 7.15) == ["b"]
+
+
+def test_a_new_epoch_gives_everyone_a_fresh_deadline_to_reach_it():
+    from shoal.control.liveness import ProgressWatch
+
+    watch = ProgressWatch(LivenessConfig(floor_s=0.5, initial_s=0.5))
+    watch.reset(0, 0.0)
+    beats = {"a": ProgressBeat(epoch=0, count=5, step=3, phase=Phase.exchange),
+             "b": ProgressBeat(epoch=0, count=4, step=3, phase=Phase.stepped)}
+    assert watch.laggards(beats, 0.1) == []
+    watch.reset(1, 10.0, veterans=("a", "b"))  # b was behind for 10 s: a new race
+    assert watch.laggards(beats, 10.1) == []
+
+
+def test_the_deadline_never_falls_below_round_trips_to_the_store():
+    """Across a WAN a report may wait on TCP's retransmission timers: 30 round trips of
+    the slowest member's path, whatever the step time says."""
+    from shoal.control.liveness import ProgressWatch
+
+    watch = ProgressWatch(LivenessConfig(floor_s=0.2, initial_s=0.2, margin_s=0.0))
+    watch.reset(0, 0.0)
+    far = {"a": ProgressBeat(epoch=0, count=1, step=0, phase=Phase.arrived, rtt_s=0.0002),
+           "b": ProgressBeat(epoch=0, count=1, step=0, phase=Phase.arrived, rtt_s=0.1)}
+    watch.laggards(far, 0.0)
+    assert watch.step_deadline_s() == pytest.approx(3.0)
+    near = {w: b.model_copy(update={"rtt_s": 0.0002}) for w, b in far.items()}
+    watch.laggards(near, 0.1)
+    assert watch.step_deadline_s() == pytest.approx(0.2)

@@ -4,19 +4,25 @@ Every member reports the progress points it reaches in an epoch (arrived,
 entered a step's exchange, voted: shoal.train.liveness), and refreshes its
 point while it waits on peers. Two rules, one deadline:
 
-- behind: the member that got furthest is the lead; a member still short
-  of the lead's point after the deadline (plus, if it is whole steps behind,
-  the time those steps take at the measured pace: DiLoCo's inner steps are
-  not voted on, so members drift apart within a round) is fenced, whether
-  its process is stopped, hung in its data loader or merely far slower than
-  the rest;
+- behind: the member that got furthest is the lead; a member short of the
+  lead's point that has made no progress of its own for the deadline since
+  the lead got there is fenced, whether its process is stopped, hung in its
+  data loader or far slower than the rest. Progress of its own counts
+  because DiLoCo's inner steps are not voted on: members drift apart within
+  a round, and the lead waits at the outer step while the others still take
+  their last inner steps, or, at the start, still receive the live state
+  over a slow link (while forming an epoch, a refreshed point is progress);
 - silent: a member whose report has not changed for the deadline while a
   member at the same point or further refreshed its own within it is
   fenced: everyone may be waiting in the same exchange, but the one that
   cannot reach the store (partitioned, frozen) is the one they wait for.
 
 The deadline follows the job:
-a multiple of the median step time plus a margin, never below a floor;
+a multiple of the median step time plus a margin, never below a floor,
+nor below `rtt_multiple` round trips of the slowest member's path to the
+store (a report across a WAN, queued behind a bulk exchange and lost to a
+drop-tail queue, waits for TCP's retransmission timers; on a LAN this is
+milliseconds and the floor decides);
 reaching an epoch's barrier gets twice that, since members finish the
 step in flight before they switch epochs.
 """
@@ -28,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from shoal.control.errors import ControlError
-from shoal.spec.elastic import ProgressBeat
+from shoal.spec.elastic import Phase, ProgressBeat
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class LivenessConfig:
     margin_s: float = 0.25  # ... plus this
     initial_s: float = 10.0  # deadline until a few step times are measured
     history: int = 20  # step times in the median
+    rtt_multiple: float = 30.0  # ... and never below this many round trips to the store
 
     def __post_init__(self) -> None:
         if self.floor_s <= 0 or self.initial_s <= 0 or self.step_multiple < 1 or self.margin_s < 0:
@@ -66,18 +73,23 @@ class ProgressWatch:
         self._lead_at = 0.0
         self._seen: dict[str, tuple[int, int, int] | None] = {}  # last (epoch, count, waits)
         self._changed_at: dict[str, float] = {}  # when that last changed
+        self._advanced_at: dict[str, float] = {}  # when the member last made progress
         self._voted_step, self._voted_at = -1, 0.0
         self.step_times: deque[float] = deque(maxlen=config.history)
+        self.rtt_s = 0.0  # the slowest member's round trip to the store, as reported
 
     def reset(self, epoch: int, now: float, veterans: tuple[str, ...] = ()) -> None:
-        """A new epoch was published; `veterans` were members of the previous one."""
+        """A new epoch was published; `veterans` were members of the previous one.
+        Everyone now has to reach it: whoever was behind in the last epoch starts afresh."""
         self.epoch, self._started_at, self._veterans = epoch, now, frozenset(veterans)
+        self._lead_at = now
 
     def step_deadline_s(self) -> float:
+        floor = max(self.config.floor_s, self.config.rtt_multiple * self.rtt_s)
         if len(self.step_times) < 3:
-            return max(self.config.floor_s, self.config.initial_s)
+            return max(floor, self.config.initial_s)
         typical = statistics.median(self.step_times)
-        return max(self.config.floor_s, self.config.step_multiple * typical + self.config.margin_s)
+        return max(floor, self.config.step_multiple * typical + self.config.margin_s)
 
     def _deadline_s(self) -> float:
         # While the lead has only arrived at the newest epoch, the others may still be
@@ -88,34 +100,31 @@ class ProgressWatch:
     def laggards(self, beats: dict[str, ProgressBeat | None], now: float) -> list[str]:
         """Members behind the lead, or silent while a veteran waits, past the deadline."""
         positions = self._observe(beats, now)
+        self.rtt_s = max((b.rtt_s or 0.0 for b in beats.values() if b is not None), default=0.0)
         self._measure_steps(beats, now)
         pace = [w for w in positions if w in self._veterans] or list(positions)
         lead = max((positions[w] for w in pace), default=(-1, 0))
         if lead != self._lead:
             self._lead, self._lead_at = lead, now
         deadline = self._deadline_s()
-        lead_step = max((beats[w].step for w in pace if beats[w] is not None), default=0)
         behind = [w for w, at in positions.items() if at < lead
-                  and now - self._behind_since(w) > deadline + self._catch_up_s(beats[w], lead_step)]
+                  and now - max(self._behind_since(w), self._advanced_at[w]) > deadline]
         quiet = [w for w in positions if now - self._changed_at[w] > deadline and w not in behind]
         silent = [w for w in quiet
                   if any(o != w and now - self._changed_at[o] <= deadline
                          and positions[o] >= positions[w] for o in pace)]
         return behind + silent
 
-    def _catch_up_s(self, beat: ProgressBeat | None, lead_step: int) -> float:
-        """Time a member needs to reach the lead's step at the measured pace. Under
-        every-step sync members are never a whole step apart; DiLoCo's inner steps cross
-        no network, so a member may end a round several steps after the lead, still
-        stepping (each point it reports is a step it took alone)."""
-        if beat is None or len(self.step_times) < 3:
-            return 0.0
-        return max(0, lead_step - beat.step) * statistics.median(self.step_times)
-
     def _observe(self, beats: dict[str, ProgressBeat | None], now: float) -> dict[str, Position]:
         for worker, beat in beats.items():
             key = None if beat is None else (beat.epoch, beat.count, beat.waits)
             if worker not in self._changed_at or self._seen.get(worker) != key:
+                seen = self._seen.get(worker)
+                # Progress: a new point, or, while forming an epoch (at its barrier, or
+                # receiving the live state over a slow link), a refreshed one.
+                if (worker not in self._advanced_at or seen is None or key is None
+                        or key[:2] != seen[:2] or beat.phase is Phase.arrived):
+                    self._advanced_at[worker] = now
                 self._seen[worker], self._changed_at[worker] = key, now
         return {w: (b.epoch, b.count) if b is not None else (-1, 0) for w, b in beats.items()}
 

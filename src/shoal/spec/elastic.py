@@ -66,6 +66,9 @@ class ProgressBeat(Frozen):
     # show the member can still reach the store, so one that cannot (partitioned,
     # frozen) stands out even when every member waits at the same point.
     waits: int = Field(0, ge=0)
+    # The round trip from the member to the store, as its reporter measured it: a report
+    # across a WAN, queued behind a bulk exchange, can take many of them to land.
+    rtt_s: float | None = Field(None, ge=0)
 
 
 class GuardVerdict(str, enum.Enum):

@@ -85,13 +85,15 @@ class ProgressReporter:
 
     def _write(self) -> None:
         rdzv = self._connect()
+        rtt_s = rdzv.min_wait_s() / 4  # the store measured from here, once, for the authority
         while True:
             self._wake.wait()
             self._wake.clear()
             with self._lock:
                 beat, self._latest = self._latest, None
                 reports, self._reports = list(self._reports.values()), {}
-            writes = [lambda r, b=beat: r.beat(self.worker, b)] if beat is not None else []
+            writes = ([lambda r, b=beat.model_copy(update={"rtt_s": rtt_s}): r.beat(self.worker, b)]
+                      if beat is not None else [])
             for write in [*writes, *reports]:
                 try:
                     write(rdzv)
