@@ -17,6 +17,7 @@ from tests.plan.factory import toy_model
 
 CONFIG = SyncConfig()  # budget: exchange <= 0.2 x pipeline time; slt 1 and 2 on offer
 NO_SLT = SyncConfig(staleness=())
+SHORT = SyncConfig(inner_steps=(10, 20))  # rounds no longer than 20 steps, slt 1 and 2
 
 
 def _choice(bandwidth: float, width: int = 16, dp: int = 2, latency_s: float = 0.0,
@@ -43,12 +44,15 @@ def test_moderate_network_int8():
 
 
 def test_slow_network_goes_local():
-    # 10 s plain. Without staleness, DiLoCo with 50 inner steps is the first to fit 0.2 s
-    # (width 16 gives PowerSGD no more than int8's factor). With it, 10 inner steps do:
-    # the round's 10 s of exchange runs beside the next round's 10 x 1 s of compute.
-    assert _choice(1e8, config=NO_SLT) == (SyncMode.diloco, 50, Codec.none, 0,
-                                           pytest.approx(0.2))
-    assert _choice(1e8) == (SyncMode.diloco, 10, Codec.none, 1, pytest.approx(0.0))
+    # 10 s plain. DiLoCo with 50 inner steps is the first to fit 0.2 s (width 16 gives
+    # PowerSGD no more than int8's factor), staleness on offer or not: a longer round
+    # comes before a stale one. With rounds of at most 20 steps, 10 inner steps at slt 1
+    # do: the round's 10 s of exchange runs beside the next round's 10 x 1 s of compute.
+    for config in (NO_SLT, CONFIG):
+        assert _choice(1e8, config=config) == (SyncMode.diloco, 50, Codec.none, 0,
+                                               pytest.approx(0.2))
+    assert _choice(1e8, config=SHORT) == (SyncMode.diloco, 10, Codec.none, 1,
+                                          pytest.approx(0.0))
 
 
 def test_wide_model_prefers_powersgd_to_local_steps():
@@ -90,12 +94,17 @@ def test_options_that_memory_cannot_hold_are_skipped():
     mode, _, codec, _, per_step = _choice(
         1.25e8, held=(DILOCO_BYTES, DILOCO_BYTES + RESIDUAL_BYTES), config=NO_SLT)
     assert (mode, codec, per_step) == (SyncMode.allreduce, Codec.int8, pytest.approx(4.0))
-    # With staleness on offer DiLoCo 10 at slt 1 hides the 8 s; where its round in flight
-    # does not fit (20 B/param), slt 2 does too but holds two (28); neither: as without.
+    # Staleness comes after every round length: on offer, the choice is the same.
+    assert _choice(1.25e8)[:3] == (SyncMode.diloco, 20, Codec.int8)
+    # With rounds of 10 steps at most, DiLoCo 10 at slt 1 hides the 8 s; where its round
+    # in flight does not fit (20 B/param), slt 2 does too but holds two (28); neither:
+    # on to the last rungs, DiLoCo 10 with top-k (1% of the values and their indices).
+    ten = SyncConfig(inner_steps=(10,))
     slt1, slt2 = (DILOCO_BYTES + START_BYTES + IN_FLIGHT_BYTES * k for k in (1, 2))
-    assert _choice(1.25e8)[:4] == (SyncMode.diloco, 10, Codec.none, 1)
-    assert _choice(1.25e8, held=(slt1,))[:4] == (SyncMode.diloco, 10, Codec.none, 2)
-    assert _choice(1.25e8, held=(slt1, slt2))[:4] == (SyncMode.diloco, 20, Codec.int8, 0)
+    assert _choice(1.25e8, config=ten)[:4] == (SyncMode.diloco, 10, Codec.none, 1)
+    assert _choice(1.25e8, held=(slt1,), config=ten)[:4] == (SyncMode.diloco, 10, Codec.none, 2)
+    assert _choice(1.25e8, held=(slt1, slt2), config=ten)[:4] == (
+        SyncMode.diloco, 10, Codec.topk, 0)
 
 
 def test_staleness_hides_latency_k_rounds_deep():
@@ -111,13 +120,15 @@ def test_staleness_hides_latency_k_rounds_deep():
                      pipeline) == pytest.approx((10.0005 - 10) / 10)
     assert exposed_s(SyncOption(SyncMode.diloco, 20, Codec.none, 2), on_link, total,
                      pipeline) == 0.0
-    # So the ladder keeps H at 10 with slt = 2 (5e-5 s a step), where without staleness it
-    # needs H = 100 and int8, whose all-gather waits one latency, not the ring's two
-    # (10.0005 / 100 s; uncompressed, H = 100 waits 0.20001).
-    assert _choice(1e12, latency_s=10.0) == (SyncMode.diloco, 10, Codec.none, 2,
-                                             pytest.approx(5e-5))
-    assert _choice(1e12, latency_s=10.0, config=NO_SLT) == (SyncMode.diloco, 100, Codec.int8,
-                                                            0, pytest.approx(0.100005))
+    # Without staleness the ladder needs H = 100 and int8, whose all-gather waits one
+    # latency, not the ring's two (10.0005 / 100 s; uncompressed, H = 100 waits 0.20001),
+    # and it goes there first with staleness on offer too. With rounds of at most 20
+    # steps it takes H = 10 at slt = 2 (5e-5 s a step).
+    for config in (NO_SLT, CONFIG):
+        assert _choice(1e12, latency_s=10.0, config=config) == (
+            SyncMode.diloco, 100, Codec.int8, 0, pytest.approx(0.100005))
+    assert _choice(1e12, latency_s=10.0, config=SHORT) == (SyncMode.diloco, 10, Codec.none, 2,
+                                                           pytest.approx(5e-5))
 
 
 def test_staleness_hides_no_more_than_a_round_of_bandwidth():

@@ -54,9 +54,10 @@ class SyncConfig:
     inner_steps: tuple[int, ...] = (10, 20, 50, 100, 200, 500)  # DiLoCo ran H = 500
     topk_fraction: float = 0.01
     powersgd_rank: int = 4
-    # Staleness bounds the planner may choose, after int8 at the same H: on the tiny GPT
+    # Staleness bounds the planner may choose, after every H without: on the tiny GPT
     # slt = 1 cost 0.02-0.09 nats of val loss and slt = 2 0.12-0.15 over slt = 0
-    # (tests/train/test_slt.py, bench/slt.py), int8 0.003 over no codec.
+    # (tests/train/test_slt.py, bench/slt.py: H = 10, 3 workers), int8 0.003 over no
+    # codec; but 0.27 nats at H = 20 with 4 workers of 8 samples a step (bench/wan.py).
     staleness: tuple[int, ...] = (1, 2)
 
     def __post_init__(self) -> None:
@@ -74,12 +75,16 @@ def ladder(config: SyncConfig) -> tuple[SyncOption, ...]:
     """Options from most faithful to most frugal; the planner takes the first that fits."""
     every_step = [SyncOption(SyncMode.allreduce, 1, c) for c in (Codec.none, Codec.int8,
                                                                   Codec.powersgd)]
+    # Staleness comes after every H without it: a longer round cost far less than a stale
+    # one (bench/wan.py, 4 workers: DiLoCo H = 50 with int8 ended at 2.337, H = 20 at 2.323,
+    # H = 20 at slt = 1 at 2.597), so slt is for links no round length hides.
     local = [option for h in sorted(config.inner_steps) for option in (
-        SyncOption(SyncMode.diloco, h, Codec.none), SyncOption(SyncMode.diloco, h, Codec.int8),
-        *(SyncOption(SyncMode.diloco, h, Codec.none, k) for k in sorted(config.staleness)))]
+        SyncOption(SyncMode.diloco, h, Codec.none), SyncOption(SyncMode.diloco, h, Codec.int8))]
+    stale = [SyncOption(SyncMode.diloco, h, Codec.none, k)
+             for h in sorted(config.inner_steps) for k in sorted(config.staleness)]
     most = max(config.inner_steps)
     last = [SyncOption(SyncMode.diloco, most, c) for c in (Codec.powersgd, Codec.topk)]
-    return tuple(every_step + local + last)
+    return tuple(every_step + local + stale + last)
 
 
 def state_bytes(option: SyncOption) -> float:
