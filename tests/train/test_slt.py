@@ -264,9 +264,11 @@ def test_a_kill_while_an_exchange_is_in_flight(tmp_path):
     (kill,) = [f for f in report.faults if f.kind is FaultKind.kill]
     assert kill.steps_lost == 0
     # Round 1 is abandoned whole (10 steps of 12 samples), never partly applied, and the
-    # lost member's inner work of round 2 (its shares of steps 20-24) goes with it.
+    # lost member's inner work of round 2 goes with it: its shares of steps 20-28 (inner
+    # steps cross no network, so nobody learns of the kill before the outer step, 29),
+    # at most half of each step's samples (shares follow measured speed).
     assert report.rounds_dropped == 1
-    assert 10 * BATCH < report.samples_dropped <= 10 * BATCH + 5 * BATCH // 2
+    assert 10 * BATCH < report.samples_dropped <= 10 * BATCH + 9 * BATCH // 2
     logs = "".join(p.read_text() for p in (tmp_path / "run").glob("w*.log"))
     assert "round(s) in flight abandoned (membership epoch" in logs
     assert report.slt_seen == 1 and report.val_loss is not None and report.val_loss < 4.0
