@@ -12,8 +12,8 @@
 when the share is done, exchanges them, commits or discards the step with
 every other worker (under DiLoCo, only a round's outer step is exchanged and
 voted on; an inner step commits alone), and re-forms the group when
-membership changes. Faults never reach the loop: a failed step is redone, with the same samples, by
-whoever is left.
+membership changes. Faults never reach the loop: a failed step is redone,
+with the same samples, by whoever is left.
 """
 
 from __future__ import annotations
