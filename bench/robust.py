@@ -20,7 +20,7 @@ the same seed, but other batches). Target: some rule keeps
 `loss_gap <= 0.05` while the plain mean diverges (its gap above 1 nat), at a
 throughput cost <= 10%.
 
-    .venv/bin/python -m bench.robust [--steps 150] [--workers 4] [--rounds 1]
+    .venv/bin/python -m bench.robust [--steps 150] [--workers 4] [--rounds 1] [--rules RULE ...]
 
 Prints progress to stderr and, as its last line, one JSON object.
 """
@@ -90,7 +90,7 @@ def train(rule: str, workers: int, steps: int, warmup: int, attacked: bool,
     return result
 
 
-def time_exchanges(workers: int, reps: int) -> dict[str, float]:
+def time_exchanges(workers: int, reps: int, rules: list[str]) -> dict[str, float]:
     """Median seconds of one exchange of the job's buffers under each rule, the rules
     alternating step by step so that they share whatever load the machine has."""
     import torch
@@ -101,7 +101,7 @@ def time_exchanges(workers: int, reps: int) -> dict[str, float]:
     from shoal.train.group import EpochGroup
 
     job = load_job(JOB)
-    store, groups, times = dist.HashStore(), [None] * workers, {rule: [] for rule in RULES}
+    store, groups, times = dist.HashStore(), [None] * workers, {rule: [] for rule in rules}
     params = list(GPT(job.model).parameters())
 
     def rank_main(rank: int) -> None:
@@ -110,10 +110,13 @@ def time_exchanges(workers: int, reps: int) -> dict[str, float]:
                                                 timeout_s=60, poll_s=0.001,
                                                 should_cancel=lambda: False)
         weights = [1 / workers] * workers
+        exchanges = {}  # one per rule, kept across steps as a run keeps its own
+        for rule in rules:
+            exchanges[rule] = GradientExchange(params, groups=2, aggregation=Aggregation(rule))
+            exchanges[rule].fresh(workers)
         for _ in range(reps):
-            for rule in RULES:
-                exchange = GradientExchange(params, groups=2, aggregation=Aggregation(rule))
-                exchange.fresh(workers)
+            for rule in rules:
+                exchange = exchanges[rule]
                 for buffer in exchange.tensors():
                     buffer.normal_()
                 start = time.perf_counter()
@@ -147,12 +150,12 @@ def summarise(honest: dict[str, list[dict]], attacked: dict[str, dict], floor: d
               exchange_s: dict[str, float], global_batch: int) -> dict:
     reference = honest["mean"][0]["val_loss"]
     speed = {rule: median([r["samples_per_s"] for r in runs]) for rule, runs in honest.items()}
-    loss_gap = {rule: gap(attacked[rule]["val_loss"], reference) for rule in RULES}
-    cost = {rule: round(1.0 - speed[rule] / speed["mean"], 4) for rule in RULES if rule != "mean"}
+    loss_gap = {rule: gap(attacked[rule]["val_loss"], reference) for rule in attacked}
+    cost = {rule: round(1.0 - speed[rule] / speed["mean"], 4) for rule in speed if rule != "mean"}
     step_s = global_batch / speed["mean"]  # the honest mean run's median step
     paired = {rule: round((exchange_s[rule] - exchange_s["mean"]) / (step_s + exchange_s[rule]
                                                                       - exchange_s["mean"]), 4)
-              for rule in RULES if rule != "mean"}
+              for rule in exchange_s if rule != "mean"}
     mean_gap = loss_gap["mean"]
     mean_diverged = mean_gap is None or mean_gap > TARGETS["mean_gap_min"]
     winners = [rule for rule in cost if loss_gap[rule] is not None
@@ -184,17 +187,20 @@ def main() -> None:
                         help="honest runs per rule for throughput (median); loss from the first")
     parser.add_argument("--exchange-reps", type=int, default=40,
                         help="paired exchanges per rule in the exchange-only timing")
+    parser.add_argument("--rules", nargs="+", choices=RULES, default=RULES,
+                        help="rules to run (the plain mean always runs: it is the reference)")
     args = parser.parse_args()
+    rules = ["mean", *(rule for rule in args.rules if rule != "mean")]
     load_before = os.getloadavg()[0]
-    exchange_s = time_exchanges(args.workers, args.exchange_reps)
+    exchange_s = time_exchanges(args.workers, args.exchange_reps, rules)
     log(f"exchange alone, median s: {exchange_s}")
 
-    honest: dict[str, list[dict]] = {rule: [] for rule in RULES}
+    honest: dict[str, list[dict]] = {rule: [] for rule in rules}
     for _ in range(args.rounds):  # rules interleaved, so they share the machine's load
-        for rule in RULES:
+        for rule in rules:
             honest[rule].append(train(rule, args.workers, args.steps, args.warmup, attacked=False))
     attacked = {rule: train(rule, args.workers, args.steps, args.warmup, attacked=True)
-                for rule in RULES}
+                for rule in rules}
     job = load_job(JOB, overrides={"steps": args.steps})
     floor_batch = job.global_batch * (args.workers - 1) // args.workers
     floor = train("mean", args.workers - 1, args.steps, args.warmup, attacked=False,
@@ -203,7 +209,7 @@ def main() -> None:
                 "global_batch": job.global_batch, "model": job.model.model_dump(),
                 "seed": job.seed, "adversary": f"{VICTIM}={ADVERSARY}", "every_step": True,
                 "audits": False, "throughput_warmup_steps": args.warmup, "rounds": args.rounds,
-                "exchange_reps": args.exchange_reps,
+                "exchange_reps": args.exchange_reps, "rules": rules,
                 "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                 "cores": os.cpu_count()}
     print(json.dumps({"bench": "robust", "settings": settings,

