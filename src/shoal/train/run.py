@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shoal.spec.elastic import BatchPolicy, GuardVerdict, Phase
+from shoal.spec.elastic import BatchPolicy, Phase
 from shoal.spec.job import Aggregation, SyncSpec
 from shoal.train import inject
 from shoal.train.adversary import load_adversary
@@ -45,9 +45,10 @@ from shoal.train.rendezvous import Rendezvous, connect
 from shoal.train.replica import ReplicaState
 from shoal.train.run_config import RunConfig
 from shoal.train.shares import ShareBalancer
+from shoal.train.step_commit import Attempt, StepCommitter
 from shoal.train.step_log import StepLog
 from shoal.train.step_proof import StepProof
-from shoal.train.sync import StepWork, make_sync
+from shoal.train.sync import make_sync
 from shoal.train.work_records import ProofSettings, WorkRecorder
 
 log = logging.getLogger(__name__)
@@ -82,10 +83,10 @@ class Run:
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.replica: ReplicaState | None = None
-        self._hash_due = True  # compare full parameter hashes at the next step where replicas agree
+        self.attempt: Attempt | None = None  # the step being computed
         self._final: dict[str, object] | None = None
-        self._checkpoints = (CheckpointStore(config.checkpoint_dir, config.identity, config.checkpoint_keep)
-                             if config.checkpoint_dir else None)
+        self.checkpoints = (CheckpointStore(config.checkpoint_dir, config.identity, config.checkpoint_keep)
+                            if config.checkpoint_dir else None)
         self.step_log = StepLog(config.run_dir, self.worker)
         self.progress = ProgressReporter(self.worker, self._connect)
         self.membership = Membership(config, self.rdzv, self.progress)
@@ -112,12 +113,13 @@ class Run:
              sync: SyncSpec | None = None) -> tuple[torch.nn.Module, ElasticOptimizer]:
         """`aggregation`: how the workers' contributions combine (the job file's rule);
         `sync`: every-step all-reduce or DiLoCo, and the codec (the job's [sync])."""
-        self.model, self.optimizer, self.grad_clip = model, optimizer, grad_clip
+        self.model, self.optimizer = model, optimizer
+        self.committer = StepCommitter(self, grad_clip)
         self.aggregation = Aggregation(aggregation)
         self.exchange = GradientExchange(list(model.parameters()), len(optimizer.param_groups),
                                          self.aggregation)
         self.sync = make_sync(sync, self.exchange, optimizer)
-        self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self._checkpoints)
+        self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self.checkpoints)
         self.replica.extras["sync"] = self.sync
         return model, ElasticOptimizer(self, optimizer)
 
@@ -145,15 +147,16 @@ class Run:
             if self.proof.active:
                 ids = self.proof.begin(self.step_index, self.rank, self.model, positions, shares,
                                        ids, order.num_samples)
-            self._begin(shares, global_batch=sum(shares), share=len(ids))
+            self.attempt = Attempt(shares, global_batch=sum(shares), share=len(ids),
+                                   started=time.time())
             inject.worker_faults(self.worker, self.step_index, self.exchange.params)
             if len(ids) == 0:
                 self._finish_step()
                 continue
             for chunk in np.array_split(ids, -(-len(ids) // (micro_batch or len(ids)))):
-                self._chunk = len(chunk)
+                self.attempt.chunk = len(chunk)
                 yield _fetch(dataset, chunk)
-                if self._chunk:  # the loop must call optimizer.step() after each batch
+                if self.attempt.chunk:  # the loop must call optimizer.step() after each batch
                     raise TrainError("call optimizer.step() (or run.step()) once per batch")
         self._finish(steps)
 
@@ -162,40 +165,33 @@ class Run:
         if inject.nan_loss(self.worker, self.step_index):
             loss = loss * float("nan")
         loss.backward()
-        self._loss_sum += float(loss.detach()) * self._chunk
-        self._loss_samples += self._chunk
+        self.attempt.loss_sum += float(loss.detach()) * self.attempt.chunk
+        self.attempt.loss_samples += self.attempt.chunk
 
     def step(self) -> None:
         """Fold this micro-batch's gradients in (weighted by its part of the global
         batch); when the share is done, exchange and commit the step."""
-        self.exchange.fold(self._chunk / self._global_batch)
-        self._done_samples += self._chunk
-        self._chunk = 0
-        if self._done_samples >= self._share:
+        attempt = self.attempt
+        self.exchange.fold(attempt.chunk / attempt.global_batch)
+        attempt.done_samples += attempt.chunk
+        attempt.chunk = 0
+        if attempt.done_samples >= attempt.share:
             self._finish_step()
 
     # -- one step ----------------------------------------------------------
 
-    def _begin(self, shares: tuple[int, ...], global_batch: int, share: int) -> None:
-        """`share`: the samples this worker computes on (its part of `shares`, unless it
-        cheats)."""
-        self._shares_now, self._global_batch = shares, global_batch
-        self._share, self._done_samples, self._chunk = share, 0, 0
-        self._loss_sum, self._loss_samples = 0.0, 0
-        self._attempt_start = time.time()
-
     def _finish_step(self) -> None:
-        self.balancer.after_compute(self.progress, self._share, self._attempt_start,
-                                    self.step_index)
+        attempt = self.attempt
+        self.balancer.after_compute(self.progress, attempt.share, attempt.started, self.step_index)
         self.membership.post_leave()  # a spot notice takes effect at the next voted step
         if self.proof.active:
             self.proof.before_exchange(self.exchange)
         if not self.sync.votes(self.step_index):
-            self._step_alone()
+            self.committer.alone()
             return
         self.exchange.write_scalars(
-            self.rank, [float(g["lr"]) for g in self.optimizer.param_groups], self._share > 0,
-            self._loss_sum, self._loss_samples, self.sync.fingerprint())
+            self.rank, [float(g["lr"]) for g in self.optimizer.param_groups], attempt.share > 0,
+            attempt.loss_sum, attempt.loss_samples, self.sync.fingerprint())
         self.progress.reached(self.record.epoch, self.step_index, Phase.exchange)
         ballot, scalars = self._exchange()
         self.progress.reached(self.record.epoch, self.step_index, Phase.voted)
@@ -213,7 +209,7 @@ class Run:
         if decision.commit:
             self.proof.committed(self.record.epoch)
             applying = time.time()
-            self._apply(scalars, decision.verdict)
+            self.committer.voted(scalars, decision.verdict)
             self.balancer.after_apply(time.time() - applying)
             if decision.weights:
                 self.balancer.weights = decision.weights
@@ -230,9 +226,9 @@ class Run:
         """Exchange the step (shoal.train.sync: all-reduce, a robust rule's all-gather, a
         codec, or DiLoCo), then this member's ballot: did it work, what does the guard
         say, do the replicas' fingerprints agree."""
-        work = StepWork(self.step_index, self._share, self._shares_now, self._global_batch)
         try:
-            self.sync.exchange_step(self.group, self.membership.changed, work, self._inner_step)
+            self.sync.exchange_step(self.group, self.membership.changed,
+                                    self.attempt.work(self.step_index), self.committer.inner_step)
         except (GroupFailed, GroupCancelled) as error:
             log.info("[epoch %d rank %d] step %d exchange failed: %s",
                      self.record.epoch, self.rank, self.step_index, error)
@@ -243,74 +239,6 @@ class Run:
             log.warning("[epoch %d] step %d: %s (%s)", self.record.epoch, self.step_index,
                         reason, verdict.value)
         return Ballot(ok=True, verdict=verdict, diverged=len(set(scalars.fingerprints)) > 1), scalars
-
-    def _apply(self, scalars: StepScalars, verdict: GuardVerdict) -> None:
-        # Every member agrees on the lrs: a worker with an empty share skipped the loop
-        # body that sets them.
-        for group, lr in zip(self.optimizer.param_groups, scalars.lrs):
-            group["lr"] = lr
-        self.guard.record(verdict, scalars.mean_loss)
-        if verdict is GuardVerdict.apply:
-            self.sync.apply(self._inner_step)
-        else:
-            self.sync.skip()
-            if verdict is GuardVerdict.rollback:
-                self.replica.roll_back()
-                self.sync.rolled_back()
-        self._committed(scalars.mean_loss, verdict is GuardVerdict.apply)
-
-    def _step_alone(self) -> None:
-        """A step with nothing to agree on (a DiLoCo inner step): no exchange, no vote.
-        This worker's own guard judges its own loss and gradients, and the step commits
-        here alone; replicas differ inside a round anyway. Faults, joins, leaves and new
-        shares wait for the next voted step (the round's outer step), where a lost
-        member's inner work is counted as dropped: on a 100 ms link the per-step scalar
-        all-reduce and vote cost more than the step's compute."""
-        loss = self._loss_sum / self._loss_samples if self._loss_samples else None
-        verdict, reason = self.guard.judge(loss, self.exchange.gradients())
-        if reason:
-            log.warning("[epoch %d] step %d, this worker's own: %s (%s)", self.record.epoch,
-                        self.step_index, reason, verdict.value)
-        work = StepWork(self.step_index, self._share, self._shares_now, self._global_batch)
-        self.sync.step_alone(work, self._inner_step, applied=verdict is GuardVerdict.apply)
-        if verdict is GuardVerdict.rollback:
-            self.replica.roll_back()
-            self.sync.rolled_back()
-        self.proof.committed(self.record.epoch)
-        self.progress.reached(self.record.epoch, self.step_index, Phase.stepped)
-        self._committed(loss, verdict is GuardVerdict.apply)
-
-    def _committed(self, loss: float | None, applied: bool) -> None:
-        """The bookkeeping of a committed step: position, hashes, log, progress, checkpoint."""
-        self.exchange.clear()
-        t_commit = time.time()
-        agreed = self.sync.consensus  # under DiLoCo, replicas agree only after outer steps
-        self.replica.advance(self._global_batch, snapshot=applied and agreed)
-        check = self.config.replica_check_interval
-        self._hash_due = self._hash_due or bool(check and self.step_index % check == 0)
-        full_hash = self.sync.agreed_sha256(self.model) if self._hash_due else None
-        self._hash_due = self._hash_due and full_hash is None
-        self.step_log.write(self, loss if applied else None, applied, t_commit, full_hash)
-        if self.rank == 0:
-            self.progress.report_progress(self.step_index)
-            if self._checkpoints and self.step_index % self.config.checkpoint_interval == 0:
-                self._checkpoints.save_async(self.replica.snapshot())
-
-    def _inner_step(self) -> None:
-        """The user's optimizer on the gradients in the exchange buffers."""
-        self.exchange.install()
-        if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.exchange.params, self.grad_clip)
-        self._optimizer_step()
-
-    def _optimizer_step(self) -> None:
-        scale = self.balancer.lr_scale  # `linear` policy: world / first world
-        saved = [g["lr"] for g in self.optimizer.param_groups]
-        for g in self.optimizer.param_groups:
-            g["lr"] *= scale
-        self.optimizer.step()
-        for g, lr in zip(self.optimizer.param_groups, saved):
-            g["lr"] = lr
 
     # -- the deciding rank's questions ----------------------------------------
 
@@ -327,11 +255,11 @@ class Run:
         if not self.membership.enter(self.replica):
             self.left = True
             return False
-        self.balancer.weights = self.record.weights
+        self.balancer.enter_epoch(self.record.weights)
         self.balancer.base_world = self.balancer.base_world or self.world
         self.exchange.fresh(self.world)
         self.sync.new_epoch(self.record.epoch)
-        self._hash_due = True
+        self.committer.hash_due = True
         return True
 
     def _drop_group(self, stale: bool) -> None:
@@ -344,9 +272,9 @@ class Run:
 
     def _last_one_leaves(self) -> None:
         """No peer to hand over to: leave the state on disk for whoever comes next."""
-        if self._checkpoints is not None:
-            self._checkpoints.save_async(self.replica.snapshot())
-            self._checkpoints.wait()
+        if self.checkpoints is not None:
+            self.checkpoints.save_async(self.replica.snapshot())
+            self.checkpoints.wait()
             log.warning("[worker %s] last worker leaving: checkpoint of step %d written",
                         self.worker, self.step_index)
         else:
@@ -357,12 +285,12 @@ class Run:
 
     def _finish(self, steps: int) -> None:
         if self.group is not None and self.rank == 0 and self.step_index >= steps and not self.left:
-            if self._checkpoints is not None:
-                self._checkpoints.save_async(self.replica.snapshot())
+            if self.checkpoints is not None:
+                self.checkpoints.save_async(self.replica.snapshot())
             self._final = {"steps": self.step_index, "param_sha256": param_sha256(self.model)}
             self.rdzv.mark_done(self._final)
-        if self._checkpoints is not None:
-            self._checkpoints.close()
+        if self.checkpoints is not None:
+            self.checkpoints.close()
         self.step_log.close()
         self.progress.stop()
         self.membership.drop_group()

@@ -26,8 +26,9 @@ class StepLog:
             return
         record = StepRecord(
             step=run.step_index - 1, epoch=run.record.epoch, worker=run.worker, rank=run.rank,
-            world=run.world, cursor=run.cursor - run._global_batch, shares=run._shares_now,
-            t_start=run._attempt_start, t_commit=t_commit, loss=loss, applied=applied,
+            world=run.world, cursor=run.cursor - run.attempt.global_batch,
+            shares=run.attempt.shares, t_start=run.attempt.started, t_commit=t_commit,
+            loss=loss, applied=applied,
             param_sha256=fingerprint, bytes_sent=run.sync.bytes_sent,
             samples_dropped=run.sync.samples_dropped,
             slt_seen=run.sync.slt_seen, rounds_late=run.sync.rounds_late,
