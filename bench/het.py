@@ -66,7 +66,9 @@ def parse() -> Settings:
     p.add_argument("--warmup", type=int, default=25)
     p.add_argument("--equal-steps", type=int, default=12)
     p.add_argument("--equal-warmup", type=int, default=3)
-    p.add_argument("--alone-steps", type=int, default=4)
+    p.add_argument("--alone-steps", type=int, default=10,
+                   help="steps of the fastest worker alone; slower ones run fewer, in about "
+                        "the same time")
     p.add_argument("--alone-warmup", type=int, default=1)
     p.add_argument("--period-s", type=float, default=0.01)
     p.add_argument("--priority", type=float, default=16.0)
@@ -185,9 +187,16 @@ def main() -> None:
         balanced = launch(settings, caps, settings.steps, settings.warmup, {})
         equal = launch(settings, caps, settings.equal_steps, settings.equal_warmup,
                        {"SHOAL_REBALANCE": "0"})
-        alone = [launch(settings, [cap], settings.alone_steps, settings.alone_warmup, {})
-                 for cap in caps]
+        alone = [launch(settings, [cap], alone_steps(settings, cores), settings.alone_warmup, {})
+                 for cap, cores in zip(caps, CAPS_CORES)]
     print(json.dumps(figures(settings, balanced, equal, alone)))
+
+
+def alone_steps(settings: Settings, cores: float) -> int:
+    """Steps for one worker alone: `alone_steps` for the fastest cap and fewer for slower
+    ones, so each is measured over about the same time (a 0.1-core worker takes ~40 s a
+    step at the default batch); never fewer than three measured steps."""
+    return max(settings.alone_warmup + 4, round(settings.alone_steps * cores / max(CAPS_CORES)))
 
 
 def share_bound(shares: dict[str, list[int]], alone: list[float]) -> float | None:
@@ -232,7 +241,8 @@ def figures(settings: Settings, balanced: Measured, equal: Measured,
             "global_batch": settings.global_batch, "micro_batch": settings.micro_batch,
             "steps": settings.steps, "warmup_steps": settings.warmup,
             "equal_steps": settings.equal_steps, "equal_warmup_steps": settings.equal_warmup,
-            "alone_steps": settings.alone_steps, "alone_warmup_steps": settings.alone_warmup,
+            "alone_steps": [alone_steps(settings, cores) for cores in CAPS_CORES],
+            "alone_warmup_steps": settings.alone_warmup,
             "rebalance_interval": settings.rebalance, "threads_per_worker": THREADS,
             "cfs_period_s": settings.period_s, "slice_priority": settings.priority,
             "backend": "gloo on loopback",

@@ -64,3 +64,14 @@ def test_a_round_voted_once_proposes_when_the_interval_ends_inside_it():
     due = [step for step in (6, 13, 20) if balancer.proposal(board, members, step, span=7)]
     assert due == [13, 20]
     assert balancer.proposal(board, members, 19) and not balancer.proposal(board, members, 13)
+
+
+def test_with_rebalancing_off_a_new_epoch_keeps_shares_equal():
+    """The authority forms every epoch with weights from measured speeds; a job that
+    turned rebalancing off keeps equal shares anyway, at every epoch."""
+    off = ShareBalancer("w0", rebalance_interval=0, report_interval=1, slowdown=1.0)
+    off.enter_epoch((4.0, 1.0, 1.0))
+    assert off.shares(12, 3, BatchPolicy.invariant) == (4, 4, 4)
+    on = ShareBalancer("w0", rebalance_interval=20, report_interval=1, slowdown=1.0)
+    on.enter_epoch((4.0, 1.0, 1.0))
+    assert on.shares(12, 3, BatchPolicy.invariant) == (8, 2, 2)

@@ -49,6 +49,12 @@ class ShareBalancer:
         return split_shares(global_batch, list(self.weights),
                             min_share=max(1, global_batch // (4 * world)))
 
+    def enter_epoch(self, weights: tuple[float, ...]) -> None:
+        """Take a new epoch's weights (the authority's, from measured speeds), or equal
+        ones when rebalancing is off: off means shares never follow speed, not even
+        when the group re-forms."""
+        self.weights = weights if self.rebalance_interval else (1.0,) * len(weights)
+
     def after_compute(self, reporter: SpeedReporter, share: int, started: float,
                       step: int) -> None:
         """Apply the simulated slowdown, then update and publish this worker's speed."""
