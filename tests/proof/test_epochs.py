@@ -64,3 +64,51 @@ def test_two_workers_keep_each_steps_parameters_and_the_duty_rotates():
     assert {rank: sum(rank in k for k in kept) for rank in range(4)} == {0: 4, 1: 4, 2: 4, 3: 4}
     with pytest.raises(ProofError):
         params_keepers(0, 0)
+
+
+def _lineage(step: int, epoch: int, shares: tuple[int, ...], ranks: list[int],
+             params: str = "a") -> list:
+    """The records ranks `ranks` of membership epoch `epoch` file for `step`."""
+    from tests.proof.factory import GLOBAL_BATCH
+
+    cursor, out = step * GLOBAL_BATCH, []
+    for rank, share in enumerate(shares):
+        if rank in ranks:
+            out.append(record(step, f"w{rank}", cursor, cursor + share, rank=rank, shares=shares,
+                              membership_epoch=epoch, params_sha256=params * 64))
+        cursor += share
+    return out
+
+
+def test_a_member_cannot_shadow_a_steps_records_by_claiming_it_for_a_later_epoch():
+    """The attack: w1, a member of the later epoch 3, files a record of step 5 (committed
+    in epoch 2) naming epoch 3, so that its record would be the step's newest lineage and
+    the real records of step 5 (its own cheat among them) would go unaudited. Its new
+    record replaces its own old one in the store. However it sets the shares, the
+    honest lineage stays final."""
+    from shoal.proof.epochs import final_lineage
+    from tests.proof.factory import GLOBAL_BATCH as B
+
+    honest = _lineage(5, 2, (B // 4,) * 4, ranks=[0, 2, 3])  # w1's own was replaced
+    for shares in [(0, B, 0, 0), (B // 4,) * 4, (1, B - 3, 1, 1)]:
+        fake = _lineage(5, 3, shares, ranks=[1], params="f")
+        assert final_lineage(honest + fake) == honest, shares
+    # Two members: the fake and the one honest record left are one worker each; the
+    # older lineage stands.
+    pair = _lineage(5, 2, (B // 2,) * 2, ranks=[0])
+    assert final_lineage(pair + _lineage(5, 3, (B // 2,) * 2, ranks=[1], params="f")) == pair
+    # Colluding with a majority of the later epoch would pass: said in the docstring.
+
+
+def test_a_redone_step_stays_final_with_a_record_lost():
+    """The honest case the rule must keep: a step redone after a restore, one member's
+    record of the redo lost with its machine (its old record is then still stored)."""
+    from shoal.proof.epochs import final_lineage
+    from tests.proof.factory import GLOBAL_BATCH as B
+
+    old = _lineage(5, 2, (B // 4,) * 4, ranks=[3])
+    redone = _lineage(5, 4, (B // 4,) * 4, ranks=[0, 1, 2], params="e")
+    assert final_lineage(old + redone) == redone
+    # A batch smaller than the epoch leaves ranks without a share: still a commit.
+    small = _lineage(6, 4, (1, 1, 0), ranks=[0, 1])
+    assert final_lineage(_lineage(6, 2, (1, 1, 0), ranks=[0, 1, 2]) + small) == small

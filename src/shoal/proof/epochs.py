@@ -7,7 +7,7 @@ verifier must agree exactly on which steps belong to which epoch.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from shoal.proof.errors import ProofError
 from shoal.spec.proof import WorkRecord
@@ -57,14 +57,43 @@ def params_keepers(step: int, world: int) -> frozenset[int]:
 
 
 def final_lineage(records: Iterable[WorkRecord]) -> list[WorkRecord]:
-    """Of each step's records, those of the newest membership epoch that committed it
-    (a step redone after a restore leaves the abandoned lineage's records behind: they
-    were honest work on a model that did not go on, and are neither audited nor blamed)."""
+    """Of each step's records, those of the lineage that went on: the newest membership
+    epoch that credibly committed the step (a step redone after a restore leaves the
+    abandoned lineage's records behind: honest work on a model that did not go on,
+    neither audited nor blamed).
+
+    A lineage is only what its records say, and a worker may file a record naming any
+    published epoch it is a member of, for any step; so a newer lineage replaces an
+    older one only if it is `credible`. One member claiming an old step for a later
+    epoch, to shield the step's real records from audit, is not. With no credible
+    lineage, the one more workers filed records for stands, ties to the older.
+    """
     records = list(records)
-    newest: dict[int, int] = {}
+    lineages: dict[int, dict[int, list[WorkRecord]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
-        newest[r.step] = max(newest.get(r.step, 0), r.membership_epoch)
-    return [r for r in records if r.membership_epoch == newest[r.step]]
+        lineages[r.step][r.membership_epoch].append(r)
+    chosen: dict[int, int] = {}
+    for step, by_epoch in lineages.items():
+        credible = [epoch for epoch, rs in by_epoch.items() if credible_lineage(rs)]
+        chosen[step] = max(credible) if credible else max(
+            by_epoch, key=lambda e: (len({r.worker for r in by_epoch[e]}), -e))
+    return [r for r in records if r.membership_epoch == chosen[r.step]]
+
+
+def credible_lineage(records: Sequence[WorkRecord]) -> bool:
+    """Whether one step's records of one membership epoch show a commit of the epoch:
+    they agree on the step's shares; every rank has a share whenever the batch has a
+    sample per rank (the runtime's split gives each member at least one then); and more
+    than half of the ranks with a share filed their record (a commit is every member's,
+    and each member files one: a few may be lost with a machine, not most)."""
+    shares = records[0].shares
+    if any(r.shares != shares for r in records):
+        return False
+    if sum(shares) >= len(shares) and min(shares) == 0:
+        return False
+    with_share = {rank for rank, share in enumerate(shares) if share > 0}
+    filed = {r.rank for r in records} & with_share
+    return 2 * len(filed) > len(with_share)
 
 
 def missing_steps(records: Iterable[WorkRecord], epoch: int, epoch_steps: int,

@@ -49,7 +49,8 @@ class WorkRecord(Frozen):
     # The membership epoch the step committed in. A step is committed once per lineage;
     # it is committed again only after the job's state was lost and restored from a
     # checkpoint, in a later epoch, and then only the newest epoch's records of the step
-    # describe the model that went on (`shoal.proof.epochs.final_lineage`).
+    # describe the model that went on, if they show a commit of that epoch
+    # (`shoal.proof.epochs.final_lineage`).
     membership_epoch: int = Field(0, ge=0)
 
     @property
