@@ -73,10 +73,10 @@ def final_lineage(records: Iterable[WorkRecord]) -> list[WorkRecord]:
     for r in records:
         lineages[r.step][r.membership_epoch].append(r)
     chosen: dict[int, int] = {}
-    for step, by_epoch in lineages.items():
-        credible = [epoch for epoch, rs in by_epoch.items() if credible_lineage(rs)]
+    for step, per_epoch in lineages.items():
+        credible = [epoch for epoch, rs in per_epoch.items() if credible_lineage(rs)]
         chosen[step] = max(credible) if credible else max(
-            by_epoch, key=lambda e: (len({r.worker for r in by_epoch[e]}), -e))
+            per_epoch, key=lambda e: (len({r.worker for r in per_epoch[e]}), -e))
     return [r for r in records if r.membership_epoch == chosen[r.step]]
 
 

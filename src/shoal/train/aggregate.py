@@ -81,12 +81,12 @@ def aggregate(rule: Aggregation, contributions: Sequence[torch.Tensor],
     if len(present) < MIN_WORKERS:
         return _put(_rank_order_sum([torch.zeros_like(contributions[0])] + [x for x, _ in present]),
                     out)
-    ws = workspace if workspace is not None else Workspace()
+    ws = workspace or Workspace()
     dtype = contributions[0].dtype
     gradients = ws.get("gradients", len(present), contributions[0].numel())  # (n, N), one pass
     for row, (x, w) in zip(gradients, present):
         torch.div(x.float(), w, out=row)
-    kept = [w for _, w in present]
+    shares = [w for _, w in present]
     if rule is Aggregation.trimmed_mean:
         result = trimmed_mean(gradients, ws)
     elif rule is Aggregation.median:
@@ -94,9 +94,9 @@ def aggregate(rule: Aggregation, contributions: Sequence[torch.Tensor],
     elif rule is Aggregation.centered_clip:
         result = centered_clip(gradients, workspace=ws)
     elif rule is Aggregation.multi_krum:
-        result = multi_krum(gradients, kept, workspace=ws)
+        result = multi_krum(gradients, shares, workspace=ws)
     elif rule is Aggregation.distance_filter:
-        result = distance_filter(gradients, kept, workspace=ws)
+        result = distance_filter(gradients, shares, workspace=ws)
     else:
         raise ValueError(f"unknown aggregation rule {rule!r}")
     # -0.0 + 0.0 is +0.0: one zero, whichever order ties took
@@ -122,7 +122,7 @@ def trimmed_mean(gradients: torch.Tensor, workspace: Workspace | None = None) ->
     Rates", ICML 2018): per coordinate, drop the b largest and the b smallest values
     (b = `trim_count(n)`) and average the rest. NaN counts as +inf, so a lone NaN
     is dropped with the largest values."""
-    ws = workspace if workspace is not None else Workspace()
+    ws = workspace or Workspace()
     n, size = gradients.shape
     b = trim_count(n)
     if n - 2 * b < 1:
@@ -137,7 +137,7 @@ def median(gradients: torch.Tensor, workspace: Workspace | None = None) -> torch
     """Coordinate-wise median of (n, N) gradients (Yin et al., ICML 2018); for an even
     n the mean of the two middle values (torch.median would take the lower one, a
     bias towards the smaller side)."""
-    ws = workspace if workspace is not None else Workspace()
+    ws = workspace or Workspace()
     centre = ws.get("centre", gradients.shape[1])
     for first, end in _slices(gradients.shape[1]):
         _median_into(gradients[:, first:end], centre[first:end], ws)
@@ -169,22 +169,23 @@ def centered_clip(gradients: torch.Tensor, start: torch.Tensor | None = None,
     at most τ/n per iteration. A gradient whose distance is not finite (NaN, inf)
     is clipped to nothing.
     """
-    ws = workspace if workspace is not None else Workspace()
+    ws = workspace or Workspace()
     n, size = gradients.shape
     v = ws.get("v", size)
     v.copy_(median(gradients, ws) if start is None else start.float())
     for _ in range(iterations):
         squares = _RowSquares(n)
         for first, end in _slices(size):
-            squares.add(torch.sub(gradients[:, first:end], v[first:end],
-                                  out=ws.get("offsets", n, end - first)), ws)
+            squares.add(_offsets(gradients, v, first, end, ws), ws)
         norms = [math.sqrt(square) for square in squares.totals()]
         radius = tau if tau is not None else _median_finite(norms)
         scales = [(i, min(1.0, radius / norm)) for i, norm in enumerate(norms)
                   if math.isfinite(norm) and norm > 0]
-        for first, end in _slices(size):  # v += Σ clip(x_i − v) / n, in rank order
-            offsets = torch.sub(gradients[:, first:end], v[first:end],
-                                out=ws.get("offsets", n, end - first))
+        # v += Σ clip(x_i − v) / n, in rank order. The offsets are taken again, slice by
+        # slice, rather than kept whole from the pass above: in cache that is cheaper
+        # than an (n, N) buffer written out to memory and read back.
+        for first, end in _slices(size):
+            offsets = _offsets(gradients, v, first, end, ws)
             step, term = ws.get("step", end - first).zero_(), ws.get("term", end - first)
             for i, scale in scales:
                 step += torch.mul(offsets[i], scale, out=term)
@@ -202,7 +203,7 @@ def multi_krum(gradients: torch.Tensor, weights: Sequence[float],
     spread; dropping whole workers leaves the kept honest workers' mean intact, so
     against one far-off cheat the step is the other workers' mean gradient.
     """
-    ws = workspace if workspace is not None else Workspace()
+    ws = workspace or Workspace()
     return _weighted_mean(gradients, weights, krum_choice(gradients, f, ws), ws)
 
 
@@ -216,7 +217,7 @@ def krum_choice(gradients: torch.Tensor, f: int | None = None,
     finite (NaN, inf) counts as +inf, so a worker sending one is dropped first.
     (The paper asks n ≥ 2f + 3, five workers for one cheat; with four the nearest
     neighbour alone decides, which still leaves a far-off cheat out.)"""
-    ws = workspace if workspace is not None else Workspace()
+    ws = workspace or Workspace()
     n, size = gradients.shape
     f = trim_count(n) if f is None else f
     if not 0 <= f < n:
@@ -247,13 +248,12 @@ def distance_filter(gradients: torch.Tensor, weights: Sequence[float],
     A cheat that stays inside the radius is kept and moves the step by about its
     share times `radius` honest distances at most.
     """
-    ws = workspace if workspace is not None else Workspace()
+    ws = workspace or Workspace()
     n, size = gradients.shape
     centre, squares = ws.get("centre", size), _RowSquares(n)
     for first, end in _slices(size):  # the median and the distances from it, a slice at a time
         _median_into(gradients[:, first:end], centre[first:end], ws)
-        squares.add(torch.sub(gradients[:, first:end], centre[first:end],
-                              out=ws.get("offsets", n, end - first)), ws)
+        squares.add(_offsets(gradients, centre, first, end, ws), ws)
     distances = [math.sqrt(square) for square in squares.totals()]
     bound = radius * _median_finite(distances)
     kept = [i for i, d in enumerate(distances) if math.isfinite(d) and d <= bound]
@@ -311,6 +311,13 @@ def _rank_order_sum(tensors: Sequence[torch.Tensor],
     for t in tensors[1:]:
         total += t
     return total
+
+
+def _offsets(gradients: torch.Tensor, centre: torch.Tensor, first: int, end: int,
+             ws: Workspace) -> torch.Tensor:
+    """x_i − centre over coordinates [first, end), for every row of (n, N) `gradients`."""
+    return torch.sub(gradients[:, first:end], centre[first:end],
+                     out=ws.get("offsets", gradients.shape[0], end - first))
 
 
 def _slices(size: int) -> list[tuple[int, int]]:
