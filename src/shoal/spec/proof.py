@@ -113,7 +113,11 @@ class ProofSpec(Frozen):
     epoch_steps: int = Field(50, ge=1, le=1_000_000)
     audit_rate: float = Field(0.02, gt=0.0, le=1.0)  # share of an epoch's records replayed
     min_audits_per_worker: int = Field(1, ge=0, le=1000)  # every worker audited each epoch
-    keep_epochs: int = Field(2, ge=1, le=1000)  # challenge window, in epochs, kept on disk
+    # The challenge window: a step's files stay on disk for `keep_epochs` proof epochs and
+    # at least `keep_s` seconds after it committed, so a fast job does not prune them
+    # before a verifier can ask (disk: the larger of the two spans' steps).
+    keep_epochs: int = Field(2, ge=1, le=1000)
+    keep_s: float = Field(60.0, ge=0.0, le=7 * 86400.0)
     # Relative l2 distance (replay vs revealed) under which a contribution is honest;
     # profiled from honest re-runs (README, "Proof of learning").
     tolerance: float = Field(1e-3, gt=0.0, lt=1.0)

@@ -5,8 +5,8 @@
     DIR/reveal/WORKER/STEP.pt       what WORKER contributed to step STEP
 
 Parameters and contributions are kept for the challenge window only
-(`keep_epochs` proof epochs behind the newest), so the disk a job needs is
-bounded; records are small and kept for the job's life. Tensors are read
+(`keep_epochs` proof epochs behind the newest, and at least `keep_s` seconds),
+so the disk a job needs is bounded; records are small and kept for the job's life. Tensors are read
 back with `weights_only=True`: a verifier loads files that workers wrote,
 and a pickle from a stranger must never run code.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -71,17 +72,19 @@ class ProofStore:
     def save_reveal(self, worker: str, step: int, tensors: list[torch.Tensor]) -> None:
         _save_atomic([t.detach().cpu().clone() for t in tensors], self.reveal_path(worker, step))
 
-    def prune(self, worker: str, keep_from_step: int) -> None:
-        """Drop this worker's reveals (and, for everyone, parameters) before the window."""
+    def prune(self, worker: str, keep_from_step: int, keep_s: float = 0.0) -> None:
+        """Drop this worker's reveals (and, for everyone, parameters) before the window:
+        steps before `keep_from_step` whose files are also older than `keep_s` seconds."""
+        written_before = time.time() - keep_s
         for folder in (self.dir / "reveal" / worker, self.dir / "params"):
             if not folder.is_dir():
                 continue
             for path in folder.glob("*.pt"):
                 try:
-                    if int(path.stem) < keep_from_step:
+                    if int(path.stem) < keep_from_step and path.stat().st_mtime < written_before:
                         path.unlink(missing_ok=True)
-                except ValueError:
-                    continue
+                except (ValueError, FileNotFoundError):
+                    continue  # not a step's file; or pruned by a peer sharing the folder
 
     def save_anchor(self, epoch: int, root: bytes, leaves: list[bytes]) -> None:
         """The leaves an anchored root was built from, in tree order: published by the

@@ -76,7 +76,8 @@ class WorkRecorder:
         self.store.save_reveal(self.worker, record.step, reveal)
         spec = self.settings.spec
         epoch = record.step // spec.epoch_steps
-        self.store.prune(self.worker, (epoch - spec.keep_epochs + 1) * spec.epoch_steps)
+        self.store.prune(self.worker, (epoch - spec.keep_epochs + 1) * spec.epoch_steps,
+                         keep_s=spec.keep_s)
 
     @property
     def pending(self) -> tuple[WorkRecord, list[torch.Tensor]] | None:

@@ -15,12 +15,13 @@ from shoal.control.coordinator import Coordinator
 from shoal.control.coordinator.settlement import Settlement
 from shoal.ledger import Chain, Ledger
 from shoal.ledger.acceptance import sign_acceptance
+from shoal.spec.audit import RecordUpload
 from shoal.spec.coordinator import Heartbeat, JobStatus, JobSubmission, OfferTerms, Registration
 from shoal.spec.ledger import LedgerConfig
 from tests.control.coordinator.conftest import (
     TINY_JOB, Served, make_settings, provider_with_agent,
 )
-from tests.control.coordinator.test_proofs import publish
+from tests.control.coordinator.test_proofs import PROOF_JOB, publish, record
 
 PRICE = 1_000_000
 BUDGET = 10**12
@@ -42,8 +43,8 @@ def market(tmp_path):
     coordinator.hosts.stop_all()
 
 
-def submission(chain_job, budget=BUDGET, max_price=2 * PRICE):
-    return JobSubmission(name="tiny", job_file=TINY_JOB, workers=2, max_price_wei_per_s=max_price,
+def submission(chain_job, budget=BUDGET, max_price=2 * PRICE, job_file=TINY_JOB):
+    return JobSubmission(name="tiny", job_file=job_file, workers=2, max_price_wei_per_s=max_price,
                          budget_wei=budget, chain_job=chain_job)
 
 
@@ -72,7 +73,7 @@ def test_a_job_is_taken_only_with_its_own_escrow_on_chain(market):
     assert clients["alice"].top_up(job.job_id, 5).budget_wei == BUDGET + 5
 
 
-def leased_and_hosted(served, submitter, accounts, chain_job):
+def leased_and_hosted(served, submitter, accounts, chain_job, job_file=TINY_JOB):
     """Providers a and b (one agent, one offer each) leased to a new chain job whose host
     serves; returns their clients and the job."""
     submitter.register(Registration(role="submitter", name="alice"))
@@ -82,7 +83,7 @@ def leased_and_hosted(served, submitter, accounts, chain_job):
         provider_with_agent(client, name)
         client.post_offer(OfferTerms(offer_id=f"{name}-d0", agent_id=name, price_wei_per_s=PRICE))
         providers[name] = client
-    job = submitter.submit(submission(chain_job))
+    job = submitter.submit(submission(chain_job, job_file=job_file))
     deadline = time.monotonic() + 60
     while not submitter.job(job.job_id).rendezvous:  # its job host starts serving
         assert time.monotonic() < deadline
@@ -195,3 +196,36 @@ def test_a_lease_whose_worker_never_joins_is_ended_and_never_paid(tmp_path):
         served.stop()
         coordinator.hosts.stop_all()
 
+
+
+def test_a_provider_is_paid_only_the_share_of_its_work_records_it_filed(market, tmp_path):
+    """Withholding: b's worker trains (it is in the job) but files no record of steps 3
+    and 7, so those contributions cannot be audited. At settlement b is paid 8/10 of its
+    metered time, a (every record filed) all of it, and the bill says why."""
+    served, ledger, (alice, _, p1, p2) = market
+    chain_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
+    submitter = served.client(alice)
+    providers, job = leased_and_hosted(served, submitter, (p1, p2), chain_job, PROOF_JOB)
+    for name, client in providers.items():
+        reply = client.heartbeat(name, Heartbeat())
+        Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
+            reply.assignments)
+    leases = {lease.offer_id[0]: lease.lease for lease in submitter.job(job.job_id).leases}
+    workers = {name: f"{name}-l{leases[name]}-a0-w0" for name in "ab"}
+    publish(served.app.state.coordinator, job.job_id, [workers["a"], workers["b"]], "start")
+    for rank, name in enumerate("ab"):
+        records = tuple(record(workers[name], step, rank=rank, shares=(4, 4))
+                        for step in range(10) if name == "a" or step not in (3, 7))
+        providers[name].upload_records(job.job_id, RecordUpload(lease=leases[name],
+                                                                records=records))
+    time.sleep(2)
+    ledger.chain.advance_time(3)
+    submitter.job_action(job.job_id, "cancel")
+    (settled,) = [e for e in submitter.events(job=job.job_id) if e.kind == "job_settled"]
+    assert settled.detail["records_withheld"] == {str(leases["b"]): {"owed": 10, "filed": 8}}
+    metered = {p: int(w) for p, w in settled.detail["metered_wei"].items()}
+    # Both leases ran the same seconds at the same price: b's bill is a's cut to 8/10.
+    assert abs(metered[p2.address] - metered[p1.address] * 8 // 10) <= PRICE
+    assert ledger.lease(chain_job, p2.address).earned_wei <= metered[p2.address]
+    assert ledger.lease(chain_job, p1.address).earned_wei > ledger.lease(
+        chain_job, p2.address).earned_wei

@@ -15,7 +15,8 @@ from shoal.control.coordinator.errors import Conflict, Forbidden
 from shoal.control.store.schema import ChainLeaseRow, JobRow, LeaseRow
 from shoal.ledger import LedgerError
 from shoal.market import charge_wei
-from shoal.spec.coordinator import COORDINATOR, JobSubmission
+from shoal.proof.dues import Dues
+from shoal.spec.coordinator import COORDINATOR, JobStatus, JobSubmission
 from shoal.spec.ledger import LeaseAcceptance
 from shoal.spec.market import DeviceLease
 
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 
 class ChainSettlement:
     """Uses the Coordinator's `settlement`, `engine`, `_change` and `_event`; LeaseAttendance's
-    `attended_leases` (a lease whose worker never joined the job books nothing)."""
+    `attended_leases` (a lease whose worker never joined the job books nothing); ProofService's
+    `record_dues` (a lease is paid the share of its owed work records it filed)."""
 
     def _check_chain_escrow(self, submitter: str, submission: JobSubmission) -> None:
         if self.settlement is None:
@@ -87,9 +89,16 @@ class ChainSettlement:
         metered: dict[str, int] = {}
         attended = self.attended_leases(job.job_id)
         unpaid = sorted(lease.lease for lease in meter.leases if lease.lease not in attended)
+        # A contribution without its record cannot be audited: each lease is paid the share
+        # of the records its workers owed that they filed (shoal.proof.dues).
+        dues = self.record_dues(job.job_id, finished=job.status == JobStatus.finished.value)
         for lease in meter.leases:
             if lease.lease in attended:  # no worker in the job, no pay (attendance.py)
-                metered[lease.provider] = metered.get(lease.provider, 0) + charge_wei(lease, now)
+                owed = dues.get(lease.lease, Dues())
+                metered[lease.provider] = metered.get(lease.provider, 0) + owed.pay_share(
+                    charge_wei(lease, now))
+        withheld = {str(n): {"owed": d.owed, "filed": d.filed}
+                    for n, d in sorted(dues.items()) if d.missing}
         seconds = {p: wei // chain_leases[p].price_wei_per_s
                    for p, wei in metered.items() if p in chain_leases}
         try:
@@ -102,4 +111,5 @@ class ChainSettlement:
         self._event(session, now, COORDINATOR, "job_settled", job.job_id, chain_job=job.chain_job,
                     root=booking.root, seconds=booking.seconds,
                     wei={p: str(w) for p, w in booking.wei.items()},
-                    metered_wei={p: str(w) for p, w in metered.items()}, unpaid_leases=unpaid)
+                    metered_wei={p: str(w) for p, w in metered.items()}, unpaid_leases=unpaid,
+                    records_withheld=withheld)

@@ -20,13 +20,18 @@ import logging
 import tomllib
 from collections import Counter, defaultdict
 from pathlib import Path
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.control.coordinator.markdown import lease_of
 from shoal.control.coordinator.published_epochs import PublishedEpochs
-from shoal.control.store.schema import JobRow, LeaseRow, OfferRow, ProofEpochRow, WorkRecordRow
+from shoal.control.store.schema import (
+    JobRow, LeaseRow, OfferRow, ProofEpochRow, StepProgressRow, WorkRecordRow,
+)
 from shoal.ledger import LedgerError
+from shoal.proof.dues import Dues, record_dues
 from shoal.proof.epochs import final_lineage, is_complete, steps_of
 from shoal.proof.forced import ForcedErrors, sealed_root
 from shoal.proof.merkle import epoch_tree
@@ -138,6 +143,28 @@ class ProofService:
                 query = query.where(WorkRecordRow.step >= steps.start, WorkRecordRow.step < steps.stop)
             bodies = session.scalars(query.order_by(WorkRecordRow.step, WorkRecordRow.worker)).all()
         return [WorkRecord.model_validate(body) for body in bodies]
+
+    def record_dues(self, job_id: str, finished: bool) -> dict[int, Dues]:
+        """Per lease: the records its workers owed the job and the ones they filed ({} for a
+        job that keeps none). A finished job committed all its steps; an ended one, those
+        up to the newest that a record or a progress report shows."""
+        spec = self.job_spec(job_id)
+        if not spec.proof.enabled:
+            return {}
+        with Session(self.engine) as session:
+            newest = max(session.scalar(select(func.max(WorkRecordRow.step))
+                                        .where(WorkRecordRow.job_id == job_id)) or -1,
+                         session.scalar(select(func.max(StepProgressRow.step))
+                                        .where(StepProgressRow.job_id == job_id)) or -1)
+        members: dict[int, tuple[str, ...]] = {}
+        for change in self._published.changes(job_id):
+            members.setdefault(change.epoch, change.members)  # the first line of a number stands
+        steps = range(spec.steps if finished else min(spec.steps, newest + 1))
+        per_lease: dict[int, Dues] = {}
+        for worker, dues in record_dues(self.work_records(job_id), members, steps).items():
+            if (lease := lease_of(worker)) is not None:
+                per_lease[lease] = per_lease.get(lease, Dues()) + dues
+        return per_lease
 
     # ------------------------------------------------------------ epochs (the round loop)
     def root_epochs(self, job_id: str | None = None) -> list[ProofEpochView]:
