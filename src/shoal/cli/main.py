@@ -24,6 +24,7 @@ from shoal.cli.coordinator_cmd import coordinator_command
 from shoal.cli.log_format import configure as configure_logging
 from shoal.cli.plan_cmd import plan_command
 from shoal.cli.demo_cmd import demo_command
+from shoal.cli.dispute_cmd import dispute_command
 from shoal.cli.market_cmd import (
     cancel_command, events_command, grant_command, jobs_command, key_app, providers_command,
     submit_command, top_up_command,
@@ -57,6 +58,7 @@ app.command("grant")(grant_command)
 app.add_typer(key_app, name="key")
 app.command("plan")(plan_command)
 app.command("verify")(verify_command)
+app.command("dispute")(dispute_command)
 app.command("demo")(demo_command)
 app.command("report")(report_command)
 

@@ -17,8 +17,8 @@ from shoal.spec.coordinator import (
     OfferTerms, OfferView, Participant, ProviderView, Registration, TopUp,
 )
 from shoal.spec.audit import (
-    ChallengeRequest, Challenges, ChallengeView, JobFile, ProofEpochView, RecordUpload, UploadReceipt,
-    VerdictFiling, VerdictView,
+    ChallengeRequest, Challenges, ChallengeView, DisputeFiling, DisputeView, JobFile,
+    ProofEpochView, RecordUpload, UploadReceipt, VerdictFiling, VerdictView,
 )
 from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.ledger import LeaseAcceptance
@@ -194,6 +194,12 @@ class CoordinatorClient:
 
     def verdicts(self, job_id: str) -> list[VerdictView]:
         return self._get(f"/v1/jobs/{job_id}/proof/verdicts", list[VerdictView])
+
+    def file_dispute(self, job_id: str, filing: DisputeFiling) -> DisputeView:
+        return self._post(f"/v1/jobs/{job_id}/proof/disputes", filing, DisputeView)
+
+    def disputes(self, job_id: str) -> list[DisputeView]:
+        return self._get(f"/v1/jobs/{job_id}/proof/disputes", list[DisputeView])
 
 
 def _detail(response: httpx.Response) -> str:

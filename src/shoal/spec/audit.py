@@ -1,6 +1,7 @@
 """Values that cross the coordinator's API for proof of learning: work
 records uploaded by agents, the proof epochs the coordinator roots (and
-anchors), the challenges a verifier raises, and the verdicts it files.
+anchors), the challenges a verifier raises, the verdicts it files, and the
+disputes a bonded challenger brings.
 
 Records are commitments: once stored, a record for (job, worker, step) can
 never be replaced. What a challenge asks for (a worker's revealed
@@ -105,3 +106,39 @@ class VerdictView(Frozen):
     verdict: Verdict
     # What the referee made of a guilty verdict: None (not judged), "upheld" or "rejected".
     ruling: str | None = None
+
+
+class DisputeFiling(Frozen):
+    """A challenger's side of a dispute it opened on the contract (`open_dispute`, with
+    its bond, against the provider of `worker`): the state it claims after each of the
+    worker's records of proof epoch `epoch`, in step order (index 0: before the first;
+    see `shoal.control.trust.dispute.trajectory`). The coordinator bisects it against
+    the worker's own trajectory, and its referee re-executes the one step left."""
+
+    dispute: int = Field(ge=1, le=2**62)  # the dispute's id on chain
+    worker: str = Field(min_length=1, max_length=128)
+    epoch: int = Field(ge=0, le=2**62)
+    # At most 2,000 records (a request body is at most 256 KiB by default).
+    trajectory: tuple[str, ...] = Field(min_length=2, max_length=2_001)
+
+
+class DisputeView(Frozen):
+    dispute: int
+    job_id: str
+    worker: str
+    epoch: int
+    challenger: str
+    provider: str
+    filed_at_s: float
+    # Where the bisection ended: the step the referee re-executes, after how many rounds.
+    step: int | None = None
+    rounds: int | None = None
+    # "upheld" (the worker cheated at `step`: slashed), "rejected" (the challenger's bond
+    # is lost), "undecided" (the referee could not replay: the dispute expires on chain,
+    # bond back), or None while the referee has not ruled.
+    ruling: str | None = None
+    why: str = ""
+    tx: str | None = None  # the transaction that moved the money (`resolve_dispute`, or `slash`)
+    # The dispute's state on chain once the ruling is enforced there ("upheld", "rejected",
+    # "superseded", "expired"); None while the chain has not had the final word.
+    chain_state: str | None = None

@@ -1,6 +1,7 @@
 """The API's routes on a job's work: agents upload work records and step
 progress and answer challenges, verifiers raise challenges and file signed
-verdicts, anyone reads progress, membership, the planner's view of the
+verdicts, anyone who opened a dispute on the contract brings it here, anyone
+reads progress, membership, the planner's view of the
 members, epochs, records, challenged files and verdicts."""
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from shoal.control.coordinator.auth import coordinator_of, raw_body, signed
 from shoal.control.coordinator.service import Coordinator
 from shoal.control.identity import Signer
 from shoal.spec.audit import (
-    ChallengeView, Challenges, JobFile, ProofEpochView, RecordUpload, UploadReceipt, VerdictFiling,
-    VerdictView,
+    ChallengeView, Challenges, DisputeFiling, DisputeView, JobFile, ProofEpochView, RecordUpload,
+    UploadReceipt, VerdictFiling, VerdictView,
 )
 from shoal.spec.coordinator import Role
 from shoal.spec.progress import JobPlanView, MembershipChange, ProgressUpload, StepProgress
@@ -27,6 +28,7 @@ ChallengePath = Annotated[int, Path(ge=1, le=2**62)]
 Co = Annotated[Coordinator, Depends(coordinator_of)]
 ProviderSigner = Annotated[Signer, Depends(signed(Role.provider))]
 VerifierSigner = Annotated[Signer, Depends(signed(Role.verifier, Role.operator))]
+AnySigner = Annotated[Signer, Depends(signed())]  # a dispute's bond on chain is its standing
 # Where bodies are files, not JSON: the body limit lets these through up to max_file_bytes.
 FILE_PATHS = re.compile(r"/v1/challenges/[0-9]+/answer")
 FILE_BODY = {"requestBody": {"required": True, "content": {
@@ -100,3 +102,13 @@ def proof_routes(app: FastAPI) -> None:
     def verdicts(job_id: JobPath, co: Co) -> list[VerdictView]:
         co.job(job_id)
         return co.verdicts(job_id)
+
+    @app.post("/v1/jobs/{job_id}/proof/disputes", tags=["proof"], status_code=201)
+    def file_dispute(job_id: JobPath, body: DisputeFiling, co: Co,
+                     signer: AnySigner) -> DisputeView:
+        return co.file_dispute(signer.address, job_id, body)
+
+    @app.get("/v1/jobs/{job_id}/proof/disputes", tags=["proof"])
+    def disputes(job_id: JobPath, co: Co) -> list[DisputeView]:
+        co.job(job_id)
+        return co.disputes(job_id)

@@ -56,6 +56,22 @@ class Referee:
     def rule_later(self, job_id: str, verdicts: list[int]) -> None:
         self._executor.submit(self._rule_all, job_id, verdicts)
 
+    def first_slash(self, job_id: str, provider: str) -> bool:
+        """Whether `provider` is slashed in `job_id` for the first time (then noted)."""
+        if (job_id, provider) in self._slashed:
+            return False
+        self._slashed.add((job_id, provider))
+        return True
+
+    def later(self, ruling: Callable[[], object]) -> None:
+        """Run `ruling` on the referee's thread, after what is queued (a dispute's)."""
+        def run() -> None:
+            try:
+                ruling()
+            except Exception:  # noqa: BLE001 - one failed ruling must not stop the next
+                log.exception("a ruling failed; it stays undecided")
+        self._executor.submit(run)
+
     def wait(self) -> None:
         """Rule on everything filed so far (tests, shutdown)."""
         self._executor.submit(lambda: None).result()
@@ -82,14 +98,14 @@ class Referee:
         if record_row is None:
             ruling, why = REJECTED, "the accused record does not exist"
         elif verdict.kind is VerdictKind.withheld:
-            ruling, why = self._withheld(job_id, verdict, record_row.agent_id)
+            ruling, why = self.withheld(job_id, verdict, record_row.agent_id)
         else:
-            ruling, why = self._replay(job_id, verdict, WorkRecord.model_validate(record_row.body))
+            ruling, why, _ = self.replay(job_id, WorkRecord.model_validate(record_row.body))
         self._enforce(job_id, seq, verdict, ruling, why,
                       record_row.provider if record_row is not None else None)
         return ruling
 
-    def _withheld(self, job_id: str, verdict: Verdict, agent_id: str) -> tuple[str, str]:
+    def withheld(self, job_id: str, verdict: Verdict, agent_id: str) -> tuple[str, str]:
         """Withheld stands only if the agent was alive and beating while it did not answer:
         a provider whose machine died is not a cheat, it just loses what it cannot show."""
         co = self.coordinator
@@ -107,7 +123,8 @@ class Referee:
                            "the challenge and did not answer it"
         return UNDECIDED, "the agent has been silent since the challenge: not ruled a cheat"
 
-    def _replay(self, job_id: str, verdict: Verdict, record: WorkRecord) -> tuple[str, str]:
+    def replay(self, job_id: str, record: WorkRecord) -> tuple[str, str, Verdict | None]:
+        """The referee's own audit of one record: (ruling, why, its verdict if it replayed)."""
         from shoal.control.trust.verifier import Verifier
         from shoal.proof.epochs import final_lineage
         from shoal.spec.proof import hyper_digest
@@ -120,22 +137,29 @@ class Referee:
         records = co.work_records(job_id, epoch)
         if record not in final_lineage(records):
             return REJECTED, ("the record is of a lineage abandoned after a restore (its step "
-                              "was redone in a later membership epoch): not audited, not blamed")
+                              "was redone in a later membership epoch): not audited, not blamed"), None
         if self.replayer is None:
-            return UNDECIDED, "this coordinator has no replayer for the job's model"
+            return UNDECIDED, "this coordinator has no replayer for the job's model", None
         roots = {e.epoch: bytes.fromhex(e.root[2:]) for e in co.proof_epochs(job_id)}
         if epoch not in roots:
-            return UNDECIDED, f"proof epoch {epoch} is not rooted yet"
+            return UNDECIDED, f"proof epoch {epoch} is not rooted yet", None
         auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
                           hyper_sha256=hyper_digest(spec.hyperparameters()),
                           tolerance=spec.proof.tolerance, verifier="referee")
         judge = Verifier(auditor, spec.proof, salt=b"", roots=roots.get, total_steps=spec.steps)
         found = judge.audit_one(record, records)
         if found.kind is VerdictKind.unavailable:
-            return UNDECIDED, f"the referee could not replay: {found.detail}"
+            return UNDECIDED, f"the referee could not replay: {found.detail}", found
+        if found.kind is VerdictKind.withheld:
+            # No reveal here is the worker's fault only if it was asked and did not answer:
+            # else an accuser could name a record nobody challenged and have it "withheld".
+            with Session(co.engine) as session:
+                row = session.get(WorkRecordRow, (job_id, record.worker, record.step))
+            ruling, why = self.withheld(job_id, found, row.agent_id if row else "")
+            return ruling, f"its contribution is not revealed here: {why}", found
         if found.guilty:
-            return UPHELD, f"the referee's replay found {found.kind.value}"
-        return REJECTED, "the referee's replay matches the commitment"
+            return UPHELD, f"the referee's replay found {found.kind.value}", found
+        return REJECTED, "the referee's replay matches the commitment", found
 
     def _enforce(self, job_id: str, seq: int, verdict: Verdict, ruling: str, why: str,
                  provider: str | None) -> None:
@@ -152,13 +176,13 @@ class Referee:
             self._slashed.add((job_id, provider))
             kind = "worker_slashed"  # the first upheld verdict; later ones are on record only
             if enforce:
-                chain_note = self._chain(lambda: co.settlement.ledger.slash(
+                chain_note = self.transact(lambda: co.settlement.ledger.slash(
                     self.account, chain_job, provider, verdict.verifier))
             co.drop_provider(job_id, provider, reason=f"slashed: {why}")
         if ruling == UPHELD:
             self._lazy_verifiers(job_id, verdict, enforce, chain_job)
         elif ruling == REJECTED and enforce:
-            chain_note = self._chain(lambda: co.settlement.ledger.slash_verifier(
+            chain_note = self.transact(lambda: co.settlement.ledger.slash_verifier(
                 self.account, verdict.verifier, FALSE_ACCUSATION_PENALTY_WEI,
                 provider or co.settlement.operator.address))
         with co._change() as session:
@@ -180,7 +204,7 @@ class Referee:
                     or v.verifier.lower() == upheld.verifier.lower() or key in self._lazy_seen:
                 continue
             self._lazy_seen.add(key)
-            note = self._chain(lambda: co.settlement.ledger.slash_verifier(
+            note = self.transact(lambda: co.settlement.ledger.slash_verifier(
                 self.account, v.verifier, LAZY_VERDICT_PENALTY_WEI, upheld.verifier)) \
                 if enforce else {}
             with co._change() as session:
@@ -195,11 +219,11 @@ class Referee:
         co = self.coordinator
         if self.account is None or co.settlement is None:
             return {}
-        return self._chain(lambda: co.settlement.ledger.slash_verifier(
+        return self.transact(lambda: co.settlement.ledger.slash_verifier(
             self.account, verifier, LAZY_VERDICT_PENALTY_WEI, to))
 
     @staticmethod
-    def _chain(send) -> dict[str, str]:  # noqa: ANN001 - a thunk sending one transaction
+    def transact(send) -> dict[str, str]:  # noqa: ANN001 - a thunk sending one transaction
         try:
             outcome = send()
         except LedgerError as error:

@@ -38,6 +38,7 @@ class RoundLoop:
         self.coordinator.plan_jobs()
         self.coordinator.root_epochs()
         self.coordinator.plant_forced_errors()
+        self.coordinator.enforce_rulings()
         self.metrics.rounds.inc()
         self.metrics.leases.inc(sum(len(f.new_leases) for f in clearing.fills))
         self.metrics.notices.inc(len(clearing.notices))

@@ -8,6 +8,7 @@ roles (participants.py), jobs as submitters drive them (jobs.py), reads
 (reads.py), the watch over running work (supervision.py), leases held to the
 jobs' membership (attendance.py), settlement on a chain (chain_jobs.py), work
 records and proof epochs (proofs.py), challenges and verdicts (audits.py),
+bonded challengers' disputes (disputes.py),
 job progress (progress.py), checkpoints carried between machines
 (checkpoints.py), agents' network probes (probe.py) and plans of each job's
 members (planning.py) are mixed in.
@@ -30,6 +31,7 @@ from shoal.control.coordinator.attendance import LeaseAttendance
 from shoal.control.coordinator.audits import AuditService
 from shoal.control.coordinator.chain_jobs import ChainSettlement
 from shoal.control.coordinator.checkpoints import CheckpointCarry
+from shoal.control.coordinator.disputes import DisputeService
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.job_hosts import JobHosts
 from shoal.control.coordinator.jobs import JobLifecycle
@@ -62,8 +64,8 @@ _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
 class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
-                  ChainSettlement, ProofService, AuditService, JobProgress, CheckpointCarry,
-                  NetworkProbing, JobPlanning, LeaseAttendance):
+                  ChainSettlement, ProofService, AuditService, DisputeService, JobProgress,
+                  CheckpointCarry, NetworkProbing, JobPlanning, LeaseAttendance):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,

@@ -258,3 +258,24 @@ class ServedEpochRow(Base):
     scheduled_at_s: Mapped[float] = mapped_column(Float)
     published_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     root: Mapped[str | None] = mapped_column(String(66), nullable=True)  # of the served tree
+
+
+class DisputeRow(Base):
+    """A dispute a challenger opened on the contract and brought here with its trajectory
+    over one worker's proof epoch; the bisection's end and the referee's ruling."""
+
+    __tablename__ = "disputes"
+    dispute: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)  # chain id
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    worker: Mapped[str] = mapped_column(String(128))
+    epoch: Mapped[int] = mapped_column(Integer)
+    challenger: Mapped[str] = mapped_column(String(42))
+    provider: Mapped[str] = mapped_column(String(42))
+    filed_at_s: Mapped[float] = mapped_column(Float)
+    trajectory: Mapped[list] = mapped_column(JSON)  # the challenger's states, as filed
+    step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    rounds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    ruling: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    why: Mapped[str] = mapped_column(Text, default="")
+    tx: Mapped[str | None] = mapped_column(String(66), nullable=True)
+    chain_state: Mapped[str | None] = mapped_column(String(16), nullable=True)  # once final

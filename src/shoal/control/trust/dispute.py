@@ -14,10 +14,11 @@ rounds, and the referee's one replay decides which claim was true.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shoal.proof.bisection import Party, losers, play
+from shoal.proof.errors import DisputeError
 from shoal.spec.proof import Verdict, WorkRecord
 
 REJECTED = "rejected"
@@ -54,11 +55,27 @@ def bisect_dispute(root: bytes, records: list[WorkRecord], challenger: Judge,
     The claimant answers from its own records (it stands by every commitment);
     the challenger answers from its replays; the referee re-executes one step."""
     records = sorted(records, key=lambda r: r.step)
+    return bisect_trajectories(root, records, trajectory(root, records, challenger), referee)
+
+
+def bisect_trajectories(root: bytes, records: list[WorkRecord], challenged: Sequence[str],
+                        referee: Callable[[WorkRecord], Verdict]) -> DisputeResult:
+    """A dispute where the challenger has committed to its whole trajectory (the states
+    after each of `records`, in step order): the claimant's is its records'; the
+    bisection narrows the two to one step, and the referee re-executes that step.
+
+    A challenger trajectory that does not start where the claimant's does, or has
+    another length, cannot be bisected: it loses (it disputes a claim nobody made)."""
+    records = sorted(records, key=lambda r: r.step)
     claimed = trajectory(root, records, lambda r: True)
-    challenged = trajectory(root, records, challenger)
+    worker = records[0].worker if records else ""
+    if len(challenged) != len(claimed) or challenged[0] != claimed[0]:
+        raise DisputeError(f"the challenger's trajectory has {len(challenged)} states from "
+                           f"{challenged[0][:12] if challenged else '-'}; the worker's has "
+                           f"{len(claimed)} from {claimed[0][:12]}: bisect the same records")
     if claimed[-1] == challenged[-1]:
         # The challenger accepts every step: there is nothing to dispute.
-        return DisputeResult(records[0].worker, None, 0, None, upheld=False)
+        return DisputeResult(worker, None, 0, None, upheld=False)
     outcome, rounds = play(0, len(records), lambda i: claimed[i], lambda i: challenged[i])
     step_record = records[outcome.step - 1]  # the record that leads to state outcome.step
     verdict = referee(step_record)

@@ -1,0 +1,82 @@
+"""`shoal dispute`: challenge one worker's proof epoch with a bond on the
+contract; the coordinator bisects, its referee replays the one step left,
+and the contract pays the winner (exit status 1 when the dispute is lost)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from shoal import ShoalError
+from shoal.spec import hyper_digest
+
+
+def dispute_command(
+    job_id: str = typer.Option(..., "--job", help="The market job's id."),
+    worker: str = typer.Option(..., "--worker", help="The worker whose epoch is disputed."),
+    epoch: int = typer.Option(..., "--epoch", min=0, help="The proof epoch."),
+    key: Path = typer.Option(..., "--key", help="The challenger's key: it signs the bond's "
+                             "transaction and the filing (create one with `shoal key new`)."),
+    bond_wei: Optional[int] = typer.Option(None, "--bond-wei", min=1, help="The bond (default: "
+                                           "the contract's minimum). Lost if the dispute is."),
+    coordinator: str = typer.Option(..., "--coordinator", envvar="SHOAL_COORDINATOR_URL",
+                                    help="The coordinator that runs the job."),
+    rpc: Optional[str] = typer.Option(None, "--rpc", envvar="SHOAL_CHAIN_RPC",
+                                      help="The chain's JSON-RPC URL."),
+    contract: Optional[str] = typer.Option(None, "--contract", envvar="SHOAL_LEDGER_CONTRACT",
+                                           help="The settlement contract's address."),
+    answer_wait_s: float = typer.Option(60.0, "--answer-wait-s", min=0.1,
+                                        help="How long to wait for agents to send the files."),
+    ruling_wait_s: float = typer.Option(300.0, "--ruling-wait-s", min=0.0,
+                                        help="How long to wait for the referee's ruling."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Replay every record of WORKER in proof epoch EPOCH; if a step does not replay as
+    committed, open a dispute on the contract (your bond) and bring it to the coordinator.
+
+    Raising challenges for the files takes the verifier role at the coordinator
+    (`shoal grant`); the dispute itself needs only the bond."""
+    import tomllib
+
+    from shoal.cli.chain_cmd import _ledger
+    from shoal.control.client import CoordinatorClient
+    from shoal.control.identity import load_key
+    from shoal.control.trust.challenger import challenge_worker
+    from shoal.control.trust.remote import RemoteAudits
+    from shoal.jobs.gpt_replay import gpt_replayer
+    from shoal.spec.jobfile import parse_job
+    from shoal.train.audit import Auditor
+    from shoal.train.proof_store import ProofStore
+
+    account = load_key(str(key))
+    ledger = _ledger(rpc, contract, 30.0)
+    bond = bond_wei if bond_wei is not None else ledger.config().min_bond_wei
+    with CoordinatorClient(coordinator, account) as client:
+        job = parse_job(tomllib.loads(client.job_file(job_id)), source=f"job {job_id}")
+        if not job.proof.enabled:
+            raise ShoalError(f"job {job_id} keeps no work records ([proof] enabled = false)")
+        store = ProofStore(Path("runs") / "challenger" / account.address / job_id)
+        auditor = Auditor(store, gpt_replayer(job), hyper_sha256=hyper_digest(job.hyperparameters()),
+                          tolerance=job.proof.tolerance, verifier=account.address)
+        audits = RemoteAudits(client, job_id, job, auditor, account, salt=secrets.token_bytes(16),
+                              answer_wait_s=answer_wait_s)
+        found = challenge_worker(client, ledger, account, audits, job_id, worker, epoch, bond,
+                                 ruling_wait_s=ruling_wait_s)
+    rejected = sorted(v.step for v in found.verdicts if v.guilty)
+    view = found.dispute
+    if as_json:
+        typer.echo(json.dumps({"replayed": len(found.verdicts), "rejected_steps": rejected,
+                               "dispute": view.model_dump(mode="json") if view else None}))
+    elif view is None:
+        typer.echo(f"{len(found.verdicts)} records of {worker} in epoch {epoch} replay as "
+                   "committed: nothing to dispute, no bond spent")
+    else:
+        typer.echo(f"replays reject steps {rejected}; dispute {view.dispute} opened with "
+                   f"{bond} wei: {view.ruling or 'not ruled yet'}"
+                   + (f" at step {view.step} ({view.why})" if view.ruling else ""))
+    if view is not None and view.ruling == "rejected":
+        raise typer.Exit(1)

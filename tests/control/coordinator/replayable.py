@@ -1,0 +1,59 @@
+"""Work records a referee can really replay: the job's own tiny GPT, one worker
+taking each step's whole batch from the same starting parameters, every
+contribution computed by the replayer a verifier uses (shoal.train.replay),
+and some steps cheated by scaling what was sent (committed as sent)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import torch
+
+from shoal.jobs.gpt_replay import gpt_replayer
+from shoal.spec import JobSpec, hyper_digest
+from shoal.spec.proof import WorkRecord
+from shoal.train.hashing import param_sha256
+from shoal.train.proof_store import contribution_norm, contribution_sha256
+from shoal.train.work_records import step_rng_seed
+
+
+@dataclass
+class Replayable:
+    records: list[WorkRecord]
+    reveals: dict[int, bytes]  # step -> the contribution file the worker wrote
+    params: bytes  # the parameters every step started from, as a keeper writes them
+
+
+def _file(value: object) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def replayable(spec: JobSpec, worker: str, steps: range, cheat: set[int] = frozenset(),
+               scale: float = 4.0) -> Replayable:
+    torch.manual_seed(0)
+    replayer = gpt_replayer(spec)
+    state = {k: v.clone() for k, v in replayer.model.state_dict().items()}
+    params_sha256 = param_sha256(replayer.model)
+    batch = spec.global_batch
+    records, reveals = [], {}
+    for step in steps:
+        start = step * batch
+        base = WorkRecord(job=spec.name, step=step, worker=worker, params_sha256=params_sha256,
+                          positions_start=start, positions_end=start + batch, rank=0,
+                          shares=(batch,), seed=spec.seed, global_batch=batch,
+                          micro_batch=spec.micro_batch,
+                          hyper_sha256=hyper_digest(spec.hyperparameters()),
+                          contribution_sha256="0" * 64, contribution_norm=0.0,
+                          rng_seed=step_rng_seed(spec.seed, step, start))
+        replayer.load(state)
+        sent = replayer.contribution(base)
+        if step in cheat:
+            sent = [t * scale for t in sent]
+        records.append(base.model_copy(update={
+            "contribution_sha256": contribution_sha256(spec.name, worker, step, sent),
+            "contribution_norm": contribution_norm(sent)}))
+        reveals[step] = _file([t.clone() for t in sent])
+    return Replayable(records, reveals, _file(state))
