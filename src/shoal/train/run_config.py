@@ -35,6 +35,9 @@ class RunConfig:
     speed_report_interval: int = 5
     slowdown: float = 1.0  # simulate a device this many times slower (tests, benchmarks)
     spare: bool = False  # a warm spare: joins only when the launcher activates it
+    # A warm spare runs one throwaway micro-batch through the loop before it waits, so
+    # that its first real step does not pay a fresh process's first-touch costs.
+    spare_warmup: bool = True
     adversary: str | None = None  # cheat as this built-in or module:callable (tests, rehearsals)
     guard: GuardConfig = GuardConfig()
 
@@ -69,6 +72,8 @@ class RunConfig:
             changes["checkpoint_dir"] = env["SHOAL_CHECKPOINT_DIR"]
         if env.get("SHOAL_SPARE") == "1":
             changes["spare"] = True
+        if env.get("SHOAL_SPARE_WARMUP") == "0":
+            changes["spare_warmup"] = False
         if env.get("SHOAL_ADVERSARY"):
             changes["adversary"] = env["SHOAL_ADVERSARY"]
         if env.get("SHOAL_IDENTITY"):

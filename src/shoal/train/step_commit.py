@@ -34,6 +34,7 @@ class Attempt:
     chunk: int = 0  # samples of the micro-batch the loop is on (0: none pending)
     loss_sum: float = 0.0
     loss_samples: int = 0
+    warmup: bool = False  # a spare's throwaway micro-batch: its gradients are dropped
 
     @property
     def mean_loss(self) -> float | None:
