@@ -304,3 +304,21 @@ def test_the_challengers_own_replays_find_the_step_and_win_the_dispute(disputed)
     view = challenge.dispute
     assert (view.ruling, view.step, view.chain_state) == ("upheld", CHEAT_STEP, "upheld")
     assert s.ledger.lease(s.chain_job, s.p1.address).slashed
+
+
+def test_a_dispute_filed_before_a_restart_is_ruled_after_it(disputed, monkeypatch):
+    """The referee's queue is memory: a coordinator that stops between a filing and its
+    ruling takes the unruled disputes back to the referee when it starts."""
+    s = disputed
+    queued = s.co.referee.later
+    monkeypatch.setattr(s.co.referee, "later", lambda ruling: None)  # the queue is lost
+    dispute = s.ledger.open_dispute(s.mallory, s.chain_job, s.p1.address, BOND).returned
+    s.served.client(s.mallory).file_dispute(s.job_id, DisputeFiling(
+        dispute=dispute, worker=s.worker, epoch=0, trajectory=s.states({CHEAT_STEP})))
+    s.co.referee.wait()
+    assert s.ruled(dispute) is None
+    monkeypatch.setattr(s.co.referee, "later", queued)
+    s.a.heartbeat("a", Heartbeat())  # its agent is online (else the files are not waited for)
+    s.co._disputes_init()  # what a starting coordinator does
+    s.answer_until(lambda: s.ruled(dispute))
+    assert (s.ruled(dispute).ruling, s.ruled(dispute).step) == ("upheld", CHEAT_STEP)

@@ -62,6 +62,15 @@ class DisputeService:
 
     fetch_wait_s = FETCH_WAIT_S
 
+    def _disputes_init(self) -> None:
+        """Disputes filed but not ruled when the coordinator last stopped go back to the
+        referee (those that landed on a plant come back unruled again)."""
+        with Session(self.engine) as session:
+            waiting = session.execute(select(DisputeRow.job_id, DisputeRow.dispute).where(
+                DisputeRow.ruling.is_(None))).all()
+        for job_id, dispute in waiting:
+            self.referee.later(lambda j=job_id, d=dispute: self.rule_dispute(j, d))
+
     def file_dispute(self, challenger: str, job_id: str, filing: DisputeFiling) -> DisputeView:
         if self.settlement is None:
             raise Conflict("this coordinator does not settle on a chain: there is no contract "

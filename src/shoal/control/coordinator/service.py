@@ -96,6 +96,7 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
         self._carry_init()
         self._planning_init()
         self.referee = Referee(self, referee_key, replayer)
+        self._disputes_init()
         self.started_s = self.now_s()
 
     # ------------------------------------------------------------ time and transactions
