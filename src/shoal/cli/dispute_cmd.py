@@ -11,9 +11,6 @@ from typing import Optional
 
 import typer
 
-from shoal import ShoalError
-from shoal.spec import hyper_digest
-
 
 def dispute_command(
     job_id: str = typer.Option(..., "--job", help="The market job's id."),
@@ -40,28 +37,18 @@ def dispute_command(
 
     Raising challenges for the files takes the verifier role at the coordinator
     (`shoal grant`); the dispute itself needs only the bond."""
-    import tomllib
-
     from shoal.cli.chain_cmd import _ledger
+    from shoal.cli.verify_cmd import remote_auditor
     from shoal.control.client import CoordinatorClient
     from shoal.control.identity import load_key
     from shoal.control.trust.challenger import challenge_worker
     from shoal.control.trust.remote import RemoteAudits
-    from shoal.jobs.gpt_replay import gpt_replayer
-    from shoal.spec.jobfile import parse_job
-    from shoal.train.audit import Auditor
-    from shoal.train.proof_store import ProofStore
 
     account = load_key(str(key))
     ledger = _ledger(rpc, contract, 30.0)
     bond = bond_wei if bond_wei is not None else ledger.config().min_bond_wei
     with CoordinatorClient(coordinator, account) as client:
-        job = parse_job(tomllib.loads(client.job_file(job_id)), source=f"job {job_id}")
-        if not job.proof.enabled:
-            raise ShoalError(f"job {job_id} keeps no work records ([proof] enabled = false)")
-        store = ProofStore(Path("runs") / "challenger" / account.address / job_id)
-        auditor = Auditor(store, gpt_replayer(job), hyper_sha256=hyper_digest(job.hyperparameters()),
-                          tolerance=job.proof.tolerance, verifier=account.address)
+        job, auditor = remote_auditor(client, job_id, account.address, "challenger")
         audits = RemoteAudits(client, job_id, job, auditor, account, salt=secrets.token_bytes(16),
                               answer_wait_s=answer_wait_s)
         found = challenge_worker(client, ledger, account, audits, job_id, worker, epoch, bond,

@@ -136,27 +136,15 @@ def _verify_remote(url: str, job_id: str, key: Path, salt: bytes, rate: float | 
                    follow: bool, interval_s: float, answer_wait_s: float,
                    tolerance: float | None, as_json: bool, recheck: bool = False) -> None:
     """Audit a market job through its coordinator: challenges, replays, filed verdicts."""
-    import tomllib
-
     from shoal.control.client import CoordinatorClient
     from shoal.control.identity import load_key
     from shoal.control.trust.remote import RemoteAudits
-    from shoal.jobs.gpt_replay import gpt_replayer
     from shoal.spec.coordinator import ENDED
-    from shoal.spec.jobfile import parse_job
-    from shoal.train.audit import Auditor
-    from shoal.train.proof_store import ProofStore
 
     account = load_key(str(key))
     results, started = [], time.perf_counter()
     with CoordinatorClient(url, account) as client:
-        job = parse_job(tomllib.loads(client.job_file(job_id)), source=f"job {job_id}")
-        if not job.proof.enabled:
-            raise ShoalError(f"job {job_id} keeps no work records ([proof] enabled = false)")
-        store = ProofStore(Path("runs") / "verifier" / account.address / job_id)
-        auditor = Auditor(store, gpt_replayer(job), hyper_sha256=hyper_digest(job.hyperparameters()),
-                          tolerance=tolerance if tolerance is not None else job.proof.tolerance,
-                          verifier=account.address)
+        job, auditor = remote_auditor(client, job_id, account.address, "verifier", tolerance)
         audits = RemoteAudits(client, job_id, job, auditor, account, salt=salt, rate=rate,
                               every=every, answer_wait_s=answer_wait_s, recheck=recheck)
         last_epoch = (job.steps - 1) // job.proof.epoch_steps
@@ -177,6 +165,27 @@ def _verify_remote(url: str, job_id: str, key: Path, salt: bytes, rate: float | 
     _print(results, salt, time.perf_counter() - started, as_json)
     if any(r.guilty for r in results):
         raise typer.Exit(1)
+
+
+def remote_auditor(client, job_id: str, address: str, role: str,  # noqa: ANN001 - a client
+                   tolerance: float | None = None):  # noqa: ANN201 - (JobSpec, Auditor)
+    """The market job's spec and an auditor replaying it, its files fetched into
+    runs/ROLE/ADDRESS/JOB (a verifier's, a challenger's)."""
+    import tomllib
+
+    from shoal.jobs.gpt_replay import gpt_replayer
+    from shoal.spec.jobfile import parse_job
+    from shoal.train.audit import Auditor
+    from shoal.train.proof_store import ProofStore
+
+    job = parse_job(tomllib.loads(client.job_file(job_id)), source=f"job {job_id}")
+    if not job.proof.enabled:
+        raise ShoalError(f"job {job_id} keeps no work records ([proof] enabled = false)")
+    store = ProofStore(Path("runs") / role / address / job_id)
+    auditor = Auditor(store, gpt_replayer(job), hyper_sha256=hyper_digest(job.hyperparameters()),
+                      tolerance=tolerance if tolerance is not None else job.proof.tolerance,
+                      verifier=address)
+    return job, auditor
 
 
 def _anchored_roots(chain_job: int | None, rpc: str | None, contract: str | None):  # noqa: ANN202
