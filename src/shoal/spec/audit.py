@@ -140,5 +140,6 @@ class DisputeView(Frozen):
     why: str = ""
     tx: str | None = None  # the transaction that moved the money (`resolve_dispute`, or `slash`)
     # The dispute's state on chain once the ruling is enforced there ("upheld", "rejected",
-    # "superseded", "expired"); None while the chain has not had the final word.
+    # "superseded", "expired"); "behind" while it waits for an older dispute on the lease
+    # to be decided; None when it is not taken to the chain.
     chain_state: str | None = None

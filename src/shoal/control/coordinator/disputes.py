@@ -45,6 +45,7 @@ from shoal.spec.proof import Verdict, WorkRecord
 
 log = logging.getLogger(__name__)
 FETCH_WAIT_S = 30.0  # how long the referee waits for the disputed step's files
+BEHIND = "behind"  # a ruling the contract takes only once the lease's older disputes are decided
 
 
 class Deferred(Exception):
@@ -105,7 +106,9 @@ class DisputeService:
             raise Conflict(f"worker '{filing.worker}' has {len(records)} records in proof epoch "
                            f"{filing.epoch}: a trajectory is {len(records) + 1} states (before the "
                            f"first record and after each), not {len(filing.trajectory)}")
-        with self._change() as session:
+        with self._change() as session:  # under the coordinator's lock: one filing wins
+            if session.get(DisputeRow, filing.dispute) is not None:
+                raise Conflict(f"dispute {filing.dispute} was brought already")
             now = self.now_s()
             row = DisputeRow(dispute=filing.dispute, job_id=job_id, worker=filing.worker,
                              epoch=filing.epoch, challenger=opened.challenger, provider=provider,
@@ -185,7 +188,9 @@ class DisputeService:
 
     def _fetch_step_files(self, job_id: str, record: WorkRecord) -> None:
         """Ask the agents for the step's contribution and start parameters, and wait for
-        them (a file a verifier fetched already is not asked for again)."""
+        them up to `fetch_wait_s` (a file a verifier fetched already is not asked for
+        again). An agent silent for a while is waited for all the same: a ruling is rare,
+        bonded, and must not turn `undecided` because a heartbeat came late."""
         wanted = (ChallengeRequest(worker=record.worker, step=record.step, kind=BlobKind.reveal),
                   ChallengeRequest(worker=record.worker, step=record.step, kind=BlobKind.params))
         try:
@@ -196,7 +201,7 @@ class DisputeService:
         deadline = time.monotonic() + self.fetch_wait_s
         while time.monotonic() < deadline:
             views = [v for v in self.challenges(job_id) if v.challenge in asked]
-            if all(v.answered_at_s is not None or v.holder_offline for v in views):
+            if all(v.answered_at_s is not None for v in views):
                 return
             time.sleep(0.2)
 
@@ -247,24 +252,23 @@ class DisputeService:
                                                          challenger))
             return note, ledger.dispute(dispute).state.name if "tx" in note else None, \
                 "an earlier dispute on the lease is open: slashed directly"
-        return {}, None, "an earlier dispute on the lease is open: resolved once it is decided"
+        return {}, BEHIND, "an earlier dispute on the lease is open: resolved once it is decided"
 
     def enforce_rulings(self) -> None:
-        """Take to the chain the rulings it could not take yet (a rejected dispute behind an
-        older open one); stop once the chain has the final word (a state other than open)."""
+        """Take to the chain the rulings that waited behind an older open dispute on their
+        lease (a rejected one); stop once the chain has the final word."""
         if self.settlement is None or self.referee.account is None:
             return
         with Session(self.engine) as session:
             pending = session.execute(select(DisputeRow.dispute, DisputeRow.job_id).where(
-                DisputeRow.ruling.in_((UPHELD, REJECTED)),
-                DisputeRow.chain_state.is_(None))).all()
+                DisputeRow.chain_state == BEHIND)).all()
         for dispute, job_id in pending:
             with Session(self.engine) as session:
                 row = session.get(DisputeRow, dispute)
                 ruling, provider, challenger = row.ruling, row.provider, row.challenger
                 chain_job = session.get(JobRow, job_id).chain_job
             note, chain_state, _ = self._enforce(dispute, ruling, chain_job, provider, challenger)
-            if chain_state is None:
+            if chain_state == BEHIND:
                 continue
             with self._change() as session:
                 row = session.get(DisputeRow, dispute)
