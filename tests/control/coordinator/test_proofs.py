@@ -370,3 +370,19 @@ def test_the_agent_sends_a_refused_batchs_good_records_one_by_one(market, tmp_pa
     assert a.work_records(job_id, 0) == good
     assert relay.upload({job_id}) == 0  # nothing is sent again
 
+
+
+def test_a_finished_job_waits_for_every_ranks_last_record_within_the_grace(pair):
+    """Pay follows the records, so a finished job does not end on the first record of
+    its last step: an agent a beat behind its peer would lose its last steps' pay."""
+    served, a, b, job_id, leases = pair
+    coordinator = served.app.state.coordinator
+    honest, other = f"agent-a-l{leases['a']}-a0-w0", f"agent-b-l{leases['b']}-a0-w0"
+    last = 19  # PROOF_JOB's 20 steps
+    assert coordinator.awaiting_records(job_id)
+    a.upload_records(job_id, RecordUpload(lease=leases["a"], records=(
+        record(honest, last, rank=0, shares=(4, 4)),)))
+    assert coordinator.awaiting_records(job_id)  # b's record of the last step is on its way
+    b.upload_records(job_id, RecordUpload(lease=leases["b"], records=(
+        record(other, last, rank=1, shares=(4, 4)),)))
+    assert not coordinator.awaiting_records(job_id)

@@ -256,7 +256,9 @@ class ProofService:
     # ------------------------------------------------------------ challenges (verifiers)
     def awaiting_records(self, job_id: str) -> bool:
         """A finished job waits a few beats for its last steps' records before it ends
-        (they travel with each agent's next heartbeat), never longer."""
+        (they travel with each agent's next heartbeat), never longer: until every rank
+        with a share of the last step filed its record, since pay follows the records
+        (`record_dues`) and an agent a beat behind its peers must not lose its last steps."""
         try:
             spec = self.job_spec(job_id)
         except (SpecError, tomllib.TOMLDecodeError, NotFound):
@@ -268,9 +270,10 @@ class ProofService:
         if now - first > RECORDS_GRACE_BEATS * self.settings.heartbeat_s + 1.0:
             return False
         with Session(self.engine) as session:
-            newest = session.scalar(select(func.max(WorkRecordRow.step))
-                                    .where(WorkRecordRow.job_id == job_id))
-        return newest is None or newest < spec.steps - 1
+            last = [WorkRecord.model_validate(body) for body in session.scalars(
+                select(WorkRecordRow.body).where(WorkRecordRow.job_id == job_id,
+                                                 WorkRecordRow.step == spec.steps - 1))]
+        return not last or not all_ranks(last)
 
     def drop_provider(self, job_id: str, provider: str, reason: str) -> None:
         """A provider caught cheating: its offers that hold this job's leases are withdrawn,
