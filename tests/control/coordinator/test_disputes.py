@@ -19,7 +19,7 @@ from shoal.control.coordinator.settlement import Settlement
 from shoal.control.trust.dispute import trajectory
 from shoal.control.trust.verdicts import sign_verdict
 from shoal.jobs.gpt_replay import gpt_replayer
-from shoal.ledger import Chain, Ledger
+from shoal.ledger import Chain, Ledger, LedgerError
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, DisputeFiling, RecordUpload, SignedVerdictBody, VerdictFiling,
 )
@@ -39,7 +39,8 @@ class Disputed:
     """A one-worker proof job on chain whose epoch 0 (steps 0-4) is rooted: provider
     p1's worker cheated at step 3 (a contribution scaled ×4, committed as sent)."""
 
-    def __init__(self, tmp_path, **settings) -> None:
+    def __init__(self, tmp_path, cheat: frozenset[int] = frozenset({CHEAT_STEP}),
+                 **settings) -> None:
         chain = Chain.embedded()
         owner, operator, referee, alice, mallory, p1, p2, vera = chain.dev_accounts()[:8]
         self.ledger = Ledger.deploy(chain, owner, operator.address, referee.address,
@@ -67,7 +68,7 @@ class Disputed:
         self.worker = f"a-l{self.lease['a-d0']}-a0-w0"
         publish(self.co, self.job_id, [self.worker], "start")
         spec = parse_job(tomllib.loads(PROOF_JOB), source="test")
-        self.work = replayable(spec, self.worker, range(5), cheat={CHEAT_STEP})
+        self.work = replayable(spec, self.worker, range(5), cheat=set(cheat))
         self.a.upload_records(self.job_id, RecordUpload(lease=self.lease["a-d0"],
                                                         records=tuple(self.work.records)))
         self.served.app.state.rounds.once()
@@ -271,10 +272,10 @@ def test_a_false_accusation_behind_an_unruled_dispute_still_costs_its_bond(tmp_p
         s.close()
 
 
-def test_the_challengers_own_replays_find_the_step_and_win_the_dispute(disputed):
-    """The challenger's side as `shoal dispute` runs it: replay every record of the
-    worker's epoch through the coordinator, bond a dispute on the contract, file the
-    trajectory, wait for the ruling."""
+def _challenge(s: Disputed):
+    """The challenger's side as `shoal dispute` runs it, on a thread while agent a
+    answers: replay every record of the worker's epoch through the coordinator, and
+    only if a step fails, bond a dispute on the contract, file it, wait for the ruling."""
     import threading
 
     from shoal.control.trust.challenger import challenge_worker
@@ -283,7 +284,6 @@ def test_the_challengers_own_replays_find_the_step_and_win_the_dispute(disputed)
     from shoal.train.audit import Auditor
     from shoal.train.proof_store import ProofStore
 
-    s = disputed
     s.served.client(s.operator).request("POST", "/v1/grants", Grant(
         address=s.mallory.address, role=Role.verifier, name="mallory"))
     client = s.served.client(s.mallory)
@@ -300,6 +300,12 @@ def test_the_challengers_own_replays_find_the_step_and_win_the_dispute(disputed)
     challenger.start()
     s.answer_until(lambda: not challenger.is_alive())
     (challenge,) = found
+    return challenge
+
+
+def test_the_challengers_own_replays_find_the_step_and_win_the_dispute(disputed):
+    s = disputed
+    challenge = _challenge(s)
     assert sorted(v.step for v in challenge.verdicts if v.guilty) == [CHEAT_STEP]
     assert len(challenge.verdicts) == 5
     view = challenge.dispute
@@ -323,3 +329,15 @@ def test_a_dispute_filed_before_a_restart_is_ruled_after_it(disputed, monkeypatc
     s.co._disputes_init()  # what a starting coordinator does
     s.answer_until(lambda: s.ruled(dispute))
     assert (s.ruled(dispute).ruling, s.ruled(dispute).step) == ("upheld", CHEAT_STEP)
+
+
+def test_a_challenger_whose_replays_pass_spends_no_bond(tmp_path):
+    s = Disputed(tmp_path, cheat=frozenset())
+    try:
+        challenge = _challenge(s)
+        assert len(challenge.verdicts) == 5 and not any(v.guilty for v in challenge.verdicts)
+        assert challenge.dispute is None
+        with pytest.raises(LedgerError):  # no dispute was opened on chain
+            s.ledger.dispute(1)
+    finally:
+        s.close()
