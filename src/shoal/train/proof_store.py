@@ -79,12 +79,17 @@ class ProofStore:
         for folder in (self.dir / "reveal" / worker, self.dir / "params"):
             if not folder.is_dir():
                 continue
-            for path in folder.glob("*.pt"):
+            old = sorted((int(p.stem), p) for p in folder.glob("*.pt")
+                         if p.stem.isdigit() and int(p.stem) < keep_from_step)
+            # Steps are written in order, so the first file young enough ends the pass:
+            # each step looks at one file kept by the time floor, not all of them.
+            for _, path in old:
                 try:
-                    if int(path.stem) < keep_from_step and path.stat().st_mtime < written_before:
-                        path.unlink(missing_ok=True)
-                except (ValueError, FileNotFoundError):
-                    continue  # not a step's file; or pruned by a peer sharing the folder
+                    if path.stat().st_mtime >= written_before:
+                        break
+                    path.unlink(missing_ok=True)
+                except FileNotFoundError:
+                    continue  # pruned by a peer sharing the folder
 
     def save_anchor(self, epoch: int, root: bytes, leaves: list[bytes]) -> None:
         """The leaves an anchored root was built from, in tree order: published by the

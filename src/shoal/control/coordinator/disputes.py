@@ -207,29 +207,29 @@ class DisputeService:
 
     def _settle_dispute(self, job_id: str, dispute: int, ruling: str, why: str,
                         step: int | None, rounds: int | None) -> None:
-        with Session(self.engine) as session:
-            row = session.get(DisputeRow, dispute)
-            provider, challenger = row.provider, row.challenger
-            chain_job = session.get(JobRow, job_id).chain_job
-        note, chain_state, held = self._enforce(dispute, ruling, chain_job, provider, challenger)
-        if ruling == UPHELD and self.referee.first_slash(job_id, provider):
-            self.drop_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
+        note, chain_state, held = self._enforce(dispute, ruling)
         with self._change() as session:
             row = session.get(DisputeRow, dispute)
             row.ruling, row.step, row.rounds = ruling, step, rounds
             row.why = f"{why} ({held})" if held else why
             row.tx, row.chain_state = note.get("tx"), chain_state
+            provider = row.provider
             self._event(session, self.now_s(), COORDINATOR, f"dispute_{ruling}", job_id,
                         dispute=dispute, worker=row.worker, step=step, provider=provider,
-                        challenger=challenger, why=why, chain=held or chain_state, **note)
+                        challenger=row.challenger, why=why, chain=held or chain_state, **note)
+        if ruling == UPHELD and self.referee.first_slash(job_id, provider):
+            self.drop_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
         log.warning("job %s: dispute %d on %s %s at step %s: %s", job_id, dispute, row.worker,
                     ruling, step, row.why)
 
-    def _enforce(self, dispute: int, ruling: str, chain_job: int, provider: str,
-                 challenger: str) -> tuple[dict[str, str], str | None, str]:
+    def _enforce(self, dispute: int, ruling: str) -> tuple[dict[str, str], str | None, str]:
         """Move the money for a ruling: (the transaction's note, the dispute's state on
         chain once final, what holds it back while it is not)."""
         referee, ledger = self.referee, self.settlement.ledger
+        with Session(self.engine) as session:
+            row = session.get(DisputeRow, dispute)
+            provider, challenger = row.provider, row.challenger
+            chain_job = session.get(JobRow, row.job_id).chain_job
         if ruling not in (UPHELD, REJECTED):
             return {}, None, "not ruled: it expires on chain, bond back"
         if referee.account is None:
@@ -260,14 +260,11 @@ class DisputeService:
         if self.settlement is None or self.referee.account is None:
             return
         with Session(self.engine) as session:
-            pending = session.execute(select(DisputeRow.dispute, DisputeRow.job_id).where(
+            pending = session.execute(select(DisputeRow.dispute, DisputeRow.job_id,
+                                             DisputeRow.ruling).where(
                 DisputeRow.chain_state == BEHIND)).all()
-        for dispute, job_id in pending:
-            with Session(self.engine) as session:
-                row = session.get(DisputeRow, dispute)
-                ruling, provider, challenger = row.ruling, row.provider, row.challenger
-                chain_job = session.get(JobRow, job_id).chain_job
-            note, chain_state, _ = self._enforce(dispute, ruling, chain_job, provider, challenger)
+        for dispute, job_id, ruling in pending:
+            note, chain_state, _ = self._enforce(dispute, ruling)
             if chain_state == BEHIND:
                 continue
             with self._change() as session:
@@ -275,6 +272,7 @@ class DisputeService:
                 row.chain_state, row.tx = chain_state, note.get("tx", row.tx)
                 self._event(session, self.now_s(), COORDINATOR, "dispute_enforced", job_id,
                             dispute=dispute, ruling=ruling, chain=chain_state, **note)
+
 
 def _dispute_view(row: DisputeRow) -> DisputeView:
     return DisputeView(dispute=row.dispute, job_id=row.job_id, worker=row.worker,

@@ -156,10 +156,8 @@ class ProofService:
                                         .where(WorkRecordRow.job_id == job_id)) or -1,
                          session.scalar(select(func.max(StepProgressRow.step))
                                         .where(StepProgressRow.job_id == job_id)) or -1)
-        members: dict[int, tuple[str, ...]] = {}
-        for change in self._published.changes(job_id):
-            members.setdefault(change.epoch, change.members)  # the first line of a number stands
         steps = range(spec.steps if finished else min(spec.steps, newest + 1))
+        members = self._published.all_members(job_id)
         per_lease: dict[int, Dues] = {}
         for worker, dues in record_dues(self.work_records(job_id), members, steps).items():
             if (lease := lease_of(worker)) is not None:

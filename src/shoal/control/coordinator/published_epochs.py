@@ -43,6 +43,13 @@ class PublishedEpochs:
             self._read_new_lines(self._run_dir(job_id) / "epochs.jsonl", job)
             return list(job.changes)
 
+    def all_members(self, job_id: str) -> dict[int, tuple[str, ...]]:
+        """Every published epoch's members in rank order, by epoch number."""
+        with self._lock:
+            job = self._jobs.setdefault(job_id, _JobEpochs())
+            self._read_new_lines(self._run_dir(job_id) / "epochs.jsonl", job)
+            return dict(job.members)
+
     def members(self, job_id: str, epoch: int) -> tuple[str, ...] | None:
         """The members of `epoch` in rank order, or None if the host never published it."""
         with self._lock:
