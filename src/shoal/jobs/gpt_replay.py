@@ -8,9 +8,11 @@ import torch
 from shoal.jobs.corpus import load_corpus
 from shoal.jobs.gpt_worker import CorpusWindows
 from shoal.jobs.model import GPT
+from shoal.jobs.optim import build_optimizer, lr_at
 from shoal.jobs.precision import forward_precision
 from shoal.spec import JobSpec
-from shoal.train.replay import Replayer
+from shoal.spec.plan import SyncMode
+from shoal.train.replay import InnerOptimizer, Replayer
 
 
 def gpt_replayer(job: JobSpec) -> Replayer:
@@ -21,4 +23,10 @@ def gpt_replayer(job: JobSpec) -> Replayer:
         with forward_precision(job.precision):
             return model.loss_sum(batch) / len(batch)  # as the worker's loop computes it
 
-    return Replayer(GPT(job.model), loss, windows.get_batch, windows.num_samples())
+    inner = None
+    if job.sync.mode is SyncMode.diloco:  # each worker's own AdamW/SGD steps, as the job sets them
+        inner = InnerOptimizer(
+            build=lambda model: build_optimizer(model, job.optimizer),
+            lr=lambda step: lr_at(step, job.steps, job.optimizer.lr, job.schedule),
+            grad_clip=job.optimizer.grad_clip)
+    return Replayer(GPT(job.model), loss, windows.get_batch, windows.num_samples(), inner)

@@ -182,12 +182,13 @@ class JobSpec(Frozen):
             raise ValueError(f"aggregation = '{self.aggregation.value}' needs every worker's "
                              "full gradient every step: use it with [sync] mode = 'allreduce' "
                              "and codec = 'none', or use aggregation = 'mean'")
-        if self.proof.enabled and self.sync.mode is not SyncMode.allreduce:
-            # Between outer steps replicas hold different parameters, and a record's start
-            # state is one replica's: audits would have no state to agree on.
-            raise ValueError("[proof] work records need every-step synchronization: use "
-                             "[sync] mode = 'allreduce' with proof, or disable [proof] "
-                             "(proof under DiLoCo is not supported yet)")
+        if self.proof.enabled and self.sync.mode is SyncMode.diloco and (
+                self.sync.slt > 0 or self.sync.codec is not Codec.none):
+            # A record commits the pseudo-gradient a worker computed; a codec's compressed
+            # form (with its error feedback) or a late round is not what a replay checks.
+            raise ValueError("[proof] under DiLoCo needs [sync] codec = 'none' and slt = 0: "
+                             "an audit replays the pseudo-gradient itself, not a compressed "
+                             "or late form of it")
         return self
 
     @property

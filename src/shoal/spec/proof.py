@@ -21,6 +21,33 @@ from shoal.spec.base import Frozen
 SHA256_HEX = r"^[0-9a-f]{64}$"
 
 
+class LocalStep(Frozen):
+    """Under DiLoCo, what a worker's record of a step claims beyond the common fields.
+
+    Inside a round each worker steps its own optimizer on its own replica, so a step
+    starts from this worker's parameters (`WorkRecord.params_sha256`) and optimizer
+    state, not from what every replica holds. The claims chain: a step starts where
+    the worker's previous step of the round ended, or at the round's agreed start
+    (theta_outer); its end is what the optimizer makes of its start and its committed
+    gradient. The round's last step also commits the pseudo-gradient it sent."""
+
+    round_start: int = Field(ge=0)  # the round's first step: it starts from theta_outer
+    state_sha256: str = Field(pattern=SHA256_HEX)  # the optimizer state the step started from
+    applied: bool  # the optimizer stepped (the worker's own guard let the step through)
+    end_params_sha256: str = Field(pattern=SHA256_HEX)  # after the step
+    end_state_sha256: str = Field(pattern=SHA256_HEX)
+    # The round's last step: the samples behind this worker's pseudo-gradient and the
+    # round's (it is weighted by their ratio), and the pseudo-gradient's norm. The
+    # pseudo-gradient is the last tensor of the committed contribution.
+    round_samples: int | None = Field(None, ge=0)
+    round_expected: int | None = Field(None, ge=1)
+    outer_norm: float | None = Field(None, ge=0.0)
+
+    @property
+    def outer(self) -> bool:
+        return self.round_expected is not None
+
+
 class WorkRecord(Frozen):
     """One worker's claim about one step: what it started from, on which
     samples, and a commitment to the contribution it sent."""
@@ -52,6 +79,7 @@ class WorkRecord(Frozen):
     # describe the model that went on, if they show a commit of that epoch
     # (`shoal.proof.epochs.final_lineage`).
     membership_epoch: int = Field(0, ge=0)
+    local: LocalStep | None = None  # under DiLoCo (sync.mode = "diloco"), else None
 
     @property
     def samples(self) -> int:
@@ -60,7 +88,9 @@ class WorkRecord(Frozen):
     def leaf(self) -> bytes:
         """The Merkle leaf: SHA-256 of the record's canonical JSON, domain-separated
         from inner nodes (a leaf can never pass for a node)."""
-        body = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # A record without a local step hashes as before the field existed.
+        body = json.dumps(self.model_dump(mode="json", exclude={"local"} if self.local is None
+                                          else None), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(b"\x00" + body.encode()).digest()
 
 

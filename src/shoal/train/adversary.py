@@ -59,6 +59,10 @@ class Adversary:
         """The record the worker publishes instead of the true one."""
         return record
 
+    def pseudo_gradient(self, honest: torch.Tensor, ctx: AdversaryContext) -> torch.Tensor:
+        """Under DiLoCo, the (weighted) pseudo-gradient the worker sends at a round's end."""
+        return honest
+
     def reveal(self, sent: Contribution, ctx: AdversaryContext) -> Contribution:
         """What the worker shows an audit instead of what it sent."""
         return sent
@@ -156,6 +160,17 @@ class CopyRecord(Adversary):
             "contribution_norm": peer.contribution_norm})
 
 
+class OuterScale(Adversary):
+    """Under DiLoCo: honest inner steps, then a pseudo-gradient scaled ×10. The only
+    value that reaches the shared model is the pseudo-gradient, so this is the cheat a
+    poisoner would pick (every-step jobs: an honest worker)."""
+
+    name = "outer_scale"
+
+    def pseudo_gradient(self, honest: torch.Tensor, ctx: AdversaryContext) -> torch.Tensor:
+        return honest * 10.0
+
+
 class _Callable(Adversary):
     """A user's `module:callable` (contribution, step, context) -> contribution."""
 
@@ -182,7 +197,10 @@ BUILT_IN: dict[str, Callable[[], Adversary]] = {
     "half_samples": HalfSamples,
     "bad_commitment": BadCommitment,
     "copy": CopyRecord,
+    "outer_scale": OuterScale,
 }
+# Cheats only where a round ends: under every-step sync these workers are honest.
+DILOCO_ONLY = frozenset({"outer_scale"})
 
 
 class Sometimes(Adversary):
@@ -205,6 +223,9 @@ class Sometimes(Adversary):
 
     def record(self, record: WorkRecord, ctx: AdversaryContext) -> WorkRecord:
         return self.inner.record(record, ctx) if self.cheats(ctx.step) else record
+
+    def pseudo_gradient(self, honest: torch.Tensor, ctx: AdversaryContext) -> torch.Tensor:
+        return self.inner.pseudo_gradient(honest, ctx) if self.cheats(ctx.step) else honest
 
 
 def load_adversary(spec: str | None) -> Adversary | None:

@@ -19,6 +19,7 @@ import torch
 
 from shoal.proof.merkle import verify_proof
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+from shoal.train.audit_local import Finding, LocalAudit
 from shoal.train.hashing import param_sha256
 from shoal.train.order import share_positions, step_cursor
 from shoal.train.proof_store import ProofStore, contribution_sha256
@@ -43,6 +44,7 @@ class Auditor:
         self.hyper_sha256, self.tolerance, self.verifier = hyper_sha256, tolerance, verifier
         self._loaded_step: int | None = None
         self._loaded_ok = False
+        self.local = LocalAudit(store, replayer, tolerance)
 
     def audit(self, record: WorkRecord, inclusion: Inclusion,
               step_records: list[WorkRecord]) -> Verdict:
@@ -61,6 +63,10 @@ class Auditor:
         wrong_slice = _slice_problem(record, step_records)
         if wrong_slice:
             return verdict(VerdictKind.wrong_samples, wrong_slice)
+        if record.local is not None:  # DiLoCo: the worker's own replica (audit_local)
+            self._loaded_step = None  # the local audit loads other states into the replayer
+            kind, detail, distance = self.local.audit(record, lambda g: self._judge(record, g))
+            return verdict(kind, detail, distance)
         if not self._load(record.step, step_records):
             return verdict(VerdictKind.unavailable, f"no trusted parameters for step {record.step}")
         if record.params_sha256 != self._params_sha256:
@@ -78,6 +84,18 @@ class Auditor:
             return verdict(VerdictKind.valid, distance=distance)
         return verdict(VerdictKind.wrong_contribution, "replay differs from the contribution",
                        distance=distance)
+
+    def _judge(self, record: WorkRecord, revealed: list[torch.Tensor]) -> Finding | None:
+        """A replayed gradient against the revealed one, from the loaded state: None if
+        bit-identical or within the tolerance."""
+        replayed = self.replayer.contribution(record)
+        if contribution_sha256(record.job, record.worker, record.step, replayed) == \
+                contribution_sha256(record.job, record.worker, record.step, revealed):
+            return None
+        distance = relative_distance(replayed, revealed)
+        if distance <= self.tolerance:
+            return None
+        return VerdictKind.wrong_contribution, "replay differs from the contribution", distance
 
     def _load(self, step: int, step_records: list[WorkRecord]) -> bool:
         """Load the step's parameter snapshot if it is the state the step's workers agree

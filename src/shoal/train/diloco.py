@@ -23,6 +23,10 @@ on are counted as `samples_dropped`, logged and written to the step log
 from theta_outer and the outer momentum; a worker with a spot notice keeps
 computing to the outer step, so its round counts (a round longer than the
 notice loses it).
+
+With work records (`[proof]`), each step's record claims where this worker's
+own step started and ended (`shoal.train.work_records`), and the round's
+last step commits the weighted pseudo-gradient sent (`StepProof.outer`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import copy
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,6 +50,9 @@ from shoal.train.fingerprint import fingerprint
 from shoal.train.group import EpochGroup
 from shoal.train.hashing import param_sha256
 from shoal.train.sync import InnerStep, StepWork
+
+if TYPE_CHECKING:
+    from shoal.train.step_proof import StepProof
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +94,16 @@ class DiLoCo:
         self._backup: tuple[torch.Tensor, dict] | None = None
         self._delta: torch.Tensor | None = None
         self._present = self._expected = 0
+        self.proof: StepProof | None = None  # set by the run when the job records work
+        self._round_start: int | None = None  # None: the next step begins a round
 
     @property
     def bytes_sent(self) -> int:
         return self._plain_bytes + (self.codec.bytes_sent if self.codec is not None else 0)
+
+    def round_begins_at(self, step: int) -> int:
+        """The first step of the round `step` is in (it started from theta_outer)."""
+        return self._round_start if self._round_start is not None else step
 
     def plan(self, steps: int) -> None:
         self.last_step = steps
@@ -116,8 +129,11 @@ class DiLoCo:
         round's expected samples stay the same on every member; this worker's own
         count grows only by what it applied."""
         self._work, self._outer_now = work, False
+        self._round_start = self.round_begins_at(work.step)
         if applied and work.share > 0:
             self._step_on_own_share(work, inner_step)
+        if self.proof is not None:
+            self.proof.local_stepped(applied and work.share > 0)
         self.round_samples += work.share if applied else 0
         self.round_expected += work.global_batch
         self.consensus, self.samples_dropped = False, 0
@@ -152,11 +168,15 @@ class DiLoCo:
         # The round's last inner step is taken before the vote (the pseudo-gradient
         # needs it); a discarded or skipped step puts the backup back.
         self._backup = (self._flat().clone(), copy.deepcopy(self.optimizer.state_dict()))
+        self._round_start = self.round_begins_at(work.step)
         if work.share > 0:
             self._step_on_own_share(work, inner_step)
         mine = self.round_samples + work.share
         expected = self.round_expected + work.global_batch
         delta = (self.outer - self._flat()) * (mine / expected)
+        if self.proof is not None:
+            self.proof.local_stepped(work.share > 0)
+            delta = self.proof.outer(delta, mine, expected)
         time.sleep(inject.exchange_delay_s())  # benchmarks only: a slow link, emulated
         tail = self.exchange.scalar_tail()
         scalars = torch.cat([tail, torch.tensor([float(mine)])])
@@ -191,6 +211,7 @@ class DiLoCo:
                  if self.samples_dropped else "")
         self.round_samples = self.round_expected = 0
         self._backup = self._delta = None
+        self._round_start = None
 
     def skip(self) -> None:
         if self._backup is not None:
@@ -229,6 +250,7 @@ class DiLoCo:
         self._load_flat(self.outer)
         self.round_samples, self.consensus = 0, self.round_expected == 0
         self._backup = self._delta = None
+        self._round_start = None if self.round_expected == 0 else self._round_start
         if self.codec is not None:
             self.codec.reset("state loaded")
 

@@ -3,6 +3,8 @@
     DIR/records/WORKER.jsonl        one WorkRecord per committed step (kept)
     DIR/params/STEP.pt              the parameters step STEP started from
     DIR/reveal/WORKER/STEP.pt       what WORKER contributed to step STEP
+    DIR/local/WORKER/STEP.pt        under DiLoCo: WORKER's own parameters and optimizer
+                                    state when step STEP started
 
 Parameters and contributions are kept for the challenge window only
 (`keep_epochs` proof epochs behind the newest, and at least `keep_s` seconds),
@@ -56,6 +58,9 @@ class ProofStore:
     def reveal_path(self, worker: str, step: int) -> Path:
         return self.dir / "reveal" / worker / f"{step:09d}.pt"
 
+    def local_path(self, worker: str, step: int) -> Path:
+        return self.dir / "local" / worker / f"{step:09d}.pt"
+
     # -- writing (workers) ------------------------------------------------------
 
     def append_record(self, record: WorkRecord) -> None:
@@ -72,11 +77,19 @@ class ProofStore:
     def save_reveal(self, worker: str, step: int, tensors: list[torch.Tensor]) -> None:
         _save_atomic([t.detach().cpu().clone() for t in tensors], self.reveal_path(worker, step))
 
+    def save_local(self, worker: str, step: int, params: dict[str, torch.Tensor],
+                   optimizer_state: dict) -> None:
+        """Under DiLoCo, the state WORKER's own step `step` starts from (its replica's)."""
+        _save_atomic({"params": {k: v.detach().cpu() for k, v in params.items()},
+                      "optimizer": optimizer_state}, self.local_path(worker, step))
+
     def prune(self, worker: str, keep_from_step: int, keep_s: float = 0.0) -> None:
-        """Drop this worker's reveals (and, for everyone, parameters) before the window:
-        steps before `keep_from_step` whose files are also older than `keep_s` seconds."""
+        """Drop this worker's reveals and local states (and, for everyone, parameters)
+        before the window: steps before `keep_from_step` whose files are also older than
+        `keep_s` seconds."""
         written_before = time.time() - keep_s
-        for folder in (self.dir / "reveal" / worker, self.dir / "params"):
+        for folder in (self.dir / "reveal" / worker, self.dir / "local" / worker,
+                       self.dir / "params"):
             if not folder.is_dir():
                 continue
             old = sorted((int(p.stem), p) for p in folder.glob("*.pt")
@@ -138,6 +151,17 @@ class ProofStore:
         if not isinstance(loaded, list) or not all(isinstance(t, torch.Tensor) for t in loaded):
             return None
         return loaded
+
+    def load_local(self, worker: str, step: int) -> tuple[dict, dict] | None:
+        """(parameters, optimizer state) of WORKER's step under DiLoCo, or None."""
+        path = self.local_path(worker, step)
+        if not path.exists():
+            return None
+        loaded = torch.load(path, weights_only=True)
+        if not isinstance(loaded, dict) or not isinstance(loaded.get("params"), dict) \
+                or not isinstance(loaded.get("optimizer"), dict):
+            return None
+        return loaded["params"], loaded["optimizer"]
 
 
 def _save_atomic(value: object, path: Path) -> None:

@@ -2,11 +2,17 @@
 same parameters, samples, micro-batch split, weights and seed as the run
 used, through the same gradient buffer, so an honest replay differs from
 the honest contribution only by floating-point reduction order.
+
+Under DiLoCo a step also moves the worker's own replica: `local_step`
+re-takes the job's optimizer step from the state the worker kept, on the
+gradient it committed, with the hyperparameters and learning rate of the
+job (never the worker's), to see where an honest step ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,11 +28,21 @@ LossFunction = Callable[[torch.nn.Module, Any], torch.Tensor]
 FetchBatch = Callable[[np.ndarray], Any]
 
 
+@dataclass(frozen=True)
+class InnerOptimizer:
+    """Under DiLoCo, the optimizer each worker steps alone, as the job defines it."""
+
+    build: Callable[[torch.nn.Module], torch.optim.Optimizer]  # the job's, on a model
+    lr: Callable[[int], float]  # the learning rate of a step
+    grad_clip: float = 0.0  # the job's gradient clipping (0: none)
+
+
 class Replayer:
     def __init__(self, model: torch.nn.Module, loss: LossFunction, fetch: FetchBatch,
-                 num_samples: int) -> None:
+                 num_samples: int, inner: InnerOptimizer | None = None) -> None:
         self.model, self.loss, self.fetch = model, loss, fetch
         self.num_samples = num_samples
+        self.inner = inner
         self._orders: dict[int, DataOrder] = {}
 
     def load(self, state: dict[str, torch.Tensor]) -> None:
@@ -46,6 +62,44 @@ class Replayer:
                 self.loss(self.model, self.fetch(chunk)).backward()
                 exchange.fold(len(chunk) / record.global_batch)
         return [g.clone() for g in exchange.gradients()]
+
+    def fresh_optimizer_state(self) -> dict:
+        """The state of the job's optimizer before its first step (a round may start so)."""
+        if self.inner is None:
+            raise ValueError("this replayer has no inner optimizer (the job is not DiLoCo)")
+        return self.inner.build(self.model).state_dict()["state"]
+
+    def local_step(self, record: WorkRecord, params: dict[str, torch.Tensor],
+                   optimizer_state: dict, gradients: list[torch.Tensor]) -> dict:
+        """Where an honest worker's own step ends (DiLoCo): from `params` and
+        `optimizer_state`, on `gradients` as committed (weighted by the step's global
+        batch), the job's optimizer takes the step as `DiLoCo` does: the mean gradient
+        over the worker's samples, clipped, at the step's learning rate. Returns the
+        optimizer's new state; the model holds the new parameters."""
+        if self.inner is None:
+            raise ValueError("this replayer has no inner optimizer (the job is not DiLoCo)")
+        self.model.load_state_dict(params)
+        optimizer = self.inner.build(self.model)
+        optimizer.load_state_dict({"state": optimizer_state,
+                                   "param_groups": optimizer.state_dict()["param_groups"]})
+        for group in optimizer.param_groups:
+            group["lr"] = self.inner.lr(record.step)
+        exchange = GradientExchange(list(self.model.parameters()), groups=1)
+        for view, value in zip(exchange.gradients(), gradients):
+            view.copy_(value)
+            view.mul_(record.global_batch / record.samples)
+        exchange.install()
+        if self.inner.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(exchange.params, self.inner.grad_clip)
+        optimizer.step()
+        exchange.clear()
+        return optimizer.state_dict()["state"]
+
+    def flat_params(self) -> torch.Tensor:
+        """The trainable parameters as one flat vector (DiLoCo's order)."""
+        with torch.no_grad():
+            return torch.cat([p.detach().reshape(-1) for p in self.model.parameters()
+                              if p.requires_grad])
 
 
 def relative_distance(replayed: list[torch.Tensor], revealed: list[torch.Tensor]) -> float:

@@ -30,8 +30,9 @@ import torch
 from shoal.spec.elastic import BatchPolicy, Phase
 from shoal.spec.job import Aggregation, SyncSpec
 from shoal.train import inject
-from shoal.train.adversary import load_adversary
+from shoal.train.adversary import DILOCO_ONLY, load_adversary
 from shoal.train.checkpoint import CheckpointStore
+from shoal.train.diloco import DiLoCo
 from shoal.train.commit import Ballot, Excluded, Proposer, agree
 from shoal.train.errors import TrainError
 from shoal.train.exchange import GradientExchange, StepScalars
@@ -49,7 +50,7 @@ from shoal.train.step_commit import Attempt, StepCommitter
 from shoal.train.step_log import StepLog
 from shoal.train.step_proof import StepProof
 from shoal.train.sync import make_sync
-from shoal.train.work_records import ProofSettings, WorkRecorder
+from shoal.train.work_records import LocalSteps, ProofSettings, WorkRecorder
 
 log = logging.getLogger(__name__)
 
@@ -121,11 +122,22 @@ class Run:
         self.sync = make_sync(sync, self.exchange, optimizer)
         self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self.checkpoints)
         self.replica.extras["sync"] = self.sync
+        cheat = (self.config.adversary or "").partition("@")[0]
+        if cheat in DILOCO_ONLY and not isinstance(self.sync, DiLoCo):
+            raise TrainError(f"adversary {self.config.adversary!r} cheats at DiLoCo's outer "
+                             "steps only: use it with [sync] mode = 'diloco'")
         return model, ElasticOptimizer(self, optimizer)
 
     def prove(self, settings: ProofSettings) -> None:
         """Record a work record for every step this worker commits (proof of learning)."""
+        if self.model is None:
+            raise TrainError("call run.wrap(model, optimizer) before run.prove(...)")
         self.proof.recorder = WorkRecorder(settings, self.worker)
+        if isinstance(self.sync, DiLoCo):  # each worker steps alone inside a round
+            if type(self.sync) is not DiLoCo or self.sync.codec is not None:
+                raise TrainError("[proof] under DiLoCo needs [sync] slt = 0 and codec = 'none'")
+            self.proof.recorder.local = LocalSteps(self.optimizer, self.sync.round_begins_at)
+            self.sync.proof = self.proof
 
     def batches(self, dataset: Any, global_batch: int, steps: int, *, seed: int = 0,
                 micro_batch: int | None = None,

@@ -23,6 +23,7 @@ class StepProof:
         self.recorder: WorkRecorder | None = None
         self._memory: dict = {}
         self._context: AdversaryContext | None = None
+        self._model: torch.nn.Module | None = None
 
     @property
     def active(self) -> bool:
@@ -31,6 +32,7 @@ class StepProof:
     def begin(self, step: int, rank: int, model: torch.nn.Module, positions: range,
               shares: tuple[int, ...], ids: np.ndarray, num_samples: int) -> np.ndarray:
         """At a step's start; returns the sample ids this worker will compute on."""
+        self._model = model
         self._context = AdversaryContext(
             worker=self.worker, step=step, rank=rank, world=len(shares), num_samples=num_samples,
             params=[p for p in model.parameters() if p.requires_grad], memory=self._memory,
@@ -50,6 +52,25 @@ class StepProof:
                     view.copy_(value)
         if self.recorder is not None:
             self.recorder.seal(views)
+
+    def local_stepped(self, applied: bool) -> None:
+        """Under DiLoCo: this worker's own optimizer update of the step is done (or not
+        taken): the record claims where it ended."""
+        if self.recorder is not None and self.recorder.local is not None \
+                and self._model is not None:
+            self.recorder.local_stepped(self._model, applied)
+
+    def outer(self, pseudo_gradient: torch.Tensor, round_samples: int,
+              round_expected: int) -> torch.Tensor:
+        """Under DiLoCo, at a round's last step: what this worker sends as its weighted
+        pseudo-gradient (a cheat's, if it cheats there), committed in the step's record."""
+        if self.adversary is not None and self._context is not None:
+            with torch.no_grad():
+                pseudo_gradient = self.adversary.pseudo_gradient(pseudo_gradient.clone(),
+                                                                 self._context)
+        if self.recorder is not None and self.recorder.local is not None:
+            self.recorder.outer(pseudo_gradient, round_samples, round_expected)
+        return pseudo_gradient
 
     def committed(self, membership_epoch: int = 0) -> None:
         """The step committed everywhere (in `membership_epoch`): publish its record and keep

@@ -3,18 +3,25 @@ record (what it started from, on which samples, with which seeds and
 settings, and a commitment to what it sent), the contribution itself for
 the challenge window, and (one worker per job) the parameters each step
 started from, so that a verifier can replay any recorded step.
+
+Under DiLoCo a step starts from this worker's own replica, so every worker
+also keeps its own parameters and optimizer state at each step's start, and
+its record claims where the step ended (`LocalStep`): a verifier replays the
+gradient from the kept start, then the optimizer step, and follows the
+chain of claims back to the round's agreed start.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from shoal.proof.epochs import params_keepers
-from shoal.spec.proof import ProofSpec, WorkRecord
-from shoal.train.hashing import param_sha256
+from shoal.spec.proof import LocalStep, ProofSpec, WorkRecord
+from shoal.train.hashing import optimizer_state_sha256, param_sha256
 from shoal.train.proof_store import ProofStore, contribution_norm, contribution_sha256
 
 
@@ -30,6 +37,14 @@ class ProofSettings:
     micro_batch: int | None
 
 
+@dataclass(frozen=True)
+class LocalSteps:
+    """Under DiLoCo: the optimizer each worker steps alone, and where a step's round began."""
+
+    optimizer: torch.optim.Optimizer
+    round_start: Callable[[int], int]  # step -> the first step of its round
+
+
 def step_rng_seed(seed: int, step: int, positions_start: int) -> int:
     """The seed of a step's own randomness (dropout): fixed by the job, so a worker
     cannot pick a favourable one and a replay uses the same."""
@@ -43,6 +58,9 @@ class WorkRecorder:
         self.store = ProofStore(settings.directory)
         self._pending: WorkRecord | None = None
         self._sent: list[torch.Tensor] | None = None
+        self.local: LocalSteps | None = None  # set by the run under DiLoCo
+        self._end: tuple[str, str, bool] | None = None
+        self._outer: tuple[torch.Tensor, int, int] | None = None
 
     def begin(self, step: int, model: torch.nn.Module, positions: range, rank: int,
               shares: tuple[int, ...]) -> int:
@@ -50,11 +68,30 @@ class WorkRecorder:
         The step's two keepers also keep the parameters it starts from, for replays."""
         self._step, self._positions, self._rank, self._shares = step, positions, rank, shares
         self._params_sha256 = param_sha256(model)
-        if rank in params_keepers(step, len(shares)):
+        local = self.local
+        # Under DiLoCo replicas agree only at a round's start (theta_outer).
+        agreed = local is None or local.round_start(step) == step
+        if agreed and rank in params_keepers(step, len(shares)):
             self.store.save_params(step, model.state_dict())
+        if local is not None:
+            state = local.optimizer.state_dict()["state"]
+            self._round_start = local.round_start(step)
+            self._state_sha256 = optimizer_state_sha256(state)
+            self.store.save_local(self.worker, step, model.state_dict(), state)
         self._rng_seed = step_rng_seed(self.settings.seed, step, positions.start)
         self._pending, self._sent = None, None
+        self._end = self._outer = None
         return self._rng_seed
+
+    def local_stepped(self, model: torch.nn.Module, applied: bool) -> None:
+        """Under DiLoCo: the step's optimizer update is done (or was not taken)."""
+        assert self.local is not None
+        state = self.local.optimizer.state_dict()["state"]
+        self._end = (param_sha256(model), optimizer_state_sha256(state), applied)
+
+    def outer(self, sent: torch.Tensor, round_samples: int, round_expected: int) -> None:
+        """Under DiLoCo, at the round's last step: the pseudo-gradient this worker sends."""
+        self._outer = (sent.detach().clone(), round_samples, round_expected)
 
     def seal(self, sent: list[torch.Tensor]) -> WorkRecord:
         """Commit to what this worker is about to send for the step."""
@@ -83,7 +120,25 @@ class WorkRecorder:
     def pending(self) -> tuple[WorkRecord, list[torch.Tensor]] | None:
         if self._pending is None or self._sent is None:
             return None
-        return self._pending, self._sent
+        if self.local is None:
+            return self._pending, self._sent
+        if self._end is None:
+            return None  # the step never reached its update: nothing to claim
+        end_params, end_state, applied = self._end
+        sent, outer = self._sent, {}
+        if self._outer is not None:
+            pseudo, samples, expected = self._outer
+            sent = [*sent, pseudo]
+            outer = {"round_samples": samples, "round_expected": expected,
+                     "outer_norm": contribution_norm([pseudo])}
+        record = self._pending
+        claim = LocalStep(round_start=self._round_start, state_sha256=self._state_sha256,
+                          applied=applied, end_params_sha256=end_params,
+                          end_state_sha256=end_state, **outer)
+        return record.model_copy(update={
+            "local": claim,
+            "contribution_sha256": contribution_sha256(record.job, record.worker, record.step,
+                                                       sent)}), sent
 
     def peer_record(self) -> WorkRecord | None:
         """The newest record of another worker (what a copying cheat would read)."""

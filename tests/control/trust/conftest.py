@@ -28,12 +28,15 @@ class ProvenJob:
 
 
 def write_proven_job(tmp_path: Path, *, steps: int, epoch_steps: int,
-                     global_batch: int = 12) -> Path:
+                     global_batch: int = 12, sync: str = "") -> Path:
+    """`sync`: a [sync] section's body (DiLoCo jobs), else every-step all-reduce."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     text = tiny_job_toml(tmp_path / "ckpt", interval_steps=1000, steps=steps,
                          global_batch=global_batch)
     text += (f'[proof]\nenabled = true\nepoch_steps = {epoch_steps}\nkeep_epochs = 1000\n'
              f'dir = "{tmp_path / "proof"}"\n')
+    if sync:
+        text += f"[sync]\n{sync}\n"
     path = tmp_path / "job.toml"
     path.write_text(text)
     return path
@@ -41,9 +44,9 @@ def write_proven_job(tmp_path: Path, *, steps: int, epoch_steps: int,
 
 def run_proven_job(tmp_path: Path, *, workers: int, steps: int, epoch_steps: int,
                    adversaries: dict[int, str] | None = None, threads: int = 1,
-                   global_batch: int = 12) -> ProvenJob:
+                   global_batch: int = 12, sync: str = "") -> ProvenJob:
     path = write_proven_job(tmp_path, steps=steps, epoch_steps=epoch_steps,
-                            global_batch=global_batch)
+                            global_batch=global_batch, sync=sync)
     proof_dir = tmp_path / "proof"
     flags = [f"--adversary={i}={name}" for i, name in (adversaries or {}).items()]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}

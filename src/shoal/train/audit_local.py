@@ -1,0 +1,221 @@
+"""Auditing a step under DiLoCo, where each worker steps its own replica inside
+a round and only the round's pseudo-gradient reaches the shared model.
+
+A record of such a step (`LocalStep`) claims the state the worker's step
+started from (parameters and optimizer state, both kept by the worker), the
+gradient it computed, and where the step ended; the round's last step also
+commits the weighted pseudo-gradient sent. The audit checks, cheapest first:
+
+1. the kept start state is the committed one (else `bad_commitment`);
+2. the start is where the worker's previous step of the round ended, or the
+   round's agreed start (theta_outer, the state every member's first step of
+   the round claims and the step's keepers saved); an optimizer state at a
+   round's start must be one a recorded step ended with, or a fresh one (a
+   worker that forges Adam's moments could steer its update anywhere while
+   every replay passed): else `wrong_params`;
+3. the gradient replays from the kept start (as every-step audits do);
+4. the job's optimizer, from the kept state on that gradient, ends where the
+   record says: bit for bit, or (another CPU may round a clipped norm
+   differently) within the tolerance of the worker's next kept state;
+5. at the round's last step, the pseudo-gradient is (theta_outer − end) ×
+   round_samples / round_expected, within the tolerance, and those counts
+   are the ones the worker's records of the round show.
+
+A cheat that breaks the chain anywhere breaks one step's check, so a steady
+cheat is caught at the sampled rate, like every-step cheats; the sampler
+puts each worker's round-end records first (`shoal.proof.sampling`).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import torch
+
+from shoal.spec.proof import VerdictKind, WorkRecord
+from shoal.train.hashing import optimizer_state_sha256, param_sha256
+from shoal.train.proof_store import ProofStore, contribution_sha256
+from shoal.train.replay import Replayer, relative_distance
+
+# (kind, detail, distance) of a failed check, or None when the record passes.
+Finding = tuple[VerdictKind, str, float | None]
+
+
+class LocalAudit:
+    def __init__(self, store: ProofStore, replayer: Replayer, tolerance: float) -> None:
+        self.store, self.replayer, self.tolerance = store, replayer, tolerance
+        self._rounds: dict[int, tuple[str, torch.Tensor] | None] = {}
+        self._fresh_sha256: str | None = None
+
+    def audit(self, record: WorkRecord, judge: Callable[[list[torch.Tensor]], Finding | None]
+              ) -> Finding:
+        """The finding on `record`; `judge` compares a replayed gradient with the
+        revealed one (the every-step audit's hash-or-tolerance rule)."""
+        claim = record.local
+        assert claim is not None
+        outer = self._round(claim.round_start)
+        if outer is None:
+            return (VerdictKind.unavailable,
+                    f"no agreed parameters for the round starting at step {claim.round_start}", None)
+        outer_sha256, outer_flat = outer
+        kept = self.store.load_local(record.worker, record.step)
+        if kept is None:
+            return VerdictKind.withheld, "the state the step started from is not kept", None
+        params, state = kept
+        self.replayer.load(params)
+        if param_sha256(self.replayer.model) != record.params_sha256 or \
+                optimizer_state_sha256(state) != claim.state_sha256:
+            return VerdictKind.bad_commitment, "the kept start state is not the committed one", None
+        mine = self.store.records(record.worker)
+        broken = self._start_problem(record, mine, outer_sha256)
+        if broken:
+            return VerdictKind.wrong_params, broken, None
+        revealed = self.store.load_reveal(record.worker, record.step)
+        if revealed is None:
+            return VerdictKind.withheld, "no contribution revealed for this step", None
+        if contribution_sha256(record.job, record.worker, record.step, revealed) != \
+                record.contribution_sha256:
+            return VerdictKind.bad_commitment, "the revealed contribution is not the committed one", None
+        gradients = revealed[:-1] if claim.outer else revealed
+        pseudo = revealed[-1] if claim.outer else None
+        found = judge(gradients)
+        if found is not None:
+            return found
+        if claim.applied:
+            new_state = self.replayer.local_step(record, params, state, gradients)
+        else:
+            self.replayer.load(params)
+            new_state = state
+        found = self._end_problem(record, mine, params, new_state)
+        if found is not None:
+            return found
+        if pseudo is not None:
+            return self._outer_problem(record, mine, outer_sha256, outer_flat, pseudo)
+        return VerdictKind.valid, "", 0.0
+
+    # -- the checks ------------------------------------------------------------------
+
+    def _round(self, round_start: int) -> tuple[str, torch.Tensor] | None:
+        """theta_outer of a round: the keepers' snapshot, if it is what most of the
+        round's first-step records claim (one writer cannot forge it)."""
+        if round_start not in self._rounds:
+            self._rounds[round_start] = None
+            state = self.store.load_params(round_start)
+            claims = collections.Counter(r.params_sha256 for r in self.store.records()
+                                         if r.step == round_start)
+            if state is not None and claims:
+                try:
+                    self.replayer.load(state)
+                except (RuntimeError, KeyError):
+                    return None
+                sha256 = param_sha256(self.replayer.model)
+                if claims.most_common(1)[0][0] == sha256:
+                    self._rounds[round_start] = (sha256, self.replayer.flat_params().clone())
+        return self._rounds[round_start]
+
+    def _start_problem(self, record: WorkRecord, mine: list[WorkRecord], outer_sha256: str) -> str:
+        """Why the step's start is not one the worker's chain of steps reached, or ""."""
+        claim = record.local
+        before = [r for r in mine if r.step == record.step - 1 and r.local is not None
+                  and r.local.round_start == claim.round_start
+                  and r.local.end_params_sha256 == record.params_sha256
+                  and r.local.end_state_sha256 == claim.state_sha256]
+        if before and record.step > claim.round_start:
+            return ""  # where its previous step of the round ended
+        if record.params_sha256 != outer_sha256:
+            return ("the step started neither where the worker's previous step of the round "
+                    "ended nor at the round's agreed parameters")
+        # At the round's start (or back there after a rollback): any optimizer state a
+        # recorded step ended with (its own last round's, or the peer's it joined from).
+        if claim.state_sha256 == self._fresh():
+            return ""
+        if any(r.local is not None and r.local.end_state_sha256 == claim.state_sha256
+               and r.step < record.step for r in self.store.records()):
+            return ""
+        return "the optimizer state it started from is not one any recorded step ended with"
+
+    def _fresh(self) -> str:
+        if self._fresh_sha256 is None:
+            self._fresh_sha256 = optimizer_state_sha256(self.replayer.fresh_optimizer_state())
+        return self._fresh_sha256
+
+    def _end_problem(self, record: WorkRecord, mine: list[WorkRecord], start: dict,
+                     new_state: dict) -> Finding | None:
+        """Does the optimizer step end where the record claims? Bit for bit, or within
+        the tolerance of the state the worker kept for its next step."""
+        claim = record.local
+        end_params = param_sha256(self.replayer.model)
+        end_state = optimizer_state_sha256(new_state)
+        if end_params == claim.end_params_sha256 and end_state == claim.end_state_sha256:
+            return None
+        if claim.outer:
+            # The round's end: its parameters are checked through the pseudo-gradient;
+            # its optimizer state is where the worker's next round starts.
+            following = [r for r in mine if r.step == record.step + 1 and r.local is not None
+                         and r.local.state_sha256 == claim.end_state_sha256]
+        else:
+            following = [r for r in mine if r.step == record.step + 1 and r.local is not None
+                         and r.params_sha256 == claim.end_params_sha256
+                         and r.local.state_sha256 == claim.end_state_sha256]
+        kept = self.store.load_local(record.worker, following[0].step) if following else None
+        if kept is None:
+            return (VerdictKind.unavailable,
+                    "the step's end differs in its last bits and the worker's next state is "
+                    "not kept to measure by how much", None)
+        next_params, next_state = kept
+        replayed = _flat_tensors(new_state)
+        claimed = _flat_tensors(next_state)
+        distance = relative_distance(replayed, claimed)
+        if not claim.outer:
+            moved = self.replayer.flat_params()
+            base = torch.cat([start[k].reshape(-1) for k in _trainable(self.replayer.model)])
+            there = torch.cat([next_params[k].reshape(-1) for k in _trainable(self.replayer.model)])
+            distance = max(distance, relative_distance([moved - base], [there - base]))
+        if distance <= self.tolerance:
+            return None
+        return (VerdictKind.wrong_contribution,
+                "the optimizer step does not end where the record says", distance)
+
+    def _outer_problem(self, record: WorkRecord, mine: list[WorkRecord], outer_sha256: str,
+                       outer_flat: torch.Tensor, pseudo: torch.Tensor) -> Finding:
+        claim = record.local
+        samples, expected = _round_counts(record, mine, outer_sha256)
+        if (claim.round_samples, claim.round_expected) != (samples, expected):
+            return (VerdictKind.wrong_samples,
+                    f"claims {claim.round_samples} of {claim.round_expected} samples for its "
+                    f"pseudo-gradient; its records of the round show {samples} of {expected}", None)
+        honest = (outer_flat - self.replayer.flat_params()) * (samples / expected)
+        distance = relative_distance([honest], [pseudo])
+        if distance <= self.tolerance:
+            return VerdictKind.valid, "", distance
+        return VerdictKind.wrong_contribution, "the pseudo-gradient is not the round's", distance
+
+
+def _round_counts(record: WorkRecord, mine: list[WorkRecord], outer_sha256: str) -> tuple[int, int]:
+    """(samples behind this worker's pseudo-gradient, samples of the round's steps) from
+    its records of the round: a step back at theta_outer after the round's start (a
+    rollback) drops what came before it, as `DiLoCo.rolled_back` does."""
+    claim = record.local
+    by_step = {r.step: r for r in mine if r.local is not None
+               and r.local.round_start == claim.round_start and r.step <= record.step}
+    samples = expected = 0
+    for step in range(claim.round_start, record.step + 1):
+        r = by_step.get(step)
+        if r is None:
+            continue
+        if step > claim.round_start and r.params_sha256 == outer_sha256:
+            samples = 0
+        expected += r.global_batch
+        samples += r.samples if r.local.applied else 0
+    return samples, expected
+
+
+def _flat_tensors(state: dict) -> list[torch.Tensor]:
+    """An optimizer state's tensors in a fixed order (parameter, then name)."""
+    return [state[i][name].detach().reshape(-1).double() for i in sorted(state)
+            for name in sorted(state[i]) if isinstance(state[i][name], torch.Tensor)]
+
+
+def _trainable(model: torch.nn.Module) -> list[str]:
+    return [name for name, p in model.named_parameters() if p.requires_grad]
