@@ -99,3 +99,22 @@ def test_the_count_is_not_inflated_by_float_noise():
     assert audit_count(0.07, 100) == 7
     assert audit_count(0.021, 1000) == 21
     assert audit_count(1.0, 3) == 3
+
+
+def test_under_diloco_each_workers_minimum_is_a_round_end():
+    """A cheat that poisons only its pseudo-gradients keeps every inner step honest: the
+    one audit a worker is sure to get lands on a round's end, whatever the beacon."""
+    from shoal.spec.proof import LocalStep
+
+    def local(r, outer):
+        claim = LocalStep(round_start=r.step - r.step % 5, state_sha256=digest("s"), applied=True,
+                          end_params_sha256=digest("e"), end_state_sha256=digest("f"),
+                          **({"round_samples": 2, "round_expected": 8, "outer_norm": 1.0}
+                             if outer else {}))
+        return r.model_copy(update={"local": claim})
+
+    records = [local(r, r.step % 5 == 4) for r in honest_epoch(range(20))]
+    for i in range(30):
+        sample = audit_sample(records, 0.0, 1, beacon(ROOT, f"block {i}".encode()))
+        assert sorted(r.worker for r in sample) == ["w0", "w1", "w2", "w3"]
+        assert all(r.local.outer for r in sample)

@@ -47,7 +47,8 @@ def audit_sample(records: Sequence[WorkRecord], rate: float, min_per_worker: int
 
     At least `min_per_worker` of every worker's records (all of them if it has
     fewer), and at least ceil(rate × len(records)) in all: each worker's
-    lowest-ranked records first, then the lowest-ranked of the rest.
+    lowest-ranked records first (its round-end records before the others, under
+    DiLoCo), then the lowest-ranked of the rest.
     """
     if min_per_worker < 0:
         raise ProofError(f"min_per_worker is {min_per_worker}; it cannot be negative")
@@ -56,7 +57,12 @@ def audit_sample(records: Sequence[WorkRecord], rate: float, min_per_worker: int
     ranked = sorted(records, key=lambda r: audit_rank(r, beacon))
     chosen: dict[int, WorkRecord] = {}
     taken: dict[str, int] = defaultdict(int)
-    for index, record in enumerate(ranked):
+    # Under DiLoCo only a round's pseudo-gradient reaches the shared model, and a cheat
+    # that poisons it alone keeps every inner step honest: each worker's minimum is
+    # drawn from its round-end records first (still in beacon order among them).
+    round_ends_first = sorted(range(len(ranked)), key=lambda i: not _round_end(ranked[i]))
+    for index in round_ends_first:
+        record = ranked[index]
         if taken[record.worker] < min_per_worker:
             taken[record.worker] += 1
             chosen[index] = record
@@ -66,6 +72,10 @@ def audit_sample(records: Sequence[WorkRecord], rate: float, min_per_worker: int
             break
         chosen.setdefault(index, record)
     return sorted(chosen.values(), key=lambda r: (r.step, r.worker))
+
+
+def _round_end(record: WorkRecord) -> bool:
+    return record.local is not None and record.local.outer
 
 
 def catch_probability(cheat_fraction: float, audits: int) -> float:

@@ -218,8 +218,8 @@ class DiLoCo:
             flat, optimizer_state = self._backup
             self._load_flat(flat)
             self.optimizer.load_state_dict(optimizer_state)
-            for p in self.params:  # .grad may still view a buffer of the failed step
-                p.grad = None
+        for p in self.params:  # .grad may still view a buffer of the failed step
+            p.grad = None
         if self.codec is not None:
             self.codec.discard()
         self._backup = self._delta = None

@@ -245,6 +245,10 @@ class Run:
                              waiting=self.progress.waiting)
         except Excluded as error:
             log.warning("[worker %s] %s; rejoining with fresh state", self.worker, error)
+            # Undo what the exchange did here (a DiLoCo outer step took its inner step,
+            # and left `.grad` viewing the old buffers: the next backward would add to
+            # them, and the first step after rejoining would carry this one's gradient).
+            self.sync.skip()
             self._drop_group(stale=True)
             return
         if decision.commit:

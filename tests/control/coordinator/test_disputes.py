@@ -40,8 +40,9 @@ class Disputed:
     p1's worker cheated at step 3 (a contribution scaled ×4, committed as sent)."""
 
     def __init__(self, tmp_path, cheat: frozenset[int] = frozenset({CHEAT_STEP}),
-                 **settings) -> None:
-        chain = Chain.embedded()
+                 chain: Chain | None = None, **settings) -> None:
+        """`chain`: the embedded one by default (a node's, for a CLI in its own process)."""
+        chain = chain or Chain.embedded()
         owner, operator, referee, alice, mallory, p1, p2, vera = chain.dev_accounts()[:8]
         self.ledger = Ledger.deploy(chain, owner, operator.address, referee.address,
                                     LedgerConfig(min_stake_wei=10**15))

@@ -1,0 +1,206 @@
+"""Proof of learning under DiLoCo: inside a round each worker steps its own
+replica, so a record claims the worker's own start and end, and the round's
+last step commits the pseudo-gradient. Honest workers pass on any thread
+count; every built-in cheat is caught in every epoch; and the forgeries only
+a DiLoCo worker can try (a made-up optimizer state, a start its steps never
+reached, a pseudo-gradient weighted by samples it did not compute) fail."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from shoal.control.trust.verifier import Verifier
+from shoal.proof.verdicts import guilty_workers
+from shoal.spec.proof import VerdictKind, WorkRecord
+from shoal.train.adversary import BUILT_IN
+from shoal.train.hashing import optimizer_state_sha256, param_sha256
+from tests.control.trust.conftest import ProvenJob, run_proven_job
+
+DILOCO = 'mode = "diloco"\ninner_steps = 4'
+CHEATS = sorted(BUILT_IN) + ["tests.control.trust.cheats:drift"]
+
+
+def audit_all(proven: ProvenJob, epoch_steps: int, threads: int | None = None):
+    verifier = Verifier(proven.auditor(), proven.job.proof, salt=b"d" * 16,
+                        total_steps=proven.job.steps)
+    records = proven.store.records()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        return {epoch: verifier.audit_epoch(epoch, [r for r in records
+                                                    if r.step // epoch_steps == epoch], every=True)
+                for epoch in verifier.complete_epochs(records)}
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_honest_diloco_workers_pass_every_audit_on_other_thread_counts(tmp_path):
+    verdicts = []
+    for worker_threads, verifier_threads in ((1, 2), (2, 1)):
+        proven = run_proven_job(tmp_path / f"t{worker_threads}", workers=3, steps=24,
+                                epoch_steps=8, threads=worker_threads, sync=DILOCO)
+        records = proven.store.records()
+        assert all(r.local is not None for r in records)
+        # Every round's end is recorded (by whoever was a member then: on a loaded
+        # machine a starved worker may be fenced and join again).
+        assert {r.step for r in records if r.local.outer} == {3, 7, 11, 15, 19, 23}
+        for audit in audit_all(proven, 8, verifier_threads).values():
+            verdicts += audit.verdicts
+    assert len(verdicts) == 2 * 3 * 24
+    assert [v for v in verdicts if v.kind is not VerdictKind.valid] == []
+
+
+@pytest.mark.slow
+def test_a_worker_fenced_at_an_outer_step_rejoins_and_every_audit_passes(tmp_path):
+    """w1 hangs before a round's last step; the others fence it and go on; it wakes,
+    fails the exchange, and joins again mid-job from a peer's state (theta_outer and
+    the peer's optimizer state). Its records after the join start a new chain there,
+    and every audit passes: the join is a start the audit accepts, and nothing of the
+    abandoned attempt rides into the next step. (Under CPU starvation a worker was once
+    told it was dropped from inside the vote, skipped the undo, and its next gradient
+    carried the abandoned step's: its audit caught it. `Run` now undoes the exchange
+    on that path too.)"""
+    # Enough steps that the others are still training when w1 wakes up.
+    proven = run_proven_job(tmp_path, workers=3, steps=200, epoch_steps=40, sync=DILOCO,
+                            env={"SHOAL_INJECT": "hang@w1:step7:2"})
+    logs = (tmp_path / "run" / "w1.log").read_text()
+    assert re.search(r"formed at step \d+ \(join\) after receiving state", logs)
+    verdicts = [v for audit in audit_all(proven, 40).values() for v in audit.verdicts]
+    assert any(v.worker == "w1" and v.step > 7 for v in verdicts)
+    assert [v for v in verdicts if v.kind is not VerdictKind.valid] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cheats", [CHEATS[:6], CHEATS[6:]],
+                         ids=lambda g: "+".join(n.split(":")[-1] for n in g))
+def test_each_adversary_is_caught_under_diloco_in_every_epoch(tmp_path, cheats):
+    proven = run_proven_job(tmp_path, workers=len(cheats) + 1, steps=8, epoch_steps=4,
+                            sync=DILOCO, adversaries={i + 1: n for i, n in enumerate(cheats)})
+    audits = audit_all(proven, 4)
+    assert sorted(audits) == [0, 1]
+    cheaters = {f"w{i + 1}" for i in range(len(cheats))}
+    for audit in audits.values():
+        assert guilty_workers(audit.verdicts) == cheaters, \
+            {(v.worker, v.step): v.kind.value for v in audit.verdicts if v.guilty}
+        honest = [v for v in audit.verdicts if v.worker == "w0"]
+        assert honest and all(v.kind is VerdictKind.valid for v in honest)
+
+
+@pytest.mark.slow
+def test_a_sampled_audit_catches_a_pseudo_gradient_poisoner_in_every_epoch(tmp_path):
+    """outer_scale keeps every inner step honest: a uniform sample of 1 record in 8 per
+    worker would miss it most epochs; round ends come first, so it never does."""
+    proven = run_proven_job(tmp_path, workers=3, steps=16, epoch_steps=8, sync=DILOCO,
+                            adversaries={2: "outer_scale"})
+    verifier = Verifier(proven.auditor(), proven.job.proof, salt=b"o" * 16,
+                        total_steps=proven.job.steps)
+    records = proven.store.records()
+    for epoch in verifier.complete_epochs(records):
+        mine = [r for r in records if r.step // 8 == epoch]
+        result = verifier.audit_epoch(epoch, mine, rate=0.01)
+        assert len(result.verdicts) == 3
+        assert guilty_workers(result.verdicts) == {"w2"}
+
+
+# -- forgeries of a worker's own chain, on an honest job's files --------------------------
+
+
+@pytest.fixture(scope="module")
+def honest_diloco(tmp_path_factory):
+    return run_proven_job(tmp_path_factory.mktemp("honest"), workers=2, steps=12,
+                          epoch_steps=12, sync=DILOCO)
+
+
+@pytest.fixture
+def forger(honest_diloco, tmp_path):
+    """A copy of the honest job's proof files that one worker rewrites."""
+    import shutil
+
+    from shoal.train.proof_store import ProofStore
+
+    shutil.copytree(honest_diloco.store.dir, tmp_path / "proof")
+    return ProvenJob(honest_diloco.job, ProofStore(tmp_path / "proof"))
+
+
+def rewrite(proven: ProvenJob, record: WorkRecord) -> None:
+    path = proven.store.records_path(record.worker)
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [record.model_dump(mode="json") if (d["step"], d["worker"]) == (record.step, record.worker)
+             else d for d in lines]
+    path.write_text("".join(json.dumps(d) + "\n" for d in lines))
+
+
+def verdict_on(proven: ProvenJob, worker: str, step: int):
+    records = proven.store.records()
+    target = next(r for r in records if (r.worker, r.step) == (worker, step))
+    verifier = Verifier(proven.auditor(), proven.job.proof, salt=b"f" * 16,
+                        total_steps=proven.job.steps)
+    return verifier.audit_epoch(0, records, chosen=[target]).verdicts[0]
+
+
+def test_the_honest_files_pass(honest_diloco):
+    for step in (0, 3, 4, 5, 11):
+        assert verdict_on(honest_diloco, "w1", step).kind is VerdictKind.valid
+
+
+def test_a_made_up_optimizer_state_at_a_rounds_start_is_refused(forger):
+    """Adam's moments steer every update of a round: a worker that starts a round from
+    moments of its choosing could push its pseudo-gradient anywhere while each of its
+    steps replays exactly. A round may start only from a state some step ended with."""
+    step = 4
+    params, state = forger.store.load_local("w1", step)
+    for slot in state.values():
+        slot["exp_avg"] = slot["exp_avg"] * 50
+    forger.store.save_local("w1", step, params, state)
+    record = next(r for r in forger.store.records("w1") if r.step == step)
+    rewrite(forger, record.model_copy(update={"local": record.local.model_copy(
+        update={"state_sha256": optimizer_state_sha256(state)})}))
+    found = verdict_on(forger, "w1", step)
+    assert found.kind is VerdictKind.wrong_params
+    assert "optimizer state" in found.detail
+
+
+def test_a_start_its_own_steps_never_reached_is_refused(forger, honest_diloco):
+    step = 6
+    params, state = forger.store.load_local("w1", step)
+    params = {k: v + 0.01 if v.is_floating_point() else v for k, v in params.items()}
+    forger.store.save_local("w1", step, params, state)
+    replayer_model = honest_diloco.auditor().replayer.model
+    replayer_model.load_state_dict(params)
+    record = next(r for r in forger.store.records("w1") if r.step == step)
+    rewrite(forger, record.model_copy(update={"params_sha256": param_sha256(replayer_model)}))
+    found = verdict_on(forger, "w1", step)
+    assert found.kind is VerdictKind.wrong_params
+    assert "previous step" in found.detail
+
+
+def test_a_pseudo_gradient_weighted_by_samples_not_computed_is_refused(forger):
+    record = next(r for r in forger.store.records("w1") if r.local.outer)
+    rewrite(forger, record.model_copy(update={"local": record.local.model_copy(
+        update={"round_samples": record.local.round_samples + 6})}))
+    assert verdict_on(forger, "w1", record.step).kind is VerdictKind.wrong_samples
+
+
+def test_a_claimed_end_the_optimizer_does_not_reach_is_refused(forger):
+    """A worker that moves its replica by more than its step did (and starts its next
+    step there, so the chain holds) is caught at the step it moved."""
+    step = 5
+    nxt = step + 1
+    params, state = forger.store.load_local("w1", nxt)
+    params = {k: v * 1.05 if v.is_floating_point() else v for k, v in params.items()}
+    forger.store.save_local("w1", nxt, params, state)
+    model = forger.auditor().replayer.model
+    model.load_state_dict(params)
+    moved = param_sha256(model)
+    mine = {r.step: r for r in forger.store.records("w1")}
+    rewrite(forger, mine[step].model_copy(update={"local": mine[step].local.model_copy(
+        update={"end_params_sha256": moved})}))
+    rewrite(forger, mine[nxt].model_copy(update={"params_sha256": moved}))
+    found = verdict_on(forger, "w1", step)
+    assert found.kind is VerdictKind.wrong_contribution
+    assert "does not end where" in found.detail
