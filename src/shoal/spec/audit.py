@@ -62,6 +62,7 @@ class ProofEpochView(Frozen):
 class BlobKind(str, enum.Enum):
     reveal = "reveal"  # what a worker contributed to a step
     params = "params"  # the parameters a step started from
+    local = "local"  # under DiLoCo: a worker's own parameters and optimizer state at a step
 
 
 class ChallengeRequest(Frozen):

@@ -13,6 +13,7 @@ orders, so an honest replay is close to, not equal to, the contribution.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,12 +40,15 @@ class Inclusion:
 
 class Auditor:
     def __init__(self, store: ProofStore, replayer: Replayer, *, hyper_sha256: str,
-                 tolerance: float, verifier: str = "") -> None:
+                 tolerance: float, verifier: str = "",
+                 records: Callable[[], list[WorkRecord]] | None = None) -> None:
+        """`records`: every record of the job so far (a DiLoCo audit follows a worker's
+        chain of steps back to its round's start); the store's own by default."""
         self.store, self.replayer = store, replayer
         self.hyper_sha256, self.tolerance, self.verifier = hyper_sha256, tolerance, verifier
         self._loaded_step: int | None = None
         self._loaded_ok = False
-        self.local = LocalAudit(store, replayer, tolerance)
+        self.local = LocalAudit(store, replayer, tolerance, records or store.records)
 
     def audit(self, record: WorkRecord, inclusion: Inclusion,
               step_records: list[WorkRecord]) -> Verdict:

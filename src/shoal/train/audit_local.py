@@ -43,8 +43,11 @@ Finding = tuple[VerdictKind, str, float | None]
 
 
 class LocalAudit:
-    def __init__(self, store: ProofStore, replayer: Replayer, tolerance: float) -> None:
+    def __init__(self, store: ProofStore, replayer: Replayer, tolerance: float,
+                 records: Callable[[], list[WorkRecord]]) -> None:
+        """`records`: every record of the job so far (the store's, or a coordinator's)."""
         self.store, self.replayer, self.tolerance = store, replayer, tolerance
+        self.records = records
         self._rounds: dict[int, tuple[str, torch.Tensor] | None] = {}
         self._fresh_sha256: str | None = None
 
@@ -54,7 +57,8 @@ class LocalAudit:
         revealed one (the every-step audit's hash-or-tolerance rule)."""
         claim = record.local
         assert claim is not None
-        outer = self._round(claim.round_start)
+        everyone = self.records()
+        outer = self._round(claim.round_start, everyone)
         if outer is None:
             return (VerdictKind.unavailable,
                     f"no agreed parameters for the round starting at step {claim.round_start}", None)
@@ -67,8 +71,8 @@ class LocalAudit:
         if param_sha256(self.replayer.model) != record.params_sha256 or \
                 optimizer_state_sha256(state) != claim.state_sha256:
             return VerdictKind.bad_commitment, "the kept start state is not the committed one", None
-        mine = self.store.records(record.worker)
-        broken = self._start_problem(record, mine, outer_sha256)
+        mine = [r for r in everyone if r.worker == record.worker]
+        broken = self._start_problem(record, mine, everyone, outer_sha256)
         if broken:
             return VerdictKind.wrong_params, broken, None
         revealed = self.store.load_reveal(record.worker, record.step)
@@ -96,13 +100,14 @@ class LocalAudit:
 
     # -- the checks ------------------------------------------------------------------
 
-    def _round(self, round_start: int) -> tuple[str, torch.Tensor] | None:
+    def _round(self, round_start: int, everyone: list[WorkRecord]
+               ) -> tuple[str, torch.Tensor] | None:
         """theta_outer of a round: the keepers' snapshot, if it is what most of the
         round's first-step records claim (one writer cannot forge it)."""
         if round_start not in self._rounds:
             self._rounds[round_start] = None
             state = self.store.load_params(round_start)
-            claims = collections.Counter(r.params_sha256 for r in self.store.records()
+            claims = collections.Counter(r.params_sha256 for r in everyone
                                          if r.step == round_start)
             if state is not None and claims:
                 try:
@@ -114,7 +119,8 @@ class LocalAudit:
                     self._rounds[round_start] = (sha256, self.replayer.flat_params().clone())
         return self._rounds[round_start]
 
-    def _start_problem(self, record: WorkRecord, mine: list[WorkRecord], outer_sha256: str) -> str:
+    def _start_problem(self, record: WorkRecord, mine: list[WorkRecord],
+                       everyone: list[WorkRecord], outer_sha256: str) -> str:
         """Why the step's start is not one the worker's chain of steps reached, or ""."""
         claim = record.local
         before = [r for r in mine if r.step == record.step - 1 and r.local is not None
@@ -131,7 +137,7 @@ class LocalAudit:
         if claim.state_sha256 == self._fresh():
             return ""
         if any(r.local is not None and r.local.end_state_sha256 == claim.state_sha256
-               and r.step < record.step for r in self.store.records()):
+               and r.step < record.step for r in everyone):
             return ""
         return "the optimizer state it started from is not one any recorded step ended with"
 

@@ -27,9 +27,18 @@ STEPS = 600
 PROOF = "[proof]\nenabled = true\nepoch_steps = 50\naudit_rate = 0.02\nkeep_epochs = 12\n"
 
 
+# Every-step sync with a sign-flipping cheat; DiLoCo with a cheat whose inner steps are
+# all honest and whose pseudo-gradients are scaled x10 (the only value that reaches the
+# model there), audited from each worker's own kept states through the same challenges.
+SYNCS = {"every_step": ("", "sign_flip"),
+         "diloco": ('[sync]\nmode = "diloco"\ninner_steps = 5\n', "outer_scale")}
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("sync", sorted(SYNCS))
 def test_a_cheating_provider_is_caught_slashed_replaced_and_unpaid(hardhat_url, tmp_path,  # noqa: F811
-                                                                    cli_env):
+                                                                    cli_env, sync):
+    sync_toml, adversary = SYNCS[sync]
     from shoal.ledger import Chain, Ledger
     from shoal.spec.ledger import LedgerConfig
 
@@ -56,7 +65,7 @@ def test_a_cheating_provider_is_caught_slashed_replaced_and_unpaid(hardhat_url, 
             extra=("--referee-key", str(key_file(tmp_path / "referee.key", referee))))
         wait_healthy(url, coordinator)
         # The cheat asks least, so it is leased first; c is dearest: the replacement.
-        stack.agent("b", url, PRICE, slowdown=4.0, account=cheat, extra=("--adversary", "sign_flip"))
+        stack.agent("b", url, PRICE, slowdown=4.0, account=cheat, extra=("--adversary", adversary))
         stack.agent("a", url, PRICE + 1, slowdown=4.0, account=honest_a)
         stack.agent("c", url, PRICE + 2, slowdown=4.0, account=honest_c)
         alice = submitter(url, tmp_path, alice_account)
@@ -67,7 +76,7 @@ def test_a_cheating_provider_is_caught_slashed_replaced_and_unpaid(hardhat_url, 
         submitter(url, tmp_path, admin).request("POST", "/v1/grants", Grant(
             address=vera.address, role=Role.verifier, name="vera"))
         job = alice.submit(JobSubmission(
-            name="e2e", job_file=job_toml(tmp_path / "ckpt", STEPS) + PROOF, workers=2,
+            name="e2e", job_file=job_toml(tmp_path / "ckpt", STEPS) + PROOF + sync_toml, workers=2,
             min_workers=2, max_price_wei_per_s=2 * PRICE, budget_wei=budget, chain_job=chain_job))
         verifier = stack.start("verifier", "verify", "--coordinator", url, "--job", job.job_id,
                                "--key", str(key_file(tmp_path / "vera.key", vera)), "--follow",

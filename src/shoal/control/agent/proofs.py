@@ -85,8 +85,8 @@ class ProofRelay:
             store = proof_dir(self.work_dir, challenge.job_id)
             if challenge.kind is BlobKind.params:
                 path = store / "params" / f"{challenge.step:09d}.pt"
-            else:
-                path = store / "reveal" / challenge.worker / f"{challenge.step:09d}.pt"
+            else:  # reveal/ or local/ (under DiLoCo): the worker's own file of the step
+                path = store / challenge.kind.value / challenge.worker / f"{challenge.step:09d}.pt"
             if not path.exists():
                 log.warning("challenge %d: %s is not here (past the challenge window?)",
                             challenge.challenge, path)

@@ -51,7 +51,7 @@ class AuditService(ForcedErrorService):
             now = self.now_s()
             self._proof_job(session, job_id)
             for item in items:
-                if item.kind is BlobKind.reveal:
+                if item.kind is not BlobKind.params:  # a worker's own file
                     self.check_challengeable(session, job_id, item.step)
                 row = session.scalar(select(ChallengeRow).where(
                     ChallengeRow.job_id == job_id, ChallengeRow.worker == item.worker,
@@ -88,7 +88,7 @@ class AuditService(ForcedErrorService):
         # The newest lineage's records: after a restore, a step's parameters are those the
         # redone step started from.
         newest = max((r.body.get("membership_epoch", 0) for r in rows), default=0)
-        if item.kind is BlobKind.reveal:
+        if item.kind is not BlobKind.params:  # a worker's own file: its agent holds it
             found = [r for r in rows if r.worker == item.worker]
         else:
             found = [r for r in rows if r.body.get("membership_epoch", 0) == newest
@@ -99,7 +99,7 @@ class AuditService(ForcedErrorService):
             found.sort(key=lambda r: (-seen.get(r.agent_id, 0.0), r.body.get("rank")))
         if not found:
             raise NotFound(f"no work record of {item.worker} at step {item.step} in job "
-                           f"'{job_id}' to challenge" if item.kind is BlobKind.reveal else
+                           f"'{job_id}' to challenge" if item.kind is not BlobKind.params else
                            f"no record of a worker keeping step {item.step}'s parameters in "
                            f"job '{job_id}'")
         return found[0].agent_id, found[0].worker
@@ -158,6 +158,8 @@ class AuditService(ForcedErrorService):
         base = self.proof_dir(row.job_id)
         if row.kind == BlobKind.params.value:
             return base / "params" / f"{row.step:09d}.pt"
+        if row.kind == BlobKind.local.value:
+            return base / "local" / row.worker / f"{row.step:09d}.pt"
         return base / "reveal" / row.worker / f"{row.step:09d}.pt"
 
     def challenge_file(self, challenge: int) -> Path:

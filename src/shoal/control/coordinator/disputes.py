@@ -41,10 +41,16 @@ from shoal.proof.errors import DisputeError
 from shoal.spec.audit import BlobKind, ChallengeRequest, DisputeFiling, DisputeView
 from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.ledger import DisputeState
+from shoal.spec.plan import SyncMode
 from shoal.spec.proof import Verdict, WorkRecord
 
 log = logging.getLogger(__name__)
 FETCH_WAIT_S = 30.0  # how long the referee waits for the disputed step's files
+# Bisection compares one state per step that every replica holds; under DiLoCo each
+# worker's own chain of states is checked by replay (`shoal.train.audit_local`) instead.
+DILOCO_NOT_BISECTED = ("a DiLoCo job's records are not bisected: its audits replay each "
+                       "worker's own steps, so file a guilty verdict (`shoal verify`) and the "
+                       "referee replays it")
 BEHIND = "behind"  # a ruling the contract takes only once the lease's older disputes are decided
 
 
@@ -73,6 +79,7 @@ class DisputeService:
             self.referee.later(lambda j=job_id, d=dispute: self.rule_dispute(j, d))
 
     def file_dispute(self, challenger: str, job_id: str, filing: DisputeFiling) -> DisputeView:
+        """Bring a dispute opened on chain: bisect, then the referee replays one step."""
         if self.settlement is None:
             raise Conflict("this coordinator does not settle on a chain: there is no contract "
                            "to hold a dispute's bond")
@@ -82,6 +89,8 @@ class DisputeService:
                 raise NotFound(f"no job '{job_id}'")
             if job.chain_job is None:
                 raise Conflict(f"job '{job_id}' does not settle on chain: nothing to dispute there")
+            if self.job_spec(job_id, job.job_file).sync.mode is SyncMode.diloco:
+                raise Conflict(DILOCO_NOT_BISECTED)
             if session.get(DisputeRow, filing.dispute) is not None:
                 raise Conflict(f"dispute {filing.dispute} was brought already; read its ruling at "
                                f"GET /v1/jobs/{job_id}/proof/disputes")

@@ -110,14 +110,19 @@ class Referee:
         a provider whose machine died is not a cheat, it just loses what it cannot show."""
         co = self.coordinator
         with Session(co.engine) as session:
-            challenge = session.scalar(select(ChallengeRow).where(
+            # The worker's own files of the step: its contribution, and under DiLoCo the
+            # state its step started from.
+            asked = session.scalars(select(ChallengeRow).where(
                 ChallengeRow.job_id == job_id, ChallengeRow.worker == verdict.worker,
-                ChallengeRow.step == verdict.step, ChallengeRow.kind == BlobKind.reveal.value))
+                ChallengeRow.step == verdict.step,
+                ChallengeRow.kind.in_([BlobKind.reveal.value, BlobKind.local.value]))).all()
             agent = session.get(AgentRow, agent_id)
-        if challenge is None:
+        unanswered = [c for c in asked if c.answered_at_s is None]
+        if not asked:
             return REJECTED, "nobody challenged that record: nothing was withheld"
-        if challenge.answered_at_s is not None:
+        if not unanswered:
             return REJECTED, "the challenge was answered"
+        challenge = min(unanswered, key=lambda c: c.requested_at_s)
         if agent is not None and agent.last_seen_s > challenge.requested_at_s + self.withheld_grace_s:
             return UPHELD, f"agent beat {agent.last_seen_s - challenge.requested_at_s:.1f} s after " \
                            "the challenge and did not answer it"
@@ -145,7 +150,8 @@ class Referee:
             return UNDECIDED, f"proof epoch {epoch} is not rooted yet", None
         auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
                           hyper_sha256=hyper_digest(spec.hyperparameters()),
-                          tolerance=spec.proof.tolerance, verifier="referee")
+                          tolerance=spec.proof.tolerance, verifier="referee",
+                          records=lambda: co.work_records(job_id))
         judge = Verifier(auditor, spec.proof, salt=b"", roots=roots.get, total_steps=spec.steps)
         found = judge.audit_one(record, records)
         if found.kind is VerdictKind.unavailable:

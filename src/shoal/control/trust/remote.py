@@ -8,6 +8,11 @@ revealed contributions and the steps' start parameters, wait for the
 agents to answer, replay, and file the signed verdicts. An unanswered
 reveal is a `withheld` verdict; unanswered parameters leave the record
 `unavailable` (no verdict on the worker).
+
+Under DiLoCo a record's audit also needs the state the worker's own step
+started from (and, to measure a last-bit difference, its next one), the
+parameters of its round's start rather than of its step, and the worker's
+records back to that start, which may lie in earlier epochs.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ class RemoteAudits:
         self.verifier = Verifier(auditor, job.proof, salt=salt, roots=self.roots.get,
                                  total_steps=job.steps)
         self.done: set[int] = set()
+        self._records: dict[int, list[WorkRecord]] = {}  # served epochs' (they stay as served)
+        self._around: list[WorkRecord] = []  # what the audits being replayed may look back on
+        auditor.local.records = lambda: self._around
 
     def pending_epochs(self) -> list[int]:
         epochs = self.client.proof_epochs(self.job_id)
@@ -83,19 +91,42 @@ class RemoteAudits:
 
     def replay(self, epoch: int, records: list[WorkRecord], chosen: list[WorkRecord]) -> EpochAudit:
         """Fetch what the `chosen` records' audits need and replay them; files nothing."""
-        self._fetch(chosen, records)
+        # Under DiLoCo the files an audit needs may be named by records of other epochs
+        # (the round's start, the worker's next step), and the audit follows a worker's
+        # chain of steps back to its round's start.
+        self._around = self._served_records(epoch + 1) \
+            if any(r.local is not None for r in chosen) else records
+        self._fetch(chosen, self._around)
         return self.verifier.audit_epoch(epoch, records, chosen=chosen)
+
+    def _served_records(self, upto: int) -> list[WorkRecord]:
+        """The records of every epoch up to `upto` that the coordinator serves (rooted)."""
+        out = []
+        for epoch in sorted(e for e in self.roots if e <= upto):
+            if epoch not in self._records:
+                self._records[epoch] = self.client.work_records(self.job_id, epoch)
+            out += self._records[epoch]
+        return out
 
     def _fetch(self, chosen: list[WorkRecord], records: list[WorkRecord]) -> None:
         """Challenge what the chosen audits need and bring the answers into the local store."""
         wanted = [ChallengeRequest(worker=r.worker, step=r.step, kind=BlobKind.reveal)
                   for r in chosen]
+        # Under DiLoCo: the worker's own start state, and its next one (a last-bit
+        # difference in where its step ended is measured against it).
+        held = {(r.worker, r.step) for r in records}
+        for r in chosen:
+            if r.local is not None:
+                wanted += [ChallengeRequest(worker=r.worker, step=step, kind=BlobKind.local)
+                           for step in (r.step, r.step + 1) if (r.worker, step) in held]
         # A step's parameters are kept by two of its workers (`params_keepers`); the
         # coordinator asks one whose agent is online. Without a keeper's record (both lost
-        # before they sent it) nobody holds them, and the audit says `unavailable`.
+        # before they sent it) nobody holds them, and the audit says `unavailable`. A
+        # DiLoCo step's are those of its round's start (theta_outer).
         keepers = {r.step: r for r in records if r.rank in params_keepers(r.step, len(r.shares))}
+        starts = {r.step if r.local is None else r.local.round_start for r in chosen}
         wanted += [ChallengeRequest(worker=keepers[step].worker, step=step, kind=BlobKind.params)
-                   for step in sorted({r.step for r in chosen}) if step in keepers]
+                   for step in sorted(starts) if step in keepers]
         views: dict[int, ChallengeView] = {}
         for i in range(0, len(wanted), MAX_CHALLENGES_PER_REQUEST):
             batch = wanted[i : i + MAX_CHALLENGES_PER_REQUEST]
@@ -140,6 +171,8 @@ class RemoteAudits:
     def _save(self, view: ChallengeView) -> None:
         if view.kind is BlobKind.params:
             path = self.store.params_path(view.step)
+        elif view.kind is BlobKind.local:
+            path = self.store.local_path(view.worker, view.step)
         else:
             path = self.store.reveal_path(view.worker, view.step)
         if path.exists():
