@@ -21,9 +21,13 @@ commits the weighted pseudo-gradient sent. The audit checks, cheapest first:
    round_samples / round_expected, within the tolerance, and those counts
    are the ones the worker's records of the round show.
 
-A cheat that breaks the chain anywhere breaks one step's check, so a steady
-cheat is caught at the sampled rate, like every-step cheats; the sampler
-puts each worker's round-end records first (`shoal.proof.sampling`).
+The audit of a round's last step also re-takes checks 1, 2 and 4 for every
+earlier step of the worker's round (optimizer updates only, no forward or
+backward pass): a break anywhere in the chain, such as Adam moments forged
+mid-round to steer every later update while each step replays exactly,
+fails the round's end. The sampler puts each worker's round-end records
+first (`shoal.proof.sampling`); a gradient itself (check 3) is replayed
+where it is sampled, as in every-step jobs.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class LocalAudit:
         self.records = records
         self._rounds: dict[int, tuple[str, torch.Tensor] | None] = {}
         self._fresh_sha256: str | None = None
+        self._pseudo: torch.Tensor | None = None  # the round-end step's, once loaded
 
     def audit(self, record: WorkRecord, judge: Callable[[list[torch.Tensor]], Finding | None]
               ) -> Finding:
@@ -63,6 +68,32 @@ class LocalAudit:
             return (VerdictKind.unavailable,
                     f"no agreed parameters for the round starting at step {claim.round_start}", None)
         outer_sha256, outer_flat = outer
+        mine = [r for r in everyone if r.worker == record.worker]
+        if claim.outer:
+            # The round's end vouches for the whole round: a worker could break one
+            # inner step's chain (a forged optimizer state steers every later update)
+            # and let every other step replay exactly. Each earlier step's optimizer
+            # update is re-taken on its committed gradient (cheap: no forward or
+            # backward pass); gradients themselves are replayed where sampled.
+            for earlier in _round_before(record, mine):
+                found = self._step(earlier, mine, everyone, outer_sha256, judge=None)
+                if found is not None:
+                    kind, detail, distance = found
+                    return kind, f"step {earlier.step} of its round: {detail}", distance
+        found = self._step(record, mine, everyone, outer_sha256, judge)
+        if found is not None:
+            return found
+        if claim.outer:
+            return self._outer_problem(record, mine, outer_sha256, outer_flat)
+        return VerdictKind.valid, "", 0.0
+
+    def _step(self, record: WorkRecord, mine: list[WorkRecord], everyone: list[WorkRecord],
+              outer_sha256: str, judge: Callable[[list[torch.Tensor]], Finding | None] | None
+              ) -> Finding | None:
+        """One step of a worker's chain: its kept start, where it started, its committed
+        gradient (replayed if `judge`), and where its optimizer update ended. Leaves the
+        replayer's model at the step's end."""
+        claim = record.local
         kept = self.store.load_local(record.worker, record.step)
         if kept is None:
             return VerdictKind.withheld, "the state the step started from is not kept", None
@@ -71,7 +102,6 @@ class LocalAudit:
         if param_sha256(self.replayer.model) != record.params_sha256 or \
                 optimizer_state_sha256(state) != claim.state_sha256:
             return VerdictKind.bad_commitment, "the kept start state is not the committed one", None
-        mine = [r for r in everyone if r.worker == record.worker]
         broken = self._start_problem(record, mine, everyone, outer_sha256)
         if broken:
             return VerdictKind.wrong_params, broken, None
@@ -82,21 +112,17 @@ class LocalAudit:
                 record.contribution_sha256:
             return VerdictKind.bad_commitment, "the revealed contribution is not the committed one", None
         gradients = revealed[:-1] if claim.outer else revealed
-        pseudo = revealed[-1] if claim.outer else None
-        found = judge(gradients)
-        if found is not None:
-            return found
+        self._pseudo = revealed[-1] if claim.outer else None
+        if judge is not None:
+            found = judge(gradients)
+            if found is not None:
+                return found
         if claim.applied:
             new_state = self.replayer.local_step(record, params, state, gradients)
         else:
             self.replayer.load(params)
             new_state = state
-        found = self._end_problem(record, mine, params, new_state)
-        if found is not None:
-            return found
-        if pseudo is not None:
-            return self._outer_problem(record, mine, outer_sha256, outer_flat, pseudo)
-        return VerdictKind.valid, "", 0.0
+        return self._end_problem(record, mine, params, new_state)
 
     # -- the checks ------------------------------------------------------------------
 
@@ -184,8 +210,10 @@ class LocalAudit:
                 "the optimizer step does not end where the record says", distance)
 
     def _outer_problem(self, record: WorkRecord, mine: list[WorkRecord], outer_sha256: str,
-                       outer_flat: torch.Tensor, pseudo: torch.Tensor) -> Finding:
-        claim = record.local
+                       outer_flat: torch.Tensor) -> Finding:
+        """The round's end (the model holds where its last step ended): is the committed
+        pseudo-gradient (theta_outer − that) weighted by the samples its records show?"""
+        claim, pseudo = record.local, self._pseudo
         samples, expected = _round_counts(record, mine, outer_sha256)
         if (claim.round_samples, claim.round_expected) != (samples, expected):
             return (VerdictKind.wrong_samples,
@@ -196,6 +224,12 @@ class LocalAudit:
         if distance <= self.tolerance:
             return VerdictKind.valid, "", distance
         return VerdictKind.wrong_contribution, "the pseudo-gradient is not the round's", distance
+
+
+def _round_before(record: WorkRecord, mine: list[WorkRecord]) -> list[WorkRecord]:
+    """The worker's records of the steps of `record`'s round before it, in order."""
+    return sorted((r for r in mine if r.local is not None and r.step < record.step
+                   and r.local.round_start == record.local.round_start), key=lambda r: r.step)
 
 
 def _round_counts(record: WorkRecord, mine: list[WorkRecord], outer_sha256: str) -> tuple[int, int]:

@@ -204,3 +204,8 @@ def test_a_claimed_end_the_optimizer_does_not_reach_is_refused(forger):
     found = verdict_on(forger, "w1", step)
     assert found.kind is VerdictKind.wrong_contribution
     assert "does not end where" in found.detail
+    # The round's end vouches for its round: auditing it alone finds the break too.
+    end = next(r.step for r in forger.store.records("w1") if r.local.outer and r.step > step)
+    found = verdict_on(forger, "w1", end)
+    assert found.kind is VerdictKind.wrong_contribution
+    assert found.detail.startswith(f"step {step} of its round:")

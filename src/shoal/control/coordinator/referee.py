@@ -98,23 +98,28 @@ class Referee:
         if record_row is None:
             ruling, why = REJECTED, "the accused record does not exist"
         elif verdict.kind is VerdictKind.withheld:
-            ruling, why = self.withheld(job_id, verdict, record_row.agent_id)
+            ruling, why = self.withheld(job_id, verdict, record_row.agent_id,
+                                        _vouched(WorkRecord.model_validate(record_row.body)))
         else:
             ruling, why, _ = self.replay(job_id, WorkRecord.model_validate(record_row.body))
         self._enforce(job_id, seq, verdict, ruling, why,
                       record_row.provider if record_row is not None else None)
         return ruling
 
-    def withheld(self, job_id: str, verdict: Verdict, agent_id: str) -> tuple[str, str]:
+    def withheld(self, job_id: str, verdict: Verdict, agent_id: str,
+                 steps: range | None = None) -> tuple[str, str]:
         """Withheld stands only if the agent was alive and beating while it did not answer:
-        a provider whose machine died is not a cheat, it just loses what it cannot show."""
+        a provider whose machine died is not a cheat, it just loses what it cannot show.
+        `steps`: the worker's steps whose files the record's audit needs (its own, or
+        under DiLoCo a round's end: its round's)."""
+        steps = steps or range(verdict.step, verdict.step + 1)
         co = self.coordinator
         with Session(co.engine) as session:
             # The worker's own files of the step: its contribution, and under DiLoCo the
             # state its step started from.
             asked = session.scalars(select(ChallengeRow).where(
                 ChallengeRow.job_id == job_id, ChallengeRow.worker == verdict.worker,
-                ChallengeRow.step == verdict.step,
+                ChallengeRow.step >= steps.start, ChallengeRow.step < steps.stop,
                 ChallengeRow.kind.in_([BlobKind.reveal.value, BlobKind.local.value]))).all()
             agent = session.get(AgentRow, agent_id)
         unanswered = [c for c in asked if c.answered_at_s is None]
@@ -161,7 +166,8 @@ class Referee:
             # else an accuser could name a record nobody challenged and have it "withheld".
             with Session(co.engine) as session:
                 row = session.get(WorkRecordRow, (job_id, record.worker, record.step))
-            ruling, why = self.withheld(job_id, found, row.agent_id if row else "")
+            ruling, why = self.withheld(job_id, found, row.agent_id if row else "",
+                                        _vouched(record))
             return ruling, f"its contribution is not revealed here: {why}", found
         if found.guilty:
             return UPHELD, f"the referee's replay found {found.kind.value}", found
@@ -236,3 +242,11 @@ class Referee:
             log.error("the contract refused the ruling: %s", error)
             return {"chain_error": str(error)}
         return {"tx": outcome.tx_hash}
+
+
+def _vouched(record: WorkRecord) -> range:
+    """The steps whose files a record's audit reads: its own, or under DiLoCo a round's
+    end vouches for the worker's whole round (`shoal.train.audit_local`)."""
+    if record.local is not None and record.local.outer:
+        return range(record.local.round_start, record.step + 1)
+    return range(record.step, record.step + 1)

@@ -114,11 +114,17 @@ class RemoteAudits:
                   for r in chosen]
         # Under DiLoCo: the worker's own start state, and its next one (a last-bit
         # difference in where its step ended is measured against it).
+        # A round's end vouches for the worker's whole round: its earlier steps' files too.
         held = {(r.worker, r.step) for r in records}
         for r in chosen:
-            if r.local is not None:
-                wanted += [ChallengeRequest(worker=r.worker, step=step, kind=BlobKind.local)
-                           for step in (r.step, r.step + 1) if (r.worker, step) in held]
+            if r.local is None:
+                continue
+            first = r.local.round_start if r.local.outer else r.step
+            wanted += [ChallengeRequest(worker=r.worker, step=step, kind=kind)
+                       for step in range(first, r.step) if (r.worker, step) in held
+                       for kind in (BlobKind.local, BlobKind.reveal)]
+            wanted += [ChallengeRequest(worker=r.worker, step=step, kind=BlobKind.local)
+                       for step in (r.step, r.step + 1) if (r.worker, step) in held]
         # A step's parameters are kept by two of its workers (`params_keepers`); the
         # coordinator asks one whose agent is online. Without a keeper's record (both lost
         # before they sent it) nobody holds them, and the audit says `unavailable`. A
