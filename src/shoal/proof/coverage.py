@@ -81,7 +81,7 @@ def _positions_problem(record: WorkRecord) -> str:
     if (start, end) != expected:
         return (f"positions [{start}, {end}) are not rank {record.rank}'s slice "
                 f"[{expected[0]}, {expected[1]})")
-    if end == start and record.contribution_norm > 0:
+    if end == start and record.contributed:
         # An empty share is honest (more workers than samples) only if it adds nothing.
         return "no samples but a non-zero contribution"
     return ""

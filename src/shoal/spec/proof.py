@@ -69,7 +69,9 @@ class WorkRecord(Frozen):
     micro_batch: int | None = Field(None, ge=1)  # how the share was split into forward passes
     hyper_sha256: str = Field(pattern=SHA256_HEX)  # the job's hyperparameters (hyper_digest)
     contribution_sha256: str = Field(pattern=SHA256_HEX)  # what the worker sent, bit for bit
-    contribution_norm: float = Field(ge=0.0)  # its l2 norm (cheap screening, never a verdict)
+    # Its l2 norm (cheap screening, never a verdict); None when it is not finite (a NaN
+    # loss: the guard skips the step, and the record still says what was sent).
+    contribution_norm: float | None = Field(ge=0.0)
     # Seeds the step's own randomness (dropout): derived from the job seed, the step
     # and the first position, so nobody picks it.
     rng_seed: int = Field(ge=0)
@@ -80,6 +82,11 @@ class WorkRecord(Frozen):
     # (`shoal.proof.epochs.final_lineage`).
     membership_epoch: int = Field(0, ge=0)
     local: LocalStep | None = None  # under DiLoCo (sync.mode = "diloco"), else None
+
+    @property
+    def contributed(self) -> bool:
+        """Something other than zeros was sent (a non-finite contribution counts)."""
+        return self.contribution_norm is None or self.contribution_norm > 0
 
     @property
     def samples(self) -> int:

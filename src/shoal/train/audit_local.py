@@ -149,23 +149,30 @@ class LocalAudit:
                        everyone: list[WorkRecord], outer_sha256: str) -> str:
         """Why the step's start is not one the worker's chain of steps reached, or ""."""
         claim = record.local
+        start = (record.params_sha256, claim.state_sha256)
         before = [r for r in mine if r.step == record.step - 1 and r.local is not None
-                  and r.local.round_start == claim.round_start
-                  and r.local.end_params_sha256 == record.params_sha256
-                  and r.local.end_state_sha256 == claim.state_sha256]
-        if before and record.step > claim.round_start:
-            return ""  # where its previous step of the round ended
+                  and r.local.round_start == claim.round_start]
+        if record.step > claim.round_start and any(
+                start == (r.local.end_params_sha256, r.local.end_state_sha256)
+                # A round's last step that the guard skipped is undone: the round goes
+                # on from where that step started (had it been applied, a new round
+                # would have begun from a new theta_outer).
+                or (r.local.outer and start == (r.params_sha256, r.local.state_sha256))
+                for r in before):
+            return ""
         if record.params_sha256 != outer_sha256:
             return ("the step started neither where the worker's previous step of the round "
                     "ended nor at the round's agreed parameters")
-        # At the round's start (or back there after a rollback): any optimizer state a
-        # recorded step ended with (its own last round's, or the peer's it joined from).
+        # At the round's agreed parameters (its start, or back there after a rollback or
+        # a join): a fresh optimizer, or the state a round's end left (its own, the peer's
+        # it joined from, a snapshot's), or a peer's just before (a join mid-round).
         if claim.state_sha256 == self._fresh():
             return ""
         if any(r.local is not None and r.local.end_state_sha256 == claim.state_sha256
-               and r.step < record.step for r in everyone):
+               and (r.step == record.step - 1 or (r.local.outer and r.step < record.step))
+               for r in everyone):
             return ""
-        return "the optimizer state it started from is not one any recorded step ended with"
+        return "the optimizer state it started from is not one a round's end left"
 
     def _fresh(self) -> str:
         if self._fresh_sha256 is None:
@@ -242,8 +249,8 @@ def _round_counts(record: WorkRecord, mine: list[WorkRecord], outer_sha256: str)
     samples = expected = 0
     for step in range(claim.round_start, record.step + 1):
         r = by_step.get(step)
-        if r is None:
-            continue
+        if r is None or (r.local.outer and step != record.step):
+            continue  # an earlier end of the round was skipped: undone, counted nowhere
         if step > claim.round_start and r.params_sha256 == outer_sha256:
             samples = 0
         expected += r.global_batch

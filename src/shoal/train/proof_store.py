@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -41,8 +42,10 @@ def contribution_sha256(job: str, worker: str, step: int, tensors: list[torch.Te
     return digest.hexdigest()
 
 
-def contribution_norm(tensors: list[torch.Tensor]) -> float:
-    return float(torch.sqrt(sum((t.detach().double() ** 2).sum() for t in tensors)))
+def contribution_norm(tensors: list[torch.Tensor]) -> float | None:
+    """The l2 norm of a contribution, or None when it is not finite (a NaN loss's)."""
+    norm = float(torch.sqrt(sum((t.detach().double() ** 2).sum() for t in tensors)))
+    return norm if math.isfinite(norm) else None
 
 
 class ProofStore:

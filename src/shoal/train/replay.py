@@ -103,11 +103,23 @@ class Replayer:
 
 
 def relative_distance(replayed: list[torch.Tensor], revealed: list[torch.Tensor]) -> float:
-    """||replayed − revealed|| / ||replayed|| (in float64); inf if the shapes differ."""
+    """||replayed − revealed|| / ||replayed|| (in float64); inf if the shapes differ.
+
+    Where the replay itself is not finite (a state whose loss overflows: every honest
+    worker sends NaN there too) the contribution must be non-finite at exactly those
+    entries, and is compared on the others."""
     if len(replayed) != len(revealed) or any(a.shape != b.shape for a, b in zip(replayed, revealed)):
         return float("inf")
-    diff = sum(float(((a.double() - b.double()) ** 2).sum()) for a, b in zip(replayed, revealed))
-    norm = sum(float((a.double() ** 2).sum()) for a in replayed)
+    diff = norm = 0.0
+    for a, b in zip(replayed, revealed):
+        a, b = a.double(), b.double()
+        finite = torch.isfinite(a)
+        if not torch.equal(finite, torch.isfinite(b)):
+            return float("inf")
+        if not bool(finite.all()):
+            a, b = a[finite], b[finite]
+        diff += float(((a - b) ** 2).sum())
+        norm += float((a ** 2).sum())
     if norm == 0.0:
         return 0.0 if diff == 0.0 else float("inf")
     return (diff / norm) ** 0.5

@@ -76,6 +76,20 @@ def test_a_worker_fenced_at_an_outer_step_rejoins_and_every_audit_passes(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_nan_at_a_rounds_end_is_skipped_and_only_its_sender_is_blamed(tmp_path):
+    """w1's loss is NaN at the round's last step: the guard skips the outer step and the
+    round goes on from where that step started (before, recording the NaN crashed the
+    worker). Everyone else's chain passes through the skip; w1 sent NaN where the replay
+    is finite, which is all it is blamed for."""
+    proven = run_proven_job(tmp_path, workers=3, steps=16, epoch_steps=8, sync=DILOCO,
+                            env={"SHOAL_INJECT": "nan-loss@w1:step7"})
+    assert "loss is nan (skip)" in (tmp_path / "run" / "w0.log").read_text()
+    verdicts = [v for audit in audit_all(proven, 8).values() for v in audit.verdicts]
+    assert len(verdicts) == 3 * 16
+    assert [(v.worker, v.step) for v in verdicts if v.kind is not VerdictKind.valid] == [("w1", 7)]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("cheats", [CHEATS[:6], CHEATS[6:]],
                          ids=lambda g: "+".join(n.split(":")[-1] for n in g))
 def test_each_adversary_is_caught_under_diloco_in_every_epoch(tmp_path, cheats):

@@ -27,7 +27,7 @@ class ServedStore:
 
     def _planted(self, record: WorkRecord) -> bool:
         # An empty contribution has no wrong version that a replay could tell apart.
-        return self.forced is not None and record.contribution_norm > 0 and self.forced.is_planted(
+        return self.forced is not None and record.contributed and self.forced.is_planted(
             record.job, record.step // self.epoch_steps, record.step, record.worker)
 
     def _plant(self, record: WorkRecord) -> tuple[WorkRecord, list[torch.Tensor]] | None:
