@@ -26,7 +26,12 @@ Prints one JSON line:
 Targets: every adversary caught in >= 99% of epochs at `overhead` <= 0.05, zero
 false positives.
 
-    .venv/bin/python bench/proof.py [--steps 300] [--epoch-steps 50]
+`--sync diloco` runs the same under DiLoCo (`--inner-steps` per round), with
+the adversary that poisons only pseudo-gradients (`outer_scale`) added; its
+training compute is every record's forward, backward and optimizer step,
+timed from each worker's kept start states.
+
+    .venv/bin/python bench/proof.py [--steps 300] [--epoch-steps 50] [--sync diloco]
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from shoal.control.trust.verifier import Verifier
 from shoal.jobs.gpt_replay import gpt_replayer
 from shoal.proof.verdicts import guilty_workers
 from shoal.spec import hyper_digest, load_job
-from shoal.train.adversary import BUILT_IN
+from shoal.train.adversary import BUILT_IN, DILOCO_ONLY
 from shoal.train.audit import Auditor
 from shoal.train.proof_store import ProofStore
 
@@ -75,14 +80,16 @@ enabled = true
 epoch_steps = {epoch_steps}
 keep_epochs = 1000
 dir = "{dir}/proof"
-"""
+{sync}"""
 
 
 def run_job(root: Path, workers: int, adversaries: dict[int, str], args) -> tuple[Path, float]:
     root.mkdir(parents=True)
     path = root / "job.toml"
+    sync = (f'[sync]\nmode = "diloco"\ninner_steps = {args.inner_steps}\n'
+            if args.sync == "diloco" else "")
     path.write_text(JOB.format(steps=args.steps, batch=args.global_batch, dir=root,
-                               epoch_steps=args.epoch_steps))
+                               epoch_steps=args.epoch_steps, sync=sync))
     flags = [f"--adversary={i}={name}" for i, name in adversaries.items()]
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "shoal.cli.main", "train", str(path),
@@ -110,23 +117,49 @@ def audit(path: Path, every: bool) -> tuple[list, int, float]:
     return verdicts, seen, seconds
 
 
+def training_compute(path: Path) -> float:
+    """Seconds of what training computed for every record of a job: each worker's
+    forward and backward of each step, and under DiLoCo its own optimizer step, from
+    the state the step started from (loads not timed)."""
+    job = load_job(path)
+    store = ProofStore(job.proof_dir)
+    replayer = gpt_replayer(job)
+    seconds = 0.0
+    for record in store.records():
+        if record.local is not None:
+            params, state = store.load_local(record.worker, record.step)
+        else:
+            params, state = store.load_params(record.step), None
+        replayer.load(params)
+        started = time.perf_counter()
+        gradients = replayer.contribution(record)
+        if state is not None and record.local.applied:
+            replayer.local_step(record, params, state, gradients)
+        seconds += time.perf_counter() - started
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--epoch-steps", type=int, default=50)
     parser.add_argument("--global-batch", type=int, default=24)
+    parser.add_argument("--sync", choices=("allreduce", "diloco"), default="allreduce")
+    parser.add_argument("--inner-steps", type=int, default=5, help="DiLoCo: steps per round")
     parser.add_argument("--pol-every", type=int, default=10,
                         help="PoL reference: one replayed update in this many")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the same threads as each worker: a like-for-like cost
-    cheats = sorted(BUILT_IN)
-    groups = [cheats[:5], cheats[5:]]
+    cheats = sorted(n for n in BUILT_IN if args.sync == "diloco" or n not in DILOCO_ONLY)
+    half = (len(cheats) + 1) // 2
+    groups = [cheats[:half], cheats[half:]]
     detection: dict[str, float] = {}
     false_positives, honest_audits, audits, records = 0, 0, 0, 0
     with tempfile.TemporaryDirectory(prefix="shoal-proof-bench-") as tmp:
         honest_path, _ = run_job(Path(tmp) / "honest", 4, {}, args)
         sampled, seen, audit_s = audit(honest_path, every=False)
-        full, _, full_s = audit(honest_path, every=True)
+        full, _, _ = audit(honest_path, every=True)
+        full_s = training_compute(honest_path)
         for epoch in sampled + full:
             false_positives += len(guilty_workers(epoch))
             honest_audits += len(epoch)
@@ -151,6 +184,7 @@ def main() -> None:
         "overhead": round(audit_s / full_s, 4), "pol_overhead": round(1 / args.pol_every, 4),
         "audit_s": round(audit_s, 3), "training_compute_s": round(full_s, 3),
         "steps": args.steps, "epoch_steps": args.epoch_steps, "global_batch": args.global_batch,
+        "sync": args.sync, **({"inner_steps": args.inner_steps} if args.sync == "diloco" else {}),
         "targets": {"detection": ">= 0.99 each", "overhead": "<= 0.05", "false_positives": 0},
     }))
 
