@@ -89,6 +89,13 @@ class WorkRecord(Frozen):
         return self.contribution_norm is None or self.contribution_norm > 0
 
     @property
+    def plantable(self) -> bool:
+        """A forced error may stand in for it: no other record's audit reads its files.
+        Under DiLoCo a round's end re-reads its round's earlier steps, so only a round's
+        end is (a plant inside a round would fail the round's real end)."""
+        return self.local is None or self.local.outer
+
+    @property
     def samples(self) -> int:
         return self.positions_end - self.positions_start
 

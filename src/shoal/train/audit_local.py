@@ -129,20 +129,22 @@ class LocalAudit:
     def _round(self, round_start: int, everyone: list[WorkRecord]
                ) -> tuple[str, torch.Tensor] | None:
         """theta_outer of a round: the keepers' snapshot, if it is what most of the
-        round's first-step records claim (one writer cannot forge it)."""
-        if round_start not in self._rounds:
-            self._rounds[round_start] = None
-            state = self.store.load_params(round_start)
-            claims = collections.Counter(r.params_sha256 for r in everyone
-                                         if r.step == round_start)
-            if state is not None and claims:
-                try:
-                    self.replayer.load(state)
-                except (RuntimeError, KeyError):
-                    return None
-                sha256 = param_sha256(self.replayer.model)
-                if claims.most_common(1)[0][0] == sha256:
-                    self._rounds[round_start] = (sha256, self.replayer.flat_params().clone())
+        round's first-step records claim (one writer cannot forge it). Kept once found;
+        a snapshot not fetched yet is looked for again next time."""
+        if round_start in self._rounds:
+            return self._rounds[round_start]
+        state = self.store.load_params(round_start)
+        claims = collections.Counter(r.params_sha256 for r in everyone if r.step == round_start)
+        if state is None or not claims:
+            return None
+        try:
+            self.replayer.load(state)
+        except (RuntimeError, KeyError):
+            return None
+        sha256 = param_sha256(self.replayer.model)
+        if claims.most_common(1)[0][0] != sha256:
+            return None
+        self._rounds[round_start] = (sha256, self.replayer.flat_params().clone())
         return self._rounds[round_start]
 
     def _start_problem(self, record: WorkRecord, mine: list[WorkRecord],

@@ -223,3 +223,24 @@ def test_a_claimed_end_the_optimizer_does_not_reach_is_refused(forger):
     found = verdict_on(forger, "w1", end)
     assert found.kind is VerdictKind.wrong_contribution
     assert found.detail.startswith(f"step {step} of its round:")
+
+
+def test_only_a_rounds_end_is_ever_planted(honest_diloco):
+    """A round's end re-reads its round's earlier steps: a plant among them would fail the
+    real round end, and the referee, replaying the real files, would call the verifier a
+    false accuser. So forced errors stand in for round ends only, and every plant served
+    is caught by its own audit."""
+    from shoal.control.trust.served import ServedStore
+    from shoal.proof.forced import ForcedErrors
+
+    served = ServedStore(honest_diloco.store, ForcedErrors(b"s" * 32, 1.0),
+                         honest_diloco.job.proof.epoch_steps)
+    real = {(r.worker, r.step): r for r in honest_diloco.store.records()}
+    changed = [r for r in served.records() if r != real[(r.worker, r.step)]]
+    assert changed and all(r.local.outer for r in changed)
+    assert len(changed) == sum(r.local.outer for r in real.values())
+    verifier = Verifier(honest_diloco.auditor(served), honest_diloco.job.proof, salt=b"p" * 16,
+                        total_steps=honest_diloco.job.steps)
+    records = served.records()
+    verdicts = verifier.audit_epoch(0, records, every=True).verdicts
+    assert {(v.worker, v.step) for v in verdicts if v.guilty} == {(r.worker, r.step) for r in changed}

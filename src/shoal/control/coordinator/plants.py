@@ -142,7 +142,7 @@ class ForcedErrorService:
         fetches = []
         for record in final_lineage([WorkRecord.model_validate(r.body) for r in rows.values()]):
             # An empty contribution has no wrong version that a replay could tell apart.
-            if record.contributed and forced.is_planted(record.job, epoch,
+            if record.contributed and record.plantable and forced.is_planted(record.job, epoch,
                                                                   record.step, record.worker):
                 plant = PlantRow(job_id=job.job_id, epoch=epoch, worker=record.worker,
                                  step=record.step, state=FETCHING, requested_at_s=now,

@@ -91,15 +91,17 @@ class Referee:
                 return row.ruling if row else UNDECIDED
             verdict = Verdict.model_validate(row.body["verdict"])
             record_row = session.get(WorkRecordRow, (job_id, verdict.worker, verdict.step))
-        if co.is_plant(job_id, verdict.worker, verdict.step):
+        vouched = _vouched(WorkRecord.model_validate(record_row.body)) if record_row else \
+            range(verdict.step, verdict.step + 1)
+        if any(co.is_plant(job_id, verdict.worker, step) for step in vouched):
             # A planted record is the operator's: its verdicts are scored at the reveal
-            # (plants.py), and a replay of the worker's real record must not rule on them.
+            # (plants.py), and a replay of the worker's real record must not rule on them
+            # (nor on a DiLoCo round's end whose audit read a plant of its round).
             return PLANT
         if record_row is None:
             ruling, why = REJECTED, "the accused record does not exist"
         elif verdict.kind is VerdictKind.withheld:
-            ruling, why = self.withheld(job_id, verdict, record_row.agent_id,
-                                        _vouched(WorkRecord.model_validate(record_row.body)))
+            ruling, why = self.withheld(job_id, verdict, record_row.agent_id, vouched)
         else:
             ruling, why, _ = self.replay(job_id, WorkRecord.model_validate(record_row.body))
         self._enforce(job_id, seq, verdict, ruling, why,

@@ -27,8 +27,9 @@ class ServedStore:
 
     def _planted(self, record: WorkRecord) -> bool:
         # An empty contribution has no wrong version that a replay could tell apart.
-        return self.forced is not None and record.contributed and self.forced.is_planted(
-            record.job, record.step // self.epoch_steps, record.step, record.worker)
+        return self.forced is not None and record.contributed and record.plantable and \
+            self.forced.is_planted(record.job, record.step // self.epoch_steps, record.step,
+                                   record.worker)
 
     def _plant(self, record: WorkRecord) -> tuple[WorkRecord, list[torch.Tensor]] | None:
         key = (record.worker, record.step)
@@ -57,3 +58,6 @@ class ServedStore:
 
     def load_params(self, step: int) -> dict[str, torch.Tensor] | None:
         return self.store.load_params(step)
+
+    def load_local(self, worker: str, step: int) -> tuple[dict, dict] | None:
+        return self.store.load_local(worker, step)  # a worker's own state: never planted
