@@ -106,6 +106,8 @@ def audit(path: Path, every: bool) -> tuple[list, int, float]:
     auditor = Auditor(ProofStore(job.proof_dir), gpt_replayer(job),
                       hyper_sha256=hyper_digest(job.hyperparameters()), tolerance=job.proof.tolerance)
     verifier = Verifier(auditor, job.proof, salt=os.urandom(16), total_steps=job.steps)
+    if auditor.replayer.inner is not None:  # its first build imports torch's compiler: once
+        auditor.replayer.fresh_optimizer_state()
     records = auditor.store.records()
     verdicts, seen, seconds = [], 0, 0.0
     for epoch in verifier.complete_epochs(records):

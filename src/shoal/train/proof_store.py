@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from shoal.spec.proof import WorkRecord
+from shoal.train.packing import PackError, pack, pack_optimizer_state, unpack, unpack_optimizer_state
 
 COMMITMENT_DOMAIN = b"shoal-contribution-v1"
 
@@ -51,6 +52,7 @@ def contribution_norm(tensors: list[torch.Tensor]) -> float | None:
 class ProofStore:
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
+        self._cache: dict[Path, tuple[tuple[int, int], list[WorkRecord]]] = {}
 
     def records_path(self, worker: str) -> Path:
         return self.dir / "records" / f"{worker}.jsonl"
@@ -83,8 +85,8 @@ class ProofStore:
     def save_local(self, worker: str, step: int, params: dict[str, torch.Tensor],
                    optimizer_state: dict) -> None:
         """Under DiLoCo, the state WORKER's own step `step` starts from (its replica's)."""
-        _save_atomic({"params": {k: v.detach().cpu() for k, v in params.items()},
-                      "optimizer": optimizer_state}, self.local_path(worker, step))
+        _save_atomic({"params": pack(params), "optimizer": pack_optimizer_state(optimizer_state)},
+                      self.local_path(worker, step))
 
     def prune(self, worker: str, keep_from_step: int, keep_s: float = 0.0) -> None:
         """Drop this worker's reveals and local states (and, for everyone, parameters)
@@ -133,14 +135,24 @@ class ProofStore:
         step redone after a restore), the last one stands."""
         latest: dict[tuple[str, int], WorkRecord] = {}
         for name in ([worker] if worker else self.workers()):
-            path = self.records_path(name)
-            if not path.exists():
-                continue
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    record = WorkRecord.model_validate_json(line)
-                    latest[(record.worker, record.step)] = record
+            for record in self._parsed(self.records_path(name)):
+                latest[(record.worker, record.step)] = record
         return sorted(latest.values(), key=lambda r: (r.step, r.worker))
+
+    def _parsed(self, path: Path) -> list[WorkRecord]:
+        """A records file's records, parsed again only once it changed (files only grow:
+        an audit that reads a worker's whole history does not re-parse it per record)."""
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            return []
+        cached = self._cache.get(path)
+        if cached is not None and cached[0] == (stat.st_size, stat.st_mtime_ns):
+            return cached[1]
+        records = [WorkRecord.model_validate_json(line)
+                   for line in path.read_text().splitlines() if line.strip()]
+        self._cache[path] = ((stat.st_size, stat.st_mtime_ns), records)
+        return records
 
     def load_params(self, step: int) -> dict[str, torch.Tensor] | None:
         path = self.params_path(step)
@@ -161,10 +173,13 @@ class ProofStore:
         if not path.exists():
             return None
         loaded = torch.load(path, weights_only=True)
-        if not isinstance(loaded, dict) or not isinstance(loaded.get("params"), dict) \
-                or not isinstance(loaded.get("optimizer"), dict):
+        if not isinstance(loaded, dict):
             return None
-        return loaded["params"], loaded["optimizer"]
+        try:  # the worker under audit wrote it: a file that does not unpack is not kept
+            params, stray = unpack(loaded.get("params"))
+            return (None if stray else (params, unpack_optimizer_state(loaded.get("optimizer"))))
+        except PackError:
+            return None
 
 
 def _save_atomic(value: object, path: Path) -> None:

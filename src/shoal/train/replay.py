@@ -11,6 +11,7 @@ job (never the worker's), to see where an honest step ends.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ class Replayer:
         self.num_samples = num_samples
         self.inner = inner
         self._orders: dict[int, DataOrder] = {}
+        self._optimizer: torch.optim.Optimizer | None = None
 
     def load(self, state: dict[str, torch.Tensor]) -> None:
         """Set the parameters a step started from (a snapshot from the proof store)."""
@@ -79,9 +81,11 @@ class Replayer:
         if self.inner is None:
             raise ValueError("this replayer has no inner optimizer (the job is not DiLoCo)")
         self.model.load_state_dict(params)
-        optimizer = self.inner.build(self.model)
-        optimizer.load_state_dict({"state": optimizer_state,
-                                   "param_groups": optimizer.state_dict()["param_groups"]})
+        if self._optimizer is None:  # one, on this model, with the job's hyperparameters
+            self._optimizer = self.inner.build(self.model)
+            self._groups = self._optimizer.state_dict()["param_groups"]
+        optimizer = self._optimizer
+        optimizer.load_state_dict({"state": optimizer_state, "param_groups": copy.deepcopy(self._groups)})
         for group in optimizer.param_groups:
             group["lr"] = self.inner.lr(record.step)
         exchange = GradientExchange(list(self.model.parameters()), groups=1)
