@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -44,6 +45,14 @@ from shoal.train.replay import Replayer, relative_distance
 
 # (kind, detail, distance) of a failed check, or None when the record passes.
 Finding = tuple[VerdictKind, str, float | None]
+
+
+@dataclass(frozen=True)
+class Carried:
+    """Where a step of the chain ended, bit for bit as claimed: the next one's start."""
+
+    sha256: tuple[str, str]  # (parameters, optimizer state)
+    state: dict  # the optimizer state (the replayer's model holds the parameters)
 
 
 class LocalAudit:
@@ -75,12 +84,17 @@ class LocalAudit:
             # and let every other step replay exactly. Each earlier step's optimizer
             # update is re-taken on its committed gradient (cheap: no forward or
             # backward pass); gradients themselves are replayed where sampled.
+            # Where a step ends bit for bit as claimed, the next starts from that state
+            # as it is (no file read, no start check left: the chain holds there).
+            carried = None
             for earlier in _round_before(record, mine):
-                found = self._step(earlier, mine, everyone, outer_sha256, judge=None)
+                found, carried = self._step(earlier, mine, everyone, outer_sha256, None, carried)
                 if found is not None:
                     kind, detail, distance = found
                     return kind, f"step {earlier.step} of its round: {detail}", distance
-        found = self._step(record, mine, everyone, outer_sha256, judge)
+            found, _ = self._step(record, mine, everyone, outer_sha256, judge, carried)
+        else:
+            found, _ = self._step(record, mine, everyone, outer_sha256, judge, None)
         if found is not None:
             return found
         if claim.outer:
@@ -88,41 +102,50 @@ class LocalAudit:
         return VerdictKind.valid, "", 0.0
 
     def _step(self, record: WorkRecord, mine: list[WorkRecord], everyone: list[WorkRecord],
-              outer_sha256: str, judge: Callable[[list[torch.Tensor]], Finding | None] | None
-              ) -> Finding | None:
+              outer_sha256: str, judge: Callable[[list[torch.Tensor]], Finding | None] | None,
+              carried: Carried | None) -> tuple[Finding | None, Carried | None]:
         """One step of a worker's chain: its kept start, where it started, its committed
         gradient (replayed if `judge`), and where its optimizer update ended. Leaves the
-        replayer's model at the step's end."""
+        replayer's model at the step's end; returns what the next step may start from
+        (the end, when it is bit for bit the claimed one)."""
         claim = record.local
-        kept = self.store.load_local(record.worker, record.step)
-        if kept is None:
-            return VerdictKind.withheld, "the state the step started from is not kept", None
-        params, state = kept
-        self.replayer.load(params)
-        if param_sha256(self.replayer.model) != record.params_sha256 or \
-                optimizer_state_sha256(state) != claim.state_sha256:
-            return VerdictKind.bad_commitment, "the kept start state is not the committed one", None
-        broken = self._start_problem(record, mine, everyone, outer_sha256)
-        if broken:
-            return VerdictKind.wrong_params, broken, None
+        if carried is not None and carried.sha256 == (record.params_sha256, claim.state_sha256):
+            params, state = self.replayer.model.state_dict(), carried.state  # the model holds it
+        else:
+            kept = self.store.load_local(record.worker, record.step)
+            if kept is None:
+                return (VerdictKind.withheld, "the state the step started from is not kept", None), None
+            params, state = kept
+            self.replayer.load(params)
+            if param_sha256(self.replayer.model) != record.params_sha256 or \
+                    optimizer_state_sha256(state) != claim.state_sha256:
+                return (VerdictKind.bad_commitment, "the kept start state is not the committed one",
+                        None), None
+            broken = self._start_problem(record, mine, everyone, outer_sha256)
+            if broken:
+                return (VerdictKind.wrong_params, broken, None), None
         revealed = self.store.load_reveal(record.worker, record.step)
         if revealed is None:
-            return VerdictKind.withheld, "no contribution revealed for this step", None
+            return (VerdictKind.withheld, "no contribution revealed for this step", None), None
         if contribution_sha256(record.job, record.worker, record.step, revealed) != \
                 record.contribution_sha256:
-            return VerdictKind.bad_commitment, "the revealed contribution is not the committed one", None
+            return (VerdictKind.bad_commitment, "the revealed contribution is not the committed one",
+                    None), None
         gradients = revealed[:-1] if claim.outer else revealed
         self._pseudo = revealed[-1] if claim.outer else None
         if judge is not None:
-            found = judge(gradients)
+            found = judge(gradients)  # from the model's state (the replay moves only .grad)
             if found is not None:
-                return found
+                return found, None
         if claim.applied:
+            start = {k: v.clone() for k, v in params.items()}  # the step moves the model
             new_state = self.replayer.local_step(record, params, state, gradients)
         else:
-            self.replayer.load(params)
-            new_state = state
-        return self._end_problem(record, mine, params, new_state)
+            start, new_state = params, state
+        ended = (param_sha256(self.replayer.model), optimizer_state_sha256(new_state))
+        if ended == (claim.end_params_sha256, claim.end_state_sha256):
+            return None, Carried(ended, new_state)
+        return self._end_problem(record, mine, start, new_state), None
 
     # -- the checks ------------------------------------------------------------------
 
@@ -186,10 +209,6 @@ class LocalAudit:
         """Does the optimizer step end where the record claims? Bit for bit, or within
         the tolerance of the state the worker kept for its next step."""
         claim = record.local
-        end_params = param_sha256(self.replayer.model)
-        end_state = optimizer_state_sha256(new_state)
-        if end_params == claim.end_params_sha256 and end_state == claim.end_state_sha256:
-            return None
         if claim.outer:
             # The round's end: its parameters are checked through the pseudo-gradient;
             # its optimizer state is where the worker's next round starts.
