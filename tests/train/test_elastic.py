@@ -55,6 +55,17 @@ def epochs(tmp_path: Path) -> list[dict]:
     return [json.loads(line) for line in (tmp_path / "run" / "epochs.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
+def test_a_worker_that_dies_before_the_first_epoch_does_not_hold_it_back(tmp_path):
+    """w1 is killed as it starts, before it registers. The first epoch waited for every
+    launched worker to register, so the job waited forever; it now forms with those
+    still alive and trains to the end."""
+    report = launch(tmp_path, 3, "kill:1@0s", steps=40)
+    assert_exact(report, 40)
+    first = epochs(tmp_path)[0]
+    assert first["reason"] == "start" and sorted(first["members"]) == ["w0", "w2"]
+
+
 @pytest.mark.parametrize("workers, chaos", [
     (3, "kill:1@step60"),
     (4, "kill:1@step60,kill:2@step60"),

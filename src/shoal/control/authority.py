@@ -136,8 +136,12 @@ class MembershipAuthority:
             if self.epoch >= 0:
                 reform, source = self.rdzv.reform_requested(self.epoch)
         if self.epoch < 0:
-            if len(self._pending) >= self.config.min_workers:
-                self._publish(tuple(self._pending), "start", now)
+            # A worker that died before the first epoch (registered or not) will never
+            # come: wait for that many fewer, or the job would wait forever.
+            arrived = [w for w in self._pending if self._alive(w)]
+            needed = max(1, self.config.min_workers - self.rdzv.exit_count())
+            if len(arrived) >= needed:
+                self._publish(tuple(arrived), "start", now)
                 self._pending = []
             return
         dropped, reasons = self._dropped(now, leaving)

@@ -161,7 +161,12 @@ class Rendezvous:
     def report_exit(self, worker: str) -> None:
         """A launcher saw this worker's process exit (on any host): drop it now."""
         self.store.set(f"exit/{worker}", "1")
+        self.store.add("exits", 1)
         self._notify()
+
+    def exit_count(self) -> int:
+        """How many worker processes have exited so far, on every host."""
+        return self.store.add("exits", 0)
 
     def exited(self, workers: list[str]) -> list[str]:
         return [w for w in workers if self.store.check([f"exit/{w}"])]
