@@ -98,7 +98,7 @@ class LocalAudit:
         if found is not None:
             return found
         if claim.outer:
-            return self._outer_problem(record, mine, outer_sha256, outer_flat)
+            return self._outer_problem(record, mine, everyone, outer_sha256, outer_flat)
         return VerdictKind.valid, "", 0.0
 
     def _step(self, record: WorkRecord, mine: list[WorkRecord], everyone: list[WorkRecord],
@@ -237,12 +237,13 @@ class LocalAudit:
         return (VerdictKind.wrong_contribution,
                 "the optimizer step does not end where the record says", distance)
 
-    def _outer_problem(self, record: WorkRecord, mine: list[WorkRecord], outer_sha256: str,
+    def _outer_problem(self, record: WorkRecord, mine: list[WorkRecord],
+                       everyone: list[WorkRecord], outer_sha256: str,
                        outer_flat: torch.Tensor) -> Finding:
         """The round's end (the model holds where its last step ended): is the committed
         pseudo-gradient (theta_outer − that) weighted by the samples its records show?"""
         claim, pseudo = record.local, self._pseudo
-        samples, expected = _round_counts(record, mine, outer_sha256)
+        samples, expected = _round_counts(record, mine, everyone, outer_sha256)
         if (claim.round_samples, claim.round_expected) != (samples, expected):
             return (VerdictKind.wrong_samples,
                     f"claims {claim.round_samples} of {claim.round_expected} samples for its "
@@ -260,22 +261,41 @@ def _round_before(record: WorkRecord, mine: list[WorkRecord]) -> list[WorkRecord
                    and r.local.round_start == record.local.round_start), key=lambda r: r.step)
 
 
-def _round_counts(record: WorkRecord, mine: list[WorkRecord], outer_sha256: str) -> tuple[int, int]:
-    """(samples behind this worker's pseudo-gradient, samples of the round's steps) from
-    its records of the round: a step back at theta_outer after the round's start (a
-    rollback) drops what came before it, as `DiLoCo.rolled_back` does."""
+def _round_counts(record: WorkRecord, mine: list[WorkRecord], everyone: list[WorkRecord],
+                  outer_sha256: str) -> tuple[int, int]:
+    """(samples behind this worker's pseudo-gradient, samples of the round's steps) as
+    `DiLoCo` counts them: a step back at theta_outer after the round's start (a
+    rollback, a join) drops this worker's samples before it; an earlier end of the
+    round that the guard skipped counts nowhere. A step the worker has no record of
+    (it joined mid-round) is counted as most of its records say; where it has one, its
+    own says (a peer's record cannot move it)."""
     claim = record.local
-    by_step = {r.step: r for r in mine if r.local is not None
-               and r.local.round_start == claim.round_start and r.step <= record.step}
+
+    def of_round(records: list[WorkRecord]) -> list[WorkRecord]:
+        return [r for r in records if r.local is not None and r.local.round_start ==
+                claim.round_start and claim.round_start <= r.step <= record.step]
+
+    own = {r.step: r for r in of_round(mine)}
+    others: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for r in of_round(everyone):
+        others[r.step][(r.global_batch, r.local.outer)] += 1
     samples = expected = 0
     for step in range(claim.round_start, record.step + 1):
-        r = by_step.get(step)
-        if r is None or (r.local.outer and step != record.step):
-            continue  # an earlier end of the round was skipped: undone, counted nowhere
-        if step > claim.round_start and r.params_sha256 == outer_sha256:
-            samples = 0
-        expected += r.global_batch
-        samples += r.samples if r.local.applied else 0
+        r = own.get(step)
+        if r is not None:
+            batch, skipped = r.global_batch, r.local.outer and step != record.step
+        elif others[step]:
+            batch, outer = others[step].most_common(1)[0][0]
+            skipped = outer
+        else:
+            continue  # nobody recorded it
+        if skipped:
+            continue
+        expected += batch
+        if r is not None:
+            if step > claim.round_start and r.params_sha256 == outer_sha256:
+                samples = 0
+            samples += r.samples if r.local.applied else 0
     return samples, expected
 
 

@@ -234,7 +234,7 @@ class DiLoCo:
 
     def state_dict(self) -> dict[str, Any]:
         return {"outer": self.outer.clone(), "momentum": self.momentum.clone(),
-                "round_expected": self.round_expected}
+                "round_expected": self.round_expected, "round_start": self._round_start}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """From a peer (a joiner, a resync) or a checkpoint: continue from theta_outer;
@@ -250,7 +250,10 @@ class DiLoCo:
         self._load_flat(self.outer)
         self.round_samples, self.consensus = 0, self.round_expected == 0
         self._backup = self._delta = None
-        self._round_start = None if self.round_expected == 0 else self._round_start
+        # A joiner mid-round (the round's end redone without a lost member) is in the
+        # sender's round; its work records say so.
+        self._round_start = None if self.round_expected == 0 else (
+            state.get("round_start") if state is not None else None)
         if self.codec is not None:
             self.codec.reset("state loaded")
 

@@ -45,11 +45,11 @@ def write_proven_job(tmp_path: Path, *, steps: int, epoch_steps: int,
 def run_proven_job(tmp_path: Path, *, workers: int, steps: int, epoch_steps: int,
                    adversaries: dict[int, str] | None = None, threads: int = 1,
                    global_batch: int = 12, sync: str = "",
-                   env: dict[str, str] | None = None) -> ProvenJob:
+                   env: dict[str, str] | None = None, flags: tuple[str, ...] = ()) -> ProvenJob:
     path = write_proven_job(tmp_path, steps=steps, epoch_steps=epoch_steps,
                             global_batch=global_batch, sync=sync)
     proof_dir = tmp_path / "proof"
-    flags = [f"--adversary={i}={name}" for i, name in (adversaries or {}).items()]
+    flags = [*flags, *(f"--adversary={i}={name}" for i, name in (adversaries or {}).items())]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), **(env or {})}
     done = subprocess.run(shoal_command("train", str(path), "--workers", str(workers),
                                         "--run-dir", str(tmp_path / "run"), *flags),

@@ -76,6 +76,28 @@ def test_a_worker_fenced_at_an_outer_step_rejoins_and_every_audit_passes(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_spare_that_joins_at_a_rounds_end_is_audited_in_that_round(tmp_path):
+    """w1 dies inside a round; the warm spare joins where the round's end is redone, with
+    a peer's theta_outer and optimizer state, and its record of that step is the round's
+    end for it: it claims the round it joined (not one starting there), counts the
+    round's earlier steps as the others recorded them, and passes."""
+    # Long enough for the spare to be up and warm when w1 is killed.
+    proven = run_proven_job(tmp_path, workers=3, steps=600, epoch_steps=8, sync=DILOCO,
+                            flags=("--spares", "1", "--chaos", "kill:1@8s"))
+    records = proven.store.records()
+    spare = min((r for r in records if r.worker == "w3"), key=lambda r: r.step)
+    assert spare.step % 4 == 3 and spare.local.outer, spare  # its first step ends a round
+    assert spare.local.round_start == spare.step - 3
+    verifier = Verifier(proven.auditor(), proven.job.proof, salt=b"j" * 16,
+                        total_steps=proven.job.steps)
+    epoch = spare.step // 8
+    verdicts = verifier.audit_epoch(epoch, [r for r in records if r.step // 8 == epoch],
+                                    every=True).verdicts
+    assert any(v.worker == "w3" and v.step == spare.step for v in verdicts)
+    assert [v for v in verdicts if v.kind is not VerdictKind.valid] == []
+
+
+@pytest.mark.slow
 def test_a_nan_at_a_rounds_end_is_skipped_and_only_its_sender_is_blamed(tmp_path):
     """w1's loss is NaN at the round's last step: the guard skips the outer step and the
     round goes on from where that step started (before, recording the NaN crashed the
