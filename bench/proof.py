@@ -10,7 +10,10 @@ way a verifier would: a sample at the job's `audit_rate` with at least
 `min_audits_per_worker` audits per worker, chosen by a salted beacon.
 
 Prints one JSON line:
-- `detection`: per adversary, the share of epochs in which it was caught;
+- `detection`: per adversary, the share of epochs in which it was caught,
+  among the epochs it had records in (`absent_epochs`: the others; a worker
+  fenced on a loaded machine may sit one out; `missed_verdicts`: what its
+  audits said in an epoch it got away);
 - `false_positives`: guilty verdicts on honest workers, over the sampled
   audits and a full audit of every record of the honest job
   (`honest_audits` says how many);
@@ -155,7 +158,9 @@ def main() -> None:
     cheats = sorted(n for n in BUILT_IN if args.sync == "diloco" or n not in DILOCO_ONLY)
     half = (len(cheats) + 1) // 2
     groups = [cheats[:half], cheats[half:]]
-    detection: dict[str, float] = {}
+    detection: dict[str, float | None] = {}
+    absent: dict[str, int] = {}  # adversary -> epochs it had no records in
+    missed: dict[str, list[str]] = {}  # adversary -> its verdicts in an epoch it was not caught
     false_positives, honest_audits, audits, records = 0, 0, 0, 0
     with tempfile.TemporaryDirectory(prefix="shoal-proof-bench-") as tmp:
         honest_path, _ = run_job(Path(tmp) / "honest", 4, {}, args)
@@ -174,14 +179,23 @@ def main() -> None:
             audits += sum(len(e) for e in epochs)
             records += seen
             for k, name in enumerate(group):
-                caught = sum(1 for e in epochs if f"w{k + 1}" in guilty_workers(e))
-                detection[name] = round(caught / len(epochs), 4)
+                # The epochs it had records in (a worker fenced on a loaded machine may
+                # sit one out), and in those, what its audits found where it got away.
+                present = [e for e in epochs if any(v.worker == f"w{k + 1}" for v in e)]
+                caught = sum(1 for e in present if f"w{k + 1}" in guilty_workers(e))
+                detection[name] = round(caught / len(present), 4) if present else None
+                if len(present) < len(epochs):
+                    absent[name] = len(epochs) - len(present)
+                for e in present:
+                    if f"w{k + 1}" not in guilty_workers(e):
+                        missed[name] = sorted({v.kind.value for v in e if v.worker == f"w{k + 1}"})
             for e in epochs:
                 honest = [v for v in e if v.worker == "w0"]
                 honest_audits += len(honest)
                 false_positives += sum(1 for v in honest if v.guilty)
     print(json.dumps({
-        "detection": detection, "false_positives": false_positives,
+        "detection": detection, "absent_epochs": absent, "missed_verdicts": missed,
+        "false_positives": false_positives,
         "honest_audits": honest_audits, "audit_rate": round(audits / records, 4),
         "overhead": round(audit_s / full_s, 4), "pol_overhead": round(1 / args.pol_every, 4),
         "audit_s": round(audit_s, 3), "training_compute_s": round(full_s, 3),
