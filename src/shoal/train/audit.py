@@ -67,6 +67,12 @@ class Auditor:
         wrong_slice = _slice_problem(record, step_records)
         if wrong_slice:
             return verdict(VerdictKind.wrong_samples, wrong_slice)
+        if (record.local is not None) != (self.replayer.inner is not None):
+            # A DiLoCo record without its own step's claims would audit as `unavailable`
+            # forever (its start is its own replica's, which no snapshot holds).
+            return verdict(VerdictKind.wrong_params, "the record's kind is not the job's sync: "
+                           f"{'a DiLoCo step' if record.local else 'an every-step record'} in a "
+                           f"{'DiLoCo' if self.replayer.inner else 'every-step'} job")
         if record.local is not None:  # DiLoCo: the worker's own replica (audit_local)
             self._loaded_step = None  # the local audit loads other states into the replayer
             kind, detail, distance = self.local.audit(record, lambda g: self._judge(record, g))

@@ -122,6 +122,12 @@ def test_records_are_commitments_that_only_the_lease_holder_can_make(market):
         lease=lease, records=(record(worker, 6, job="other"),))), 409)
     refused(lambda: a.upload_records(job_id, RecordUpload(
         lease=lease, records=(record(worker, 20),))), 409)  # past the job's last step
+    # A DiLoCo step's claims in an every-step job would send its audits down the wrong path.
+    from shoal.spec.proof import LocalStep
+    claim = LocalStep(round_start=6, state_sha256="0" * 64, applied=True,
+                      end_params_sha256="1" * 64, end_state_sha256="2" * 64)
+    assert "lacks" not in refused(lambda: a.upload_records(job_id, RecordUpload(
+        lease=lease, records=(record(worker, 6).model_copy(update={"local": claim}),))), 409)
 
     served.app.state.rounds.once()  # epoch 0 is complete: rooted once
     (epoch,) = a.proof_epochs(job_id)

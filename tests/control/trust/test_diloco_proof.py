@@ -266,3 +266,12 @@ def test_only_a_rounds_end_is_ever_planted(honest_diloco):
     records = served.records()
     verdicts = verifier.audit_epoch(0, records, every=True).verdicts
     assert {(v.worker, v.step) for v in verdicts if v.guilty} == {(r.worker, r.step) for r in changed}
+
+
+def test_a_diloco_record_without_its_own_steps_claims_is_refused(forger):
+    """Without them its audit would look for a start every replica shared, find none,
+    and say `unavailable` forever: a worker could never be caught."""
+    record = next(r for r in forger.store.records("w1") if r.step == 5)
+    rewrite(forger, record.model_copy(update={"local": None}))
+    found = verdict_on(forger, "w1", 5)
+    assert found.kind is VerdictKind.wrong_params and "sync" in found.detail

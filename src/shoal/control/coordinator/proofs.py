@@ -40,6 +40,7 @@ from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
 from shoal.spec.jobfile import parse_job
+from shoal.spec.plan import SyncMode
 from shoal.spec.proof import WorkRecord
 
 log = logging.getLogger(__name__)
@@ -314,6 +315,12 @@ def _check_record(record: WorkRecord, spec: JobSpec, prefix: str, rooted: int | 
                         f"start with '{prefix}'")
     if record.step >= spec.steps:
         raise Conflict(f"step {record.step} is past the job's last step ({spec.steps - 1})")
+    if (record.local is not None) != (spec.sync.mode is SyncMode.diloco):
+        # A DiLoCo record without its own step's claims would audit as `unavailable`
+        # forever; an every-step one with them would send audits down the wrong path.
+        raise Conflict(f"the record of step {record.step} {'claims' if record.local else 'lacks'} "
+                       f"a DiLoCo step's start and end; this job's sync is "
+                       f"'{spec.sync.mode.value}'")
     if rooted is not None and record.step // spec.proof.epoch_steps <= rooted:
         raise Conflict(f"step {record.step} is in proof epoch {record.step // spec.proof.epoch_steps}, "
                        "already rooted: a record must be uploaded before its epoch is rooted")
