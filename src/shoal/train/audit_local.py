@@ -189,15 +189,17 @@ class LocalAudit:
             return ("the step started neither where the worker's previous step of the round "
                     "ended nor at the round's agreed parameters")
         # At the round's agreed parameters (its start, or back there after a rollback or
-        # a join): a fresh optimizer, or the state a round's end left (its own, the peer's
-        # it joined from, a snapshot's), or a peer's just before (a join mid-round).
+        # a join): a fresh optimizer, or the state the previous round's end left (its own,
+        # the peer's it joined from, the snapshot a rollback or a restore goes back to),
+        # or a peer's just before (a join mid-round). Not any older state: an old Adam
+        # state would push a round along old gradients.
         if claim.state_sha256 == self._fresh():
             return ""
         if any(r.local is not None and r.local.end_state_sha256 == claim.state_sha256
-               and (r.step == record.step - 1 or (r.local.outer and r.step < record.step))
+               and (r.step == record.step - 1 or (r.local.outer and r.step == claim.round_start - 1))
                for r in everyone):
             return ""
-        return "the optimizer state it started from is not one a round's end left"
+        return "the optimizer state it started from is not one the previous round's end left"
 
     def _fresh(self) -> str:
         if self._fresh_sha256 is None:

@@ -8,10 +8,11 @@ import pytest
 from shoal.control.trust.verifier import Verifier
 from shoal.proof.verdicts import guilty_workers
 from shoal.spec.proof import VerdictKind
-from shoal.train.adversary import BUILT_IN
+from shoal.train.adversary import BUILT_IN, DILOCO_ONLY
 from tests.control.trust.conftest import run_proven_job
 
-CHEATS = sorted(BUILT_IN) + ["tests.control.trust.cheats:drift"]
+# Every-step jobs: the cheats that cheat there (DiLoCo's are in test_diloco_proof.py).
+CHEATS = sorted(n for n in BUILT_IN if n not in DILOCO_ONLY) + ["tests.control.trust.cheats:drift"]
 # Two jobs of six workers: five cheats and one honest worker each (w0 stays honest).
 GROUPS = [CHEATS[:5], CHEATS[5:]]
 

@@ -81,9 +81,11 @@ def test_a_spare_that_joins_at_a_rounds_end_is_audited_in_that_round(tmp_path):
     a peer's theta_outer and optimizer state, and its record of that step is the round's
     end for it: it claims the round it joined (not one starting there), counts the
     round's earlier steps as the others recorded them, and passes."""
-    # Long enough for the spare to be up and warm when w1 is killed.
+    # Killed half way, by step (not time: a loaded machine starts workers slowly), so that
+    # the spare is up and warm by then (it took 8 s in a full test run); the `join` at the
+    # same step calls it in, in the one new epoch the kill makes.
     proven = run_proven_job(tmp_path, workers=3, steps=600, epoch_steps=8, sync=DILOCO,
-                            flags=("--spares", "1", "--chaos", "kill:1@8s"))
+                            flags=("--spares", "1", "--chaos", "join@step301,kill:1@step301"))
     records = proven.store.records()
     spare = min((r for r in records if r.worker == "w3"), key=lambda r: r.step)
     assert spare.step % 4 == 3 and spare.local.outer, spare  # its first step ends a round
@@ -275,3 +277,18 @@ def test_a_diloco_record_without_its_own_steps_claims_is_refused(forger):
     rewrite(forger, record.model_copy(update={"local": None}))
     found = verdict_on(forger, "w1", 5)
     assert found.kind is VerdictKind.wrong_params and "sync" in found.detail
+
+
+def test_an_older_rounds_optimizer_state_at_a_rounds_start_is_refused(forger):
+    """A real state, but an old one: Adam's moments from two rounds back would push this
+    round along old gradients. A round starts from the state the round before it left."""
+    step = 8
+    params, _ = forger.store.load_local("w1", step)
+    _, old = forger.store.load_local("w1", 4)  # what the round ending at step 3 left
+    forger.store.save_local("w1", step, params, old)
+    record = next(r for r in forger.store.records("w1") if r.step == step)
+    rewrite(forger, record.model_copy(update={"local": record.local.model_copy(
+        update={"state_sha256": optimizer_state_sha256(old)})}))
+    found = verdict_on(forger, "w1", step)
+    assert found.kind is VerdictKind.wrong_params
+    assert "previous round's end" in found.detail
