@@ -181,6 +181,17 @@ def verdict_on(proven: ProvenJob, worker: str, step: int):
     return verifier.audit_epoch(0, records, chosen=[target]).verdicts[0]
 
 
+def start_round_from(forger: ProvenJob, step: int, state: dict):
+    """w1 keeps and claims `state` as the optimizer state its round's step `step` started
+    from; the verdict on that step."""
+    params, _ = forger.store.load_local("w1", step)
+    forger.store.save_local("w1", step, params, state)
+    record = next(r for r in forger.store.records("w1") if r.step == step)
+    rewrite(forger, record.model_copy(update={"local": record.local.model_copy(
+        update={"state_sha256": optimizer_state_sha256(state)})}))
+    return verdict_on(forger, "w1", step)
+
+
 def test_the_honest_files_pass(honest_diloco):
     for step in (0, 3, 4, 5, 11):
         assert verdict_on(honest_diloco, "w1", step).kind is VerdictKind.valid
@@ -190,15 +201,10 @@ def test_a_made_up_optimizer_state_at_a_rounds_start_is_refused(forger):
     """Adam's moments steer every update of a round: a worker that starts a round from
     moments of its choosing could push its pseudo-gradient anywhere while each of its
     steps replays exactly. A round may start only from a state some step ended with."""
-    step = 4
-    params, state = forger.store.load_local("w1", step)
+    _, state = forger.store.load_local("w1", 4)
     for slot in state.values():
         slot["exp_avg"] = slot["exp_avg"] * 50
-    forger.store.save_local("w1", step, params, state)
-    record = next(r for r in forger.store.records("w1") if r.step == step)
-    rewrite(forger, record.model_copy(update={"local": record.local.model_copy(
-        update={"state_sha256": optimizer_state_sha256(state)})}))
-    found = verdict_on(forger, "w1", step)
+    found = start_round_from(forger, 4, state)
     assert found.kind is VerdictKind.wrong_params
     assert "optimizer state" in found.detail
 
@@ -282,13 +288,7 @@ def test_a_diloco_record_without_its_own_steps_claims_is_refused(forger):
 def test_an_older_rounds_optimizer_state_at_a_rounds_start_is_refused(forger):
     """A real state, but an old one: Adam's moments from two rounds back would push this
     round along old gradients. A round starts from the state the round before it left."""
-    step = 8
-    params, _ = forger.store.load_local("w1", step)
     _, old = forger.store.load_local("w1", 4)  # what the round ending at step 3 left
-    forger.store.save_local("w1", step, params, old)
-    record = next(r for r in forger.store.records("w1") if r.step == step)
-    rewrite(forger, record.model_copy(update={"local": record.local.model_copy(
-        update={"state_sha256": optimizer_state_sha256(old)})}))
-    found = verdict_on(forger, "w1", step)
+    found = start_round_from(forger, 8, old)
     assert found.kind is VerdictKind.wrong_params
     assert "previous round's end" in found.detail
