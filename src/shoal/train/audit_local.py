@@ -63,7 +63,6 @@ class LocalAudit:
         self.records = records
         self._rounds: dict[int, tuple[str, torch.Tensor] | None] = {}
         self._fresh_sha256: str | None = None
-        self._pseudo: torch.Tensor | None = None  # the round-end step's, once loaded
 
     def audit(self, record: WorkRecord, judge: Callable[[list[torch.Tensor]], Finding | None]
               ) -> Finding:
@@ -88,55 +87,57 @@ class LocalAudit:
             # as it is (no file read, no start check left: the chain holds there).
             carried = None
             for earlier in _round_before(record, mine):
-                found, carried = self._step(earlier, mine, everyone, outer_sha256, None, carried)
+                found, carried, _ = self._step(earlier, mine, everyone, outer_sha256, None,
+                                               carried)
                 if found is not None:
                     kind, detail, distance = found
                     return kind, f"step {earlier.step} of its round: {detail}", distance
-            found, _ = self._step(record, mine, everyone, outer_sha256, judge, carried)
+            found, _, revealed = self._step(record, mine, everyone, outer_sha256, judge, carried)
         else:
-            found, _ = self._step(record, mine, everyone, outer_sha256, judge, None)
+            found, _, revealed = self._step(record, mine, everyone, outer_sha256, judge, None)
         if found is not None:
             return found
         if claim.outer:
-            return self._outer_problem(record, mine, everyone, outer_sha256, outer_flat)
+            return self._outer_problem(record, mine, everyone, outer_sha256, outer_flat,
+                                       revealed[-1])
         return VerdictKind.valid, "", 0.0
 
     def _step(self, record: WorkRecord, mine: list[WorkRecord], everyone: list[WorkRecord],
               outer_sha256: str, judge: Callable[[list[torch.Tensor]], Finding | None] | None,
-              carried: Carried | None) -> tuple[Finding | None, Carried | None]:
+              carried: Carried | None) -> tuple[Finding | None, Carried | None, list[torch.Tensor]]:
         """One step of a worker's chain: its kept start, where it started, its committed
         gradient (replayed if `judge`), and where its optimizer update ended. Leaves the
-        replayer's model at the step's end; returns what the next step may start from
-        (the end, when it is bit for bit the claimed one)."""
+        replayer's model at the step's end; returns the finding, what the next step may
+        start from (the end, when it is bit for bit the claimed one) and the revealed
+        contribution."""
         claim = record.local
         if carried is not None and carried.sha256 == (record.params_sha256, claim.state_sha256):
             params, state = self.replayer.model.state_dict(), carried.state  # the model holds it
         else:
             kept = self.store.load_local(record.worker, record.step)
             if kept is None:
-                return (VerdictKind.withheld, "the state the step started from is not kept", None), None
+                return (VerdictKind.withheld, "the state the step started from is not kept", None), None, []
             params, state = kept
             self.replayer.load(params)
             if param_sha256(self.replayer.model) != record.params_sha256 or \
                     optimizer_state_sha256(state) != claim.state_sha256:
                 return (VerdictKind.bad_commitment, "the kept start state is not the committed one",
-                        None), None
+                        None), None, []
             broken = self._start_problem(record, mine, everyone, outer_sha256)
             if broken:
-                return (VerdictKind.wrong_params, broken, None), None
+                return (VerdictKind.wrong_params, broken, None), None, []
         revealed = self.store.load_reveal(record.worker, record.step)
         if revealed is None:
-            return (VerdictKind.withheld, "no contribution revealed for this step", None), None
+            return (VerdictKind.withheld, "no contribution revealed for this step", None), None, []
         if contribution_sha256(record.job, record.worker, record.step, revealed) != \
                 record.contribution_sha256:
             return (VerdictKind.bad_commitment, "the revealed contribution is not the committed one",
-                    None), None
+                    None), None, revealed
         gradients = revealed[:-1] if claim.outer else revealed
-        self._pseudo = revealed[-1] if claim.outer else None
         if judge is not None:
             found = judge(gradients)  # from the model's state (the replay moves only .grad)
             if found is not None:
-                return found, None
+                return found, None, revealed
         if claim.applied:
             start = {k: v.clone() for k, v in params.items()}  # the step moves the model
             new_state = self.replayer.local_step(record, params, state, gradients)
@@ -144,8 +145,8 @@ class LocalAudit:
             start, new_state = params, state
         ended = (param_sha256(self.replayer.model), optimizer_state_sha256(new_state))
         if ended == (claim.end_params_sha256, claim.end_state_sha256):
-            return None, Carried(ended, new_state)
-        return self._end_problem(record, mine, start, new_state), None
+            return None, Carried(ended, new_state), revealed
+        return self._end_problem(record, mine, start, new_state), None, revealed
 
     # -- the checks ------------------------------------------------------------------
 
@@ -156,16 +157,9 @@ class LocalAudit:
         a snapshot not fetched yet is looked for again next time."""
         if round_start in self._rounds:
             return self._rounds[round_start]
-        state = self.store.load_params(round_start)
-        claims = collections.Counter(r.params_sha256 for r in everyone if r.step == round_start)
-        if state is None or not claims:
-            return None
-        try:
-            self.replayer.load(state)
-        except (RuntimeError, KeyError):
-            return None
-        sha256 = param_sha256(self.replayer.model)
-        if claims.most_common(1)[0][0] != sha256:
+        sha256 = load_agreed(self.store, self.replayer, round_start,
+                             [r.params_sha256 for r in everyone if r.step == round_start])
+        if sha256 is None:
             return None
         self._rounds[round_start] = (sha256, self.replayer.flat_params().clone())
         return self._rounds[round_start]
@@ -188,18 +182,22 @@ class LocalAudit:
         if record.params_sha256 != outer_sha256:
             return ("the step started neither where the worker's previous step of the round "
                     "ended nor at the round's agreed parameters")
-        # At the round's agreed parameters (its start, or back there after a rollback or
-        # a join): a fresh optimizer, or the state the previous round's end left (its own,
-        # the peer's it joined from, the snapshot a rollback or a restore goes back to),
-        # or a peer's just before (a join mid-round). Not any older state: an old Adam
-        # state would push a round along old gradients.
+        # At the round's agreed parameters: a fresh optimizer, or the state a step just
+        # before left (the previous round's end: its own, or the peer's it joined from or
+        # restored). Back there inside a round (a rollback, a join, a restore), also what
+        # any earlier round's end left: a rollback goes back to a snapshot, which may be
+        # rounds old. Not at a round's start: an old Adam state would push a round along
+        # old gradients.
         if claim.state_sha256 == self._fresh():
             return ""
+        restart = record.step > claim.round_start
         if any(r.local is not None and r.local.end_state_sha256 == claim.state_sha256
-               and (r.step == record.step - 1 or (r.local.outer and r.step == claim.round_start - 1))
+               and (r.step == record.step - 1 or (restart and r.local.outer and r.step < record.step))
                for r in everyone):
             return ""
-        return "the optimizer state it started from is not one the previous round's end left"
+        return ("the optimizer state it started from is not one the previous round's end left"
+                if not restart else "the optimizer state it started from is not one a step "
+                "just before or a round's end left")
 
     def _fresh(self) -> str:
         if self._fresh_sha256 is None:
@@ -241,10 +239,10 @@ class LocalAudit:
 
     def _outer_problem(self, record: WorkRecord, mine: list[WorkRecord],
                        everyone: list[WorkRecord], outer_sha256: str,
-                       outer_flat: torch.Tensor) -> Finding:
+                       outer_flat: torch.Tensor, pseudo: torch.Tensor) -> Finding:
         """The round's end (the model holds where its last step ended): is the committed
-        pseudo-gradient (theta_outer − that) weighted by the samples its records show?"""
-        claim, pseudo = record.local, self._pseudo
+        `pseudo`-gradient (theta_outer − that) weighted by the samples its records show?"""
+        claim = record.local
         samples, expected = _round_counts(record, mine, everyone, outer_sha256)
         if (claim.round_samples, claim.round_expected) != (samples, expected):
             return (VerdictKind.wrong_samples,
@@ -255,6 +253,22 @@ class LocalAudit:
         if distance <= self.tolerance:
             return VerdictKind.valid, "", distance
         return VerdictKind.wrong_contribution, "the pseudo-gradient is not the round's", distance
+
+
+def load_agreed(store: ProofStore, replayer: Replayer, step: int,
+                claims: list[str]) -> str | None:
+    """Load the keepers' snapshot of `step` into the replayer if it is the state most of
+    the step's records `claims` to start from (one writer cannot forge it); its SHA-256,
+    or None when there is no such snapshot."""
+    state = store.load_params(step)
+    if state is None or not claims:
+        return None
+    try:
+        replayer.load(state)
+    except (RuntimeError, KeyError):
+        return None
+    sha256 = param_sha256(replayer.model)
+    return sha256 if collections.Counter(claims).most_common(1)[0][0] == sha256 else None
 
 
 def _round_before(record: WorkRecord, mine: list[WorkRecord]) -> list[WorkRecord]:

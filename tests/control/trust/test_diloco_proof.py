@@ -100,6 +100,21 @@ def test_a_spare_that_joins_at_a_rounds_end_is_audited_in_that_round(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_rollback_inside_a_round_restarts_from_an_older_snapshot_and_passes(tmp_path):
+    """Three NaN steps in a row roll w1 back to its last snapshot, which may be rounds
+    old: back at theta_outer with that snapshot's optimizer state, a start the audit must
+    take (an end-to-end run once called it forged). Only the NaN steps are blamed."""
+    # The snapshot is taken at step 100 (after the round ending at 99); the NaNs end the
+    # round 104-107, so the rollback goes back past the round 100-103.
+    proven = run_proven_job(tmp_path, workers=3, steps=120, epoch_steps=8, sync=DILOCO,
+                            env={"SHOAL_INJECT": "nan-loss@w1:step105-107"})
+    assert "rolled back model and optimizer" in (tmp_path / "run" / "w1.log").read_text()
+    verdicts = [v for audit in audit_all(proven, 8).values() for v in audit.verdicts]
+    blamed = {(v.worker, v.step) for v in verdicts if v.kind is not VerdictKind.valid}
+    assert blamed and blamed <= {("w1", 105), ("w1", 106), ("w1", 107)}, blamed
+
+
+@pytest.mark.slow
 def test_a_nan_at_a_rounds_end_is_skipped_and_only_its_sender_is_blamed(tmp_path):
     """w1's loss is NaN at the round's last step: the guard skips the outer step and the
     round goes on from where that step started (before, recording the NaN crashed the
