@@ -46,6 +46,7 @@ class Adversary:
     """An honest worker; subclasses override where they cheat."""
 
     name = "honest"
+    diloco_only = False  # cheats only where a DiLoCo round ends (honest under every-step sync)
 
     def samples(self, ids: np.ndarray, ctx: AdversaryContext) -> np.ndarray:
         """The sample ids the worker actually computes on (it records the assigned ones)."""
@@ -166,6 +167,7 @@ class OuterScale(Adversary):
     poisoner would pick (every-step jobs: an honest worker)."""
 
     name = "outer_scale"
+    diloco_only = True
 
     def pseudo_gradient(self, honest: torch.Tensor, ctx: AdversaryContext) -> torch.Tensor:
         return honest * 10.0
@@ -200,7 +202,7 @@ BUILT_IN: dict[str, Callable[[], Adversary]] = {
     "outer_scale": OuterScale,
 }
 # Cheats only where a round ends: under every-step sync these workers are honest.
-DILOCO_ONLY = frozenset({"outer_scale"})
+DILOCO_ONLY = frozenset(name for name, make in BUILT_IN.items() if make().diloco_only)
 
 
 class Sometimes(Adversary):
@@ -210,6 +212,7 @@ class Sometimes(Adversary):
     def __init__(self, inner: Adversary, rate: float) -> None:
         self.inner, self.rate = inner, rate
         self.name = f"{inner.name}@{rate:g}"
+        self.diloco_only = inner.diloco_only
 
     def cheats(self, step: int) -> bool:
         digest = hashlib.sha256(f"shoal-sometimes:{self.name}:{step}".encode()).digest()

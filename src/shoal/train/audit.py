@@ -20,8 +20,7 @@ import torch
 
 from shoal.proof.merkle import verify_proof
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
-from shoal.train.audit_local import Finding, LocalAudit
-from shoal.train.hashing import param_sha256
+from shoal.train.audit_local import Finding, LocalAudit, load_agreed
 from shoal.train.order import share_positions, step_cursor
 from shoal.train.proof_store import ProofStore, contribution_sha256
 from shoal.train.replay import Replayer, relative_distance
@@ -112,17 +111,10 @@ class Auditor:
         they started from (the most common claim: one writer cannot forge it)."""
         if self._loaded_step == step:
             return self._loaded_ok
-        self._loaded_step, self._loaded_ok = step, False
-        state = self.store.load_params(step)
-        if state is None:
-            return False
-        try:
-            self.replayer.load(state)
-        except (RuntimeError, KeyError):
-            return False
-        self._params_sha256 = param_sha256(self.replayer.model)
-        claims = collections.Counter(r.params_sha256 for r in step_records)
-        self._loaded_ok = claims.most_common(1)[0][0] == self._params_sha256 if claims else False
+        agreed = load_agreed(self.store, self.replayer, step,
+                             [r.params_sha256 for r in step_records])
+        self._loaded_step, self._loaded_ok = step, agreed is not None
+        self._params_sha256 = agreed or ""
         return self._loaded_ok
 
 

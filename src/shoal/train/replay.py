@@ -11,7 +11,6 @@ job (never the worker's), to see where an honest step ends.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -85,7 +84,7 @@ class Replayer:
             self._optimizer = self.inner.build(self.model)
             self._groups = self._optimizer.state_dict()["param_groups"]
         optimizer = self._optimizer
-        optimizer.load_state_dict({"state": optimizer_state, "param_groups": copy.deepcopy(self._groups)})
+        optimizer.load_state_dict({"state": optimizer_state, "param_groups": self._groups})
         for group in optimizer.param_groups:
             group["lr"] = self.inner.lr(record.step)
         exchange = GradientExchange(list(self.model.parameters()), groups=1)

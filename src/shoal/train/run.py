@@ -30,7 +30,7 @@ import torch
 from shoal.spec.elastic import BatchPolicy, Phase
 from shoal.spec.job import Aggregation, SyncSpec
 from shoal.train import inject
-from shoal.train.adversary import DILOCO_ONLY, load_adversary
+from shoal.train.adversary import load_adversary
 from shoal.train.checkpoint import CheckpointStore
 from shoal.train.diloco import DiLoCo
 from shoal.train.commit import Ballot, Excluded, Proposer, agree
@@ -122,8 +122,8 @@ class Run:
         self.sync = make_sync(sync, self.exchange, optimizer)
         self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self.checkpoints)
         self.replica.extras["sync"] = self.sync
-        cheat = (self.config.adversary or "").partition("@")[0]
-        if cheat in DILOCO_ONLY and not isinstance(self.sync, DiLoCo):
+        if self.proof.adversary is not None and self.proof.adversary.diloco_only and \
+                not isinstance(self.sync, DiLoCo):
             raise TrainError(f"adversary {self.config.adversary!r} cheats at DiLoCo's outer "
                              "steps only: use it with [sync] mode = 'diloco'")
         return model, ElasticOptimizer(self, optimizer)

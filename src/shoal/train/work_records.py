@@ -125,20 +125,18 @@ class WorkRecorder:
         if self._end is None:
             return None  # the step never reached its update: nothing to claim
         end_params, end_state, applied = self._end
-        sent, outer = self._sent, {}
-        if self._outer is not None:
+        record, sent, update, outer = self._pending, self._sent, {}, {}
+        if self._outer is not None:  # the round's end: its pseudo-gradient is committed too
             pseudo, samples, expected = self._outer
             sent = [*sent, pseudo]
             outer = {"round_samples": samples, "round_expected": expected,
                      "outer_norm": contribution_norm([pseudo])}
-        record = self._pending
-        claim = LocalStep(round_start=self._round_start, state_sha256=self._state_sha256,
-                          applied=applied, end_params_sha256=end_params,
-                          end_state_sha256=end_state, **outer)
-        return record.model_copy(update={
-            "local": claim,
-            "contribution_sha256": contribution_sha256(record.job, record.worker, record.step,
-                                                       sent)}), sent
+            update["contribution_sha256"] = contribution_sha256(record.job, record.worker,
+                                                                record.step, sent)
+        update["local"] = LocalStep(round_start=self._round_start, state_sha256=self._state_sha256,
+                                    applied=applied, end_params_sha256=end_params,
+                                    end_state_sha256=end_state, **outer)
+        return record.model_copy(update=update), sent
 
     def peer_record(self) -> WorkRecord | None:
         """The newest record of another worker (what a copying cheat would read)."""
