@@ -71,11 +71,12 @@ def test_resume_identity_ignores_run_length():
     assert a.resume_identity() != c.resume_identity()
 
 
-def test_proof_under_diloco_refuses_a_codec_or_late_rounds_with_a_way_out():
+def test_proof_refuses_a_codec_or_late_rounds_with_a_way_out():
     job = parse_job({"steps": 4, "global_batch": 2, "proof": {"enabled": True},
                      "sync": {"mode": "diloco", "inner_steps": 4}})
     assert job.proof.enabled
-    for sync in ({"codec": "int8"}, {"slt": 1}):
+    for sync in ({"mode": "diloco", "inner_steps": 4, "codec": "int8"},
+                 {"mode": "diloco", "inner_steps": 4, "slt": 1},
+                 {"codec": "int8"}):  # every-step too: what is summed must be what is committed
         with pytest.raises(SpecError, match="codec = 'none' and slt = 0"):
-            parse_job({"steps": 4, "global_batch": 2, "proof": {"enabled": True},
-                       "sync": {"mode": "diloco", "inner_steps": 4, **sync}})
+            parse_job({"steps": 4, "global_batch": 2, "proof": {"enabled": True}, "sync": sync})

@@ -182,13 +182,13 @@ class JobSpec(Frozen):
             raise ValueError(f"aggregation = '{self.aggregation.value}' needs every worker's "
                              "full gradient every step: use it with [sync] mode = 'allreduce' "
                              "and codec = 'none', or use aggregation = 'mean'")
-        if self.proof.enabled and self.sync.mode is SyncMode.diloco and (
-                self.sync.slt > 0 or self.sync.codec is not Codec.none):
-            # A record commits the pseudo-gradient a worker computed; a codec's compressed
-            # form (with its error feedback) or a late round is not what a replay checks.
-            raise ValueError("[proof] under DiLoCo needs [sync] codec = 'none' and slt = 0: "
-                             "an audit replays the pseudo-gradient itself, not a compressed "
-                             "or late form of it")
+        if self.proof.enabled and (self.sync.slt > 0 or self.sync.codec is not Codec.none):
+            # A record commits the gradient or pseudo-gradient a worker computed, and every
+            # voted step checks that the sum exchanged is the sum of what was committed; a
+            # codec's compressed form (with its error feedback) or a late round is neither.
+            raise ValueError("[proof] needs [sync] codec = 'none' and slt = 0: an audit "
+                             "replays the gradient or pseudo-gradient itself, not a "
+                             "compressed or late form of it")
         return self
 
     @property

@@ -48,6 +48,33 @@ class LocalStep(Frozen):
         return self.round_expected is not None
 
 
+class Exchanged(Frozen):
+    """What the members of a voted step declared they sent, as every member read it.
+
+    An all-reduce shows nobody what one member sent, only the sum. So after it, each
+    member publishes a sketch of its own part: its projection on random directions
+    drawn from the hash of the exchanged sum (fixed only once every part was sent),
+    and the step is applied only if the sketches add up to the sum's. A worker that
+    sends other than it commits must then either declare the sketch of what it sent,
+    which a replay of its committed work does not match, or have the step refused."""
+
+    seed: str = Field(pattern=SHA256_HEX)  # SHA-256 of the exchanged sum: draws the directions
+    # Per rank, in rank order; None where a value is not finite (a NaN step's).
+    sketches: tuple[tuple[float | None, ...], ...] = Field(min_length=1)
+    # DiLoCo round ends: the samples each rank's pseudo-gradient is weighted by, which
+    # the outer average is normalised with.
+    counts: tuple[int, ...] | None = None
+
+
+class SentDeclaration(Frozen):
+    """One member's declaration after a voted step's exchange (through the store)."""
+
+    ok: bool  # its exchange succeeded (a failed one declares too, so no peer waits)
+    sketch: tuple[float | None, ...] = ()
+    tail: tuple[float | None, ...] = ()  # the step scalars it added to the exchange
+    count: int | None = None  # DiLoCo: the samples its pseudo-gradient is weighted by
+
+
 class WorkRecord(Frozen):
     """One worker's claim about one step: what it started from, on which
     samples, and a commitment to the contribution it sent."""
@@ -82,6 +109,9 @@ class WorkRecord(Frozen):
     # (`shoal.proof.epochs.final_lineage`).
     membership_epoch: int = Field(0, ge=0)
     local: LocalStep | None = None  # under DiLoCo (sync.mode = "diloco"), else None
+    # A voted step (every step; under DiLoCo a round's end): what its members declared
+    # they sent. None on a DiLoCo inner step, which exchanges nothing.
+    exchanged: Exchanged | None = None
 
     @property
     def contributed(self) -> bool:
@@ -102,9 +132,10 @@ class WorkRecord(Frozen):
     def leaf(self) -> bytes:
         """The Merkle leaf: SHA-256 of the record's canonical JSON, domain-separated
         from inner nodes (a leaf can never pass for a node)."""
-        # A record without a local step hashes as before the field existed.
-        body = json.dumps(self.model_dump(mode="json", exclude={"local"} if self.local is None
-                                          else None), sort_keys=True, separators=(",", ":"))
+        # A field added later hashes as if it did not exist while it is unset.
+        unset = {name for name in ("local", "exchanged") if getattr(self, name) is None}
+        body = json.dumps(self.model_dump(mode="json", exclude=unset or None),
+                          sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(b"\x00" + body.encode()).digest()
 
 

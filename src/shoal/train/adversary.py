@@ -68,6 +68,22 @@ class Adversary:
         """What the worker shows an audit instead of what it sent."""
         return sent
 
+    # A cheat that commits one thing and puts another in the all-reduce, which shows
+    # nobody its part (`shoal.train.sent_check` is what stands in its way).
+    declares_sent = True  # it declares the sketch of what it sent (False: of what it committed)
+
+    def sent(self, committed: Contribution, ctx: AdversaryContext) -> Contribution:
+        """What the worker puts in the exchange, having committed to `committed`."""
+        return committed
+
+    def sent_pseudo_gradient(self, committed: torch.Tensor, ctx: AdversaryContext) -> torch.Tensor:
+        """Under DiLoCo: the pseudo-gradient it puts in the outer exchange."""
+        return committed
+
+    def sent_count(self, count: int, ctx: AdversaryContext) -> int:
+        """Under DiLoCo: the samples count it sends beside its pseudo-gradient."""
+        return count
+
 
 class Scale(Adversary):
     """Scales its gradient (×-1 flips the sign): a push in a chosen direction."""
@@ -173,6 +189,20 @@ class OuterScale(Adversary):
         return honest * 10.0
 
 
+class HiddenScale(Adversary):
+    """Commits its honest gradient (or pseudo-gradient) and puts it ×10 in the exchange,
+    declaring what it sent: every audit replays the honest work and opens the honest
+    commitment, so only the sketch of what it sent gives it away."""
+
+    name = "hidden_scale"
+
+    def sent(self, committed: Contribution, ctx: AdversaryContext) -> Contribution:
+        return [t * 10.0 for t in committed]
+
+    def sent_pseudo_gradient(self, committed: torch.Tensor, ctx: AdversaryContext) -> torch.Tensor:
+        return committed * 10.0
+
+
 class _Callable(Adversary):
     """A user's `module:callable` (contribution, step, context) -> contribution."""
 
@@ -200,6 +230,7 @@ BUILT_IN: dict[str, Callable[[], Adversary]] = {
     "bad_commitment": BadCommitment,
     "copy": CopyRecord,
     "outer_scale": OuterScale,
+    "hidden_scale": HiddenScale,
 }
 # Cheats only where a round ends: under every-step sync these workers are honest.
 DILOCO_ONLY = frozenset(name for name, make in BUILT_IN.items() if make().diloco_only)
@@ -213,6 +244,7 @@ class Sometimes(Adversary):
         self.inner, self.rate = inner, rate
         self.name = f"{inner.name}@{rate:g}"
         self.diloco_only = inner.diloco_only
+        self.declares_sent = inner.declares_sent
 
     def cheats(self, step: int) -> bool:
         digest = hashlib.sha256(f"shoal-sometimes:{self.name}:{step}".encode()).digest()
@@ -229,6 +261,15 @@ class Sometimes(Adversary):
 
     def pseudo_gradient(self, honest: torch.Tensor, ctx: AdversaryContext) -> torch.Tensor:
         return self.inner.pseudo_gradient(honest, ctx) if self.cheats(ctx.step) else honest
+
+    def sent(self, committed: Contribution, ctx: AdversaryContext) -> Contribution:
+        return self.inner.sent(committed, ctx) if self.cheats(ctx.step) else committed
+
+    def sent_pseudo_gradient(self, committed: torch.Tensor, ctx: AdversaryContext) -> torch.Tensor:
+        return self.inner.sent_pseudo_gradient(committed, ctx) if self.cheats(ctx.step) else committed
+
+    def sent_count(self, count: int, ctx: AdversaryContext) -> int:
+        return self.inner.sent_count(count, ctx) if self.cheats(ctx.step) else count
 
 
 def load_adversary(spec: str | None) -> Adversary | None:

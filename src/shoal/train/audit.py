@@ -21,6 +21,7 @@ import torch
 from shoal.proof.merkle import verify_proof
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
 from shoal.train.audit_local import Finding, LocalAudit, load_agreed
+from shoal.train.audit_sent import sent_problem
 from shoal.train.order import share_positions, step_cursor
 from shoal.train.proof_store import ProofStore, contribution_sha256
 from shoal.train.replay import Replayer, relative_distance
@@ -85,6 +86,9 @@ class Auditor:
             return verdict(VerdictKind.withheld, "no contribution revealed for this step")
         if contribution_sha256(record.job, record.worker, record.step, revealed) != record.contribution_sha256:
             return verdict(VerdictKind.bad_commitment, "the revealed contribution is not the committed one")
+        found = sent_problem(record, step_records, revealed, self.tolerance)
+        if found is not None:  # it put other than it committed in the exchange
+            return verdict(*found)
         replayed = self.replayer.contribution(record)
         if contribution_sha256(record.job, record.worker, record.step, replayed) == record.contribution_sha256:
             return verdict(VerdictKind.valid, "replay is bit-identical", distance=0.0)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from shoal.spec.proof import VerdictKind, WorkRecord
+from shoal.train.audit_sent import sent_problem
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
 from shoal.train.proof_store import ProofStore, contribution_sha256
 from shoal.train.replay import Replayer, relative_distance
@@ -250,9 +251,12 @@ class LocalAudit:
                     f"pseudo-gradient; its records of the round show {samples} of {expected}", None)
         honest = (outer_flat - self.replayer.flat_params()) * (samples / expected)
         distance = relative_distance([honest], [pseudo])
-        if distance <= self.tolerance:
-            return VerdictKind.valid, "", distance
-        return VerdictKind.wrong_contribution, "the pseudo-gradient is not the round's", distance
+        if distance > self.tolerance:
+            return VerdictKind.wrong_contribution, "the pseudo-gradient is not the round's", distance
+        # ... and it is what the worker put in the outer exchange, with that count.
+        found = sent_problem(record, [r for r in everyone if r.step == record.step], [pseudo],
+                             self.tolerance, count=claim.round_samples)
+        return found if found is not None else (VerdictKind.valid, "", distance)
 
 
 def load_agreed(store: ProofStore, replayer: Replayer, step: int,

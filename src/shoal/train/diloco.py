@@ -93,7 +93,8 @@ class DiLoCo:
         self._outer_now = False
         self._backup: tuple[torch.Tensor, dict] | None = None
         self._delta: torch.Tensor | None = None
-        self._present = self._expected = 0
+        self._present = self._expected = self._count_sent = 0
+        self._summed_sent = torch.zeros(0)
         self.proof: StepProof | None = None  # set by the run when the job records work
         self._round_start: int | None = None  # None: the next step begins a round
 
@@ -179,7 +180,8 @@ class DiLoCo:
             delta = self.proof.outer(delta, mine, expected)
         time.sleep(inject.exchange_delay_s())  # benchmarks only: a slow link, emulated
         tail = self.exchange.scalar_tail()
-        scalars = torch.cat([tail, torch.tensor([float(mine)])])
+        self._count_sent = self.proof.sent_count(mine) if self.proof is not None else mine
+        scalars = torch.cat([tail, torch.tensor([float(self._count_sent)])])
         if self.codec is not None:
             summed = self.codec.exchange(delta, group, should_cancel)
             group.all_reduce([scalars], should_cancel)
@@ -190,9 +192,19 @@ class DiLoCo:
             self._plain_bytes += ring_all_reduce_bytes(sent.nbytes, group.world)
             summed, scalars = sent[:delta.numel()], sent[delta.numel():]
         tail.copy_(scalars[:-1])
+        self._summed_sent = summed
         self._present, self._expected = int(scalars[-1].item()), expected
         # Weighted by the samples of the members present, whoever is missing.
         self._delta = summed * (expected / self._present) if self._present else torch.zeros_like(delta)
+
+    def summed_sent(self) -> list[torch.Tensor]:
+        """After the outer exchange: the sum of every member's weighted pseudo-gradient."""
+        return [self._summed_sent]
+
+    def sent_counts(self) -> dict[str, int]:
+        """The samples count this worker sent, their sum, and the round's samples."""
+        return {"count": self._count_sent, "summed_count": self._present,
+                "round_expected": self._expected}
 
     def checked(self) -> list[torch.Tensor]:
         extra = [self._delta] if self._outer_now and self._delta is not None else []

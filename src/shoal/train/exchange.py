@@ -154,5 +154,12 @@ class GradientExchange:
                                for r in range(self.world)),
         )
 
+    def declared_lrs(self, tail: tuple[float | None, ...]) -> tuple[float | None, ...] | None:
+        """The learning rates in one member's own tail (as it wrote it), or None if that
+        member did not run the loop body (it sent zeros)."""
+        if len(tail) <= self.groups + _RAN or tail[self.groups + _RAN] != 1.0:
+            return None
+        return tuple(tail[: self.groups])
+
     def _tail(self) -> torch.Tensor:
         return self.buffers[torch.float32][self._grad_numel:]

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shoal.spec.elastic import BatchPolicy, Phase
+from shoal.spec.elastic import BatchPolicy, GuardVerdict, Phase
 from shoal.spec.job import Aggregation, SyncSpec
 from shoal.train import inject
 from shoal.train.adversary import load_adversary
@@ -49,7 +49,8 @@ from shoal.train.shares import ShareBalancer
 from shoal.train.step_commit import Attempt, StepCommitter
 from shoal.train.step_log import StepLog
 from shoal.train.step_proof import StepProof
-from shoal.train.sync import make_sync
+from shoal.train.sent_check import Sent, SentCheck
+from shoal.train.sync import EveryStep, make_sync
 from shoal.train.work_records import LocalSteps, ProofSettings, WorkRecorder
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ class Run:
         self.sync = make_sync(sync, self.exchange, optimizer)
         self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self.checkpoints)
         self.replica.extras["sync"] = self.sync
+        self.proof.diloco = isinstance(self.sync, DiLoCo)
         if self.proof.adversary is not None and self.proof.adversary.diloco_only and \
                 not isinstance(self.sync, DiLoCo):
             raise TrainError(f"adversary {self.config.adversary!r} cheats at DiLoCo's outer "
@@ -133,6 +135,10 @@ class Run:
         if self.model is None:
             raise TrainError("call run.wrap(model, optimizer) before run.prove(...)")
         self.proof.recorder = WorkRecorder(settings, self.worker)
+        # Every voted step: each member declares what it sent, against the sum.
+        self.proof.sent_check = SentCheck(self.rdzv, self.config.poll_s, self.exchange.declared_lrs)
+        if isinstance(self.sync, EveryStep):
+            self.sync.keep_sum = True
         if isinstance(self.sync, DiLoCo):  # each worker steps alone inside a round
             if type(self.sync) is not DiLoCo or self.sync.codec is not None:
                 raise TrainError("[proof] under DiLoCo needs [sync] slt = 0 and codec = 'none'")
@@ -233,8 +239,9 @@ class Run:
         self.exchange.write_scalars(
             self.rank, [float(g["lr"]) for g in self.optimizer.param_groups], attempt.share > 0,
             attempt.loss_sum, attempt.loss_samples, self.sync.fingerprint())
+        tail = tuple(self.exchange.scalar_tail().tolist()) if self.proof.checks_sent else ()
         self.progress.reached(self.record.epoch, self.step_index, Phase.exchange)
-        ballot, scalars = self._exchange()
+        ballot, scalars = self._exchange(tail)
         self.progress.reached(self.record.epoch, self.step_index, Phase.voted)
         try:
             decision = agree(self.rdzv, self.record, self.rank, self.step_index, ballot,
@@ -267,19 +274,33 @@ class Run:
         if not decision.commit or decision.next_epoch is not None:
             self._drop_group(stale=False)
 
-    def _exchange(self) -> tuple[Ballot, StepScalars | None]:
+    def _exchange(self, tail: tuple[float, ...]) -> tuple[Ballot, StepScalars | None]:
         """Exchange the step (shoal.train.sync: all-reduce, a robust rule's all-gather, a
         codec, or DiLoCo), then this member's ballot: did it work, what does the guard
-        say, do the replicas' fingerprints agree."""
+        say, do the replicas' fingerprints agree. With work records, every member also
+        declares what it sent, and a step whose declarations do not add up is refused.
+
+        `tail`: the step scalars this member added (with work records only)."""
+        e, step = self.record.epoch, self.step_index
         try:
             self.sync.exchange_step(self.group, self.membership.changed,
-                                    self.attempt.work(self.step_index), self.committer.inner_step)
+                                    self.attempt.work(step), self.committer.inner_step)
         except (GroupFailed, GroupCancelled) as error:
-            log.info("[epoch %d rank %d] step %d exchange failed: %s",
-                     self.record.epoch, self.rank, self.step_index, error)
+            log.info("[epoch %d rank %d] step %d exchange failed: %s", e, self.rank, step, error)
+            self.proof.exchange_failed(e, step, self.rank)
             return Ballot(ok=False), None
         scalars = self.exchange.read_scalars()
         verdict, reason = self.guard.assess(scalars.mean_loss, self.sync.checked())
+        if self.proof.checks_sent:
+            sent = Sent(mine=[], summed=self.sync.summed_sent(), tail=tail,
+                        summed_tail=tuple(self.exchange.scalar_tail().tolist()),
+                        **self.sync.sent_counts())
+            checked = self.proof.check_sent(e, step, self.rank, self.world, sent,
+                                            self.membership.changed)
+            if not checked.ok:
+                return Ballot(ok=False), None
+            if checked.refusal and verdict is GuardVerdict.apply:
+                verdict, reason = GuardVerdict.skip, checked.refusal
         if reason:
             log.warning("[epoch %d] step %d: %s (%s)", self.record.epoch, self.step_index,
                         reason, verdict.value)

@@ -8,11 +8,15 @@ An honest worker that records nothing pays nothing here.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from shoal.train.adversary import Adversary, AdversaryContext
 from shoal.train.exchange import GradientExchange
+from shoal.train.sent_check import Checked, Sent, SentCheck
 from shoal.train.work_records import WorkRecorder
 
 
@@ -24,6 +28,9 @@ class StepProof:
         self._memory: dict = {}
         self._context: AdversaryContext | None = None
         self._model: torch.nn.Module | None = None
+        self.sent_check: SentCheck | None = None  # set by the run when the job records work
+        self._declared: list[torch.Tensor] | None = None
+        self.diloco = False  # set by the run: only a round's end is exchanged
 
     @property
     def active(self) -> bool:
@@ -43,8 +50,10 @@ class StepProof:
         return self.adversary.samples(ids, self._context) if self.adversary else ids
 
     def before_exchange(self, exchange: GradientExchange) -> None:
-        """Swap in what a cheat sends instead, and commit to what is sent."""
+        """Swap in what a cheat sends instead, and commit to what is sent (a cheat may
+        still put something else in the exchange)."""
         views = exchange.gradients()
+        self._declared = None
         if self.adversary is not None:
             with torch.no_grad():
                 sent = self.adversary.contribution([v.clone() for v in views], self._context)
@@ -52,6 +61,13 @@ class StepProof:
                     view.copy_(value)
         if self.recorder is not None:
             self.recorder.seal(views)
+        if self.adversary is not None and not self.diloco:  # DiLoCo's inner steps send nothing
+            with torch.no_grad():
+                wire = self.adversary.sent([v.clone() for v in views], self._context)
+                for view, value in zip(views, wire):
+                    view.copy_(value)
+                if self.adversary.declares_sent:
+                    self._declared = [v.clone() for v in views]
 
     def local_stepped(self, applied: bool) -> None:
         """Under DiLoCo: this worker's own optimizer update of the step is done (or not
@@ -70,7 +86,39 @@ class StepProof:
                                                                  self._context)
         if self.recorder is not None and self.recorder.local is not None:
             self.recorder.outer(pseudo_gradient, round_samples, round_expected)
+        if self.adversary is not None and self._context is not None:
+            with torch.no_grad():
+                pseudo_gradient = self.adversary.sent_pseudo_gradient(pseudo_gradient.clone(),
+                                                                      self._context)
+            if self.adversary.declares_sent:
+                self._declared = [pseudo_gradient]
         return pseudo_gradient
+
+    def sent_count(self, count: int) -> int:
+        """Under DiLoCo: the samples count sent beside the pseudo-gradient."""
+        if self.adversary is None or self._context is None:
+            return count
+        return self.adversary.sent_count(count, self._context)
+
+    @property
+    def checks_sent(self) -> bool:
+        return self.sent_check is not None and self.recorder is not None
+
+    def exchange_failed(self, epoch: int, step: int, rank: int) -> None:
+        if self.sent_check is not None:
+            self.sent_check.failed(epoch, step, rank)
+
+    def check_sent(self, epoch: int, step: int, rank: int, world: int, sent: Sent,
+                   cancelled: Callable[[], bool]) -> Checked:
+        """After a voted step's exchange: declare what this worker sent and check every
+        member's declarations against the sum (`shoal.train.sent_check`)."""
+        assert self.sent_check is not None and self.recorder is not None
+        # What it committed to sending (a cheat declaring what it really sent: that).
+        sent = dataclasses.replace(sent, mine=self._declared if self._declared is not None
+                                   else self.recorder.sent_part())
+        checked = self.sent_check.check(epoch, step, rank, world, sent, cancelled)
+        self.recorder.exchanged = checked.exchanged
+        return checked
 
     def committed(self, membership_epoch: int = 0) -> None:
         """The step committed everywhere (in `membership_epoch`): publish its record and keep

@@ -52,6 +52,8 @@ class EveryStep:
         self.exchange, self.codec = exchange, codec
         self._plain_bytes = 0
         self.samples_dropped = 0  # never, in this mode
+        self.keep_sum = False  # set with work records: a robust rule's gather keeps the sum
+        self._summed: list[torch.Tensor] | None = None
 
     @property
     def bytes_sent(self) -> int:
@@ -77,8 +79,12 @@ class EveryStep:
     def exchange_step(self, group: EpochGroup, should_cancel: ShouldCancel, work: StepWork,
                       inner_step: InnerStep) -> None:
         ex = self.exchange
+        self._summed = None
         if ex.gathers:  # a robust rule needs every worker's gradient
             gathered = group.all_gather(ex.tensors(), should_cancel)
+            if self.keep_sum:  # what an all-reduce would have summed, in rank order
+                self._summed = [sum(c[:g.numel()] for c in copies)
+                                for copies, g in zip(gathered, ex.gradients())]
             ex.combine(gathered, [s / work.global_batch for s in work.shares])
             self._plain_bytes += sum(ring_all_gather_bytes(t.nbytes, group.world)
                                      for t in ex.tensors())
@@ -98,6 +104,14 @@ class EveryStep:
     def agreed_sha256(self, model: torch.nn.Module) -> str | None:
         """The hash of what every replica holds alike, to compare across replicas."""
         return param_sha256(model)
+
+    def summed_sent(self) -> list[torch.Tensor]:
+        """After the exchange: the sum of every member's contribution (the gradient
+        parts of the buffers, as `GradientExchange.gradients` lays them out)."""
+        return self._summed if self._summed is not None else self.exchange.gradients()
+
+    def sent_counts(self) -> dict[str, int]:
+        return {}  # no samples count travels beside every-step gradients
 
     def agreed(self) -> contextlib.AbstractContextManager[None]:
         """A block in which the model holds what every replica agrees on: here, always."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from shoal.proof.epochs import params_keepers
-from shoal.spec.proof import LocalStep, ProofSpec, WorkRecord
+from shoal.spec.proof import Exchanged, LocalStep, ProofSpec, WorkRecord
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
 from shoal.train.proof_store import ProofStore, contribution_norm, contribution_sha256
 
@@ -61,6 +61,9 @@ class WorkRecorder:
         self.local: LocalSteps | None = None  # set by the run under DiLoCo
         self._end: tuple[str, str, bool] | None = None
         self._outer: tuple[torch.Tensor, int, int] | None = None
+        # What the members of the step's exchange declared they sent (set after the
+        # exchange of a voted step; None on a DiLoCo inner step).
+        self.exchanged: Exchanged | None = None
 
     def begin(self, step: int, model: torch.nn.Module, positions: range, rank: int,
               shares: tuple[int, ...]) -> int:
@@ -80,7 +83,7 @@ class WorkRecorder:
             self.store.save_local(self.worker, step, model.state_dict(), state)
         self._rng_seed = step_rng_seed(self.settings.seed, step, positions.start)
         self._pending, self._sent = None, None
-        self._end = self._outer = None
+        self._end = self._outer = self.exchanged = None
         return self._rng_seed
 
     def local_stepped(self, model: torch.nn.Module, applied: bool) -> None:
@@ -116,10 +119,20 @@ class WorkRecorder:
         self.store.prune(self.worker, (epoch - spec.keep_epochs + 1) * spec.epoch_steps,
                          keep_s=spec.keep_s)
 
+    def sent_part(self) -> list[torch.Tensor]:
+        """What this worker committed to putting in the step's exchange: its contribution,
+        or under DiLoCo the round's pseudo-gradient."""
+        if self._outer is not None:
+            return [self._outer[0]]
+        assert self._sent is not None, "seal the step before its exchange"
+        return self._sent
+
     @property
     def pending(self) -> tuple[WorkRecord, list[torch.Tensor]] | None:
         if self._pending is None or self._sent is None:
             return None
+        if self.exchanged is not None:
+            self._pending = self._pending.model_copy(update={"exchanged": self.exchanged})
         if self.local is None:
             return self._pending, self._sent
         if self._end is None:

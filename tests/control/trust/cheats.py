@@ -1,7 +1,42 @@
-"""A user's own adversary, loaded by `--adversary N=tests.control.trust.cheats:drift`."""
+"""Users' own adversaries, loaded by `--adversary N=tests.control.trust.cheats:NAME`."""
+
+from shoal.train.adversary import Adversary
 
 
 def drift(contribution, step, context):
     """Adds a small constant push to every coordinate: the kind of slow poisoning a
     distance threshold alone might let through, if it were loose."""
     return [t + 0.05 * t.abs().mean() for t in contribution]
+
+
+class QuietScale(Adversary):
+    """Commits its honest work, puts it ×10 in the exchange, and declares the sketch of
+    what it committed: the declarations no longer add up, so every step is refused."""
+
+    name = "quiet_scale"
+    declares_sent = False
+
+    def sent(self, committed, ctx):
+        return [t * 10.0 for t in committed]
+
+    def sent_pseudo_gradient(self, committed, ctx):
+        return committed * 10.0
+
+
+class CountLie(Adversary):
+    """Under DiLoCo: an honest pseudo-gradient, sent beside one sample fewer than it has,
+    which shrinks the outer average's denominator (it declares the count it sent)."""
+
+    name = "count_lie"
+
+    def sent_count(self, count, ctx):
+        return count - 1
+
+
+class NegativeCount(Adversary):
+    """Under DiLoCo: a negative samples count, which would scale everyone's update up."""
+
+    name = "negative_count"
+
+    def sent_count(self, count, ctx):
+        return -count

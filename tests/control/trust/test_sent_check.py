@@ -1,0 +1,73 @@
+"""A worker that commits its honest work and puts something else in the
+all-reduce (which shows nobody its part): its peers refuse the step, or the
+sketch it declared gives it away to an audit. Real jobs, real stores."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.proof.verdicts import guilty_workers
+from shoal.spec.proof import VerdictKind
+from shoal.train.step_log import read_step_logs
+from tests.control.trust.conftest import run_proven_job
+from tests.control.trust.test_diloco_proof import DILOCO, audit_all
+
+QUIET = "tests.control.trust.cheats:QuietScale"
+SENT_OTHER = "what it declared it put in the exchange is not what it committed"
+
+
+def _applied(tmp_path, worker: str = "w0") -> list[bool]:
+    return [r.applied for r in sorted(read_step_logs(tmp_path / "run"), key=lambda r: r.step)
+            if r.worker == worker]
+
+
+@pytest.mark.slow
+def test_a_worker_sending_other_than_it_declares_has_every_step_refused(tmp_path):
+    """The quiet cheat's declarations are honest, so no audit can blame it; what stops it
+    is that its peers refuse every step it sends ×10 in."""
+    proven = run_proven_job(tmp_path, workers=3, steps=6, epoch_steps=3, adversaries={1: QUIET})
+    assert _applied(tmp_path) == [False] * 6
+    log = (tmp_path / "run" / "w0.log").read_text()
+    assert log.count("the declared sketches do not add up to the exchanged sum (skip)") >= 6
+    verdicts = [v for audit in audit_all(proven, 3).values() for v in audit.verdicts]
+    assert len(verdicts) == 18 and not guilty_workers(verdicts)
+
+
+@pytest.mark.slow
+def test_a_worker_that_declares_what_it_really_sent_is_caught_on_every_record(tmp_path):
+    proven = run_proven_job(tmp_path, workers=3, steps=6, epoch_steps=3,
+                            adversaries={2: "hidden_scale"})
+    assert _applied(tmp_path) == [True] * 6  # the sums add up: the step goes through
+    verdicts = [v for audit in audit_all(proven, 3).values() for v in audit.verdicts]
+    cheat = [v for v in verdicts if v.worker == "w2"]
+    assert len(cheat) == 6 and all(v.kind is VerdictKind.wrong_contribution
+                                   and v.detail == SENT_OTHER for v in cheat)
+    assert all(v.kind is VerdictKind.valid for v in verdicts if v.worker != "w2")
+
+
+@pytest.mark.slow
+def test_under_diloco_a_samples_count_sent_is_bound_to_the_record(tmp_path):
+    """The outer average is normalised by the counts sent: one sample fewer goes through
+    and is caught at every audited round end; a negative count is refused outright (and
+    caught too)."""
+    proven = run_proven_job(tmp_path, workers=3, steps=8, epoch_steps=4, sync=DILOCO,
+                            adversaries={1: "tests.control.trust.cheats:CountLie",
+                                         2: "tests.control.trust.cheats:NegativeCount"})
+    log = (tmp_path / "run" / "w0.log").read_text()
+    assert "a declared samples count is outside the round" in log
+    assert not any(_applied(tmp_path)[3::4])  # no round's end was taken
+    for audit in audit_all(proven, 4).values():
+        assert guilty_workers(audit.verdicts) == {"w1", "w2"}
+        blamed = [v for v in audit.verdicts if v.guilty]
+        assert all(v.kind is VerdictKind.wrong_samples and "samples count" in v.detail
+                   for v in blamed)
+        assert all(v.kind is VerdictKind.valid for v in audit.verdicts if v.worker == "w0")
+
+
+@pytest.mark.slow
+def test_under_diloco_a_pseudo_gradient_sent_other_than_declared_is_refused(tmp_path):
+    run_proven_job(tmp_path, workers=3, steps=8, epoch_steps=4, sync=DILOCO,
+                   adversaries={1: QUIET})
+    applied = _applied(tmp_path)
+    assert applied[3] is False and applied[7] is False  # both round ends refused
+    assert "the declared sketches do not add up" in (tmp_path / "run" / "w0.log").read_text()

@@ -1,0 +1,195 @@
+"""What binds the part each member put in an all-reduce to what it committed:
+sketches (pure) and the declarations every member checks after a voted step,
+through a real rendezvous store, one thread per member."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from shoal.spec.proof import SentDeclaration
+from shoal.train import sketch as sk
+from shoal.train.exchange import GradientExchange
+from shoal.train.rendezvous import Rendezvous
+from shoal.train.sent_check import Sent, SentCheck
+
+SEED = "ab" * 32
+
+
+def test_sketches_are_linear_so_the_members_add_up_to_the_sum():
+    torch.manual_seed(0)
+    parts = [[torch.randn(1000), torch.randn(37)] for _ in range(4)]
+    summed = [sum(p[i] for p in parts) for i in range(2)]
+    *mine, total = sk.sketch(SEED, *parts, summed)
+    assert len(total) == sk.ROWS
+    assert sk.adds_up([sk.finite(m) for m in mine], sk.finite(total), 1e-5)
+
+
+@pytest.mark.parametrize("factor", [1.001, 1.1, 10.0, -1.0])
+def test_a_part_sent_other_than_declared_does_not_add_up(factor):
+    torch.manual_seed(1)
+    parts = [[torch.randn(5000)] for _ in range(3)]
+    sent = [parts[0], parts[1], [parts[2][0] * factor]]  # the third sends other
+    summed = [sum(p[0] for p in sent)]
+    *declared, total = sk.sketch(SEED, *parts, summed)
+    assert not sk.adds_up([sk.finite(d) for d in declared], sk.finite(total), 1e-5)
+
+
+def test_the_directions_depend_on_the_seed_and_a_nan_part_matches_only_nan():
+    x = [torch.randn(100)]
+    assert sk.sketch(SEED, x) != sk.sketch("cd" * 32, x)
+    nan = sk.finite(sk.sketch(SEED, [torch.full((100,), float("nan"))])[0])
+    assert nan == (None,) * sk.ROWS
+    assert sk.mismatch(nan, nan) == 0.0
+    assert sk.mismatch(nan, sk.finite(sk.sketch(SEED, x)[0])) == float("inf")
+    assert not sk.adds_up([nan], nan, 1e-4)
+
+
+def test_the_seed_is_the_hash_of_the_sums_bytes():
+    a = [torch.ones(3), torch.zeros(2, dtype=torch.bfloat16)]
+    assert sk.sum_seed(a) == sk.sum_seed([t.clone() for t in a])
+    assert sk.sum_seed(a) != sk.sum_seed([torch.ones(3) * 2, a[1]])
+
+
+# -- the declarations, through a real store -----------------------------------------------
+
+
+@pytest.fixture
+def store_port():
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=10), use_libuv=True)
+    yield master.port
+    del master
+
+
+def _client(port: int) -> Rendezvous:
+    return Rendezvous(dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=10), use_libuv=True))
+
+
+EXCHANGE = GradientExchange([torch.nn.Parameter(torch.zeros(8))], groups=1)
+
+
+def _tail(rank: int, world: int, lr: float = 0.1, loss: float = 2.0) -> tuple[float, ...]:
+    tail = [0.0] * (1 + 3 + 2 * world)
+    tail[0], tail[1], tail[2], tail[3] = lr, 1.0, loss, 4.0  # lr, ran, loss sum, samples
+    tail[4 + 2 * rank] = float(rank + 1)  # its fingerprint slot
+    return tuple(tail)
+
+
+def _members(port: int, parts: list[list[torch.Tensor]], tails: list[tuple[float, ...]], *,
+             sent: list[list[torch.Tensor]] | None = None, counts: list[int] | None = None,
+             expected: int = 0, failed: tuple[int, ...] = (), step: int = 0) -> list:
+    """Every member checks at once; `sent`: what each really put in the sum (default:
+    what it declares). Returns each member's outcome (None for a failed one)."""
+    world = len(parts)
+    sent = sent or parts
+    summed = [sum(p[i] for p in sent) for i in range(len(parts[0]))]
+    summed_tail = tuple(sum(t[i] for t in tails) for i in range(len(tails[0])))
+    out: list = [None] * world
+
+    def member(rank: int) -> None:
+        check = SentCheck(_client(port), poll_s=0.05, lrs_of=EXCHANGE.declared_lrs)
+        if rank in failed:
+            check.failed(0, step, rank)
+            return
+        counting = {} if counts is None else {
+            "count": counts[rank], "summed_count": sum(counts), "round_expected": expected}
+        out[rank] = check.check(0, step, rank, world, Sent(
+            mine=parts[rank], summed=summed, tail=tails[rank], summed_tail=summed_tail,
+            **counting), cancelled=lambda: False)
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def _parts(world: int) -> list[list[torch.Tensor]]:
+    torch.manual_seed(2)
+    return [[torch.randn(64)] for _ in range(world)]
+
+
+def test_honest_members_pass_and_each_record_carries_every_members_sketch(store_port):
+    parts = _parts(3)
+    out = _members(store_port, parts, [_tail(r, 3) for r in range(3)])
+    assert all(o.ok and o.refusal == "" for o in out)
+    assert len({o.exchanged for o in out}) == 1  # every member read the same declarations
+    exchanged = out[0].exchanged
+    assert exchanged.counts is None
+    for declared, part in zip(exchanged.sketches, parts):
+        assert sk.mismatch(declared, sk.finite(sk.sketch(exchanged.seed, part)[0])) < 1e-6
+
+
+def test_a_member_that_sent_other_than_it_declares_makes_every_member_refuse(store_port):
+    parts = _parts(3)
+    sent = [parts[0], parts[1], [parts[2][0] * 10]]
+    out = _members(store_port, parts, [_tail(r, 3) for r in range(3)], sent=sent)
+    assert all(o.ok and "sketches do not add up" in o.refusal for o in out)
+
+
+def test_a_learning_rate_other_than_its_peers_is_refused(store_port):
+    """Learning rates are summed in the same all-reduce: 10x one member's would scale
+    everyone's update by a third more or so."""
+    tails = [_tail(0, 3), _tail(1, 3), _tail(2, 3, lr=1.0)]
+    out = _members(store_port, _parts(3), tails)
+    assert all("different learning rates" in o.refusal for o in out)
+
+
+def test_step_scalars_added_other_than_declared_are_refused(store_port):
+    parts = _parts(2)
+    tails = [_tail(0, 2), _tail(1, 2)]
+    summed = [parts[0][0] + parts[1][0]]
+    check = [SentCheck(_client(store_port), 0.05, EXCHANGE.declared_lrs) for _ in range(2)]
+    real = tuple(a + b for a, b in zip(*tails))
+    inflated = (real[0] * 5, *real[1:])  # someone added more lr than it declares
+    results = []
+
+    def member(rank: int) -> None:
+        results.append(check[rank].check(0, 0, rank, 2, Sent(
+            parts[rank], summed, tails[rank], inflated), lambda: False))
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    assert all("step scalars do not add up" in r.refusal for r in results)
+
+
+def test_a_declaration_written_in_another_members_name_is_refused_by_that_member(store_port):
+    rdzv = _client(store_port)
+    parts = _parts(2)
+    forged = SentDeclaration(ok=True, sketch=(0.0,) * sk.ROWS, tail=_tail(1, 2))
+    rdzv.declare_sent(0, 5, 1, forged.model_dump_json())  # before member 1 writes its own
+    out = _members(store_port, parts, [_tail(r, 2) for r in range(2)], step=5)
+    assert "another member wrote a declaration under this member's rank" in out[1].refusal
+    assert out[0].refusal  # and the forged sketch does not add up for member 0
+
+
+def test_a_failed_member_declares_so_nobody_waits(store_port):
+    out = _members(store_port, _parts(3), [_tail(r, 3) for r in range(3)], failed=(1,))
+    assert out[1] is None and out[0].ok is False and out[2].ok is False
+
+
+def test_a_member_gone_before_declaring_ends_the_wait_when_membership_changes(store_port):
+    check = SentCheck(_client(store_port), 0.05, EXCHANGE.declared_lrs)
+    parts = _parts(2)
+    polls = []
+    outcome = check.check(0, 0, 0, 2, Sent(parts[0], parts[0], _tail(0, 2), _tail(0, 2)),
+                          cancelled=lambda: polls.append(1) or len(polls) > 2)
+    assert outcome.ok is False and len(polls) == 3
+
+
+def test_diloco_counts_must_add_up_and_stay_inside_the_round(store_port):
+    parts, tails = _parts(3), [_tail(r, 3) for r in range(3)]
+    honest = _members(store_port, parts, tails, counts=[8, 8, 8], expected=24, step=1)
+    assert all(o.refusal == "" for o in honest) and honest[0].exchanged.counts == (8, 8, 8)
+    negative = _members(store_port, parts, tails, counts=[8, 8, -16], expected=24, step=2)
+    assert all("outside the round" in o.refusal for o in negative)
+    too_many = _members(store_port, parts, tails, counts=[8, 8, 25], expected=24, step=3)
+    assert all("outside the round" in o.refusal for o in too_many)
