@@ -11,10 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from shoal.spec.proof import SentDeclaration
 from shoal.train import sketch as sk
 from shoal.train.exchange import GradientExchange
-from shoal.train.rendezvous import Rendezvous
+from shoal.train.group import EpochGroup
 from shoal.train.sent_check import Sent, SentCheck
 
 SEED = "ab" * 32
@@ -55,7 +54,7 @@ def test_the_seed_is_the_hash_of_the_sums_bytes():
     assert sk.sum_seed(a) != sk.sum_seed([torch.ones(3) * 2, a[1]])
 
 
-# -- the declarations, through a real store -----------------------------------------------
+# -- the declarations, over a real gloo group (one thread per member) ------------------
 
 
 @pytest.fixture
@@ -66,12 +65,14 @@ def store_port():
     del master
 
 
-def _client(port: int) -> Rendezvous:
-    return Rendezvous(dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
-                                    timeout=datetime.timedelta(seconds=10), use_libuv=True))
-
-
 EXCHANGE = GradientExchange([torch.nn.Parameter(torch.zeros(8))], groups=1)
+
+
+def _group(port: int, rank: int, world: int, epoch: int = 0) -> EpochGroup:
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=10), use_libuv=True)
+    return EpochGroup.build(store, epoch, rank, world, backend="gloo", timeout_s=10.0,
+                            poll_s=0.05, should_cancel=lambda: False)
 
 
 def _tail(rank: int, world: int, lr: float = 0.1, loss: float = 2.0) -> tuple[float, ...]:
@@ -83,31 +84,32 @@ def _tail(rank: int, world: int, lr: float = 0.1, loss: float = 2.0) -> tuple[fl
 
 def _members(port: int, parts: list[list[torch.Tensor]], tails: list[tuple[float, ...]], *,
              sent: list[list[torch.Tensor]] | None = None, counts: list[int] | None = None,
-             expected: int = 0, failed: tuple[int, ...] = (), step: int = 0) -> list:
+             expected: int = 0, summed_tail: tuple[float, ...] | None = None,
+             member=None, epoch: int = 0) -> list:
     """Every member checks at once; `sent`: what each really put in the sum (default:
-    what it declares). Returns each member's outcome (None for a failed one)."""
+    what it declares); `member(rank, group, sent)`: what a rank does instead of checking
+    (if it returns True); `epoch`: a new one for each group built on the same store."""
     world = len(parts)
     sent = sent or parts
     summed = [sum(p[i] for p in sent) for i in range(len(parts[0]))]
-    summed_tail = tuple(sum(t[i] for t in tails) for i in range(len(tails[0])))
+    summed_tail = summed_tail or tuple(sum(t[i] for t in tails) for i in range(len(tails[0])))
     out: list = [None] * world
 
-    def member(rank: int) -> None:
-        check = SentCheck(_client(port), poll_s=0.05, lrs_of=EXCHANGE.declared_lrs)
-        if rank in failed:
-            check.failed(0, step, rank)
-            return
+    def run(rank: int) -> None:
+        group = _group(port, rank, world, epoch)
         counting = {} if counts is None else {
             "count": counts[rank], "summed_count": sum(counts), "round_expected": expected}
-        out[rank] = check.check(0, step, rank, world, Sent(
-            mine=parts[rank], summed=summed, tail=tails[rank], summed_tail=summed_tail,
-            **counting), cancelled=lambda: False)
+        mine = Sent(mine=parts[rank], summed=summed, tail=tails[rank], summed_tail=summed_tail,
+                    **counting)
+        if member is not None and member(rank, group, mine):
+            return
+        out[rank] = SentCheck(EXCHANGE.declared_lrs).check(group, mine, lambda: False)
 
-    threads = [threading.Thread(target=member, args=(r,)) for r in range(world)]
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
+        t.join(60)
     return out
 
 
@@ -120,7 +122,7 @@ def test_honest_members_pass_and_each_record_carries_every_members_sketch(store_
     parts = _parts(3)
     out = _members(store_port, parts, [_tail(r, 3) for r in range(3)])
     assert all(o.ok and o.refusal == "" for o in out)
-    assert len({o.exchanged for o in out}) == 1  # every member read the same declarations
+    assert len({o.exchanged for o in out}) == 1  # every member was told the same
     exchanged = out[0].exchanged
     assert exchanged.counts is None
     for declared, part in zip(exchanged.sketches, parts):
@@ -134,6 +136,30 @@ def test_a_member_that_sent_other_than_it_declares_makes_every_member_refuse(sto
     assert all(o.ok and "sketches do not add up" in o.refusal for o in out)
 
 
+def test_a_member_that_tells_its_peers_different_things_is_refused_by_one(store_port):
+    """It sent ×10 and tells rank 1 the truth (so rank 1's sums add up) and rank 0 the
+    sketch of its committed part: rank 0 refuses, which refuses the step everywhere."""
+    parts = _parts(3)
+    sent = [parts[0], parts[1], [parts[2][0] * 10]]
+    summed = [sum(p[0] for p in sent)]
+    seed = sk.sum_seed(summed)
+    honest, really = sk.sketch(seed, parts[2], sent[2])
+    tails = [_tail(r, 3) for r in range(3)]
+
+    def equivocate(rank, group, mine):
+        if rank != 2:
+            return False
+        rows = torch.tensor([[*honest, *tails[2], float("nan")],
+                             [*really, *tails[2], float("nan")],
+                             [*really, *tails[2], float("nan")]], dtype=torch.float64)
+        group._run([group.pg.alltoall_base(torch.empty_like(rows), rows, [], [],
+                                           dist.AllToAllOptions())], [rows], lambda: False, "")
+        return True
+
+    out = _members(store_port, parts, tails, sent=sent, member=equivocate)
+    assert "sketches do not add up" in out[0].refusal and out[1].refusal == ""
+
+
 def test_a_learning_rate_other_than_its_peers_is_refused(store_port):
     """Learning rates are summed in the same all-reduce: 10x one member's would scale
     everyone's update by a third more or so."""
@@ -143,53 +169,33 @@ def test_a_learning_rate_other_than_its_peers_is_refused(store_port):
 
 
 def test_step_scalars_added_other_than_declared_are_refused(store_port):
-    parts = _parts(2)
     tails = [_tail(0, 2), _tail(1, 2)]
-    summed = [parts[0][0] + parts[1][0]]
-    check = [SentCheck(_client(store_port), 0.05, EXCHANGE.declared_lrs) for _ in range(2)]
     real = tuple(a + b for a, b in zip(*tails))
-    inflated = (real[0] * 5, *real[1:])  # someone added more lr than it declares
-    results = []
-
-    def member(rank: int) -> None:
-        results.append(check[rank].check(0, 0, rank, 2, Sent(
-            parts[rank], summed, tails[rank], inflated), lambda: False))
-
-    threads = [threading.Thread(target=member, args=(r,)) for r in range(2)]
-    [t.start() for t in threads]
-    [t.join(30) for t in threads]
-    assert all("step scalars do not add up" in r.refusal for r in results)
+    out = _members(store_port, _parts(2), tails, summed_tail=(real[0] * 5, *real[1:]))
+    assert all("step scalars do not add up" in o.refusal for o in out)
 
 
-def test_a_declaration_written_in_another_members_name_is_refused_by_that_member(store_port):
-    rdzv = _client(store_port)
-    parts = _parts(2)
-    forged = SentDeclaration(ok=True, sketch=(0.0,) * sk.ROWS, tail=_tail(1, 2))
-    rdzv.declare_sent(0, 5, 1, forged.model_dump_json())  # before member 1 writes its own
-    out = _members(store_port, parts, [_tail(r, 2) for r in range(2)], step=5)
-    assert "another member wrote a declaration under this member's rank" in out[1].refusal
-    assert out[0].refusal  # and the forged sketch does not add up for member 0
+def test_a_stalled_member_ends_the_wait_when_membership_changes(store_port):
+    polls, outcome, done = [], [], threading.Event()
 
+    def stalled(rank, group, mine):
+        if rank == 1:
+            done.wait(30)  # alive (its connections open) but never declares
+            return True
+        outcome.append(SentCheck(EXCHANGE.declared_lrs).check(
+            group, mine, lambda: polls.append(1) or len(polls) > 2))
+        done.set()
+        return True
 
-def test_a_failed_member_declares_so_nobody_waits(store_port):
-    out = _members(store_port, _parts(3), [_tail(r, 3) for r in range(3)], failed=(1,))
-    assert out[1] is None and out[0].ok is False and out[2].ok is False
-
-
-def test_a_member_gone_before_declaring_ends_the_wait_when_membership_changes(store_port):
-    check = SentCheck(_client(store_port), 0.05, EXCHANGE.declared_lrs)
-    parts = _parts(2)
-    polls = []
-    outcome = check.check(0, 0, 0, 2, Sent(parts[0], parts[0], _tail(0, 2), _tail(0, 2)),
-                          cancelled=lambda: polls.append(1) or len(polls) > 2)
-    assert outcome.ok is False and len(polls) == 3
+    _members(store_port, _parts(2), [_tail(r, 2) for r in range(2)], member=stalled)
+    assert len(polls) == 3 and outcome[0].ok is False
 
 
 def test_diloco_counts_must_add_up_and_stay_inside_the_round(store_port):
     parts, tails = _parts(3), [_tail(r, 3) for r in range(3)]
-    honest = _members(store_port, parts, tails, counts=[8, 8, 8], expected=24, step=1)
+    honest = _members(store_port, parts, tails, counts=[8, 8, 8], expected=24)
     assert all(o.refusal == "" for o in honest) and honest[0].exchanged.counts == (8, 8, 8)
-    negative = _members(store_port, parts, tails, counts=[8, 8, -16], expected=24, step=2)
+    negative = _members(store_port, parts, tails, counts=[8, 8, -16], expected=24, epoch=1)
     assert all("outside the round" in o.refusal for o in negative)
-    too_many = _members(store_port, parts, tails, counts=[8, 8, 25], expected=24, step=3)
+    too_many = _members(store_port, parts, tails, counts=[8, 8, 25], expected=24, epoch=2)
     assert all("outside the round" in o.refusal for o in too_many)

@@ -66,15 +66,6 @@ class Exchanged(Frozen):
     counts: tuple[int, ...] | None = None
 
 
-class SentDeclaration(Frozen):
-    """One member's declaration after a voted step's exchange (through the store)."""
-
-    ok: bool  # its exchange succeeded (a failed one declares too, so no peer waits)
-    sketch: tuple[float | None, ...] = ()
-    tail: tuple[float | None, ...] = ()  # the step scalars it added to the exchange
-    count: int | None = None  # DiLoCo: the samples its pseudo-gradient is weighted by
-
-
 class WorkRecord(Frozen):
     """One worker's claim about one step: what it started from, on which
     samples, and a commitment to the contribution it sent."""

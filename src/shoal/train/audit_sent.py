@@ -13,23 +13,56 @@ audited worker's own record alone.
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
 
 import torch
 
-from shoal.spec.proof import Exchanged, VerdictKind, WorkRecord
+from shoal.spec.proof import VerdictKind, WorkRecord
 from shoal.train import sketch as sk
+from shoal.train.sketch import Sketch
 
 Finding = tuple[VerdictKind, str, float | None]
 
 
-def agreed_exchange(record: WorkRecord, step_records: list[WorkRecord]) -> Exchanged | None:
-    """What most records of the step (in the record's membership epoch) say its members
-    declared; None if none says."""
-    views = collections.Counter(
-        r.exchanged for r in step_records
-        if r.step == record.step and r.membership_epoch == record.membership_epoch
-        and r.exchanged is not None)
-    return views.most_common(1)[0][0] if views else None
+@dataclass(frozen=True)
+class Declaration:
+    """What a worker declared in a step's exchange, as most of the step's records say."""
+
+    seed: str  # the sum's hash: draws the sketch's directions
+    sketch: Sketch
+    count: int | None  # under DiLoCo, the samples count it sent
+
+
+def declared(record: WorkRecord, step_records: list[WorkRecord], tolerance: float
+             ) -> Declaration | Finding:
+    """What most records of the step (in the record's membership epoch) say its worker
+    declared: the sum's seed, its sketch and its count; or the finding if they do not.
+
+    Each record carries what its own worker was told, and the worker may have told its
+    peers different things; a row needs a strict majority of the records (within the
+    tolerance), so neither a cheat's own record nor a minority of lying peers decides."""
+    views = [r.exchanged for r in step_records
+             if r.step == record.step and r.membership_epoch == record.membership_epoch
+             and r.exchanged is not None]
+    if not views:
+        return (VerdictKind.wrong_params,
+                "no record of the step says what its members declared they sent", None)
+    seed, votes = collections.Counter(v.seed for v in views).most_common(1)[0]
+    if 2 * votes <= len(views):
+        return VerdictKind.unavailable, "the step's records disagree on the exchanged sum", None
+    rows = [v for v in views if v.seed == seed and record.rank < len(v.sketches)]
+    if not rows:
+        return (VerdictKind.wrong_params,
+                f"rank {record.rank} declared nothing in the step's exchange", None)
+    sketches = [v.sketches[record.rank] for v in rows]
+    support = [sum(sk.mismatch(a, b) <= tolerance for b in sketches) for a in sketches]
+    best = max(range(len(rows)), key=support.__getitem__)
+    counts = collections.Counter(None if v.counts is None else v.counts[record.rank]
+                                 for v in rows).most_common(1)[0]
+    if 2 * support[best] <= len(views) or 2 * counts[1] <= len(views):
+        return (VerdictKind.unavailable,
+                f"the step's records disagree on what rank {record.rank} declared", None)
+    return Declaration(seed, sketches[best], counts[0])
 
 
 def sent_problem(record: WorkRecord, step_records: list[WorkRecord], sent: list[torch.Tensor],
@@ -37,21 +70,15 @@ def sent_problem(record: WorkRecord, step_records: list[WorkRecord], sent: list[
     """None if what `record`'s worker declared it sent is `sent` (its committed
     contribution or pseudo-gradient), within `tolerance`; `count`: under DiLoCo, the
     samples its record says the pseudo-gradient is weighted by."""
-    view = agreed_exchange(record, step_records)
-    if view is None:
-        return (VerdictKind.wrong_params,
-                "no record of the step says what its members declared they sent", None)
-    if record.rank >= len(view.sketches):
-        return (VerdictKind.wrong_params,
-                f"rank {record.rank} declared nothing in the step's exchange", None)
-    declared = view.sketches[record.rank]
-    distance = sk.mismatch(declared, sk.finite(sk.sketch(view.seed, sent)[0]))
+    found = declared(record, step_records, tolerance)
+    if not isinstance(found, Declaration):
+        return found
+    distance = sk.mismatch(found.sketch, sk.finite(sk.sketch(found.seed, sent)[0]))
     if distance > tolerance:
         return (VerdictKind.wrong_contribution,
                 "what it declared it put in the exchange is not what it committed", distance)
-    if count is not None and (view.counts is None or view.counts[record.rank] != count):
-        sent_count = None if view.counts is None else view.counts[record.rank]
+    if count is not None and found.count != count:
         return (VerdictKind.wrong_samples,
-                f"sent a samples count of {sent_count} beside its pseudo-gradient; "
+                f"sent a samples count of {found.count} beside its pseudo-gradient; "
                 f"its record claims {count}", None)
     return None

@@ -2,11 +2,11 @@
 
 gloo cannot cancel a collective in flight, and destroying a group with an
 abandoned operation blocks until that operation times out. So every
-blocking call (building the group, all-reduce, all-gather, broadcast) runs
-on gloo's threads while the caller waits with a deadline and a cancel check
-(the authority published a newer epoch); an abandoned group, with its
-pending work and buffers, goes to a graveyard thread that lets it die in
-the background. Nothing keeps a reference to an old group.
+blocking call (building the group, all-reduce, all-gather, all-to-all,
+broadcast) runs on gloo's threads while the caller waits with a deadline
+and a cancel check (the authority published a newer epoch); an abandoned
+group, with its pending work and buffers, goes to a graveyard thread that
+lets it die in the background. Nothing keeps a reference to an old group.
 """
 
 from __future__ import annotations
@@ -196,6 +196,16 @@ class EpochGroup:
             self._gather_out[key] = [list(torch.empty((self.world, *t.shape), dtype=t.dtype))
                                      for t in tensors]
         return self._gather_out[key]
+
+    def exchange_rows(self, row: torch.Tensor, should_cancel: ShouldCancel) -> torch.Tensor:
+        """Send `row` to every member and receive each member's, in rank order (a
+        (world, len) tensor; this member's own at its rank). gloo's all-to-all sends
+        each pair directly: no member relays another's row, so none can alter it."""
+        sent = row.reshape(1, -1).expand(self.world, -1).contiguous()
+        received = torch.empty_like(sent)
+        work = self.pg.alltoall_base(received, sent, [], [], dist.AllToAllOptions())
+        self._run([work], [sent, received], should_cancel, "all-to-all")
+        return received
 
     def broadcast(self, tensor: torch.Tensor, root: int, should_cancel: ShouldCancel) -> None:
         options = dist.BroadcastOptions()

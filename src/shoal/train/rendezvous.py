@@ -109,19 +109,6 @@ class Rendezvous:
         current = self.store.compare_set(key, "", proposal.model_dump_json())
         return StepDecision.model_validate_json(current)
 
-    # -- what each member declares it sent (proof of learning) ------------
-
-    def declare_sent(self, epoch: int, step: int, rank: int, declaration: str) -> str:
-        """Write this rank's declaration unless one exists; return the one that stands
-        (another's, if someone wrote under this rank first)."""
-        return self.store.compare_set(f"sent/{epoch}/{step}/{rank}", "", declaration).decode()
-
-    def sent_keys(self, epoch: int, step: int, world: int) -> list[str]:
-        return [f"sent/{epoch}/{step}/{rank}" for rank in range(world)]
-
-    def sent_declarations(self, epoch: int, step: int, world: int) -> list[str]:
-        return [v.decode() for v in self.store.multi_get(self.sent_keys(epoch, step, world))]
-
     # -- requests from workers to the authority --------------------------
 
     def _notify(self) -> None:

@@ -136,7 +136,7 @@ class Run:
             raise TrainError("call run.wrap(model, optimizer) before run.prove(...)")
         self.proof.recorder = WorkRecorder(settings, self.worker)
         # Every voted step: each member declares what it sent, against the sum.
-        self.proof.sent_check = SentCheck(self.rdzv, self.config.poll_s, self.exchange.declared_lrs)
+        self.proof.sent_check = SentCheck(self.exchange.declared_lrs)
         if isinstance(self.sync, EveryStep):
             self.sync.keep_sum = True
         if isinstance(self.sync, DiLoCo):  # each worker steps alone inside a round
@@ -287,7 +287,6 @@ class Run:
                                     self.attempt.work(step), self.committer.inner_step)
         except (GroupFailed, GroupCancelled) as error:
             log.info("[epoch %d rank %d] step %d exchange failed: %s", e, self.rank, step, error)
-            self.proof.exchange_failed(e, step, self.rank)
             return Ballot(ok=False), None
         scalars = self.exchange.read_scalars()
         verdict, reason = self.guard.assess(scalars.mean_loss, self.sync.checked())
@@ -295,8 +294,7 @@ class Run:
             sent = Sent(mine=[], summed=self.sync.summed_sent(), tail=tail,
                         summed_tail=tuple(self.exchange.scalar_tail().tolist()),
                         **self.sync.sent_counts())
-            checked = self.proof.check_sent(e, step, self.rank, self.world, sent,
-                                            self.membership.changed)
+            checked = self.proof.check_sent(self.group, sent, self.membership.changed)
             if not checked.ok:
                 return Ballot(ok=False), None
             if checked.refusal and verdict is GuardVerdict.apply:

@@ -2,19 +2,22 @@
 what it sent, and the step is refused unless the declarations add up to what
 was exchanged (`shoal.spec.proof.Exchanged` says why).
 
-Each member writes its declaration once, under its rank, in the rendezvous
-store (compare-and-set: nobody can write in another's name after it, and a
-name taken before it is refused), then reads everyone's. Nothing here is
-decided by one member for the others: each member checks for itself and
-votes, and one refusing member is enough to refuse the step (the guard's
-skip). A declaration binds, besides the sketch of the member's contribution:
+The declarations travel by an all-to-all on the epoch's group: gloo sends
+each pair directly, so no member relays (and could alter) another's, and
+nothing a member writes elsewhere (the rendezvous store takes anyone's
+writes) can stand in for one. A member may still tell its peers different
+things; each peer checks what it was told, so for a step to be applied every
+honest member must have been told something that adds up. Nothing here is
+decided by one member for the others: each checks for itself and votes, and
+one refusing member is enough to refuse the step (the guard's skip). A
+declaration binds, besides the sketch of the member's contribution:
 - its step scalars (learning rates, loss and sample counts, fingerprint
   slot): they are summed in the same all-reduce, and a member that added
   another learning rate than its peers could scale everyone's update;
 - under DiLoCo, the samples its pseudo-gradient is weighted by: the outer
   average is normalised by their sum, so a made-up count would scale it.
-The record of the step carries every member's sketch and count, which the
-audit holds the replay to.
+The step's record carries what this member was told (`Exchanged`), which
+the audit holds the replay to.
 """
 
 from __future__ import annotations
@@ -23,17 +26,18 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import pydantic
 import torch
 
-from shoal.spec.proof import Exchanged, SentDeclaration
+from shoal.spec.proof import Exchanged
 from shoal.train import sketch as sk
-from shoal.train.rendezvous import Rendezvous
+from shoal.train.group import EpochGroup, GroupCancelled, GroupFailed, ShouldCancel
 
 # How far the sketches' sum may be from the sum's sketch, relative to their sizes: the
 # all-reduce adds in another order and a sketch is 3e-7 from exact (shoal.train.sketch),
 # while a cheat's difference shows at its own size.
 RTOL = 1e-5
+
+LrsOf = Callable[[tuple[float | None, ...]], tuple[float | None, ...] | None]
 
 
 @dataclass(frozen=True)
@@ -50,72 +54,71 @@ class Sent:
 
 
 @dataclass(frozen=True)
+class Declared:
+    """What one member told this one (a row of the all-to-all)."""
+
+    sketch: tuple[float, ...]
+    tail: tuple[float, ...]
+    count: float  # NaN when the step has no count (every-step sync)
+
+
+@dataclass(frozen=True)
 class Checked:
-    ok: bool  # every member declared a successful exchange (False: the step fails)
+    ok: bool  # the declarations arrived (False: the group failed; the step fails)
     refusal: str = ""  # why the step must not be applied ("" if it may)
     exchanged: Exchanged | None = None  # for the step's work record
 
 
 class SentCheck:
-    def __init__(self, rdzv: Rendezvous, poll_s: float,
-                 lrs_of: Callable[[tuple[float | None, ...]], tuple[float | None, ...] | None]
-                 ) -> None:
-        self.rdzv, self.poll_s, self.lrs_of = rdzv, poll_s, lrs_of
+    def __init__(self, lrs_of: LrsOf) -> None:
+        self.lrs_of = lrs_of
 
-    def failed(self, epoch: int, step: int, rank: int) -> None:
-        """This member's exchange failed: say so, so no peer waits for its declaration."""
-        self.rdzv.declare_sent(epoch, step, rank, SentDeclaration(ok=False).model_dump_json())
-
-    def check(self, epoch: int, step: int, rank: int, world: int, sent: Sent,
-              cancelled: Callable[[], bool]) -> Checked:
+    def check(self, group: EpochGroup, sent: Sent, should_cancel: ShouldCancel) -> Checked:
         seed = sk.sum_seed(sent.summed)
         mine, total = sk.sketch(seed, sent.mine, sent.summed)
-        own = SentDeclaration(ok=True, sketch=sk.finite(mine), tail=sk.finite(sent.tail),
-                              count=sent.count).model_dump_json()
-        stood = self.rdzv.declare_sent(epoch, step, rank, own)
-        while not self.rdzv.wait_keys(self.rdzv.sent_keys(epoch, step, world), self.poll_s):
-            if cancelled():  # a member is gone: the step is redone without it
-                return Checked(ok=False)
-            self.rdzv.check_failed()
+        count = math.nan if sent.count is None else float(sent.count)
+        row = torch.tensor([*mine, *sent.tail, count], dtype=torch.float64)
         try:
-            declared = [SentDeclaration.model_validate_json(v)
-                        for v in self.rdzv.sent_declarations(epoch, step, world)]
-        except pydantic.ValidationError:
-            return Checked(ok=True, refusal="a member's declaration of what it sent is malformed")
-        if not all(d.ok for d in declared):
+            rows = group.exchange_rows(row, should_cancel)
+        except (GroupFailed, GroupCancelled):
             return Checked(ok=False)
-        exchanged = Exchanged(seed=seed, sketches=tuple(d.sketch for d in declared),
-                              counts=tuple(d.count or 0 for d in declared)
-                              if sent.count is not None else None)
-        return Checked(ok=True, refusal=self._refusal(stood == own, declared, total, sent),
-                       exchanged=exchanged)
+        size = len(mine)
+        declared = [Declared(tuple(r[:size]), tuple(r[size:-1]), r[-1])
+                    for r in rows.tolist()]
+        counts = None if sent.count is None else tuple(
+            int(d.count) if _whole(d.count) else -1 for d in declared)
+        exchanged = Exchanged(seed=seed, sketches=tuple(sk.finite(d.sketch) for d in declared),
+                              counts=counts)
+        return Checked(ok=True, refusal=self._refusal(declared, total, sent), exchanged=exchanged)
 
-    def _refusal(self, mine_stood: bool, declared: list[SentDeclaration],
-                 total: tuple[float, ...], sent: Sent) -> str:
-        if not mine_stood:
-            return "another member wrote a declaration under this member's rank"
-        if not sk.adds_up([d.sketch for d in declared], sk.finite(total), RTOL):
+    def _refusal(self, declared: list[Declared], total: tuple[float, ...], sent: Sent) -> str:
+        if not sk.adds_up([sk.finite(d.sketch) for d in declared], sk.finite(total), RTOL):
             return "the declared sketches do not add up to the exchanged sum"
-        tails = [d.tail for d in declared]
-        if any(len(t) != len(sent.summed_tail) or None in t for t in tails) or \
-                not _adds_up(tails, sent.summed_tail):
+        if not _adds_up([d.tail for d in declared], sent.summed_tail):
             return "the declared step scalars do not add up to the exchanged ones"
-        lrs = {self.lrs_of(t) for t in tails} - {None}
+        lrs = {self.lrs_of(d.tail) for d in declared} - {None}
         if len(lrs) > 1:
             return f"members declared different learning rates: {sorted(lrs)}"
         if sent.count is not None:
             counts = [d.count for d in declared]
-            if any(c is None or not 0 <= c <= (sent.round_expected or 0) for c in counts):
+            if not all(_whole(c) and 0 <= c <= (sent.round_expected or 0) for c in counts):
                 return f"a declared samples count is outside the round: {counts}"
-            if sum(c or 0 for c in counts) != sent.summed_count:
+            if sum(counts) != sent.summed_count:
                 return "the declared samples counts do not add up to the exchanged one"
         return ""
 
 
-def _adds_up(parts: list[tuple[float | None, ...]], total: tuple[float, ...]) -> bool:
+def _whole(value: float) -> bool:
+    return math.isfinite(value) and value == int(value)
+
+
+def _adds_up(parts: list[tuple[float, ...]], total: tuple[float, ...]) -> bool:
+    if any(len(p) != len(total) for p in parts):
+        return False
     for i, value in enumerate(total):
-        column = [float(p[i] or 0.0) for p in parts]
-        if not math.isclose(math.fsum(column), value, rel_tol=RTOL,
-                            abs_tol=RTOL * sum(map(abs, column)) + 1e-12):
+        column = [p[i] for p in parts]
+        if not all(map(math.isfinite, (*column, value))) or not math.isclose(
+                math.fsum(column), value, rel_tol=RTOL,
+                abs_tol=RTOL * sum(map(abs, column)) + 1e-12):
             return False
     return True

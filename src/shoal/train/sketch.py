@@ -33,23 +33,26 @@ def sum_seed(tensors: list[torch.Tensor]) -> str:
 def sketch(seed: str, *vectors: list[torch.Tensor]) -> list[tuple[float, ...]]:
     """Each vector (a list of tensors, flattened and concatenated in order) projected
     on the ROWS sign rows drawn from `seed`; the rows are drawn once for all of them."""
-    flats = [_flat(v) for v in vectors]
-    n = flats[0].numel()
-    if any(f.numel() != n for f in flats):
-        raise ValueError(f"sketched vectors differ in length: {[f.numel() for f in flats]}")
+    sizes = [sum(t.numel() for t in v) for v in vectors]
+    if len(set(sizes)) != 1:
+        raise ValueError(f"sketched vectors differ in length: {sizes}")
+    padded = sizes[0] + -sizes[0] % _CHUNK  # whole chunks; the zeros past the end add nothing
+    x = torch.zeros(len(vectors), padded)
+    for row, vector in zip(x, vectors):
+        at = 0
+        for t in vector:
+            row[at:at + t.numel()] = t.detach().reshape(-1)
+            at += t.numel()
     rng = np.random.default_rng(int(seed[:32], 16))
-    bits = np.unpackbits(np.frombuffer(rng.bytes((ROWS * n + 7) // 8), np.uint8))
-    pad = -n % _CHUNK
-    ones = torch.nn.functional.pad(
-        torch.from_numpy(bits[: ROWS * n].reshape(ROWS, n)).to(torch.float32), (0, pad))
-    x = torch.nn.functional.pad(torch.stack(flats), (0, pad))
+    bits = np.unpackbits(np.frombuffer(rng.bytes(ROWS * padded // 8), np.uint8))
+    ones = torch.from_numpy(bits.reshape(ROWS, padded)).to(torch.float32)
     # A sign row times x is 2 * (the sum of x where the row is 1) - the sum of x. Sums
     # in float32 over chunks, then in float64 across them: 3e-7 from exact at a million
     # values (float32 throughout: 7e-6, too near what a cheat could hide under).
     partial = torch.bmm(ones.view(ROWS, -1, _CHUNK).transpose(0, 1),
-                        x.view(len(flats), -1, _CHUNK).permute(1, 2, 0))
+                        x.view(len(vectors), -1, _CHUNK).permute(1, 2, 0))
     values = 2 * partial.to(torch.float64).sum(0) - x.to(torch.float64).sum(1)
-    return [tuple(values[:, i].tolist()) for i in range(len(flats))]
+    return [tuple(values[:, i].tolist()) for i in range(len(vectors))]
 
 
 Sketch = tuple[float | None, ...]  # None where a value is not finite (a NaN step's)
@@ -82,7 +85,3 @@ def adds_up(parts: list[Sketch], total: Sketch, rtol: float) -> bool:
     summed = [math.fsum(part[i] for part in parts) for i in range(len(total))]
     scale = math.hypot(*total) + sum(math.hypot(*part) for part in parts)
     return math.dist(summed, total) <= rtol * scale
-
-
-def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])

@@ -9,13 +9,13 @@ An honest worker that records nothing pays nothing here.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from shoal.train.adversary import Adversary, AdversaryContext
 from shoal.train.exchange import GradientExchange
+from shoal.train.group import EpochGroup, ShouldCancel
 from shoal.train.sent_check import Checked, Sent, SentCheck
 from shoal.train.work_records import WorkRecorder
 
@@ -104,19 +104,14 @@ class StepProof:
     def checks_sent(self) -> bool:
         return self.sent_check is not None and self.recorder is not None
 
-    def exchange_failed(self, epoch: int, step: int, rank: int) -> None:
-        if self.sent_check is not None:
-            self.sent_check.failed(epoch, step, rank)
-
-    def check_sent(self, epoch: int, step: int, rank: int, world: int, sent: Sent,
-                   cancelled: Callable[[], bool]) -> Checked:
+    def check_sent(self, group: EpochGroup, sent: Sent, should_cancel: ShouldCancel) -> Checked:
         """After a voted step's exchange: declare what this worker sent and check every
         member's declarations against the sum (`shoal.train.sent_check`)."""
         assert self.sent_check is not None and self.recorder is not None
         # What it committed to sending (a cheat declaring what it really sent: that).
         sent = dataclasses.replace(sent, mine=self._declared if self._declared is not None
                                    else self.recorder.sent_part())
-        checked = self.sent_check.check(epoch, step, rank, world, sent, cancelled)
+        checked = self.sent_check.check(group, sent, should_cancel)
         self.recorder.exchanged = checked.exchanged
         return checked
 

@@ -12,7 +12,8 @@ import torch
 
 from shoal.jobs.gpt_replay import gpt_replayer
 from shoal.spec import JobSpec, hyper_digest
-from shoal.spec.proof import WorkRecord
+from shoal.spec.proof import Exchanged, WorkRecord
+from shoal.train import sketch as sk
 from shoal.train.hashing import param_sha256
 from shoal.train.proof_store import contribution_norm, contribution_sha256
 from shoal.train.work_records import step_rng_seed
@@ -52,8 +53,10 @@ def replayable(spec: JobSpec, worker: str, steps: range, cheat: set[int] = froze
         sent = replayer.contribution(base)
         if step in cheat:
             sent = [t * scale for t in sent]
+        seed = sk.sum_seed(sent)  # one worker: the exchanged sum is its own part
         records.append(base.model_copy(update={
             "contribution_sha256": contribution_sha256(spec.name, worker, step, sent),
-            "contribution_norm": contribution_norm(sent)}))
+            "contribution_norm": contribution_norm(sent),
+            "exchanged": Exchanged(seed=seed, sketches=(sk.finite(sk.sketch(seed, sent)[0]),))}))
         reveals[step] = _file([t.clone() for t in sent])
     return Replayable(records, reveals, _file(state))
