@@ -25,7 +25,10 @@ Prints one JSON line:
   what training computed, less its optimizer steps and exchanges: a smaller
   denominator, so the figure errs high). PoL's top-Q replay re-runs a
   constant fraction of all updates whatever the job; `pol_overhead` is that
-  reference when it replays one update in `--pol-every`.
+  reference when it replays one update in `--pol-every`;
+- `sent_check_cost`: what binding each worker's exchanged part to its record
+  costs the workers (their sketches at every voted step) over the same
+  training compute: a cost of recording work, not of verifying it.
 Targets: every adversary caught in >= 99% of epochs at `overhead` <= 0.05, zero
 false positives.
 
@@ -54,6 +57,7 @@ from shoal.control.trust.verifier import Verifier
 from shoal.jobs.gpt_replay import gpt_replayer
 from shoal.proof.verdicts import guilty_workers
 from shoal.spec import hyper_digest, load_job
+from shoal.train import sketch
 from shoal.train.adversary import BUILT_IN, DILOCO_ONLY
 from shoal.train.audit import Auditor
 from shoal.train.proof_store import ProofStore
@@ -144,6 +148,24 @@ def training_compute(path: Path) -> float:
     return seconds
 
 
+def sent_check_compute(path: Path) -> float:
+    """Seconds a job's workers spent sketching for the sent check (shoal.train.sent_check):
+    at every voted step, each worker sketches its own part and the exchanged sum, here
+    timed on each voted record's revealed contribution (twice, as the worker does)."""
+    job = load_job(path)
+    store = ProofStore(job.proof_dir)
+    seconds = 0.0
+    for record in store.records():
+        if record.exchanged is None:
+            continue
+        part = store.load_reveal(record.worker, record.step)
+        part = part[-1:] if record.local is not None else part  # DiLoCo: the pseudo-gradient
+        started = time.perf_counter()
+        sketch.sketch(record.exchanged.seed, part, part)
+        seconds += time.perf_counter() - started
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -167,6 +189,7 @@ def main() -> None:
         sampled, seen, audit_s = audit(honest_path, every=False)
         full, _, _ = audit(honest_path, every=True)
         full_s = training_compute(honest_path)
+        sent_s = sent_check_compute(honest_path)
         for epoch in sampled + full:
             false_positives += len(guilty_workers(epoch))
             honest_audits += len(epoch)
@@ -199,6 +222,9 @@ def main() -> None:
         "honest_audits": honest_audits, "audit_rate": round(audits / records, 4),
         "overhead": round(audit_s / full_s, 4), "pol_overhead": round(1 / args.pol_every, 4),
         "audit_s": round(audit_s, 3), "training_compute_s": round(full_s, 3),
+        # What the sent check costs the workers (not verification): its sketches over
+        # the same training compute.
+        "sent_check_cost": round(sent_s / full_s, 4), "sent_check_s": round(sent_s, 3),
         "steps": args.steps, "epoch_steps": args.epoch_steps, "global_batch": args.global_batch,
         "sync": args.sync, **({"inner_steps": args.inner_steps} if args.sync == "diloco" else {}),
         "targets": {"detection": ">= 0.99 each", "overhead": "<= 0.05", "false_positives": 0},

@@ -28,11 +28,12 @@ class ProvenJob:
 
 
 def write_proven_job(tmp_path: Path, *, steps: int, epoch_steps: int,
-                     global_batch: int = 12, sync: str = "") -> Path:
-    """`sync`: a [sync] section's body (DiLoCo jobs), else every-step all-reduce."""
+                     global_batch: int = 12, sync: str = "", top: str = "") -> Path:
+    """`sync`: a [sync] section's body (DiLoCo jobs), else every-step all-reduce;
+    `top`: top-level keys (an aggregation rule)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    text = tiny_job_toml(tmp_path / "ckpt", interval_steps=1000, steps=steps,
-                         global_batch=global_batch)
+    text = top + tiny_job_toml(tmp_path / "ckpt", interval_steps=1000, steps=steps,
+                               global_batch=global_batch)
     text += (f'[proof]\nenabled = true\nepoch_steps = {epoch_steps}\nkeep_epochs = 1000\n'
              f'dir = "{tmp_path / "proof"}"\n')
     if sync:
@@ -44,10 +45,10 @@ def write_proven_job(tmp_path: Path, *, steps: int, epoch_steps: int,
 
 def run_proven_job(tmp_path: Path, *, workers: int, steps: int, epoch_steps: int,
                    adversaries: dict[int, str] | None = None, threads: int = 1,
-                   global_batch: int = 12, sync: str = "",
+                   global_batch: int = 12, sync: str = "", top: str = "",
                    env: dict[str, str] | None = None, flags: tuple[str, ...] = ()) -> ProvenJob:
     path = write_proven_job(tmp_path, steps=steps, epoch_steps=epoch_steps,
-                            global_batch=global_batch, sync=sync)
+                            global_batch=global_batch, sync=sync, top=top)
     proof_dir = tmp_path / "proof"
     flags = [*flags, *(f"--adversary={i}={name}" for i, name in (adversaries or {}).items())]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), **(env or {})}

@@ -71,3 +71,16 @@ def test_under_diloco_a_pseudo_gradient_sent_other_than_declared_is_refused(tmp_
     applied = _applied(tmp_path)
     assert applied[3] is False and applied[7] is False  # both round ends refused
     assert "the declared sketches do not add up" in (tmp_path / "run" / "w0.log").read_text()
+
+
+@pytest.mark.slow
+def test_under_a_robust_rule_what_was_gathered_is_checked_too(tmp_path):
+    """A robust rule all-gathers the contributions; the check sums what was gathered (the
+    rule's output is not a sum), so a worker that sent other than it committed is
+    caught the same way."""
+    proven = run_proven_job(tmp_path, workers=4, steps=4, epoch_steps=2,
+                            adversaries={3: "hidden_scale"}, top='aggregation = "median"\n')
+    assert _applied(tmp_path) == [True] * 4
+    verdicts = [v for audit in audit_all(proven, 2).values() for v in audit.verdicts]
+    assert {v.worker for v in verdicts if v.guilty} == {"w3"}
+    assert all(v.detail == SENT_OTHER for v in verdicts if v.guilty)
