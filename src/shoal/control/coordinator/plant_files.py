@@ -61,10 +61,47 @@ def planted_reveal(data: bytes, record: WorkRecord, secret: bytes,
              for t in real]
     if relative_distance(real, wrong) <= 3 * tolerance:
         return None  # an honest verifier could find it valid: it must not be a plant
-    served = record.model_copy(update={
-        "contribution_sha256": contribution_sha256(record.job, record.worker, record.step, wrong),
-        "contribution_norm": contribution_norm(wrong)})
-    return served, _saved_like(data, wrong)
+    update = {"contribution_sha256": contribution_sha256(record.job, record.worker, record.step,
+                                                         wrong),
+              "contribution_norm": contribution_norm(wrong)}
+    if record.exchanged is not None and record.rank < len(record.exchanged.sketches):
+        # What the worker declared in the step's exchange is the plant's too (`with_plants`
+        # puts it in every record of the step): else the cheap sketch check would find
+        # every plant, and a verifier could skip replays and still catch them all.
+        update["exchanged"] = _declaring(record, wrong)
+    return record.model_copy(update=update), _saved_like(data, wrong)
+
+
+def _declaring(record: WorkRecord, wrong: list):
+    from shoal.train import sketch as sk
+
+    exchanged = record.exchanged
+    part = wrong[-1:] if record.local is not None else wrong  # DiLoCo: the pseudo-gradient
+    sketches = list(exchanged.sketches)
+    sketches[record.rank] = sk.finite(sk.sketch(exchanged.seed, part)[0])
+    return exchanged.model_copy(update={"sketches": tuple(sketches)})
+
+
+def with_plants(records: list[WorkRecord], plants: dict[tuple[str, int], WorkRecord]
+                ) -> list[WorkRecord]:
+    """An epoch's records as served: each plant in its worker's place, and its declared
+    sketch in every record of its step (the audit reads a row by majority)."""
+    rows = {(p.step, p.membership_epoch, p.rank): p.exchanged.sketches[p.rank]
+            for p in plants.values()
+            if p.exchanged is not None and p.rank < len(p.exchanged.sketches)}
+    served = []
+    for record in records:
+        record = plants.get((record.worker, record.step), record)
+        exchanged = record.exchanged
+        if exchanged is not None:
+            sketches = list(exchanged.sketches)
+            for rank in range(len(sketches)):
+                sketches[rank] = rows.get((record.step, record.membership_epoch, rank),
+                                          sketches[rank])
+            record = record.model_copy(update={
+                "exchanged": exchanged.model_copy(update={"sketches": tuple(sketches)})})
+        served.append(record)
+    return served
 
 
 def _saved_like(original: bytes, tensors: list) -> bytes:

@@ -34,7 +34,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
-from shoal.control.coordinator.plant_files import planted_reveal
+from shoal.control.coordinator.plant_files import planted_reveal, with_plants
 from shoal.control.store.schema import (
     AgentRow, ForcedPlanRow, JobRow, PlantRow, ProofEpochRow, ServedEpochRow, VerdictRow,
     WorkRecordRow,
@@ -169,10 +169,11 @@ class ForcedErrorService:
 
     # ------------------------------------------------------------ what verifiers see
     def _served(self, session: Session, job_id: str, epoch: int) -> list[WorkRecord]:
-        plants = {(p.worker, p.step): p.body for p in session.scalars(select(PlantRow).where(
-            PlantRow.job_id == job_id, PlantRow.epoch == epoch, PlantRow.state == READY))}
-        return [WorkRecord.model_validate(plants[(r.worker, r.step)])
-                if (r.worker, r.step) in plants else r for r in self.work_records(job_id, epoch)]
+        plants = {(p.worker, p.step): WorkRecord.model_validate(p.body)
+                  for p in session.scalars(select(PlantRow).where(
+                      PlantRow.job_id == job_id, PlantRow.epoch == epoch,
+                      PlantRow.state == READY))}
+        return with_plants(self.work_records(job_id, epoch), plants)
 
     def served_epochs(self, job_id: str) -> list[ProofEpochView]:
         """The rooted epochs verifiers may audit, with the roots of the trees they are served."""
