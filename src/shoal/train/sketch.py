@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 
 import numpy as np
 import torch
@@ -37,15 +38,16 @@ def sketch(seed: str, *vectors: list[torch.Tensor]) -> list[tuple[float, ...]]:
     if len(set(sizes)) != 1:
         raise ValueError(f"sketched vectors differ in length: {sizes}")
     padded = sizes[0] + -sizes[0] % _CHUNK  # whole chunks; the zeros past the end add nothing
-    x = torch.zeros(len(vectors), padded)
+    ones, x = _workspace(padded, len(vectors))
     for row, vector in zip(x, vectors):
         at = 0
         for t in vector:
             row[at:at + t.numel()] = t.detach().reshape(-1)
             at += t.numel()
+        row[at:].zero_()
     rng = np.random.default_rng(int(seed[:32], 16))
-    bits = np.unpackbits(np.frombuffer(rng.bytes(ROWS * padded // 8), np.uint8))
-    ones = torch.from_numpy(bits.reshape(ROWS, padded)).to(torch.float32)
+    ones.copy_(torch.from_numpy(
+        np.unpackbits(np.frombuffer(rng.bytes(ROWS * padded // 8), np.uint8)).reshape(ROWS, padded)))
     # A sign row times x is 2 * (the sum of x where the row is 1) - the sum of x. Sums
     # in float32 over chunks, then in float64 across them: 3e-7 from exact at a million
     # values (float32 throughout: 7e-6, too near what a cheat could hide under).
@@ -85,3 +87,17 @@ def adds_up(parts: list[Sketch], total: Sketch, rtol: float) -> bool:
     summed = [math.fsum(part[i] for part in parts) for i in range(len(total))]
     scale = math.hypot(*total) + sum(math.hypot(*part) for part in parts)
     return math.dist(summed, total) <= rtol * scale
+
+
+_local = threading.local()
+
+
+def _workspace(padded: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sign rows and the vectors' buffer for this length, kept from call to call (per
+    thread): fresh megabytes each step are page faults on first touch, which cost these
+    VMs more than the sketch's arithmetic."""
+    key = (padded, count)
+    if getattr(_local, "key", None) != key:
+        _local.key = key
+        _local.buffers = (torch.empty(ROWS, padded), torch.empty(count, padded))
+    return _local.buffers
