@@ -168,6 +168,15 @@ def test_a_learning_rate_other_than_its_peers_is_refused(store_port):
     assert all("different learning rates" in o.refusal for o in out)
 
 
+def test_a_learning_rate_added_by_a_member_that_says_it_did_not_run_is_refused(store_port):
+    """The mean lr divides by the members that ran: an lr from one that did not would
+    raise it for everyone."""
+    sneaky = list(_tail(2, 3))
+    sneaky[1] = 0.0  # "did not run", yet its lr is in the sum
+    out = _members(store_port, _parts(3), [_tail(0, 3), _tail(1, 3), tuple(sneaky)])
+    assert all("different learning rates" in o.refusal for o in out)
+
+
 def test_step_scalars_added_other_than_declared_are_refused(store_port):
     tails = [_tail(0, 2), _tail(1, 2)]
     real = tuple(a + b for a, b in zip(*tails))

@@ -154,12 +154,18 @@ class GradientExchange:
                                for r in range(self.world)),
         )
 
-    def declared_lrs(self, tail: tuple[float | None, ...]) -> tuple[float | None, ...] | None:
-        """The learning rates in one member's own tail (as it wrote it), or None if that
-        member did not run the loop body (it sent zeros)."""
-        if len(tail) <= self.groups + _RAN or tail[self.groups + _RAN] != 1.0:
+    def declared_lrs(self, tail: tuple[float, ...]) -> tuple[float, ...] | None:
+        """The learning rates in one member's own tail (as it wrote it): None if it did
+        not run the loop body and added none; anything else unlike a real member's (an
+        lr beside `ran = 0`, or a `ran` other than 0 or 1, would skew the mean lr)."""
+        if len(tail) <= self.groups + _RAN:
+            return (-1.0,)
+        ran, lrs = tail[self.groups + _RAN], tuple(tail[: self.groups])
+        if ran == 1.0:
+            return lrs
+        if ran == 0.0 and not any(lrs):
             return None
-        return tuple(tail[: self.groups])
+        return (-1.0, ran, *lrs)  # no learning rate is negative: it never matches a peer's
 
     def _tail(self) -> torch.Tensor:
         return self.buffers[torch.float32][self._grad_numel:]

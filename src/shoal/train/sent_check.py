@@ -37,7 +37,7 @@ from shoal.train.group import EpochGroup, GroupCancelled, GroupFailed, ShouldCan
 # while a cheat's difference shows at its own size.
 RTOL = 1e-5
 
-LrsOf = Callable[[tuple[float | None, ...]], tuple[float | None, ...] | None]
+LrsOf = Callable[[tuple[float, ...]], tuple[float, ...] | None]
 
 
 @dataclass(frozen=True)
