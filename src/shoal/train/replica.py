@@ -42,12 +42,14 @@ class ReplicaState:
         if snapshot and self.step % self.guard.config.snapshot_interval == 0:
             self.last_good = detached_copy(self._model_state())
 
-    def roll_back(self) -> None:
+    def roll_back(self) -> bool:
+        """Back to the last good state; False (nothing done) if none was kept yet."""
         if self.last_good is None:
             log.warning("rollback asked for before any good state was kept; step skipped only")
-            return
+            return False
         self._load_model_state(self.last_good)
         log.warning("rolled back model and optimizer to the last good state")
+        return True
 
     def state_dict(self, with_last_good: bool = True) -> dict[str, Any]:
         """Everything a replica needs to continue exactly where this one is."""

@@ -103,8 +103,10 @@ class StepCommitter:
             g["lr"] = lr
 
     def _roll_back_if(self, verdict: GuardVerdict) -> None:
-        if verdict is GuardVerdict.rollback:
-            self._run.replica.roll_back()
+        # With no good state kept yet the step is only skipped: under DiLoCo, going back
+        # to theta_outer then would pair it with the round's optimizer state, a state no
+        # replica ever had (an audit calls it forged).
+        if verdict is GuardVerdict.rollback and self._run.replica.roll_back():
             self._run.sync.rolled_back()
 
     def _bookkeeping(self, loss: float | None, applied: bool) -> None:

@@ -115,6 +115,22 @@ def test_a_rollback_inside_a_round_restarts_from_an_older_snapshot_and_passes(tm
 
 
 @pytest.mark.slow
+def test_a_rollback_before_any_snapshot_only_skips_and_passes(tmp_path):
+    """Three NaN inner steps in a row, before any snapshot was kept: the rollback can only
+    skip. Before, DiLoCo still put theta_outer back beside the round's optimizer state, a
+    state no replica ever had, and the audit rightly called the next step forged (a
+    bench run whose cheats kept every round end refused showed it as five false
+    accusations of its honest worker). Only the NaN steps are blamed."""
+    proven = run_proven_job(tmp_path, workers=3, steps=12, epoch_steps=12, sync=DILOCO,
+                            env={"SHOAL_INJECT": "nan-loss@w1:step1-3"})
+    assert "rollback asked for before any good state was kept" in \
+        (tmp_path / "run" / "w1.log").read_text()
+    verdicts = [v for audit in audit_all(proven, 12).values() for v in audit.verdicts]
+    blamed = {(v.worker, v.step) for v in verdicts if v.kind is not VerdictKind.valid}
+    assert blamed and blamed <= {("w1", 1), ("w1", 2), ("w1", 3)}, blamed
+
+
+@pytest.mark.slow
 def test_a_nan_at_a_rounds_end_is_skipped_and_only_its_sender_is_blamed(tmp_path):
     """w1's loss is NaN at the round's last step: the guard skips the outer step and the
     round goes on from where that step started (before, recording the NaN crashed the

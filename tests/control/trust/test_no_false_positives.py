@@ -9,6 +9,7 @@ import torch
 
 from shoal.control.trust.verifier import Verifier
 from shoal.spec.proof import VerdictKind
+from shoal.train.step_log import read_step_logs
 from tests.control.trust.conftest import run_proven_job
 
 
@@ -18,6 +19,9 @@ def test_a_thousand_honest_audits_accuse_nobody(tmp_path):
     for worker_threads, verifier_threads in ((1, 2), (2, 1)):
         proven = run_proven_job(tmp_path / f"t{worker_threads}", workers=4, steps=130,
                                 epoch_steps=10, threads=worker_threads)
+        # Nor is an honest step refused: every member's declarations added up every time.
+        steps = read_step_logs(tmp_path / f"t{worker_threads}" / "run")
+        assert len(steps) == 4 * 130 and all(s.applied for s in steps)
         verifier = Verifier(proven.auditor(), proven.job.proof, salt=b"fp" * 8,
                             total_steps=proven.job.steps)
         records = proven.store.records()
