@@ -169,7 +169,7 @@ class Launcher:
         if self.server is not None and self.config.rendezvous is not None:
             self._linger_for_other_hosts()
         if failure:
-            raise ControlError(f"the membership authority gave the run up: {failure}")
+            raise ControlError(f"the run was given up: {failure}")
 
     def _job_done(self) -> bool:
         try:

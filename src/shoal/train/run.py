@@ -299,6 +299,11 @@ class Run:
                 return Ballot(ok=False), None
             if checked.refusal and verdict is GuardVerdict.apply:
                 verdict, reason = GuardVerdict.skip, checked.refusal
+            hopeless = self.proof.sent_check.hopeless(self.record.members)
+            if hopeless:
+                log.error("[worker %s] giving the run up: %s", self.worker, hopeless)
+                self.rdzv.mark_failed(hopeless)
+                self.rdzv.check_failed()  # raises RunFailed, as every member will
         if reason:
             log.warning("[epoch %d] step %d: %s (%s)", self.record.epoch, self.step_index,
                         reason, verdict.value)

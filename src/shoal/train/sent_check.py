@@ -39,6 +39,11 @@ RTOL = 1e-5
 
 LrsOf = Callable[[tuple[float, ...]], tuple[float, ...] | None]
 
+# Steps in a row this member refused before it gives the run up: a member that keeps
+# sending other than it declares would otherwise hold the job at no progress while its
+# skipped steps (each with a record) are still paid for. Honest runs refuse none.
+MAX_REFUSED_IN_A_ROW = 10
+
 
 @dataclass(frozen=True)
 class Sent:
@@ -72,6 +77,17 @@ class Checked:
 class SentCheck:
     def __init__(self, lrs_of: LrsOf) -> None:
         self.lrs_of = lrs_of
+        self.refused_in_a_row = 0
+
+    def hopeless(self, members: tuple[str, ...]) -> str | None:
+        """Why the run should stop (too many steps in a row refused), or None."""
+        if self.refused_in_a_row < MAX_REFUSED_IN_A_ROW:
+            return None
+        return (f"{self.refused_in_a_row} steps in a row were refused because what the "
+                f"members declared they sent did not add up to what was exchanged: one of "
+                f"{list(members)} sends other than it declares (see the workers' logs for "
+                "the refusals). Take its provider out of the job and resume from the last "
+                "checkpoint")
 
     def check(self, group: EpochGroup, sent: Sent, should_cancel: ShouldCancel) -> Checked:
         seed = sk.sum_seed(sent.summed)
@@ -89,7 +105,9 @@ class SentCheck:
             int(d.count) if _whole(d.count) else -1 for d in declared)
         exchanged = Exchanged(seed=seed, sketches=tuple(sk.finite(d.sketch) for d in declared),
                               counts=counts)
-        return Checked(ok=True, refusal=self._refusal(declared, total, sent), exchanged=exchanged)
+        refusal = self._refusal(declared, total, sent)
+        self.refused_in_a_row = self.refused_in_a_row + 1 if refusal else 0
+        return Checked(ok=True, refusal=refusal, exchanged=exchanged)
 
     def _refusal(self, declared: list[Declared], total: tuple[float, ...], sent: Sent) -> str:
         if not sk.adds_up([sk.finite(d.sketch) for d in declared], sk.finite(total), RTOL):

@@ -4,12 +4,16 @@ sketch it declared gives it away to an audit. Real jobs, real stores."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 
 from shoal.proof.verdicts import guilty_workers
 from shoal.spec.proof import VerdictKind
 from shoal.train.step_log import read_step_logs
-from tests.control.trust.conftest import run_proven_job
+from tests.conftest import shoal_command
+from tests.control.trust.conftest import run_proven_job, write_proven_job
 from tests.control.trust.test_diloco_proof import DILOCO, audit_all
 
 QUIET = "tests.control.trust.cheats:QuietScale"
@@ -84,3 +88,19 @@ def test_under_a_robust_rule_what_was_gathered_is_checked_too(tmp_path):
     verdicts = [v for audit in audit_all(proven, 2).values() for v in audit.verdicts]
     assert {v.worker for v in verdicts if v.guilty} == {"w3"}
     assert all(v.detail == SENT_OTHER for v in verdicts if v.guilty)
+
+
+@pytest.mark.slow
+def test_a_run_whose_steps_keep_being_refused_is_given_up_with_the_reason(tmp_path):
+    """Refused steps still commit (skipped, with records that are paid for): a cheat that
+    keeps sending other than it declares would hold the job at no progress. After ten
+    refusals in a row the run stops, and says why and what to do."""
+    path = write_proven_job(tmp_path, steps=40, epoch_steps=10)
+    done = subprocess.run(shoal_command("train", str(path), "--workers", "3", "--run-dir",
+                                        str(tmp_path / "run"), f"--adversary=1={QUIET}"),
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode != 0
+    assert "10 steps in a row were refused" in done.stderr
+    assert "sends other than it declares" in done.stderr and "resume" in done.stderr
+    assert len(_applied(tmp_path)) < 40  # it stopped, it did not skip to the end
