@@ -291,7 +291,7 @@ class Run:
         scalars = self.exchange.read_scalars()
         verdict, reason = self.guard.assess(scalars.mean_loss, self.sync.checked())
         if self.proof.checks_sent:
-            sent = Sent(mine=[], summed=self.sync.summed_sent(), tail=tail,
+            sent = Sent(summed=self.sync.summed_sent(), tail=tail,
                         summed_tail=tuple(self.exchange.scalar_tail().tolist()),
                         **self.sync.sent_counts())
             checked = self.proof.check_sent(self.group, sent, self.membership.changed)
