@@ -99,8 +99,8 @@ def _members(port: int, parts: list[list[torch.Tensor]], tails: list[tuple[float
         group = _group(port, rank, world, epoch)
         counting = {} if counts is None else {
             "count": counts[rank], "summed_count": sum(counts), "round_expected": expected}
-        mine = Sent(summed=summed, tail=tails[rank], summed_tail=summed_tail, **counting,
-                    mine=parts[rank])
+        mine = Sent(mine=parts[rank], summed=summed, tail=tails[rank], summed_tail=summed_tail,
+                    **counting)
         if member is not None and member(rank, group, mine):
             return
         out[rank] = SentCheck(EXCHANGE.declared_lrs).check(group, mine, lambda: False)

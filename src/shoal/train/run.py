@@ -49,9 +49,8 @@ from shoal.train.shares import ShareBalancer
 from shoal.train.step_commit import Attempt, StepCommitter
 from shoal.train.step_log import StepLog
 from shoal.train.step_proof import StepProof
-from shoal.train.sent_check import Sent, SentCheck
-from shoal.train.sync import EveryStep, make_sync
-from shoal.train.work_records import LocalSteps, ProofSettings, WorkRecorder
+from shoal.train.sync import make_sync
+from shoal.train.work_records import ProofSettings, WorkRecorder
 
 log = logging.getLogger(__name__)
 
@@ -134,16 +133,8 @@ class Run:
         """Record a work record for every step this worker commits (proof of learning)."""
         if self.model is None:
             raise TrainError("call run.wrap(model, optimizer) before run.prove(...)")
-        self.proof.recorder = WorkRecorder(settings, self.worker)
-        # Every voted step: each member declares what it sent, against the sum.
-        self.proof.sent_check = SentCheck(self.exchange.declared_lrs)
-        if isinstance(self.sync, EveryStep):
-            self.sync.keep_sum = True
-        if isinstance(self.sync, DiLoCo):  # each worker steps alone inside a round
-            if type(self.sync) is not DiLoCo or self.sync.codec is not None:
-                raise TrainError("[proof] under DiLoCo needs [sync] slt = 0 and codec = 'none'")
-            self.proof.recorder.local = LocalSteps(self.optimizer, self.sync.round_begins_at)
-            self.sync.proof = self.proof
+        self.proof.record(WorkRecorder(settings, self.worker), self.sync, self.exchange,
+                          self.optimizer)
 
     def batches(self, dataset: Any, global_batch: int, steps: int, *, seed: int = 0,
                 micro_batch: int | None = None,
@@ -291,10 +282,9 @@ class Run:
         scalars = self.exchange.read_scalars()
         verdict, reason = self.guard.assess(scalars.mean_loss, self.sync.checked())
         if self.proof.checks_sent:
-            sent = Sent(summed=self.sync.summed_sent(), tail=tail,
-                        summed_tail=tuple(self.exchange.scalar_tail().tolist()),
-                        **self.sync.sent_counts())
-            checked = self.proof.check_sent(self.group, sent, self.membership.changed)
+            checked = self.proof.check_sent(self.group, self.sync, tail,
+                                            tuple(self.exchange.scalar_tail().tolist()),
+                                            self.membership.changed)
             if not checked.ok:
                 return Ballot(ok=False), None
             if checked.refusal and verdict is GuardVerdict.apply:

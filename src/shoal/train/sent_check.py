@@ -22,7 +22,6 @@ the audit holds the replay to.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,15 +49,13 @@ MAX_REFUSED_IN_A_ROW = 10
 class Sent:
     """One member's side of a voted step's exchange, as the check needs it."""
 
+    mine: list[torch.Tensor]  # what this member committed to sending (its sketch)
     summed: list[torch.Tensor]  # the exchanged sum of every member's
     tail: tuple[float, ...]  # the step scalars this member added
     summed_tail: tuple[float, ...]
     count: int | None = None  # DiLoCo: the samples its pseudo-gradient is weighted by
     summed_count: int | None = None
     round_expected: int | None = None  # DiLoCo: no count can exceed the round's samples
-    # What this member committed to sending (its sketch): filled in by the step's proof
-    # hooks, which hold it (`StepProof.check_sent`).
-    mine: list[torch.Tensor] = dataclasses.field(default_factory=list)
 
 
 @dataclass(frozen=True)

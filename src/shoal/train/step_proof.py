@@ -8,16 +8,17 @@ An honest worker that records nothing pays nothing here.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 
 from shoal.train.adversary import Adversary, AdversaryContext
+from shoal.train.diloco import DiLoCo
+from shoal.train.errors import TrainError
 from shoal.train.exchange import GradientExchange
 from shoal.train.group import EpochGroup, ShouldCancel
 from shoal.train.sent_check import Checked, Sent, SentCheck
-from shoal.train.work_records import WorkRecorder
+from shoal.train.sync import EveryStep
+from shoal.train.work_records import LocalSteps, WorkRecorder
 
 
 class StepProof:
@@ -31,6 +32,20 @@ class StepProof:
         self.sent_check: SentCheck | None = None  # set by the run when the job records work
         self._declared: list[torch.Tensor] | None = None
         self.diloco = False  # set by the run: only a round's end is exchanged
+
+    def record(self, recorder: WorkRecorder, sync: EveryStep | DiLoCo,
+               exchange: GradientExchange, optimizer: torch.optim.Optimizer) -> None:
+        """The job records work: every step gets a record, and every voted step's
+        members declare what they sent, against the sum (`shoal.train.sent_check`)."""
+        self.recorder = recorder
+        self.sent_check = SentCheck(exchange.declared_lrs)
+        if isinstance(sync, EveryStep):
+            sync.keep_sum = True  # a robust rule's gather keeps what a sum would have been
+        if isinstance(sync, DiLoCo):  # each worker steps alone inside a round
+            if type(sync) is not DiLoCo or sync.codec is not None:
+                raise TrainError("[proof] under DiLoCo needs [sync] slt = 0 and codec = 'none'")
+            recorder.local = LocalSteps(optimizer, sync.round_begins_at)
+            sync.proof = self
 
     @property
     def active(self) -> bool:
@@ -104,23 +119,26 @@ class StepProof:
     def checks_sent(self) -> bool:
         return self.sent_check is not None and self.recorder is not None
 
-    def check_sent(self, group: EpochGroup, sent: Sent, should_cancel: ShouldCancel) -> Checked:
-        """After a voted step's exchange: declare what this worker sent and check every
-        member's declarations against the sum (`shoal.train.sent_check`)."""
+    def check_sent(self, group: EpochGroup, sync: EveryStep | DiLoCo, tail: tuple[float, ...],
+                   summed_tail: tuple[float, ...], should_cancel: ShouldCancel) -> Checked:
+        """After a voted step's exchange: declare what this worker committed to sending
+        (a cheat declaring what it really sent: that) and check every member's
+        declarations against the sum (`shoal.train.sent_check`). `tail`: the step
+        scalars this worker added; `summed_tail`: everyone's, exchanged."""
         assert self.sent_check is not None and self.recorder is not None
-        # What it committed to sending (a cheat declaring what it really sent: that).
-        sent = dataclasses.replace(sent, mine=self._declared if self._declared is not None
-                                   else self.recorder.sent_part())
-        checked = self.sent_check.check(group, sent, should_cancel)
-        self.recorder.exchanged = checked.exchanged
+        mine = self._declared if self._declared is not None else self.recorder.sent_part()
+        checked = self.sent_check.check(group, Sent(
+            mine, sync.summed_sent(), tail, summed_tail, **sync.sent_counts()), should_cancel)
+        self.recorder.exchanged(checked.exchanged)
         return checked
 
     def committed(self, membership_epoch: int = 0) -> None:
         """The step committed everywhere (in `membership_epoch`): publish its record and keep
         its contribution."""
-        if self.recorder is None or self.recorder.pending is None:
+        pending = self.recorder.pending if self.recorder is not None else None
+        if pending is None:
             return
-        record, sent = self.recorder.pending
+        record, sent = pending
         record = record.model_copy(update={"membership_epoch": membership_epoch})
         if self.adversary is not None:
             record = self.adversary.record(record, self._context)

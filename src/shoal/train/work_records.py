@@ -61,9 +61,6 @@ class WorkRecorder:
         self.local: LocalSteps | None = None  # set by the run under DiLoCo
         self._end: tuple[str, str, bool] | None = None
         self._outer: tuple[torch.Tensor, int, int] | None = None
-        # What the members of the step's exchange declared they sent (set after the
-        # exchange of a voted step; None on a DiLoCo inner step).
-        self.exchanged: Exchanged | None = None
 
     def begin(self, step: int, model: torch.nn.Module, positions: range, rank: int,
               shares: tuple[int, ...]) -> int:
@@ -83,7 +80,7 @@ class WorkRecorder:
             self.store.save_local(self.worker, step, model.state_dict(), state)
         self._rng_seed = step_rng_seed(self.settings.seed, step, positions.start)
         self._pending, self._sent = None, None
-        self._end = self._outer = self.exchanged = None
+        self._end = self._outer = None
         return self._rng_seed
 
     def local_stepped(self, model: torch.nn.Module, applied: bool) -> None:
@@ -119,6 +116,12 @@ class WorkRecorder:
         self.store.prune(self.worker, (epoch - spec.keep_epochs + 1) * spec.epoch_steps,
                          keep_s=spec.keep_s)
 
+    def exchanged(self, declared: Exchanged | None) -> None:
+        """After a voted step's exchange: what its members declared they sent goes in the
+        step's record (a DiLoCo inner step exchanges nothing, and its record says none)."""
+        if self._pending is not None:
+            self._pending = self._pending.model_copy(update={"exchanged": declared})
+
     def sent_part(self) -> list[torch.Tensor]:
         """What this worker committed to putting in the step's exchange: its contribution,
         or under DiLoCo the round's pseudo-gradient."""
@@ -131,8 +134,6 @@ class WorkRecorder:
     def pending(self) -> tuple[WorkRecord, list[torch.Tensor]] | None:
         if self._pending is None or self._sent is None:
             return None
-        if self.exchanged is not None:
-            self._pending = self._pending.model_copy(update={"exchanged": self.exchanged})
         if self.local is None:
             return self._pending, self._sent
         if self._end is None:

@@ -89,17 +89,16 @@ def with_plants(records: list[WorkRecord], plants: dict[tuple[str, int], WorkRec
     rows = {(p.step, p.membership_epoch, p.rank): p.exchanged.sketches[p.rank]
             for p in plants.values()
             if p.exchanged is not None and p.rank < len(p.exchanged.sketches)}
+    planted_steps = {(step, epoch) for step, epoch, _ in rows}
     served = []
     for record in records:
         record = plants.get((record.worker, record.step), record)
         exchanged = record.exchanged
-        if exchanged is not None:
-            sketches = list(exchanged.sketches)
-            for rank in range(len(sketches)):
-                sketches[rank] = rows.get((record.step, record.membership_epoch, rank),
-                                          sketches[rank])
+        if exchanged is not None and (record.step, record.membership_epoch) in planted_steps:
+            sketches = tuple(rows.get((record.step, record.membership_epoch, rank), row)
+                             for rank, row in enumerate(exchanged.sketches))
             record = record.model_copy(update={
-                "exchanged": exchanged.model_copy(update={"sketches": tuple(sketches)})})
+                "exchanged": exchanged.model_copy(update={"sketches": sketches})})
         served.append(record)
     return served
 
