@@ -65,9 +65,12 @@ def test_a_worker_fenced_at_an_outer_step_rejoins_and_every_audit_passes(tmp_pat
     told it was dropped from inside the vote, skipped the undo, and its next gradient
     carried the abandoned step's: its audit caught it. `Run` now undoes the exchange
     on that path too.)"""
-    # Enough steps that the others are still training when w1 wakes up.
+    # w1 hangs well past any deadline the others measure (a CI machine once ran a step in
+    # 25 ms and the whole job in 7 s: a 2 s hang at step 7 then fell inside the deadline
+    # of the first, slow steps). The paced exchange keeps the others training for at
+    # least 50 rounds x 0.25 s, however fast the machine, so w1 wakes while they still are.
     proven = run_proven_job(tmp_path, workers=3, steps=200, epoch_steps=40, sync=DILOCO,
-                            env={"SHOAL_INJECT": "hang@w1:step7:2"})
+                            env={"SHOAL_INJECT": "hang@w1:step15:5,exchange-delay:0.25"})
     logs = (tmp_path / "run" / "w1.log").read_text()
     assert re.search(r"formed at step \d+ \(join\) after receiving state", logs)
     verdicts = [v for audit in audit_all(proven, 40).values() for v in audit.verdicts]
