@@ -200,6 +200,9 @@ def test_a_lazy_verifier_is_caught_on_a_plant_and_the_honest_and_the_provider_ar
     # pays for every plant it signed, on chain.
     s.co.settlement, s.co.referee.account = s.settlement, s.referee  # the referee slashes
     s.co.end_job(s.submitter.account.address, s.job_id, JobStatus.finished)
+    # agent-a is alive: the test's settings lose an agent after 1 s without a beat, and on a
+    # loaded machine the filings above took longer (the round then withdrew its offer).
+    s.a.heartbeat("agent-a", Heartbeat())
     s.served.app.state.rounds.once()
     (reveal,) = s.events("forced_errors_revealed")
     secret = bytes.fromhex(reveal.detail["secret"])
