@@ -8,7 +8,7 @@ import torch
 
 from shoal.spec.proof import Exchanged, VerdictKind, WorkRecord
 from shoal.train import sketch as sk
-from shoal.train.audit_sent import sent_problem
+from shoal.train.audit_sent import loss_problem, sent_problem
 
 SEED = "ab" * 32
 TOLERANCE = 1e-3
@@ -87,3 +87,50 @@ def test_a_count_is_held_to_the_records_claim():
     assert sent_problem(records[0], records, [part], TOLERANCE, count=8) is None
     kind, detail, _ = sent_problem(records[2], records, [part], TOLERANCE, count=8)
     assert kind is VerdictKind.wrong_samples and "count of 7" in detail
+
+
+def _reported(losses, samples=(8, 8, 8)) -> list[WorkRecord]:
+    told = Exchanged(seed=SEED, sketches=((1.0,),) * 3, losses=losses, loss_samples=samples)
+    return [_record(rank, 3, told) for rank in range(3)]
+
+
+def test_a_loss_report_is_held_to_the_replay_of_the_workers_samples():
+    """The guard's spike check reads the mean of the reported losses: a cheat reporting
+    a small loss could hide a spike, a large one could skip honest steps."""
+    records = _reported((16.0, 16.0 * (1 + 1e-5), 1.6))
+    assert loss_problem(records[0], records, 16.0, 8, TOLERANCE) is None
+    assert loss_problem(records[1], records, 16.0, 8, TOLERANCE) is None  # another CPU's bits
+    kind, detail, distance = loss_problem(records[2], records, 16.0, 8, TOLERANCE)
+    assert kind is VerdictKind.wrong_loss and "a replay of its samples gives 16" in detail
+    assert distance > 0.8
+
+
+def test_a_loss_report_must_cover_all_of_the_workers_samples_or_none():
+    records = _reported((16.0, 0.0, 8.0), samples=(8, 0, 4))
+    assert loss_problem(records[1], records, 16.0, 8, TOLERANCE) is None  # it reported none
+    kind, detail, _ = loss_problem(records[2], records, 16.0, 8, TOLERANCE)
+    assert kind is VerdictKind.wrong_loss and "over 4 samples; it computed 8" in detail
+
+
+def test_a_loss_that_is_not_finite_passes_only_where_the_replay_is_not_either():
+    records = _reported((None, 16.0, 16.0))
+    assert loss_problem(records[0], records, float("inf"), 8, TOLERANCE) is None
+    kind, _, _ = loss_problem(records[0], records, 16.0, 8, TOLERANCE)
+    assert kind is VerdictKind.wrong_loss
+
+
+def test_a_cheats_own_record_cannot_vouch_for_its_loss_report():
+    """Its peers were told 1.6; its own record says 16: the majority's word is taken."""
+    told = Exchanged(seed=SEED, sketches=((1.0,),) * 3, losses=(16.0, 16.0, 1.6),
+                     loss_samples=(8, 8, 8))
+    claimed = told.model_copy(update={"losses": (16.0, 16.0, 16.0)})
+    records = [_record(0, 3, told), _record(1, 3, told), _record(2, 3, claimed)]
+    kind, _, _ = loss_problem(records[2], records, 16.0, 8, TOLERANCE)
+    assert kind is VerdictKind.wrong_loss
+
+
+def test_records_without_loss_reports_are_not_held_to_one():
+    records = _reported(None, samples=None)
+    assert loss_problem(records[0], records, 16.0, 8, TOLERANCE) is None
+    assert records[0].leaf() == records[0].model_copy(update={"exchanged": Exchanged(
+        seed=SEED, sketches=((1.0,),) * 3)}).leaf()  # unset, they hash as if absent

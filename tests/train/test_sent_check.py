@@ -75,9 +75,10 @@ def _group(port: int, rank: int, world: int, epoch: int = 0) -> EpochGroup:
                             poll_s=0.05, should_cancel=lambda: False)
 
 
-def _tail(rank: int, world: int, lr: float = 0.1, loss: float = 2.0) -> tuple[float, ...]:
+def _tail(rank: int, world: int, lr: float = 0.1, loss: float = 2.0,
+          samples: float = 4.0) -> tuple[float, ...]:
     tail = [0.0] * (1 + 3 + 2 * world)
-    tail[0], tail[1], tail[2], tail[3] = lr, 1.0, loss, 4.0  # lr, ran, loss sum, samples
+    tail[0], tail[1], tail[2], tail[3] = lr, 1.0, loss, samples  # lr, ran, loss sum, samples
     tail[4 + 2 * rank] = float(rank + 1)  # its fingerprint slot
     return tuple(tail)
 
@@ -103,7 +104,7 @@ def _members(port: int, parts: list[list[torch.Tensor]], tails: list[tuple[float
                     **counting)
         if member is not None and member(rank, group, mine):
             return
-        out[rank] = SentCheck(EXCHANGE.declared_lrs).check(group, mine, lambda: False)
+        out[rank] = SentCheck(EXCHANGE.declared_lrs, EXCHANGE.declared_loss).check(group, mine, lambda: False)
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
     for t in threads:
@@ -125,6 +126,7 @@ def test_honest_members_pass_and_each_record_carries_every_members_sketch(store_
     assert len({o.exchanged for o in out}) == 1  # every member was told the same
     exchanged = out[0].exchanged
     assert exchanged.counts is None
+    assert exchanged.losses == (2.0, 2.0, 2.0) and exchanged.loss_samples == (4, 4, 4)
     for declared, part in zip(exchanged.sketches, parts):
         assert sk.mismatch(declared, sk.finite(sk.sketch(exchanged.seed, part)[0])) < 1e-6
 
@@ -184,6 +186,16 @@ def test_step_scalars_added_other_than_declared_are_refused(store_port):
     assert all("step scalars do not add up" in o.refusal for o in out)
 
 
+def test_a_loss_report_over_a_negative_or_fractional_count_is_refused(store_port):
+    """The guard's mean loss is the reports' sum over their samples': a negative count
+    (which adds up like any scalar) would scale it. The loss itself is left to the audit."""
+    for samples in (-4.0, 2.5):
+        tails = [_tail(0, 2), _tail(1, 2, loss=-50.0, samples=samples)]
+        out = _members(store_port, _parts(2), tails, epoch=1 if samples == 2.5 else 0)
+        assert all("no whole number of samples" in o.refusal for o in out), out
+        assert out[0].exchanged.loss_samples == (4, -1)
+
+
 def test_a_stalled_member_ends_the_wait_when_membership_changes(store_port):
     polls, outcome, done = [], [], threading.Event()
 
@@ -191,7 +203,7 @@ def test_a_stalled_member_ends_the_wait_when_membership_changes(store_port):
         if rank == 1:
             done.wait(30)  # alive (its connections open) but never declares
             return True
-        outcome.append(SentCheck(EXCHANGE.declared_lrs).check(
+        outcome.append(SentCheck(EXCHANGE.declared_lrs, EXCHANGE.declared_loss).check(
             group, mine, lambda: polls.append(1) or len(polls) > 2))
         done.set()
         return True

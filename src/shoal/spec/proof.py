@@ -64,6 +64,12 @@ class Exchanged(Frozen):
     # DiLoCo round ends: the samples each rank's pseudo-gradient is weighted by, which
     # the outer average is normalised with.
     counts: tuple[int, ...] | None = None
+    # Per rank, the loss it reported for the guard's spike check, summed in the same
+    # all-reduce: the sum of its micro-batches' losses times their sizes (None where not
+    # finite), and how many samples that covers (0: it reported none). A replay of its
+    # step recomputes both.
+    losses: tuple[float | None, ...] | None = None
+    loss_samples: tuple[int, ...] | None = None
 
 
 class WorkRecord(Frozen):
@@ -124,7 +130,12 @@ class WorkRecord(Frozen):
         """The Merkle leaf: SHA-256 of the record's canonical JSON, domain-separated
         from inner nodes (a leaf can never pass for a node)."""
         # A field added later hashes as if it did not exist while it is unset.
-        unset = {name for name in ("local", "exchanged") if getattr(self, name) is None}
+        unset: dict[str, object] = {name: True for name in ("local", "exchanged")
+                                    if getattr(self, name) is None}
+        if self.exchanged is not None:
+            late = {n for n in ("losses", "loss_samples") if getattr(self.exchanged, n) is None}
+            if late:
+                unset["exchanged"] = late
         body = json.dumps(self.model_dump(mode="json", exclude=unset or None),
                           sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(b"\x00" + body.encode()).digest()
@@ -144,12 +155,13 @@ class VerdictKind(str, enum.Enum):
     wrong_params = "wrong_params"  # the record claims a start the job never had
     withheld = "withheld"  # the worker did not reveal its contribution in time
     wrong_samples = "wrong_samples"  # positions outside its step, or overlapping another record
+    wrong_loss = "wrong_loss"  # the loss it reported to the guard is not its samples' loss
     unavailable = "unavailable"  # the step's parameters could not be had: no verdict on the worker
 
 
 GUILTY = frozenset({VerdictKind.wrong_contribution, VerdictKind.bad_commitment,
                     VerdictKind.bad_proof, VerdictKind.wrong_params, VerdictKind.withheld,
-                    VerdictKind.wrong_samples})
+                    VerdictKind.wrong_samples, VerdictKind.wrong_loss})
 
 
 class Verdict(Frozen):

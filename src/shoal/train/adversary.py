@@ -84,6 +84,11 @@ class Adversary:
         """Under DiLoCo: the samples count it sends beside its pseudo-gradient."""
         return count
 
+    def reported_loss(self, loss_sum: float, ctx: AdversaryContext) -> float:
+        """The loss sum it reports for the guard's spike check (its micro-batches'
+        losses times their sizes)."""
+        return loss_sum
+
 
 class Scale(Adversary):
     """Scales its gradient (×-1 flips the sign): a push in a chosen direction."""
@@ -270,6 +275,9 @@ class Sometimes(Adversary):
 
     def sent_count(self, count: int, ctx: AdversaryContext) -> int:
         return self.inner.sent_count(count, ctx) if self.cheats(ctx.step) else count
+
+    def reported_loss(self, loss_sum: float, ctx: AdversaryContext) -> float:
+        return self.inner.reported_loss(loss_sum, ctx) if self.cheats(ctx.step) else loss_sum
 
 
 def load_adversary(spec: str | None) -> Adversary | None:

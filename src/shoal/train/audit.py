@@ -21,7 +21,7 @@ import torch
 from shoal.proof.merkle import verify_proof
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
 from shoal.train.audit_local import Finding, LocalAudit, load_agreed
-from shoal.train.audit_sent import sent_problem
+from shoal.train.audit_sent import loss_problem, sent_problem
 from shoal.train.order import share_positions, step_cursor
 from shoal.train.proof_store import ProofStore, contribution_sha256
 from shoal.train.replay import Replayer, relative_distance
@@ -75,7 +75,8 @@ class Auditor:
                            f"{'DiLoCo' if self.replayer.inner else 'every-step'} job")
         if record.local is not None:  # DiLoCo: the worker's own replica (audit_local)
             self._loaded_step = None  # the local audit loads other states into the replayer
-            kind, detail, distance = self.local.audit(record, lambda g: self._judge(record, g))
+            kind, detail, distance = self.local.audit(
+                record, lambda g: self._judge(record, step_records, g))
             return verdict(kind, detail, distance)
         if not self._load(record.step, step_records):
             return verdict(VerdictKind.unavailable, f"no trusted parameters for step {record.step}")
@@ -90,25 +91,35 @@ class Auditor:
         if found is not None:  # it put other than it committed in the exchange
             return verdict(*found)
         replayed = self.replayer.contribution(record)
-        if contribution_sha256(record.job, record.worker, record.step, replayed) == record.contribution_sha256:
-            return verdict(VerdictKind.valid, "replay is bit-identical", distance=0.0)
-        distance = relative_distance(replayed, revealed)
-        if distance <= self.tolerance:
-            return verdict(VerdictKind.valid, distance=distance)
-        return verdict(VerdictKind.wrong_contribution, "replay differs from the contribution",
+        identical = contribution_sha256(record.job, record.worker, record.step,
+                                        replayed) == record.contribution_sha256
+        distance = 0.0 if identical else relative_distance(replayed, revealed)
+        if distance > self.tolerance:
+            return verdict(VerdictKind.wrong_contribution, "replay differs from the contribution",
+                           distance=distance)
+        lied = self._loss_problem(record, step_records)
+        if lied is not None:
+            return verdict(*lied)
+        return verdict(VerdictKind.valid, "replay is bit-identical" if identical else "",
                        distance=distance)
 
-    def _judge(self, record: WorkRecord, revealed: list[torch.Tensor]) -> Finding | None:
+    def _judge(self, record: WorkRecord, step_records: list[WorkRecord],
+               revealed: list[torch.Tensor]) -> Finding | None:
         """A replayed gradient against the revealed one, from the loaded state: None if
-        bit-identical or within the tolerance."""
+        bit-identical or within the tolerance, and the loss reported (at a voted step)
+        the replay's."""
         replayed = self.replayer.contribution(record)
-        if contribution_sha256(record.job, record.worker, record.step, replayed) == \
+        if contribution_sha256(record.job, record.worker, record.step, replayed) != \
                 contribution_sha256(record.job, record.worker, record.step, revealed):
-            return None
-        distance = relative_distance(replayed, revealed)
-        if distance <= self.tolerance:
-            return None
-        return VerdictKind.wrong_contribution, "replay differs from the contribution", distance
+            distance = relative_distance(replayed, revealed)
+            if distance > self.tolerance:
+                return VerdictKind.wrong_contribution, "replay differs from the contribution", distance
+        return self._loss_problem(record, step_records) if record.exchanged is not None else None
+
+    def _loss_problem(self, record: WorkRecord, step_records: list[WorkRecord]) -> Finding | None:
+        """After a replay: the loss the worker reported for the guard against the replay's."""
+        return loss_problem(record, step_records, self.replayer.loss_sum,
+                            self.replayer.loss_samples, self.tolerance)
 
     def _load(self, step: int, step_records: list[WorkRecord]) -> bool:
         """Load the step's parameter snapshot if it is the state the step's workers agree

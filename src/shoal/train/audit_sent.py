@@ -1,6 +1,7 @@
 """Auditing what a worker put in a voted step's exchange: the sketch its peers
 read from it must be the sketch of what it committed (and, under DiLoCo, the
-samples count it sent the one its record claims).
+samples count it sent the one its record claims), and the loss it reported
+for the guard must be its samples' loss, as a replay computes it.
 
 The run refuses a step whose declared sketches do not add up to the exchanged
 sum (`shoal.train.sent_check`), so a worker that sent other than it committed
@@ -13,6 +14,7 @@ audited worker's own record alone.
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +33,9 @@ class Declaration:
     seed: str  # the sum's hash: draws the sketch's directions
     sketch: Sketch
     count: int | None  # under DiLoCo, the samples count it sent
+    # The loss it reported to the guard: (sum, samples covered); None where the step's
+    # records do not carry loss reports.
+    loss: tuple[float | None, int] | None = None
 
 
 def declared(record: WorkRecord, step_records: list[WorkRecord], tolerance: float
@@ -59,10 +64,17 @@ def declared(record: WorkRecord, step_records: list[WorkRecord], tolerance: floa
     best = max(range(len(rows)), key=support.__getitem__)
     counts = collections.Counter(None if v.counts is None else v.counts[record.rank]
                                  for v in rows).most_common(1)[0]
-    if 2 * support[best] <= len(views) or 2 * counts[1] <= len(views):
+    losses = collections.Counter(_loss_of(v, record.rank) for v in rows).most_common(1)[0]
+    if 2 * min(support[best], counts[1], losses[1]) <= len(views):
         return (VerdictKind.unavailable,
                 f"the step's records disagree on what rank {record.rank} declared", None)
-    return Declaration(seed, sketches[best], counts[0])
+    return Declaration(seed, sketches[best], counts[0], losses[0])
+
+
+def _loss_of(view, rank: int) -> tuple[float | None, int] | None:
+    if view.losses is None or view.loss_samples is None or rank >= len(view.losses):
+        return None
+    return view.losses[rank], view.loss_samples[rank]
 
 
 def sent_problem(record: WorkRecord, step_records: list[WorkRecord], sent: list[torch.Tensor],
@@ -81,4 +93,33 @@ def sent_problem(record: WorkRecord, step_records: list[WorkRecord], sent: list[
         return (VerdictKind.wrong_samples,
                 f"sent a samples count of {found.count} beside its pseudo-gradient; "
                 f"its record claims {count}", None)
+    return None
+
+
+def loss_problem(record: WorkRecord, step_records: list[WorkRecord], replayed_sum: float,
+                 samples: int, tolerance: float) -> Finding | None:
+    """None if the loss `record`'s worker reported for the guard (as most of the step's
+    records say it declared) is what a replay of its samples gives: `replayed_sum` over
+    `samples`, within `tolerance` of its size. A worker may report no loss (a loop
+    that does not pass its loss to the run); a report covers all of its samples."""
+    found = declared(record, step_records, tolerance)
+    if not isinstance(found, Declaration):
+        return found
+    if found.loss is None:
+        return None  # records from before loss reports were declared
+    loss, covered = found.loss
+    if covered == 0 and loss == 0.0:
+        return None
+    if covered != samples:
+        return (VerdictKind.wrong_loss,
+                f"reported a loss over {covered} samples; it computed {samples}", None)
+    if loss is None or not math.isfinite(replayed_sum):
+        if loss is None and not math.isfinite(replayed_sum):
+            return None  # both not finite: a state whose loss overflows, honestly
+        return (VerdictKind.wrong_loss, f"reported a loss sum of {loss}; a replay of its "
+                f"samples gives {replayed_sum:.6g}", None)
+    distance = abs(loss - replayed_sum) / max(abs(replayed_sum), 1e-12)
+    if distance > tolerance:
+        return (VerdictKind.wrong_loss, f"reported a loss sum of {loss:.6g}; a replay of its "
+                f"samples gives {replayed_sum:.6g}", distance)
     return None

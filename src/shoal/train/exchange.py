@@ -16,6 +16,7 @@ afterwards (guard, optimizer, fingerprints) works the same under any rule.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -166,6 +167,12 @@ class GradientExchange:
         if ran == 0.0 and not any(lrs):
             return None
         return (-1.0, ran, *lrs)  # no learning rate is negative: it never matches a peer's
+
+    def declared_loss(self, tail: tuple[float, ...]) -> tuple[float, float]:
+        """The loss report in one member's own tail: (loss sum, samples it covers)."""
+        if len(tail) <= self.groups + _SAMPLES:
+            return math.nan, math.nan
+        return tail[self.groups + _LOSS_SUM], tail[self.groups + _SAMPLES]
 
     def _tail(self) -> torch.Tensor:
         return self.buffers[torch.float32][self._grad_numel:]

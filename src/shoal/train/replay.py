@@ -45,6 +45,9 @@ class Replayer:
         self.inner = inner
         self._orders: dict[int, DataOrder] = {}
         self._optimizer: torch.optim.Optimizer | None = None
+        # The loss report of the last `contribution`: (sum, samples), as a worker's loop
+        # reports it to the guard.
+        self.loss_sum, self.loss_samples = 0.0, 0
 
     def load(self, state: dict[str, torch.Tensor]) -> None:
         """Set the parameters a step started from (a snapshot from the proof store)."""
@@ -57,11 +60,15 @@ class Replayer:
         exchange = GradientExchange(list(self.model.parameters()), groups=1)
         self.model.zero_grad(set_to_none=True)
         torch.manual_seed(record.rng_seed)
+        self.loss_sum = 0.0  # what the worker's loop reports to the guard, summed as it does
         if len(ids):
             parts = -(-len(ids) // (record.micro_batch or len(ids)))
             for chunk in np.array_split(ids, parts):
-                self.loss(self.model, self.fetch(chunk)).backward()
+                loss = self.loss(self.model, self.fetch(chunk))
+                loss.backward()
+                self.loss_sum += float(loss.detach()) * len(chunk)
                 exchange.fold(len(chunk) / record.global_batch)
+        self.loss_samples = len(ids)
         return [g.clone() for g in exchange.gradients()]
 
     def fresh_optimizer_state(self) -> dict:

@@ -229,7 +229,8 @@ class Run:
             return
         self.exchange.write_scalars(
             self.rank, [float(g["lr"]) for g in self.optimizer.param_groups], attempt.share > 0,
-            attempt.loss_sum, attempt.loss_samples, self.sync.fingerprint())
+            self.proof.reported_loss(attempt.loss_sum), attempt.loss_samples,
+            self.sync.fingerprint())
         tail = tuple(self.exchange.scalar_tail().tolist()) if self.proof.checks_sent else ()
         self.progress.reached(self.record.epoch, self.step_index, Phase.exchange)
         ballot, scalars = self._exchange(tail)

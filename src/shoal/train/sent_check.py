@@ -17,7 +17,10 @@ declaration binds, besides the sketch of the member's contribution:
 - under DiLoCo, the samples its pseudo-gradient is weighted by: the outer
   average is normalised by their sum, so a made-up count would scale it.
 The step's record carries what this member was told (`Exchanged`), which
-the audit holds the replay to.
+the audit holds the replay to: the sketch, the count, and the loss it
+reported (the guard's spike check reads the mean loss, so a made-up one
+could hide a spike or skip honest steps; it adds up like any scalar, and
+only a replay of the member's samples tells it).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from shoal.train.group import EpochGroup, GroupCancelled, GroupFailed, ShouldCan
 RTOL = 1e-5
 
 LrsOf = Callable[[tuple[float, ...]], tuple[float, ...] | None]
+LossOf = Callable[[tuple[float, ...]], tuple[float, float]]  # a tail's (loss sum, samples)
 
 # Steps in a row this member refused before it gives the run up: a member that keeps
 # sending other than it declares would otherwise hold the job at no progress while its
@@ -75,8 +79,8 @@ class Checked:
 
 
 class SentCheck:
-    def __init__(self, lrs_of: LrsOf) -> None:
-        self.lrs_of = lrs_of
+    def __init__(self, lrs_of: LrsOf, loss_of: LossOf) -> None:
+        self.lrs_of, self.loss_of = lrs_of, loss_of
         self.refused_in_a_row = 0
 
     def hopeless(self, members: tuple[str, ...]) -> str | None:
@@ -103,8 +107,12 @@ class SentCheck:
                     for r in rows.tolist()]
         counts = None if sent.count is None else tuple(
             int(d.count) if _whole(d.count) else -1 for d in declared)
+        reports = [self.loss_of(d.tail) for d in declared]
         exchanged = Exchanged(seed=seed, sketches=tuple(sk.finite(d.sketch) for d in declared),
-                              counts=counts)
+                              counts=counts,
+                              losses=tuple(v if math.isfinite(v) else None for v, _ in reports),
+                              loss_samples=tuple(int(n) if _whole(n) and n >= 0 else -1
+                                                 for _, n in reports))
         refusal = self._refusal(declared, total, sent)
         self.refused_in_a_row = self.refused_in_a_row + 1 if refusal else 0
         return Checked(ok=True, refusal=refusal, exchanged=exchanged)
@@ -117,6 +125,10 @@ class SentCheck:
         lrs = {self.lrs_of(d.tail) for d in declared} - {None}
         if len(lrs) > 1:
             return f"members declared different learning rates: {sorted(lrs)}"
+        covered = [self.loss_of(d.tail)[1] for d in declared]
+        if not all(_whole(n) and n >= 0 for n in covered):
+            # the mean loss is divided by their sum: a negative one would scale it
+            return f"a declared loss report covers no whole number of samples: {covered}"
         if sent.count is not None:
             counts = [d.count for d in declared]
             if not all(_whole(c) and 0 <= c <= (sent.round_expected or 0) for c in counts):

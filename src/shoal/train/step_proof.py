@@ -38,7 +38,7 @@ class StepProof:
         """The job records work: every step gets a record, and every voted step's
         members declare what they sent, against the sum (`shoal.train.sent_check`)."""
         self.recorder = recorder
-        self.sent_check = SentCheck(exchange.declared_lrs)
+        self.sent_check = SentCheck(exchange.declared_lrs, exchange.declared_loss)
         if isinstance(sync, EveryStep):
             sync.keep_sum = True  # a robust rule's gather keeps what a sum would have been
         if isinstance(sync, DiLoCo):  # each worker steps alone inside a round
@@ -108,6 +108,12 @@ class StepProof:
             if self.adversary.declares_sent:
                 self._declared = [pseudo_gradient]
         return pseudo_gradient
+
+    def reported_loss(self, loss_sum: float) -> float:
+        """The loss sum this worker reports for the guard (a cheat's, if it lies)."""
+        if self.adversary is None or self._context is None:
+            return loss_sum
+        return self.adversary.reported_loss(loss_sum, self._context)
 
     def sent_count(self, count: int) -> int:
         """Under DiLoCo: the samples count sent beside the pseudo-gradient."""

@@ -40,3 +40,14 @@ class NegativeCount(Adversary):
 
     def sent_count(self, count, ctx):
         return -count
+
+
+class LossLie(Adversary):
+    """Honest work, but a tenth of its loss reported to the guard: on a spike it would
+    pull the mean loss under the spike check (its peers' reports are honest, so the
+    sums still add up)."""
+
+    name = "loss_lie"
+
+    def reported_loss(self, loss_sum, ctx):
+        return loss_sum * 0.1

@@ -104,3 +104,23 @@ def test_a_run_whose_steps_keep_being_refused_is_given_up_with_the_reason(tmp_pa
     assert "10 steps in a row were refused" in done.stderr
     assert "sends other than it declares" in done.stderr and "resume" in done.stderr
     assert len(_applied(tmp_path)) < 40  # it stopped, it did not skip to the end
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sync", ["every-step", "diloco"])
+def test_a_loss_reported_other_than_computed_is_caught_at_every_voted_step(tmp_path, sync):
+    """The loss a worker reports for the guard is summed like any step scalar, so it adds
+    up whatever it is; the step's records carry it, and a replay of the worker's samples
+    finds it (under DiLoCo at the round's end, where the loss is exchanged)."""
+    diloco = sync == "diloco"
+    proven = run_proven_job(tmp_path, workers=3, steps=8, epoch_steps=4,
+                            sync=DILOCO if diloco else "",
+                            adversaries={1: "tests.control.trust.cheats:LossLie"})
+    assert all(_applied(tmp_path))  # nothing refused: it is only found by a replay
+    verdicts = [v for audit in audit_all(proven, 4).values() for v in audit.verdicts]
+    voted = {3, 7} if diloco else set(range(8))
+    cheat = {v.step: v for v in verdicts if v.worker == "w1"}
+    assert {s for s, v in cheat.items() if v.guilty} == voted
+    assert all(cheat[s].kind is VerdictKind.wrong_loss
+               and "a replay of its samples gives" in cheat[s].detail for s in voted)
+    assert all(v.kind is VerdictKind.valid for v in verdicts if v.worker != "w1")
