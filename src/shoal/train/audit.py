@@ -74,6 +74,9 @@ class Auditor:
                            f"{'a DiLoCo step' if record.local else 'an every-step record'} in a "
                            f"{'DiLoCo' if self.replayer.inner else 'every-step'} job")
         if record.local is not None:  # DiLoCo: the worker's own replica (audit_local)
+            ended = _round_end_problem(record, step_records)
+            if ended is not None:
+                return verdict(*ended)
             self._loaded_step = None  # the local audit loads other states into the replayer
             kind, detail, distance = self.local.audit(
                 record, lambda g: self._judge(record, step_records, g))
@@ -114,7 +117,9 @@ class Auditor:
             distance = relative_distance(replayed, revealed)
             if distance > self.tolerance:
                 return VerdictKind.wrong_contribution, "replay differs from the contribution", distance
-        return self._loss_problem(record, step_records) if record.exchanged is not None else None
+        # The loss is exchanged where a round ends (that the record says so is checked
+        # against its peers' records first).
+        return self._loss_problem(record, step_records) if record.local.outer else None
 
     def _loss_problem(self, record: WorkRecord, step_records: list[WorkRecord]) -> Finding | None:
         """After a replay: the loss the worker reported for the guard against the replay's."""
@@ -131,6 +136,27 @@ class Auditor:
         self._loaded_step, self._loaded_ok = step, agreed is not None
         self._params_sha256 = agreed or ""
         return self._loaded_ok
+
+
+def _round_end_problem(record: WorkRecord, step_records: list[WorkRecord]) -> Finding | None:
+    """Under DiLoCo: does the record say a round ended at its step (it committed a
+    pseudo-gradient) where most of the step's records show the members declared what
+    they exchanged? A worker that called its round's end an inner step would reveal no
+    pseudo-gradient, and what it put in the outer exchange would go unchecked."""
+    views = [r for r in step_records
+             if r.step == record.step and r.membership_epoch == record.membership_epoch]
+    voted = sum(r.exchanged is not None for r in views)
+    if 2 * voted == len(views):  # as many against as for: the audit cannot tell who lies
+        return (VerdictKind.unavailable,
+                f"the step's records disagree on whether a round ended at step {record.step}", None)
+    ended = 2 * voted > len(views)
+    if ended == record.local.outer:
+        return None
+    if ended:
+        return (VerdictKind.wrong_params, f"claims no round ended at step {record.step}, where "
+                "the step's members declared what they put in the outer exchange", None)
+    return (VerdictKind.wrong_params, f"claims a round ended at step {record.step}, where the "
+            "step's members exchanged nothing", None)
 
 
 def _slice_problem(record: WorkRecord, step_records: list[WorkRecord]) -> str:

@@ -1,6 +1,7 @@
 """Users' own adversaries, loaded by `--adversary N=tests.control.trust.cheats:NAME`."""
 
 from shoal.train.adversary import Adversary
+from shoal.train.proof_store import contribution_sha256
 
 
 def drift(contribution, step, context):
@@ -51,3 +52,32 @@ class LossLie(Adversary):
 
     def reported_loss(self, loss_sum, ctx):
         return loss_sum * 0.1
+
+
+class HiddenRoundEnd(Adversary):
+    """Under DiLoCo: sends its pseudo-gradient ×10 (declaring it, so the sums add up) and
+    publishes its round's end as an inner step: a record with no pseudo-gradient
+    committed, whose revealed gradient replays exactly."""
+
+    name = "hidden_round_end"
+
+    def contribution(self, honest, ctx):
+        ctx.memory["gradients"] = (ctx.step, [t.clone() for t in honest])
+        return honest
+
+    def sent_pseudo_gradient(self, committed, ctx):
+        return committed * 10.0
+
+    def record(self, record, ctx):
+        if record.local is None or not record.local.outer:
+            return record
+        step, gradients = ctx.memory["gradients"]
+        assert step == record.step
+        ctx.memory["hidden"] = step
+        local = record.local.model_copy(update={"round_samples": None, "round_expected": None,
+                                                "outer_norm": None})
+        return record.model_copy(update={"local": local, "contribution_sha256": contribution_sha256(
+            record.job, record.worker, record.step, gradients)})
+
+    def reveal(self, sent, ctx):
+        return sent[:-1] if ctx.memory.get("hidden") == ctx.step else sent

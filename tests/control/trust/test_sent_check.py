@@ -124,3 +124,20 @@ def test_a_loss_reported_other_than_computed_is_caught_at_every_voted_step(tmp_p
     assert all(cheat[s].kind is VerdictKind.wrong_loss
                and "a replay of its samples gives" in cheat[s].detail for s in voted)
     assert all(v.kind is VerdictKind.valid for v in verdicts if v.worker != "w1")
+
+
+@pytest.mark.slow
+def test_under_diloco_a_rounds_end_published_as_an_inner_step_is_caught(tmp_path):
+    """The cheat sends its pseudo-gradient ×10 and declares it (the sums add up), then
+    calls its round's end an inner step: no pseudo-gradient committed, a gradient that
+    replays exactly. Its peers' records show the round ended there."""
+    proven = run_proven_job(tmp_path, workers=3, steps=8, epoch_steps=4, sync=DILOCO,
+                            adversaries={1: "tests.control.trust.cheats:HiddenRoundEnd"})
+    records = proven.store.records()
+    assert not any(r.local.outer for r in records if r.worker == "w1")  # what it claims
+    verdicts = [v for audit in audit_all(proven, 4).values() for v in audit.verdicts]
+    cheat = {v.step: v for v in verdicts if v.worker == "w1" and v.guilty}
+    assert set(cheat) == {3, 7}
+    assert all(v.kind is VerdictKind.wrong_params and "claims no round ended" in v.detail
+               for v in cheat.values())
+    assert all(v.kind is VerdictKind.valid for v in verdicts if v.worker != "w1")
