@@ -104,7 +104,8 @@ def _members(port: int, parts: list[list[torch.Tensor]], tails: list[tuple[float
                     **counting)
         if member is not None and member(rank, group, mine):
             return
-        out[rank] = SentCheck(EXCHANGE.declared_lrs, EXCHANGE.declared_loss).check(group, mine, lambda: False)
+        check = SentCheck(EXCHANGE.declared_lrs, EXCHANGE.declared_loss)
+        out[rank] = check.check(group, mine, lambda: False)
 
     threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
     for t in threads:
