@@ -43,6 +43,10 @@ def verify_command(
                                       help="JSON-RPC URL of the chain (with --chain-job)."),
     contract: Optional[str] = typer.Option(None, "--contract", envvar="SHOAL_LEDGER_CONTRACT",
                                            help="Market contract address (with --chain-job)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="The run's directory (its "
+                                           "epochs.jsonl names who held each rank), so that a "
+                                           "worker's share of a step it filed no record for "
+                                           "is judged too."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     coordinator: Optional[str] = typer.Option(None, "--coordinator", envvar="SHOAL_COORDINATOR_URL",
                                               help="Audit a market job through this coordinator "
@@ -101,7 +105,8 @@ def verify_command(
                       verifier=account.address if account else "")
     verifier = Verifier(auditor, job.proof, salt=salt_bytes, total_steps=job.steps,
                         roots=_anchored_roots(chain_job, rpc, contract),
-                        leaves=lambda epoch: (store.load_anchor(epoch) or (None, None))[1])
+                        leaves=lambda epoch: (store.load_anchor(epoch) or (None, None))[1],
+                        members=_members(run_dir))
     log = VerdictLog(directory)
     results, done, started = [], set(), time.perf_counter()
     last_epoch = (job.steps - 1) // job.proof.epoch_steps
@@ -206,6 +211,18 @@ def _anchored_roots(chain_job: int | None, rpc: str | None, contract: str | None
     return root
 
 
+def _members(run_dir: Path | None):  # noqa: ANN202 - the verifier's `Members`
+    """The membership epochs the run's host published, by number (none without a run)."""
+    if run_dir is None:
+        return lambda epoch: None
+    if not (run_dir / "epochs.jsonl").is_file():
+        raise ShoalError(f"no epochs.jsonl in {run_dir}: give the --run-dir the job ran with")
+    from shoal.control.coordinator.published_epochs import PublishedEpochs
+
+    published = PublishedEpochs(lambda _: run_dir)
+    return lambda epoch: published.members("", epoch)
+
+
 def _wait_for_records(directory: str, interval_s: float) -> None:
     while not Path(directory, "records").is_dir():
         time.sleep(interval_s)
@@ -214,10 +231,12 @@ def _wait_for_records(directory: str, interval_s: float) -> None:
 def _print(results: list, salt: bytes, wall_s: float, as_json: bool) -> None:
     guilty = {w: v[0].kind.value for r in results for w, v in r.guilty.items()}
     audited = sum(len(r.verdicts) for r in results)
+    unnamed = sum(len(r.unnamed) for r in results)
     if as_json:
         typer.echo(json.dumps({
             "salt": salt.hex(), "epochs": [r.epoch for r in results], "audited": audited,
-            "records": sum(r.records for r in results), "guilty": guilty, "wall_s": round(wall_s, 3),
+            "records": sum(r.records for r in results), "guilty": guilty, "unjudged_unrecorded": unnamed,
+            "wall_s": round(wall_s, 3),
             "verdicts": [v.model_dump(mode="json") for r in results for v in r.verdicts]}))
         return
     from rich.console import Console
@@ -233,3 +252,6 @@ def _print(results: list, salt: bytes, wall_s: float, as_json: bool) -> None:
     Console().print(table)
     typer.echo(f"{audited} audits in {wall_s:.1f} s; "
                + (f"cheating: {', '.join(sorted(guilty))}" if guilty else "no cheating found"))
+    if unnamed:
+        typer.echo(f"{unnamed} share(s) of voted steps have no work record and were not judged: "
+                   "pass --run-dir (the run's epochs.jsonl names their workers)", err=True)

@@ -56,8 +56,8 @@ class Adversary:
         """What the worker sends (and commits to) instead of `honest`."""
         return honest
 
-    def record(self, record: WorkRecord, ctx: AdversaryContext) -> WorkRecord:
-        """The record the worker publishes instead of the true one."""
+    def record(self, record: WorkRecord, ctx: AdversaryContext) -> WorkRecord | None:
+        """The record the worker publishes instead of the true one (None: it files none)."""
         return record
 
     def pseudo_gradient(self, honest: torch.Tensor, ctx: AdversaryContext) -> torch.Tensor:
@@ -261,7 +261,7 @@ class Sometimes(Adversary):
     def contribution(self, honest: Contribution, ctx: AdversaryContext) -> Contribution:
         return self.inner.contribution(honest, ctx) if self.cheats(ctx.step) else honest
 
-    def record(self, record: WorkRecord, ctx: AdversaryContext) -> WorkRecord:
+    def record(self, record: WorkRecord, ctx: AdversaryContext) -> WorkRecord | None:
         return self.inner.record(record, ctx) if self.cheats(ctx.step) else record
 
     def pseudo_gradient(self, honest: torch.Tensor, ctx: AdversaryContext) -> torch.Tensor:

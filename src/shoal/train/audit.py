@@ -22,6 +22,7 @@ from shoal.proof.merkle import verify_proof
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
 from shoal.train.audit_local import Finding, LocalAudit, load_agreed
 from shoal.train.audit_sent import loss_problem, sent_problem
+from shoal.train.audit_unrecorded import Unrecorded, judge_unrecorded, stand_in
 from shoal.train.order import share_positions, step_cursor
 from shoal.train.proof_store import ProofStore, contribution_sha256
 from shoal.train.replay import Replayer, relative_distance
@@ -105,6 +106,25 @@ class Auditor:
             return verdict(*lied)
         return verdict(VerdictKind.valid, "replay is bit-identical" if identical else "",
                        distance=distance)
+
+    def audit_unrecorded(self, share: Unrecorded, epoch: int,
+                         step_records: list[WorkRecord]) -> Verdict:
+        """The verdict on a named worker's share of a voted step that it filed no record
+        for (`shoal.train.audit_unrecorded`); `step_records`: the step's final lineage."""
+        assert share.worker is not None, "only a share whose worker is known is judged"
+        record = stand_in(share, step_records)
+        if not self._load(share.step, step_records):
+            found: Finding = (VerdictKind.unavailable,
+                              f"no trusted parameters for step {share.step}", None)
+        else:
+            replayed = self.replayer.contribution(record)
+            found = judge_unrecorded(record, step_records, replayed, self.replayer.loss_sum,
+                                     self.replayer.loss_samples, self.tolerance)
+        kind, detail, distance = found
+        return Verdict(job=record.job, epoch=epoch, step=share.step, worker=share.worker,
+                       kind=kind, distance=distance,
+                       tolerance=self.tolerance if distance is not None else None,
+                       verifier=self.verifier, detail=detail)
 
     def _judge(self, record: WorkRecord, step_records: list[WorkRecord],
                revealed: list[torch.Tensor]) -> Finding | None:

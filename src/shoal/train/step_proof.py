@@ -149,4 +149,6 @@ class StepProof:
         if self.adversary is not None:
             record = self.adversary.record(record, self._context)
             sent = self.adversary.reveal(sent, self._context)
+            if record is None:  # it files nothing: its share is audited without a record
+                return
         self.recorder.publish(record, sent)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from shoal.proof.epochs import by_epoch, final_lineage, is_complete
@@ -21,6 +21,7 @@ from shoal.proof.merkle import MerkleTree, epoch_tree
 from shoal.proof.sampling import audit_sample, beacon
 from shoal.spec.proof import ProofSpec, Verdict, VerdictKind, WorkRecord
 from shoal.train.audit import Auditor, Inclusion
+from shoal.train.audit_unrecorded import Members, Unrecorded, unrecorded_shares
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ class EpochAudit:
     records: int
     verdicts: list[Verdict] = field(default_factory=list)
     replay_s: float = 0.0  # seconds spent auditing (the verifier's cost)
+    # Shares of voted steps with no record whose worker the verifier could not name (it
+    # was not given the job's published membership): not judged.
+    unnamed: list[Unrecorded] = field(default_factory=list)
 
     @property
     def guilty(self) -> dict[str, list[Verdict]]:
@@ -49,11 +53,15 @@ class EpochAudit:
 class Verifier:
     def __init__(self, auditor: Auditor, spec: ProofSpec, *, salt: bytes,
                  roots: RootSource = lambda epoch: None, total_steps: int | None = None,
-                 leaves: Callable[[int], list[bytes] | None] = lambda epoch: None) -> None:
+                 leaves: Callable[[int], list[bytes] | None] = lambda epoch: None,
+                 members: Members = lambda epoch: None) -> None:
         """`roots`: each epoch's anchored root; `leaves`: the leaves the operator
-        published with it (both None when not anchored)."""
+        published with it (both None when not anchored); `members`: the job's published
+        membership epochs, each its members in rank order (names the workers of shares
+        filed without a record)."""
         self.auditor, self.spec, self.salt = auditor, spec, salt
         self.roots, self.total_steps, self.leaves = roots, total_steps, leaves
+        self.members = members
 
     def complete_epochs(self, records: list[WorkRecord]) -> list[int]:
         grouped = by_epoch(records, self.spec.epoch_steps)
@@ -69,6 +77,27 @@ class Verifier:
         return audit_sample(current, rate or self.spec.audit_rate,
                             self.spec.min_audits_per_worker, beacon(root, self.salt))
 
+    def unrecorded(self, records: list[WorkRecord]) -> list[Unrecorded]:
+        """The shares of voted steps whose workers filed no record in the final lineage.
+        Every one is judged, not a sample: they are rare (a lost machine, or a cheat
+        hiding a poisoned part), and a sample would let the cheat hide in the odds."""
+        by_step: dict[int, list[WorkRecord]] = defaultdict(list)
+        for record in final_lineage(records):
+            by_step[record.step].append(record)
+        return [share for step in sorted(by_step)
+                for share in unrecorded_shares(by_step[step], self.members)]
+
+    def audit_unrecorded_one(self, worker: str, step: int,
+                             epoch_records: list[WorkRecord]) -> Verdict | None:
+        """The referee's single re-execution of `worker`'s share of `step` that it filed no
+        record for; None if it had no such share (it filed one, or held no seat)."""
+        for share in self.unrecorded([r for r in epoch_records if r.step == step]):
+            if share.worker == worker:
+                return self.auditor.audit_unrecorded(
+                    share, step // self.spec.epoch_steps,
+                    [r for r in final_lineage(epoch_records) if r.step == step])
+        return None
+
     def audit_one(self, record: WorkRecord, epoch_records: list[WorkRecord]) -> Verdict:
         """Audit one record against its epoch's tree (the referee's single re-execution)."""
         tree, ordered = epoch_tree(epoch_records)
@@ -80,9 +109,11 @@ class Verifier:
                                   [r for r in final_lineage(ordered) if r.step == record.step])
 
     def audit_epoch(self, epoch: int, records: list[WorkRecord], *, rate: float | None = None,
-                    every: bool = False, chosen: list[WorkRecord] | None = None) -> EpochAudit:
+                    every: bool = False, chosen: list[WorkRecord] | None = None,
+                    judged: Collection[tuple[str, int]] | None = None) -> EpochAudit:
         """Audit one epoch's records: a sample at `rate` (the job's by default), all, or the
-        `chosen` ones (a whistleblower re-checks what others judged)."""
+        `chosen` ones (a whistleblower re-checks what others judged); and every share
+        filed without a record, or of those only the (worker, step)s `judged`."""
         tree, ordered = epoch_tree(records)
         anchored = self.roots(epoch)
         root = anchored if anchored is not None else tree.root
@@ -104,6 +135,16 @@ class Verifier:
             i = index[(record.step, record.worker, record.membership_epoch)]
             inclusion = Inclusion(epoch, i, tree.count, tree.proof(i), root)
             result.verdicts.append(self.auditor.audit(record, inclusion, by_step[record.step]))
+        for share in self.unrecorded(ordered):
+            if share.worker is None:
+                result.unnamed.append(share)
+            elif judged is None or (share.worker, share.step) in judged:
+                result.verdicts.append(self.auditor.audit_unrecorded(share, epoch,
+                                                                     by_step[share.step]))
+        if result.unnamed:
+            log.warning("epoch %d: %d share(s) of voted steps have no record and no known "
+                        "worker (give the verifier the job's membership epochs to judge "
+                        "them)", epoch, len(result.unnamed))
         result.replay_s = time.perf_counter() - started
         for worker, found in result.guilty.items():
             log.warning("epoch %d: %s failed %d audit(s): %s", epoch, worker, len(found),

@@ -1,0 +1,68 @@
+"""A worker that poisons its part of a step and files no record of it: its peers'
+records still say what it declared, and a replay of its share from the step's
+agreed parameters gives it away. A worker whose records were lost with its
+machine is judged valid. Real jobs, real stores."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from shoal.control.trust.verifier import Verifier
+from shoal.proof.verdicts import guilty_workers
+from shoal.spec.proof import VerdictKind
+from shoal.train.audit_unrecorded import UNRECORDED
+from shoal.train.step_log import read_step_logs
+from tests.conftest import shoal_command
+from tests.control.trust.conftest import run_proven_job
+from shoal.control.coordinator.published_epochs import PublishedEpochs
+
+POISON = "tests.control.trust.cheats:UnrecordedScale"
+LOST = "tests.control.trust.cheats:LostRecords"
+
+
+def _members(run_dir):
+    published = PublishedEpochs(lambda _: run_dir)
+    return lambda epoch: published.members("", epoch)
+
+
+@pytest.mark.slow
+def test_a_share_without_a_record_is_replayed_and_its_poisoner_named(tmp_path):
+    proven = run_proven_job(tmp_path, workers=3, steps=6, epoch_steps=3,
+                            adversaries={1: POISON, 2: LOST})
+    applied = [r.applied for r in read_step_logs(tmp_path / "run") if r.worker == "w0"]
+    assert applied == [True] * 6  # the declarations add up: every poisoned step went in
+    records = proven.store.records()
+    assert {r.worker for r in records} == {"w0"}
+
+    verifier = Verifier(proven.auditor(), proven.job.proof, salt=b"u" * 16,
+                        total_steps=proven.job.steps, members=_members(tmp_path / "run"))
+    verdicts = []
+    for epoch in verifier.complete_epochs(records):
+        audit = verifier.audit_epoch(epoch, [r for r in records if r.step // 3 == epoch],
+                                     every=True)
+        assert not audit.unnamed
+        verdicts += audit.verdicts
+    assert guilty_workers(verdicts) == {"w1"}
+    poisoner = sorted((v.step, v.kind) for v in verdicts if v.worker == "w1")
+    assert poisoner == [(step, VerdictKind.wrong_contribution) for step in range(6)]
+    lost = [v for v in verdicts if v.worker == "w2"]
+    assert len(lost) == 6 and all(v.kind is VerdictKind.valid and v.detail.startswith(UNRECORDED)
+                                  for v in lost)
+    assert all(v.kind is VerdictKind.valid for v in verdicts if v.worker == "w0")
+
+    # Without the membership the shares cannot be named: none is judged, and the CLI
+    # says so; with the run's directory, `shoal verify` blames the poisoner (exit 1).
+    blind = Verifier(proven.auditor(), proven.job.proof, salt=b"u" * 16,
+                     total_steps=proven.job.steps)
+    assert len(blind.audit_epoch(0, [r for r in records if r.step < 3], every=True).unnamed) == 6
+    job = str(tmp_path / "job.toml")
+    done = subprocess.run(shoal_command("verify", job, "--all"), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "--run-dir" in done.stderr
+    done = subprocess.run(shoal_command("verify", job, "--all", "--run-dir",
+                                        str(tmp_path / "run"), "--json"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert '"guilty": {"w1": "wrong_contribution"}' in done.stdout
