@@ -60,3 +60,41 @@ def replayable(spec: JobSpec, worker: str, steps: range, cheat: set[int] = froze
             "exchanged": Exchanged(seed=seed, sketches=(sk.finite(sk.sketch(seed, sent)[0]),))}))
         reveals[step] = _file([t.clone() for t in sent])
     return Replayable(records, reveals, _file(state))
+
+
+def replayable_pair(spec: JobSpec, workers: tuple[str, str], steps: range,
+                    poisoned: set[int] = frozenset(), scale: float = 4.0) -> Replayable:
+    """Two members splitting each step's batch in half, of which only the first files
+    records: the second's part (×`scale` at the `poisoned` steps, declared as sent) is
+    known only from the declarations in the first's records."""
+    torch.manual_seed(0)
+    replayer = gpt_replayer(spec)
+    state = {k: v.clone() for k, v in replayer.model.state_dict().items()}
+    params_sha256 = param_sha256(replayer.model)
+    batch, half = spec.global_batch, spec.global_batch // 2
+    records, reveals = [], {}
+    for step in steps:
+        parts, bases = [], []
+        for rank, worker in enumerate(workers):
+            start = step * batch + rank * half
+            base = WorkRecord(job=spec.name, step=step, worker=worker,
+                              params_sha256=params_sha256, positions_start=start,
+                              positions_end=start + half, rank=rank, shares=(half, half),
+                              seed=spec.seed, global_batch=batch, micro_batch=spec.micro_batch,
+                              hyper_sha256=hyper_digest(spec.hyperparameters()),
+                              contribution_sha256="0" * 64, contribution_norm=0.0,
+                              rng_seed=step_rng_seed(spec.seed, step, start))
+            replayer.load(state)
+            part = replayer.contribution(base)
+            if rank == 1 and step in poisoned:
+                part = [t * scale for t in part]
+            parts.append(part)
+            bases.append(base)
+        seed = sk.sum_seed([a + b for a, b in zip(*parts)])
+        told = Exchanged(seed=seed, sketches=tuple(sk.finite(sk.sketch(seed, p)[0])
+                                                   for p in parts))
+        records.append(bases[0].model_copy(update={
+            "contribution_sha256": contribution_sha256(spec.name, workers[0], step, parts[0]),
+            "contribution_norm": contribution_norm(parts[0]), "exchanged": told}))
+        reveals[step] = _file([t.clone() for t in parts[0]])
+    return Replayable(records, reveals, _file(state))

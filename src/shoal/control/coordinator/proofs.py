@@ -215,7 +215,8 @@ class ProofService:
                         chain_epoch=row.chain_epoch)
             if not complete:
                 log.warning("job %s: proof epoch %d rooted with steps missing records (a lost "
-                            "worker's unsent records); they cannot be audited", job.job_id, epoch)
+                            "worker's unsent records): verifiers judge those shares from what "
+                            "their workers declared (every-step jobs)", job.job_id, epoch)
             out.append(_epoch_view(row))
             epoch += 1
         return out

@@ -21,7 +21,10 @@ from eth_account.signers.local import LocalAccount
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shoal.control.store.schema import AgentRow, ChallengeRow, JobRow, VerdictRow, WorkRecordRow
+from shoal.control.coordinator.markdown import lease_of
+from shoal.control.store.schema import (
+    AgentRow, ChallengeRow, JobRow, LeaseRow, VerdictRow, WorkRecordRow,
+)
 from shoal.ledger import LedgerError
 from shoal.spec.audit import BlobKind
 from shoal.spec.coordinator import COORDINATOR
@@ -98,14 +101,14 @@ class Referee:
             # (plants.py), and a replay of the worker's real record must not rule on them
             # (nor on a DiLoCo round's end whose audit read a plant of its round).
             return PLANT
+        provider = record_row.provider if record_row is not None else None
         if record_row is None:
-            ruling, why = REJECTED, "the accused record does not exist"
+            ruling, why, provider = self.unrecorded(job_id, verdict)
         elif verdict.kind is VerdictKind.withheld:
             ruling, why = self.withheld(job_id, verdict, record_row.agent_id, vouched)
         else:
             ruling, why, _ = self.replay(job_id, WorkRecord.model_validate(record_row.body))
-        self._enforce(job_id, seq, verdict, ruling, why,
-                      record_row.provider if record_row is not None else None)
+        self._enforce(job_id, seq, verdict, ruling, why, provider)
         return ruling
 
     def withheld(self, job_id: str, verdict: Verdict, agent_id: str,
@@ -174,6 +177,43 @@ class Referee:
         if found.guilty:
             return UPHELD, f"the referee's replay found {found.kind.value}", found
         return REJECTED, "the referee's replay matches the commitment", found
+
+    def unrecorded(self, job_id: str, verdict: Verdict) -> tuple[str, str, str | None]:
+        """A verdict on a worker with no record of the step: its share, if it held a seat
+        in the step and filed nothing in the step's final lineage, is replayed as the
+        verifier did (`shoal.train.audit_unrecorded`). (ruling, why, its provider)."""
+        from shoal.control.trust.verifier import Verifier
+        from shoal.spec.proof import hyper_digest
+        from shoal.train.audit import Auditor
+        from shoal.train.proof_store import ProofStore
+
+        co = self.coordinator
+        number = lease_of(verdict.worker)
+        with Session(co.engine) as session:
+            lease = session.get(LeaseRow, number) if number is not None else None
+            provider = lease.provider if lease is not None and lease.job_id == job_id else None
+        spec = co.job_spec(job_id)
+        epoch = verdict.step // spec.proof.epoch_steps
+        if epoch not in {e.epoch for e in co.proof_epochs(job_id)}:
+            return UNDECIDED, f"proof epoch {epoch} is not rooted yet", provider
+        if self.replayer is None:
+            return UNDECIDED, "this coordinator has no replayer for the job's model", provider
+        auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
+                          hyper_sha256=hyper_digest(spec.hyperparameters()),
+                          tolerance=spec.proof.tolerance, verifier="referee")
+        judge = Verifier(auditor, spec.proof, salt=b"", total_steps=spec.steps,
+                         members=lambda e: co._published.members(job_id, e))
+        found = judge.audit_unrecorded_one(verdict.worker, verdict.step,
+                                           co.work_records(job_id, epoch))
+        if found is None:
+            return REJECTED, ("the accused record does not exist, and the worker held no seat "
+                              "of the step that went without a record"), provider
+        if found.kind is VerdictKind.unavailable:
+            return UNDECIDED, f"the referee could not replay: {found.detail}", provider
+        if found.guilty:
+            return UPHELD, f"the referee's replay found {found.kind.value}: {found.detail}", \
+                provider
+        return REJECTED, "the referee's replay matches what the worker declared", provider
 
     def _enforce(self, job_id: str, seq: int, verdict: Verdict, ruling: str, why: str,
                  provider: str | None) -> None:

@@ -47,7 +47,9 @@ def challenge_worker(client: CoordinatorClient, ledger: Ledger, account: LocalAc
     mine = sorted((r for r in final_lineage(records) if r.worker == worker), key=lambda r: r.step)
     if not mine:
         raise ControlError(f"worker {worker} has no record in proof epoch {epoch} of job {job_id}")
-    found = audits.replay(epoch, records, mine)
+    # Only the worker's records: a dispute bisects over them (a share it filed no record
+    # for is a verifier's verdict, ruled by the referee's replay, not a bisection's).
+    found = audits.replay(epoch, records, mine, unrecorded=False)
     verdicts = tuple(v for v in found.verdicts if v.worker == worker)
     rejected = {v.step for v in verdicts if v.guilty}
     if not rejected:

@@ -55,8 +55,9 @@ class RemoteAudits:
         self.rate, self.every = rate, every
         self.answer_wait_s, self.poll_s = answer_wait_s, poll_s
         self.roots: dict[int, bytes] = {}
+        self._members: dict[int, tuple[str, ...]] = {}  # the job's published membership
         self.verifier = Verifier(auditor, job.proof, salt=salt, roots=self.roots.get,
-                                 total_steps=job.steps)
+                                 total_steps=job.steps, members=self._members.get)
         self.done: set[int] = set()
         self._records: dict[int, list[WorkRecord]] = {}  # served epochs' (they stay as served)
         self._around: list[WorkRecord] = []  # what the audits being replayed may look back on
@@ -89,15 +90,26 @@ class RemoteAudits:
         on_audit(result)
         return result
 
-    def replay(self, epoch: int, records: list[WorkRecord], chosen: list[WorkRecord]) -> EpochAudit:
-        """Fetch what the `chosen` records' audits need and replay them; files nothing."""
+    def replay(self, epoch: int, records: list[WorkRecord], chosen: list[WorkRecord], *,
+               unrecorded: bool = True) -> EpochAudit:
+        """Fetch what the `chosen` records' audits need and replay them, and (with
+        `unrecorded`) every share of the epoch's steps filed without a record (a
+        whistleblower: those others judged); files nothing."""
+        judged = self._judged.get(epoch, set()) if self.recheck else None
+        if not unrecorded:
+            judged = set()
+        else:
+            self._members.update({c.epoch: c.members
+                                  for c in self.client.membership(self.job_id)})
+        shares = [u for u in self.verifier.unrecorded(records) if u.worker is not None
+                  and (judged is None or (u.worker, u.step) in judged)]
         # Under DiLoCo the files an audit needs may be named by records of other epochs
         # (the round's start, the worker's next step), and the audit follows a worker's
         # chain of steps back to its round's start.
         self._around = self._served_records(epoch + 1) \
             if any(r.local is not None for r in chosen) else records
-        self._fetch(chosen, self._around)
-        return self.verifier.audit_epoch(epoch, records, chosen=chosen)
+        self._fetch(chosen, self._around, {u.step for u in shares})
+        return self.verifier.audit_epoch(epoch, records, chosen=chosen, judged=judged)
 
     def _served_records(self, upto: int) -> list[WorkRecord]:
         """The records of every epoch up to `upto` that the coordinator serves (rooted)."""
@@ -108,8 +120,10 @@ class RemoteAudits:
             out += self._records[epoch]
         return out
 
-    def _fetch(self, chosen: list[WorkRecord], records: list[WorkRecord]) -> None:
-        """Challenge what the chosen audits need and bring the answers into the local store."""
+    def _fetch(self, chosen: list[WorkRecord], records: list[WorkRecord],
+               unrecorded: set[int] = frozenset()) -> None:
+        """Challenge what the chosen audits need (and, for the `unrecorded` steps, their
+        parameters) and bring the answers into the local store."""
         wanted = [ChallengeRequest(worker=r.worker, step=r.step, kind=BlobKind.reveal)
                   for r in chosen]
         # Under DiLoCo: the worker's own start state, and its next one (a last-bit
@@ -130,7 +144,7 @@ class RemoteAudits:
         # before they sent it) nobody holds them, and the audit says `unavailable`. A
         # DiLoCo step's are those of its round's start (theta_outer).
         keepers = {r.step: r for r in records if r.rank in params_keepers(r.step, len(r.shares))}
-        starts = {r.step if r.local is None else r.local.round_start for r in chosen}
+        starts = {r.step if r.local is None else r.local.round_start for r in chosen} | unrecorded
         wanted += [ChallengeRequest(worker=keepers[step].worker, step=step, kind=BlobKind.params)
                    for step in sorted(starts) if step in keepers]
         views: dict[int, ChallengeView] = {}

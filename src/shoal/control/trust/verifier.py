@@ -135,7 +135,7 @@ class Verifier:
             i = index[(record.step, record.worker, record.membership_epoch)]
             inclusion = Inclusion(epoch, i, tree.count, tree.proof(i), root)
             result.verdicts.append(self.auditor.audit(record, inclusion, by_step[record.step]))
-        for share in self.unrecorded(ordered):
+        for share in self.unrecorded(ordered) if judged is None or judged else ():
             if share.worker is None:
                 result.unnamed.append(share)
             elif judged is None or (share.worker, share.step) in judged:

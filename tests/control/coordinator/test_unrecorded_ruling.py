@@ -1,0 +1,136 @@
+"""A worker that files no record of a step it poisoned, through the coordinator:
+a verifier's remote audit replays its share and names it, the referee's replay
+upholds the verdict and slashes its provider on chain, and a verifier that
+accuses the same worker of a share it did not poison loses stake."""
+
+from __future__ import annotations
+
+import threading
+import tomllib
+
+import pytest
+
+from shoal.control.agent import Agent, AgentConfig
+from shoal.control.coordinator import Coordinator
+from shoal.control.coordinator.settlement import Settlement
+from shoal.control.trust.remote import RemoteAudits
+from shoal.control.trust.verdicts import sign_verdict
+from shoal.jobs.gpt_replay import gpt_replayer
+from shoal.ledger import Chain, Ledger
+from shoal.spec import hyper_digest
+from shoal.spec.audit import BlobKind, RecordUpload, SignedVerdictBody, VerdictFiling
+from shoal.spec.coordinator import Grant, Heartbeat, Role
+from shoal.spec.jobfile import parse_job
+from shoal.spec.ledger import LedgerConfig
+from shoal.spec.proof import Verdict, VerdictKind
+from shoal.train.audit import Auditor
+from shoal.train.audit_unrecorded import UNRECORDED
+from shoal.train.proof_store import ProofStore
+from tests.control.coordinator.conftest import Served, make_settings
+from tests.control.coordinator.replayable import replayable_pair
+from tests.control.coordinator.test_proofs import PROOF_JOB, publish
+from tests.control.coordinator.test_settlement import BUDGET, PRICE, leased_and_hosted
+
+POISONED = 3
+
+
+@pytest.fixture
+def job(tmp_path):
+    chain = Chain.embedded()
+    owner, operator, referee, alice, _, p1, p2, vera = chain.dev_accounts()[:8]
+    ledger = Ledger.deploy(chain, owner, operator.address, referee.address,
+                           LedgerConfig(min_stake_wei=10**15))
+    for staker in (p1, p2):
+        ledger.stake(staker, 10**18)
+    ledger.stake(vera, 10**17)
+    co = Coordinator(make_settings(f"sqlite:///{tmp_path}/store.db", operator),
+                     settlement=Settlement(ledger, operator), referee_key=referee,
+                     replayer=gpt_replayer)
+    served = Served(co)
+    try:
+        submitter = served.client(alice)
+        chain_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
+        providers, hosted = leased_and_hosted(served, submitter, (p1, p2), chain_job, PROOF_JOB)
+        for name, client in providers.items():
+            reply = client.heartbeat(name, Heartbeat())
+            Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
+                reply.assignments)
+        lease = {held.offer_id: held.lease for held in submitter.job(hosted.job_id).leases}
+        workers = (f"a-l{lease['a-d0']}-a0-w0", f"b-l{lease['b-d0']}-a0-w0")
+        publish(co, hosted.job_id, list(workers), "start")
+        spec = parse_job(tomllib.loads(PROOF_JOB), source="test")
+        # Epoch 0 lacks b's records; it is rooted once the job's records are two epochs on.
+        work = replayable_pair(spec, workers, range(11), poisoned={POISONED})
+        a = providers["a"]
+        a.upload_records(hosted.job_id, RecordUpload(lease=lease["a-d0"],
+                                                     records=tuple(work.records)))
+        served.app.state.rounds.once()
+        assert [e.epoch for e in a.proof_epochs(hosted.job_id)] == [0]
+        served.client(operator).request("POST", "/v1/grants", Grant(
+            address=vera.address, role=Role.verifier, name="vera"))
+        yield dict(co=co, served=served, ledger=ledger, chain_job=chain_job, a=a, spec=spec,
+                   job_id=hosted.job_id, workers=workers, work=work, vera=vera, p2=p2,
+                   tmp=tmp_path)
+    finally:
+        served.stop()
+        co.hosts.stop_all()
+
+
+def _answering(s, running: threading.Thread) -> None:
+    """Agent a answers what it is asked (the step's parameters it keeps) while `running`."""
+    while running.is_alive():
+        for asked in s["a"].heartbeat("a", Heartbeat()).challenges:
+            data = s["work"].params if asked.kind is BlobKind.params \
+                else s["work"].reveals[asked.step]
+            s["a"].answer_challenge(asked.challenge, data)
+        running.join(0.2)
+
+
+def test_a_poisoned_share_without_a_record_is_found_named_upheld_and_slashed(job):
+    s = job
+    poisoner = s["workers"][1]
+    client = s["served"].client(s["vera"])
+    auditor = Auditor(ProofStore(s["tmp"] / "vera"), gpt_replayer(s["spec"]),
+                      hyper_sha256=hyper_digest(s["spec"].hyperparameters()),
+                      tolerance=s["spec"].proof.tolerance, verifier=s["vera"].address)
+    audits = RemoteAudits(client, s["job_id"], s["spec"], auditor, s["vera"], salt=b"v",
+                          every=True, answer_wait_s=30.0, poll_s=0.1)
+    assert audits.pending_epochs() == [0]
+    found = []
+    running = threading.Thread(target=lambda: found.append(audits.audit(0)))
+    running.start()
+    _answering(s, running)
+    (audit,) = found
+    assert not audit.unnamed
+    theirs = sorted((v.step, v.kind) for v in audit.verdicts if v.worker == poisoner)
+    assert theirs == [(step, VerdictKind.wrong_contribution if step == POISONED
+                       else VerdictKind.valid) for step in range(5)]
+    assert all(v.detail.startswith(UNRECORDED) for v in audit.verdicts if v.worker == poisoner)
+    assert all(v.kind is VerdictKind.valid for v in audit.verdicts if v.worker != poisoner)
+
+    s["co"].referee.wait()
+    (ruled,) = [v for v in client.verdicts(s["job_id"]) if v.verdict.guilty]
+    assert (ruled.verdict.worker, ruled.verdict.step, ruled.ruling) == \
+        (poisoner, POISONED, "upheld")
+    assert s["ledger"].lease(s["chain_job"], s["p2"].address).slashed
+
+    # A false accusation of the same worker, at a step its share was honest: the
+    # referee's replay matches what it declared, so the accuser loses stake.
+    stake = s["ledger"].stake_of(s["vera"].address).active_wei
+    signed = sign_verdict(Verdict(job="tiny", epoch=0, step=1, worker=poisoner,
+                                  kind=VerdictKind.wrong_contribution), s["vera"])
+    (filed,) = client.file_verdicts(s["job_id"], VerdictFiling(verdicts=(SignedVerdictBody(
+        verdict=signed.verdict, signature=signed.signature),)))
+    s["co"].referee.wait()
+    (false,) = [v for v in client.verdicts(s["job_id"]) if v.seq == filed.seq]
+    assert false.ruling == "rejected"
+    assert s["ledger"].stake_of(s["vera"].address).active_wei < stake
+
+    # Nor can a verifier name someone who held no seat of the step.
+    signed = sign_verdict(Verdict(job="tiny", epoch=0, step=2, worker="a-l99-a0-w0",
+                                  kind=VerdictKind.wrong_contribution), s["vera"])
+    (filed,) = client.file_verdicts(s["job_id"], VerdictFiling(verdicts=(SignedVerdictBody(
+        verdict=signed.verdict, signature=signed.signature),)))
+    s["co"].referee.wait()
+    (nobody,) = [v for v in client.verdicts(s["job_id"]) if v.seq == filed.seq]
+    assert nobody.ruling == "rejected"
