@@ -32,8 +32,14 @@ Prints one JSON line:
 Targets: every adversary caught in >= 99% of epochs at `overhead` <= 0.05, zero
 false positives.
 
+`unrecorded` (poisons its part and files no record) is judged from what its
+peers' records say it declared, which needs the run's published membership
+(its `epochs.jsonl`), as a verifier has it.
+
 `--sync diloco` runs the same under DiLoCo (`--inner-steps` per round), with
-the adversary that poisons only pseudo-gradients (`outer_scale`) added; its
+the adversary that poisons only pseudo-gradients (`outer_scale`) added and
+`unrecorded` left out (nothing replays a DiLoCo round without the worker's
+records: README, "Proof of learning"); its
 training compute is every record's forward, backward and optimizer step,
 timed from each worker's kept start states.
 
@@ -53,12 +59,13 @@ from pathlib import Path
 
 import torch
 
+from shoal.control.coordinator.published_epochs import PublishedEpochs
 from shoal.control.trust.verifier import Verifier
 from shoal.jobs.gpt_replay import gpt_replayer
 from shoal.proof.verdicts import guilty_workers
 from shoal.spec import hyper_digest, load_job
 from shoal.train import sketch
-from shoal.train.adversary import BUILT_IN, DILOCO_ONLY
+from shoal.train.adversary import BUILT_IN, DILOCO_ONLY, EVERY_STEP_ONLY
 from shoal.train.audit import Auditor
 from shoal.train.proof_store import ProofStore
 
@@ -112,7 +119,9 @@ def audit(path: Path, every: bool) -> tuple[list, int, float]:
     job = load_job(path)
     auditor = Auditor(ProofStore(job.proof_dir), gpt_replayer(job),
                       hyper_sha256=hyper_digest(job.hyperparameters()), tolerance=job.proof.tolerance)
-    verifier = Verifier(auditor, job.proof, salt=os.urandom(16), total_steps=job.steps)
+    published = PublishedEpochs(lambda _: path.parent / "run")  # names record-less shares
+    verifier = Verifier(auditor, job.proof, salt=os.urandom(16), total_steps=job.steps,
+                        members=lambda epoch: published.members("", epoch))
     if auditor.replayer.inner is not None:  # its first build imports torch's compiler: once
         auditor.replayer.fresh_optimizer_state()
     records = auditor.store.records()
@@ -177,7 +186,8 @@ def main() -> None:
                         help="PoL reference: one replayed update in this many")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the same threads as each worker: a like-for-like cost
-    cheats = sorted(n for n in BUILT_IN if args.sync == "diloco" or n not in DILOCO_ONLY)
+    left_out = EVERY_STEP_ONLY if args.sync == "diloco" else DILOCO_ONLY
+    cheats = sorted(n for n in BUILT_IN if n not in left_out)
     half = (len(cheats) + 1) // 2
     groups = [cheats[:half], cheats[half:]]
     detection: dict[str, float | None] = {}

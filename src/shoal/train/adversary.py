@@ -47,6 +47,7 @@ class Adversary:
 
     name = "honest"
     diloco_only = False  # cheats only where a DiLoCo round ends (honest under every-step sync)
+    every_step_only = False  # a cheat audits catch only under every-step sync
 
     def samples(self, ids: np.ndarray, ctx: AdversaryContext) -> np.ndarray:
         """The sample ids the worker actually computes on (it records the assigned ones)."""
@@ -208,6 +209,22 @@ class HiddenScale(Adversary):
         return committed * 10.0
 
 
+class Unrecorded(Adversary):
+    """Puts its gradient ×10 in the exchange and declares what it sent, so the sums add
+    up and the step is applied, then files no record of the step: no commitment to open,
+    only what its peers' records say it declared (`shoal.train.audit_unrecorded`). Under
+    DiLoCo nothing replays a round without the worker's records: it is only docked pay."""
+
+    name = "unrecorded"
+    every_step_only = True
+
+    def sent(self, committed: Contribution, ctx: AdversaryContext) -> Contribution:
+        return [t * 10.0 for t in committed]
+
+    def record(self, record: WorkRecord, ctx: AdversaryContext) -> WorkRecord | None:
+        return None
+
+
 class _Callable(Adversary):
     """A user's `module:callable` (contribution, step, context) -> contribution."""
 
@@ -236,9 +253,12 @@ BUILT_IN: dict[str, Callable[[], Adversary]] = {
     "copy": CopyRecord,
     "outer_scale": OuterScale,
     "hidden_scale": HiddenScale,
+    "unrecorded": Unrecorded,
 }
 # Cheats only where a round ends: under every-step sync these workers are honest.
 DILOCO_ONLY = frozenset(name for name, make in BUILT_IN.items() if make().diloco_only)
+# Cheats that audits catch only under every-step sync (README, "Proof of learning").
+EVERY_STEP_ONLY = frozenset(name for name, make in BUILT_IN.items() if make().every_step_only)
 
 
 class Sometimes(Adversary):
@@ -249,6 +269,7 @@ class Sometimes(Adversary):
         self.inner, self.rate = inner, rate
         self.name = f"{inner.name}@{rate:g}"
         self.diloco_only = inner.diloco_only
+        self.every_step_only = inner.every_step_only
         self.declares_sent = inner.declares_sent
 
     def cheats(self, step: int) -> bool:

@@ -83,20 +83,6 @@ class HiddenRoundEnd(Adversary):
         return sent[:-1] if ctx.memory.get("hidden") == ctx.step else sent
 
 
-class UnrecordedScale(Adversary):
-    """Puts its gradient ×10 in the exchange, declares what it sent (so the sums add up
-    and the step is applied), and files no record of the step: there is no commitment
-    to open, only what its peers' records say it declared."""
-
-    name = "unrecorded_scale"
-
-    def sent(self, committed, ctx):
-        return [t * 10.0 for t in committed]
-
-    def record(self, record, ctx):
-        return None
-
-
 class LostRecords(Adversary):
     """An honest worker whose records never reach anyone (its machine vanished after
     each step's exchange): its shares must be judged valid, not blamed."""

@@ -8,6 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.control.coordinator.published_epochs import PublishedEpochs
 from shoal.jobs.gpt_replay import gpt_replayer
 from shoal.spec import JobSpec, hyper_digest, load_job
 from shoal.train.audit import Auditor
@@ -57,3 +58,10 @@ def run_proven_job(tmp_path: Path, *, workers: int, steps: int, epoch_steps: int
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return ProvenJob(load_job(path), ProofStore(proof_dir))
+
+
+def run_members(run_dir: Path):
+    """The membership epochs a run's host published (epochs.jsonl), as a verifier's
+    `members` (names the workers of shares filed without a record)."""
+    published = PublishedEpochs(lambda _: run_dir)
+    return lambda epoch: published.members("", epoch)

@@ -9,12 +9,12 @@ from shoal.control.trust.verifier import Verifier
 from shoal.proof.verdicts import guilty_workers
 from shoal.spec.proof import VerdictKind
 from shoal.train.adversary import BUILT_IN, DILOCO_ONLY
-from tests.control.trust.conftest import run_proven_job
+from tests.control.trust.conftest import run_members, run_proven_job
 
 # Every-step jobs: the cheats that cheat there (DiLoCo's are in test_diloco_proof.py).
 CHEATS = sorted(n for n in BUILT_IN if n not in DILOCO_ONLY) + ["tests.control.trust.cheats:drift"]
-# Two jobs of six workers: five cheats and one honest worker each (w0 stays honest).
-GROUPS = [CHEATS[:5], CHEATS[5:]]
+# Jobs of up to six workers: up to five cheats and one honest worker each (w0 stays honest).
+GROUPS = [CHEATS[i : i + 5] for i in range(0, len(CHEATS), 5)]
 
 
 @pytest.mark.slow
@@ -23,7 +23,7 @@ def test_each_adversary_is_caught_in_every_epoch(tmp_path, cheats):
     proven = run_proven_job(tmp_path, workers=len(cheats) + 1, steps=8, epoch_steps=4,
                             adversaries={i + 1: name for i, name in enumerate(cheats)})
     verifier = Verifier(proven.auditor(), proven.job.proof, salt=b"s" * 16,
-                        total_steps=proven.job.steps)
+                        total_steps=proven.job.steps, members=run_members(tmp_path / "run"))
     records = proven.store.records()
     epochs = verifier.complete_epochs(records)
     assert epochs == [0, 1]

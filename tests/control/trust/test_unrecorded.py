@@ -15,16 +15,10 @@ from shoal.spec.proof import VerdictKind
 from shoal.train.audit_unrecorded import UNRECORDED
 from shoal.train.step_log import read_step_logs
 from tests.conftest import shoal_command
-from tests.control.trust.conftest import run_proven_job
-from shoal.control.coordinator.published_epochs import PublishedEpochs
+from tests.control.trust.conftest import run_proven_job, run_members
 
-POISON = "tests.control.trust.cheats:UnrecordedScale"
+POISON = "unrecorded"
 LOST = "tests.control.trust.cheats:LostRecords"
-
-
-def _members(run_dir):
-    published = PublishedEpochs(lambda _: run_dir)
-    return lambda epoch: published.members("", epoch)
 
 
 @pytest.mark.slow
@@ -37,7 +31,7 @@ def test_a_share_without_a_record_is_replayed_and_its_poisoner_named(tmp_path):
     assert {r.worker for r in records} == {"w0"}
 
     verifier = Verifier(proven.auditor(), proven.job.proof, salt=b"u" * 16,
-                        total_steps=proven.job.steps, members=_members(tmp_path / "run"))
+                        total_steps=proven.job.steps, members=run_members(tmp_path / "run"))
     verdicts = []
     for epoch in verifier.complete_epochs(records):
         audit = verifier.audit_epoch(epoch, [r for r in records if r.step // 3 == epoch],

@@ -183,8 +183,10 @@ class Referee:
         in the step and filed nothing in the step's final lineage, is replayed as the
         verifier did (`shoal.train.audit_unrecorded`). (ruling, why, its provider)."""
         from shoal.control.trust.verifier import Verifier
+        from shoal.proof.epochs import final_lineage
         from shoal.spec.proof import hyper_digest
         from shoal.train.audit import Auditor
+        from shoal.train.audit_unrecorded import unrecorded_shares
         from shoal.train.proof_store import ProofStore
 
         co = self.coordinator
@@ -194,6 +196,13 @@ class Referee:
             provider = lease.provider if lease is not None and lease.job_id == job_id else None
         spec = co.job_spec(job_id)
         epoch = verdict.step // spec.proof.epoch_steps
+        records = co.work_records(job_id, epoch)
+        step_records = [r for r in final_lineage(records) if r.step == verdict.step]
+        members = lambda e: co._published.members(job_id, e)  # noqa: E731
+        if not any(share.worker == verdict.worker
+                   for share in unrecorded_shares(step_records, members)):
+            return REJECTED, ("the accused record does not exist, and the worker held no seat "
+                              "of the step that went without a record"), provider
         if epoch not in {e.epoch for e in co.proof_epochs(job_id)}:
             return UNDECIDED, f"proof epoch {epoch} is not rooted yet", provider
         if self.replayer is None:
@@ -201,13 +210,10 @@ class Referee:
         auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
                           hyper_sha256=hyper_digest(spec.hyperparameters()),
                           tolerance=spec.proof.tolerance, verifier="referee")
-        judge = Verifier(auditor, spec.proof, salt=b"", total_steps=spec.steps,
-                         members=lambda e: co._published.members(job_id, e))
-        found = judge.audit_unrecorded_one(verdict.worker, verdict.step,
-                                           co.work_records(job_id, epoch))
-        if found is None:
-            return REJECTED, ("the accused record does not exist, and the worker held no seat "
-                              "of the step that went without a record"), provider
+        judge = Verifier(auditor, spec.proof, salt=b"", total_steps=spec.steps, members=members)
+        found = judge.audit_unrecorded_one(verdict.worker, verdict.step, records)
+        if found is None:  # cannot be: the seat was found above
+            return UNDECIDED, "the referee found no seat to replay", provider
         if found.kind is VerdictKind.unavailable:
             return UNDECIDED, f"the referee could not replay: {found.detail}", provider
         if found.guilty:
