@@ -84,10 +84,10 @@ def test_kills_lose_no_step(tmp_path, workers, chaos):
 def test_stalled_worker_is_dropped_then_rejoins(tmp_path):
     report = launch(tmp_path, 3, "stall:2@step40", steps=700, stall_s=3.0)
     assert_exact(report, 700)
-    reasons = [e["reason"] for e in epochs(tmp_path)]
-    assert "stall:w2" in reasons
-    after = reasons[reasons.index("stall:w2") + 1:]
-    assert any("w2" in e["members"] for e in epochs(tmp_path)[-len(after):]) if after else False
+    # On a loaded machine a slow peer may be fenced in the same epoch ("stall:w1,stall:w2").
+    reasons = [e["reason"].split(",") for e in epochs(tmp_path)]
+    dropped = next(i for i, reason in enumerate(reasons) if "stall:w2" in reason)
+    assert any("w2" in e["members"] for e in epochs(tmp_path)[dropped + 1:])
 
 
 def test_graceful_leave_hands_over_without_a_fault(tmp_path):

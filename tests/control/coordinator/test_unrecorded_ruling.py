@@ -117,20 +117,18 @@ def test_a_poisoned_share_without_a_record_is_found_named_upheld_and_slashed(job
     # A false accusation of the same worker, at a step its share was honest: the
     # referee's replay matches what it declared, so the accuser loses stake.
     stake = s["ledger"].stake_of(s["vera"].address).active_wei
-    signed = sign_verdict(Verdict(job="tiny", epoch=0, step=1, worker=poisoner,
-                                  kind=VerdictKind.wrong_contribution), s["vera"])
-    (filed,) = client.file_verdicts(s["job_id"], VerdictFiling(verdicts=(SignedVerdictBody(
-        verdict=signed.verdict, signature=signed.signature),)))
-    s["co"].referee.wait()
-    (false,) = [v for v in client.verdicts(s["job_id"]) if v.seq == filed.seq]
-    assert false.ruling == "rejected"
+    assert _accuse(s, client, poisoner, 1) == "rejected"
     assert s["ledger"].stake_of(s["vera"].address).active_wei < stake
-
     # Nor can a verifier name someone who held no seat of the step.
-    signed = sign_verdict(Verdict(job="tiny", epoch=0, step=2, worker="a-l99-a0-w0",
+    assert _accuse(s, client, "a-l99-a0-w0", 2) == "rejected"
+
+
+def _accuse(s, client, worker: str, step: int) -> str:
+    """Vera files `wrong_contribution` on `worker`'s step; the referee's ruling."""
+    signed = sign_verdict(Verdict(job="tiny", epoch=0, step=step, worker=worker,
                                   kind=VerdictKind.wrong_contribution), s["vera"])
     (filed,) = client.file_verdicts(s["job_id"], VerdictFiling(verdicts=(SignedVerdictBody(
         verdict=signed.verdict, signature=signed.signature),)))
     s["co"].referee.wait()
-    (nobody,) = [v for v in client.verdicts(s["job_id"]) if v.seq == filed.seq]
-    assert nobody.ruling == "rejected"
+    (ruled,) = [v for v in client.verdicts(s["job_id"]) if v.seq == filed.seq]
+    return ruled.ruling
