@@ -235,8 +235,8 @@ def _print(results: list, salt: bytes, wall_s: float, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps({
             "salt": salt.hex(), "epochs": [r.epoch for r in results], "audited": audited,
-            "records": sum(r.records for r in results), "guilty": guilty, "unjudged_unrecorded": unnamed,
-            "wall_s": round(wall_s, 3),
+            "records": sum(r.records for r in results), "guilty": guilty,
+            "unjudged_unrecorded": unnamed, "wall_s": round(wall_s, 3),
             "verdicts": [v.model_dump(mode="json") for r in results for v in r.verdicts]}))
         return
     from rich.console import Console
