@@ -182,7 +182,6 @@ class Referee:
         """A verdict on a worker with no record of the step: its share, if it held a seat
         in the step and filed nothing in the step's final lineage, is replayed as the
         verifier did (`shoal.train.audit_unrecorded`). (ruling, why, its provider)."""
-        from shoal.control.trust.verifier import Verifier
         from shoal.proof.epochs import final_lineage
         from shoal.spec.proof import hyper_digest
         from shoal.train.audit import Auditor
@@ -196,11 +195,12 @@ class Referee:
             provider = lease.provider if lease is not None and lease.job_id == job_id else None
         spec = co.job_spec(job_id)
         epoch = verdict.step // spec.proof.epoch_steps
-        records = co.work_records(job_id, epoch)
-        step_records = [r for r in final_lineage(records) if r.step == verdict.step]
-        members = lambda e: co._published.members(job_id, e)  # noqa: E731
-        if not any(share.worker == verdict.worker
-                   for share in unrecorded_shares(step_records, members)):
+        step_records = [r for r in final_lineage(co.work_records(job_id, epoch))
+                        if r.step == verdict.step]
+        shares = [share for share in unrecorded_shares(
+                      step_records, lambda e: co._published.members(job_id, e))
+                  if share.worker == verdict.worker]
+        if not shares:
             return REJECTED, ("the accused record does not exist, and the worker held no seat "
                               "of the step that went without a record"), provider
         if epoch not in {e.epoch for e in co.proof_epochs(job_id)}:
@@ -210,10 +210,7 @@ class Referee:
         auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
                           hyper_sha256=hyper_digest(spec.hyperparameters()),
                           tolerance=spec.proof.tolerance, verifier="referee")
-        judge = Verifier(auditor, spec.proof, salt=b"", total_steps=spec.steps, members=members)
-        found = judge.audit_unrecorded_one(verdict.worker, verdict.step, records)
-        if found is None:  # cannot be: the seat was found above
-            return UNDECIDED, "the referee found no seat to replay", provider
+        found = auditor.audit_unrecorded(shares[0], epoch, step_records)
         if found.kind is VerdictKind.unavailable:
             return UNDECIDED, f"the referee could not replay: {found.detail}", provider
         if found.guilty:

@@ -96,13 +96,14 @@ class RemoteAudits:
         `unrecorded`) every share of the epoch's steps filed without a record (a
         whistleblower: those others judged); files nothing."""
         judged = self._judged.get(epoch, set()) if self.recheck else None
+        shares = []
         if not unrecorded:
-            judged = set()
+            judged = set()  # none judged
         else:
             self._members.update({c.epoch: c.members
                                   for c in self.client.membership(self.job_id)})
-        shares = [u for u in self.verifier.unrecorded(records) if u.worker is not None
-                  and (judged is None or (u.worker, u.step) in judged)]
+            shares = [u for u in self.verifier.unrecorded(records) if u.worker is not None
+                      and (judged is None or (u.worker, u.step) in judged)]
         # Under DiLoCo the files an audit needs may be named by records of other epochs
         # (the round's start, the worker's next step), and the audit follows a worker's
         # chain of steps back to its round's start.

@@ -84,19 +84,12 @@ class Verifier:
         by_step: dict[int, list[WorkRecord]] = defaultdict(list)
         for record in final_lineage(records):
             by_step[record.step].append(record)
+        return self._unrecorded(by_step)
+
+    def _unrecorded(self, by_step: dict[int, list[WorkRecord]]) -> list[Unrecorded]:
+        """`unrecorded`, from the final lineage's records grouped by step."""
         return [share for step in sorted(by_step)
                 for share in unrecorded_shares(by_step[step], self.members)]
-
-    def audit_unrecorded_one(self, worker: str, step: int,
-                             epoch_records: list[WorkRecord]) -> Verdict | None:
-        """The referee's single re-execution of `worker`'s share of `step` that it filed no
-        record for; None if it had no such share (it filed one, or held no seat)."""
-        for share in self.unrecorded([r for r in epoch_records if r.step == step]):
-            if share.worker == worker:
-                return self.auditor.audit_unrecorded(
-                    share, step // self.spec.epoch_steps,
-                    [r for r in final_lineage(epoch_records) if r.step == step])
-        return None
 
     def audit_one(self, record: WorkRecord, epoch_records: list[WorkRecord]) -> Verdict:
         """Audit one record against its epoch's tree (the referee's single re-execution)."""
@@ -135,7 +128,7 @@ class Verifier:
             i = index[(record.step, record.worker, record.membership_epoch)]
             inclusion = Inclusion(epoch, i, tree.count, tree.proof(i), root)
             result.verdicts.append(self.auditor.audit(record, inclusion, by_step[record.step]))
-        for share in self.unrecorded(ordered) if judged is None or judged else ():
+        for share in self._unrecorded(by_step) if judged is None or judged else ():
             if share.worker is None:
                 result.unnamed.append(share)
             elif judged is None or (share.worker, share.step) in judged:
