@@ -4,7 +4,7 @@ direction (after Mahimahi's delay and link shells, written for this harness).
 
 Run by tests/harness/netns.py as its own process, so its CPU is not the test's:
 
-    python link_emulator.py PARENT_PID HOST_FD BRIDGE_FD SETTINGS_JSON
+    python link_emulator.py PARENT_PID HOST_FD BRIDGE_FD SETTINGS_JSON CPU_TURN
 
 HOST_FD is the TAP inside the host's namespace, BRIDGE_FD the one enslaved to
 the bridge. Frames read from HOST_FD go "up" to BRIDGE_FD, the others "down".
@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import dataclasses
 import fcntl
+import itertools
 import json
 import os
 import random
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 TUNSETIFF, IFF_TAP, IFF_NO_PI = 0x400454CA, 0x0002, 0x1000
 READ_BYTES = 65536 + 64  # the largest TAP MTU plus the Ethernet header, with room
 BURST = 64  # frames read from one fd before the due frames are delivered again
+_TURNS = itertools.count()  # which CPU the next forwarder stays on (see stay_on_one_cpu)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class Forwarder:
         self.timeout_s = timeout_s
         self.process = subprocess.Popen(
             [sys.executable, __file__, str(os.getpid()), str(host_fd), str(bridge_fd),
-             _settings_json(up, down)],
+             _settings_json(up, down), str(next(_TURNS))],
             pass_fds=(host_fd, bridge_fd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._reply()
 
@@ -192,6 +194,15 @@ def die_with(parent_pid: int) -> None:
         sys.exit(0)
 
 
+def stay_on_one_cpu(turn: int) -> None:
+    """Pin this process to one CPU, the `turn`-th allowed one (round robin, so the
+    forwarders of a network spread out). A frame written to a TAP waits in the
+    backlog of the writer's CPU; a forwarder that migrated could have frames written
+    later overtake frames left on the CPU it left."""
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[turn % len(cpus)]})
+
+
 def read_frames(fd: int) -> list[bytes]:
     frames = []
     for _ in range(BURST):
@@ -253,8 +264,10 @@ def serve(host_fd: int, bridge_fd: int, up: Direction, down: Direction) -> None:
 
 
 def main(argv: list[str]) -> None:
-    parent_pid, host_fd, bridge_fd, settings = int(argv[0]), int(argv[1]), int(argv[2]), argv[3]
+    parent_pid, host_fd, bridge_fd, settings, turn = (int(argv[0]), int(argv[1]), int(argv[2]),
+                                                      argv[3], int(argv[4]))
     die_with(parent_pid)
+    stay_on_one_cpu(turn)
     rng = random.Random()
     up, down = Direction(rng), Direction(rng)
     reply = command(settings, up, down)

@@ -56,15 +56,25 @@ s.setsockopt(socket.SOL_SOCKET, 33, 16 << 20)  # SO_RCVBUFFORCE (root): a stalle
 s.bind((sys.argv[1], int(sys.argv[2]))); s.settimeout(float(sys.argv[3])); print("ready", flush=True)
 try:
     while (d := s.recv(65536)) != b"end":
-        print(int(d[:8]), flush=True)
+        if d != b"warm":
+            print(int(d[:8]), flush=True)
 except socket.timeout:
     pass
 """
 
 DATAGRAM_SOURCE = """
-import socket, sys, time
+import os, socket, sys, time
+# One CPU: a veth hands each datagram to the backlog of the CPU that sent it, so a
+# sender that migrates can have datagrams overtake those left in the other backlog.
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 target, count, size, gap = (sys.argv[1], int(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+# Unnumbered datagrams first, for 1.5 s: ARP has its answer (retried after 1 s if
+# the link lost it) before the numbered ones go. Datagrams sent while ARP waits sit
+# in a queue that drops its oldest, and the kernel flushes that queue while later
+# datagrams already take the resolved path: out of order, before any link.
+for _ in range(30):
+    s.sendto(b"warm", target); time.sleep(0.05)
 for i in range(count):
     s.sendto(b"%08d" % i + b"." * (size - 8), target); time.sleep(gap)
 time.sleep(1.0)
