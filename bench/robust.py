@@ -8,7 +8,7 @@ under that rule over samples/s of the honest mean run, same settings, steps
 after `--warmup` only, from the median step interval so that a burst of
 other load on a shared machine does not decide it). Because whole runs on a
 busy machine are noisy, `exchange_s` also times the exchange alone, paired:
-4 gloo ranks (threads of this process) with the job's buffers, alternating
+4 gloo ranks (a process each) with the job's buffers, alternating
 the rules step by step, and `exchange_cost` turns the extra seconds into a
 throughput cost against the honest mean run's step time. Every run is the
 same job (examples/tiny-gpt.toml with `--steps`), seed, workers and victim;
@@ -33,7 +33,6 @@ import math
 import os
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -92,7 +91,40 @@ def train(rule: str, workers: int, steps: int, warmup: int, attacked: bool,
 
 def time_exchanges(workers: int, reps: int, rules: list[str]) -> dict[str, float]:
     """Median seconds of one exchange of the job's buffers under each rule, the rules
-    alternating step by step so that they share whatever load the machine has."""
+    alternating step by step so that they share whatever load the machine has.
+
+    One process per rank, as in a run (ranks as threads of one process would share
+    its GIL, which a run's workers do not), and every timed exchange starts after a
+    one-float all-reduce, so that no rank is still busy with the previous rule's
+    arithmetic: without it the plain mean's time took in the robust rules' tails."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # no forked torch state
+    with scratch_dir("shoal-robust-x-") as scratch:
+        results = context.Queue()
+        processes = [context.Process(target=_exchange_rank,
+                                     args=(str(Path(scratch) / "store"), rank, workers, reps,
+                                           rules, results))
+                     for rank in range(workers)]
+        for process in processes:
+            process.start()
+        deadline = time.monotonic() + 600
+        while results.empty():  # rank 0's medians
+            failed = [process.exitcode for process in processes if process.exitcode]
+            if failed or time.monotonic() > deadline:
+                for process in processes:
+                    process.kill()
+                raise RuntimeError(f"the exchange timing failed (rank exit codes {failed}) "
+                                   f"or took over 600 s")
+            time.sleep(0.2)
+        times = results.get()
+        for process in processes:
+            process.join(timeout=60)
+    return times
+
+
+def _exchange_rank(store_path: str, rank: int, workers: int, reps: int, rules: list[str],
+                   results) -> None:
     import torch
     import torch.distributed as dist
 
@@ -100,41 +132,34 @@ def time_exchanges(workers: int, reps: int, rules: list[str]) -> dict[str, float
     from shoal.train.exchange import GradientExchange
     from shoal.train.group import EpochGroup
 
-    job = load_job(JOB)
-    store, groups, times = dist.HashStore(), [None] * workers, {rule: [] for rule in rules}
-    params = list(GPT(job.model).parameters())
-
-    def rank_main(rank: int) -> None:
-        torch.set_num_threads(1)  # as the launcher runs workers on this machine
-        groups[rank] = group = EpochGroup.build(store, 0, rank, workers, backend="gloo",
-                                                timeout_s=60, poll_s=0.001,
-                                                should_cancel=lambda: False)
-        weights = [1 / workers] * workers
-        exchanges = {}  # one per rule, kept across steps as a run keeps its own
+    torch.set_num_threads(1)  # as the launcher runs workers on this machine
+    torch.manual_seed(rank)
+    params = list(GPT(load_job(JOB).model).parameters())
+    store = dist.FileStore(store_path, workers)
+    group = EpochGroup.build(store, 0, rank, workers, backend="gloo", timeout_s=120,
+                             poll_s=0.001, should_cancel=lambda: False)
+    weights, token = [1 / workers] * workers, torch.zeros(1)
+    exchanges = {}  # one per rule, kept across steps as a run keeps its own
+    for rule in rules:
+        exchanges[rule] = GradientExchange(params, groups=2, aggregation=Aggregation(rule))
+        exchanges[rule].fresh(workers)
+    times: dict[str, list[float]] = {rule: [] for rule in rules}
+    for _ in range(reps):
         for rule in rules:
-            exchanges[rule] = GradientExchange(params, groups=2, aggregation=Aggregation(rule))
-            exchanges[rule].fresh(workers)
-        for _ in range(reps):
-            for rule in rules:
-                exchange = exchanges[rule]
-                for buffer in exchange.tensors():
-                    buffer.normal_()
-                start = time.perf_counter()
-                if exchange.gathers:
-                    exchange.combine(group.all_gather(exchange.tensors(), lambda: False), weights)
-                else:
-                    group.all_reduce(exchange.tensors(), lambda: False)
-                if rank == 0:
-                    times[rule].append(time.perf_counter() - start)
-
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for group in groups:
-        group.abandon()
-    return {rule: round(statistics.median(ts), 5) for rule, ts in times.items()}
+            exchange = exchanges[rule]
+            for buffer in exchange.tensors():
+                buffer.normal_()
+            group.all_reduce([token], lambda: False)  # all start together: a rank still busy
+            # with the previous rule's arithmetic would otherwise be timed in this one
+            start = time.perf_counter()
+            if exchange.gathers:
+                exchange.combine(group.all_gather(exchange.tensors(), lambda: False), weights)
+            else:
+                group.all_reduce(exchange.tensors(), lambda: False)
+            times[rule].append(time.perf_counter() - start)
+    group.abandon()
+    if rank == 0:
+        results.put({rule: round(statistics.median(ts), 5) for rule, ts in times.items()})
 
 
 def _finite(value: float | None) -> float | None:
