@@ -1,7 +1,9 @@
 """A worker that files no record of a step it poisoned, through the coordinator:
 a verifier's remote audit replays its share and names it, the referee's replay
 upholds the verdict and slashes its provider on chain, and a verifier that
-accuses the same worker of a share it did not poison loses stake."""
+accuses the same worker of a share it did not poison loses stake. A decoy
+record, filed under a membership epoch the step's final lineage does not
+take, shields nothing."""
 
 from __future__ import annotations
 
@@ -22,10 +24,11 @@ from shoal.spec.audit import BlobKind, RecordUpload, SignedVerdictBody, VerdictF
 from shoal.spec.coordinator import Grant, Heartbeat, Role
 from shoal.spec.jobfile import parse_job
 from shoal.spec.ledger import LedgerConfig
-from shoal.spec.proof import Verdict, VerdictKind
+from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
 from shoal.train.audit import Auditor
 from shoal.train.audit_unrecorded import UNRECORDED
 from shoal.train.proof_store import ProofStore
+from shoal.train.work_records import step_rng_seed
 from tests.control.coordinator.conftest import Served, make_settings
 from tests.control.coordinator.replayable import replayable_pair
 from tests.control.coordinator.test_proofs import PROOF_JOB, publish
@@ -35,7 +38,8 @@ POISONED = 3
 
 
 @pytest.fixture
-def job(tmp_path):
+def job(tmp_path, request):
+    decoy = getattr(request, "param", False)  # the poisoner files a decoy record of the step
     chain = Chain.embedded()
     owner, operator, referee, alice, _, p1, p2, vera = chain.dev_accounts()[:8]
     ledger = Ledger.deploy(chain, owner, operator.address, referee.address,
@@ -58,12 +62,17 @@ def job(tmp_path):
         lease = {held.offer_id: held.lease for held in submitter.job(hosted.job_id).leases}
         workers = (f"a-l{lease['a-d0']}-a0-w0", f"b-l{lease['b-d0']}-a0-w0")
         publish(co, hosted.job_id, list(workers), "start")
+        if decoy:
+            publish(co, hosted.job_id, list(workers), "decoy")  # epoch 1, the same members
         spec = parse_job(tomllib.loads(PROOF_JOB), source="test")
         # Epoch 0 lacks b's records; it is rooted once the job's records are two epochs on.
         work = replayable_pair(spec, workers, range(11), poisoned={POISONED})
         a = providers["a"]
         a.upload_records(hosted.job_id, RecordUpload(lease=lease["a-d0"],
                                                      records=tuple(work.records)))
+        if decoy:
+            providers["b"].upload_records(hosted.job_id, RecordUpload(
+                lease=lease["b-d0"], records=(_decoy(spec, work, workers[1]),)))
         served.app.state.rounds.once()
         assert [e.epoch for e in a.proof_epochs(hosted.job_id)] == [0]
         served.client(operator).request("POST", "/v1/grants", Grant(
@@ -74,6 +83,18 @@ def job(tmp_path):
     finally:
         served.stop()
         co.hosts.stop_all()
+
+
+def _decoy(spec, work, poisoner: str) -> WorkRecord:
+    """The poisoner's record of the poisoned step, as if honest, claiming membership
+    epoch 1: a lineage only it filed, which the step's final lineage (epoch 0, the
+    older of two lineages of one record each) does not take."""
+    (honest,) = [r for r in work.records if r.step == POISONED]
+    half = spec.global_batch // 2
+    start = honest.positions_start + half
+    return honest.model_copy(update={
+        "worker": poisoner, "rank": 1, "positions_start": start, "positions_end": start + half,
+        "rng_seed": step_rng_seed(spec.seed, POISONED, start), "membership_epoch": 1})
 
 
 def _answering(s, running: threading.Thread) -> None:
@@ -89,6 +110,30 @@ def _answering(s, running: threading.Thread) -> None:
 def test_a_poisoned_share_without_a_record_is_found_named_upheld_and_slashed(job):
     s = job
     poisoner = s["workers"][1]
+    _found_upheld_and_slashed(s, poisoner)
+
+    # A false accusation of the same worker, at a step its share was honest: the
+    # referee's replay matches what it declared, so the accuser loses stake.
+    client = s["served"].client(s["vera"])
+    stake = s["ledger"].stake_of(s["vera"].address).active_wei
+    assert _accuse(s, client, poisoner, 1) == "rejected"
+    assert s["ledger"].stake_of(s["vera"].address).active_wei < stake
+    # Nor can a verifier name someone who held no seat of the step.
+    assert _accuse(s, client, "a-l99-a0-w0", 2) == "rejected"
+
+
+@pytest.mark.parametrize("job", [True], indirect=True)
+def test_a_decoy_record_under_another_epoch_does_not_shield_the_share(job):
+    """Before, the referee replayed the decoy, found it of an abandoned lineage and
+    rejected the verifier's true verdict: the verifier lost stake, the cheat nothing."""
+    s = job
+    poisoner = s["workers"][1]
+    stored = s["co"].work_records(s["job_id"], 0)
+    assert any(r.worker == poisoner and r.step == POISONED for r in stored)
+    _found_upheld_and_slashed(s, poisoner)
+
+
+def _found_upheld_and_slashed(s, poisoner: str) -> None:
     client = s["served"].client(s["vera"])
     auditor = Auditor(ProofStore(s["tmp"] / "vera"), gpt_replayer(s["spec"]),
                       hyper_sha256=hyper_digest(s["spec"].hyperparameters()),
@@ -113,14 +158,6 @@ def test_a_poisoned_share_without_a_record_is_found_named_upheld_and_slashed(job
     assert (ruled.verdict.worker, ruled.verdict.step, ruled.ruling) == \
         (poisoner, POISONED, "upheld")
     assert s["ledger"].lease(s["chain_job"], s["p2"].address).slashed
-
-    # A false accusation of the same worker, at a step its share was honest: the
-    # referee's replay matches what it declared, so the accuser loses stake.
-    stake = s["ledger"].stake_of(s["vera"].address).active_wei
-    assert _accuse(s, client, poisoner, 1) == "rejected"
-    assert s["ledger"].stake_of(s["vera"].address).active_wei < stake
-    # Nor can a verifier name someone who held no seat of the step.
-    assert _accuse(s, client, "a-l99-a0-w0", 2) == "rejected"
 
 
 def _accuse(s, client, worker: str, step: int) -> str:

@@ -24,11 +24,11 @@ from shoal.control.coordinator.plants import FETCH_BASE, LATE, ForcedErrorServic
 from shoal.control.store.schema import (
     AgentRow, ChallengeRow, ForcedPlanRow, VerdictRow, WorkRecordRow,
 )
-from shoal.proof.epochs import params_keepers
+from shoal.proof.epochs import final_lineage, params_keepers
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, VerdictFiling, VerdictView,
 )
-from shoal.spec.proof import Verdict
+from shoal.spec.proof import Verdict, WorkRecord
 from shoal.train.files import write_whole
 
 
@@ -85,13 +85,15 @@ class AuditService(ForcedErrorService):
         of the step's two keepers (`params_keepers`), an online one if there is."""
         rows = session.scalars(select(WorkRecordRow).where(
             WorkRecordRow.job_id == job_id, WorkRecordRow.step == item.step)).all()
-        # The newest lineage's records: after a restore, a step's parameters are those the
-        # redone step started from.
-        newest = max((r.body.get("membership_epoch", 0) for r in rows), default=0)
         if item.kind is not BlobKind.params:  # a worker's own file: its agent holds it
             found = [r for r in rows if r.worker == item.worker]
         else:
-            found = [r for r in rows if r.body.get("membership_epoch", 0) == newest
+            # The final lineage's keepers: after a restore, a step's parameters are those
+            # the redone step started from; and a lone record claiming a later epoch (a
+            # decoy) must not make its worker, who need not answer, the one asked.
+            final = {r.worker for r in final_lineage(WorkRecord.model_validate(row.body)
+                                                     for row in rows)}
+            found = [r for r in rows if r.worker in final
                      and r.body.get("rank") in params_keepers(item.step,
                                                               len(r.body.get("shares", ())))]
             seen = dict(session.execute(select(AgentRow.agent_id, AgentRow.last_seen_s).where(

@@ -102,7 +102,11 @@ class Referee:
             # (nor on a DiLoCo round's end whose audit read a plant of its round).
             return PLANT
         provider = record_row.provider if record_row is not None else None
-        if record_row is None:
+        if record_row is None or not self._in_final_lineage(
+                job_id, WorkRecord.model_validate(record_row.body)):
+            # A record the step's final lineage does not take shields nothing: a worker
+            # could file one under another epoch it is a member of, and have the
+            # replay of that record reject a true verdict on the share it really sent.
             ruling, why, provider = self.unrecorded(job_id, verdict)
         elif verdict.kind is VerdictKind.withheld:
             ruling, why = self.withheld(job_id, verdict, record_row.agent_id, vouched)
@@ -110,6 +114,12 @@ class Referee:
             ruling, why, _ = self.replay(job_id, WorkRecord.model_validate(record_row.body))
         self._enforce(job_id, seq, verdict, ruling, why, provider)
         return ruling
+
+    def _in_final_lineage(self, job_id: str, record: WorkRecord) -> bool:
+        from shoal.proof.epochs import final_lineage
+
+        epoch = record.step // self.coordinator.job_spec(job_id).proof.epoch_steps
+        return record in final_lineage(self.coordinator.work_records(job_id, epoch))
 
     def withheld(self, job_id: str, verdict: Verdict, agent_id: str,
                  steps: range | None = None) -> tuple[str, str]:

@@ -143,8 +143,12 @@ class RemoteAudits:
         # A step's parameters are kept by two of its workers (`params_keepers`); the
         # coordinator asks one whose agent is online. Without a keeper's record (both lost
         # before they sent it) nobody holds them, and the audit says `unavailable`. A
-        # DiLoCo step's are those of its round's start (theta_outer).
-        keepers = {r.step: r for r in records if r.rank in params_keepers(r.step, len(r.shares))}
+        # DiLoCo step's are those of its round's start (theta_outer). Only the final
+        # lineage's keepers hold them: a record of a lineage that did not go on (a redone
+        # step's, or a decoy its worker filed under another epoch) names a keeper of other
+        # parameters, or one that will not answer.
+        keepers = {r.step: r for r in final_lineage(records)
+                   if r.rank in params_keepers(r.step, len(r.shares))}
         starts = {r.step if r.local is None else r.local.round_start for r in chosen} | unrecorded
         wanted += [ChallengeRequest(worker=keepers[step].worker, step=step, kind=BlobKind.params)
                    for step in sorted(starts) if step in keepers]
