@@ -26,6 +26,7 @@ from shoal.control.store.schema import (
     AgentRow, ChallengeRow, JobRow, LeaseRow, VerdictRow, WorkRecordRow,
 )
 from shoal.ledger import LedgerError
+from shoal.proof.epochs import final_lineage
 from shoal.spec.audit import BlobKind
 from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.job import JobSpec
@@ -94,32 +95,26 @@ class Referee:
                 return row.ruling if row else UNDECIDED
             verdict = Verdict.model_validate(row.body["verdict"])
             record_row = session.get(WorkRecordRow, (job_id, verdict.worker, verdict.step))
-        vouched = _vouched(WorkRecord.model_validate(record_row.body)) if record_row else \
-            range(verdict.step, verdict.step + 1)
+        record = WorkRecord.model_validate(record_row.body) if record_row else None
+        vouched = _vouched(record) if record else range(verdict.step, verdict.step + 1)
         if any(co.is_plant(job_id, verdict.worker, step) for step in vouched):
             # A planted record is the operator's: its verdicts are scored at the reveal
             # (plants.py), and a replay of the worker's real record must not rule on them
             # (nor on a DiLoCo round's end whose audit read a plant of its round).
             return PLANT
+        records = co.work_records(job_id, verdict.step // co.job_spec(job_id).proof.epoch_steps)
         provider = record_row.provider if record_row is not None else None
-        if record_row is None or not self._in_final_lineage(
-                job_id, WorkRecord.model_validate(record_row.body)):
+        if record is None or record not in final_lineage(records):
             # A record the step's final lineage does not take shields nothing: a worker
             # could file one under another epoch it is a member of, and have the
             # replay of that record reject a true verdict on the share it really sent.
-            ruling, why, provider = self.unrecorded(job_id, verdict)
+            ruling, why, provider = self.unrecorded(job_id, verdict, records)
         elif verdict.kind is VerdictKind.withheld:
             ruling, why = self.withheld(job_id, verdict, record_row.agent_id, vouched)
         else:
-            ruling, why, _ = self.replay(job_id, WorkRecord.model_validate(record_row.body))
+            ruling, why, _ = self.replay(job_id, record, records)
         self._enforce(job_id, seq, verdict, ruling, why, provider)
         return ruling
-
-    def _in_final_lineage(self, job_id: str, record: WorkRecord) -> bool:
-        from shoal.proof.epochs import final_lineage
-
-        epoch = record.step // self.coordinator.job_spec(job_id).proof.epoch_steps
-        return record in final_lineage(self.coordinator.work_records(job_id, epoch))
 
     def withheld(self, job_id: str, verdict: Verdict, agent_id: str,
                  steps: range | None = None) -> tuple[str, str]:
@@ -148,10 +143,11 @@ class Referee:
                            "the challenge and did not answer it"
         return UNDECIDED, "the agent has been silent since the challenge: not ruled a cheat"
 
-    def replay(self, job_id: str, record: WorkRecord) -> tuple[str, str, Verdict | None]:
-        """The referee's own audit of one record: (ruling, why, its verdict if it replayed)."""
+    def replay(self, job_id: str, record: WorkRecord, records: list[WorkRecord] | None = None
+               ) -> tuple[str, str, Verdict | None]:
+        """The referee's own audit of one record: (ruling, why, its verdict if it replayed).
+        `records`: the record's proof epoch's, if the caller has them already."""
         from shoal.control.trust.verifier import Verifier
-        from shoal.proof.epochs import final_lineage
         from shoal.spec.proof import hyper_digest
         from shoal.train.audit import Auditor
         from shoal.train.proof_store import ProofStore
@@ -159,7 +155,7 @@ class Referee:
         co = self.coordinator
         spec = co.job_spec(job_id)
         epoch = record.step // spec.proof.epoch_steps
-        records = co.work_records(job_id, epoch)
+        records = co.work_records(job_id, epoch) if records is None else records
         if record not in final_lineage(records):
             return REJECTED, ("the record is of a lineage abandoned after a restore (its step "
                               "was redone in a later membership epoch): not audited, not blamed"), None
@@ -188,11 +184,12 @@ class Referee:
             return UPHELD, f"the referee's replay found {found.kind.value}", found
         return REJECTED, "the referee's replay matches the commitment", found
 
-    def unrecorded(self, job_id: str, verdict: Verdict) -> tuple[str, str, str | None]:
+    def unrecorded(self, job_id: str, verdict: Verdict, records: list[WorkRecord]
+                   ) -> tuple[str, str, str | None]:
         """A verdict on a worker with no record of the step: its share, if it held a seat
         in the step and filed nothing in the step's final lineage, is replayed as the
-        verifier did (`shoal.train.audit_unrecorded`). (ruling, why, its provider)."""
-        from shoal.proof.epochs import final_lineage
+        verifier did (`shoal.train.audit_unrecorded`). `records`: the step's proof
+        epoch's. (ruling, why, its provider)."""
         from shoal.spec.proof import hyper_digest
         from shoal.train.audit import Auditor
         from shoal.train.audit_unrecorded import unrecorded_shares
@@ -205,8 +202,7 @@ class Referee:
             provider = lease.provider if lease is not None and lease.job_id == job_id else None
         spec = co.job_spec(job_id)
         epoch = verdict.step // spec.proof.epoch_steps
-        step_records = [r for r in final_lineage(co.work_records(job_id, epoch))
-                        if r.step == verdict.step]
+        step_records = [r for r in final_lineage(records) if r.step == verdict.step]
         shares = [share for share in unrecorded_shares(
                       step_records, lambda e: co._published.members(job_id, e))
                   if share.worker == verdict.worker]
