@@ -37,9 +37,9 @@ peers' records say it declared, which needs the run's published membership
 (its `epochs.jsonl`), as a verifier has it.
 
 `--sync diloco` runs the same under DiLoCo (`--inner-steps` per round), with
-the adversary that poisons only pseudo-gradients (`outer_scale`) added and
-`unrecorded` left out (nothing replays a DiLoCo round without the worker's
-records: README, "Proof of learning"); its
+the adversary that poisons only pseudo-gradients (`outer_scale`) added
+(`unrecorded` there poisons its pseudo-gradients and files no record: each
+of its rounds is replayed from the states it kept); its
 training compute is every record's forward, backward and optimizer step,
 timed from each worker's kept start states.
 

@@ -210,16 +210,19 @@ class HiddenScale(Adversary):
 
 
 class Unrecorded(Adversary):
-    """Puts its gradient ×10 in the exchange and declares what it sent, so the sums add
-    up and the step is applied, then files no record of the step: no commitment to open,
-    only what its peers' records say it declared (`shoal.train.audit_unrecorded`). Under
-    DiLoCo nothing replays a round without the worker's records: it is only docked pay."""
+    """Puts its gradient (under DiLoCo its round's pseudo-gradient) ×10 in the exchange
+    and declares what it sent, so the sums add up and the step is applied, then files no
+    record of any step: no commitment to open, only what its peers' records say it
+    declared (`shoal.train.audit_unrecorded`; under DiLoCo its round is replayed from the
+    states it kept, `shoal.train.audit_unrecorded_round`)."""
 
     name = "unrecorded"
-    every_step_only = True
 
     def sent(self, committed: Contribution, ctx: AdversaryContext) -> Contribution:
         return [t * 10.0 for t in committed]
+
+    def sent_pseudo_gradient(self, committed: torch.Tensor, ctx: AdversaryContext) -> torch.Tensor:
+        return committed * 10.0
 
     def record(self, record: WorkRecord, ctx: AdversaryContext) -> WorkRecord | None:
         return None

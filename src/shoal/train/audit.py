@@ -22,7 +22,8 @@ from shoal.proof.merkle import verify_proof
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
 from shoal.train.audit_local import Finding, LocalAudit, load_agreed
 from shoal.train.audit_sent import loss_problem, sent_problem
-from shoal.train.audit_unrecorded import Unrecorded, judge_unrecorded, stand_in
+from shoal.train.audit_unrecorded import Members, Unrecorded, judge_unrecorded, stand_in
+from shoal.train.audit_unrecorded_round import UnrecordedRounds
 from shoal.train.order import share_positions, step_cursor
 from shoal.train.proof_store import ProofStore, contribution_sha256
 from shoal.train.replay import Replayer, relative_distance
@@ -50,6 +51,7 @@ class Auditor:
         self._loaded_step: int | None = None
         self._loaded_ok = False
         self.local = LocalAudit(store, replayer, tolerance, records or store.records)
+        self._rounds: UnrecordedRounds | None = None
 
     def audit(self, record: WorkRecord, inclusion: Inclusion,
               step_records: list[WorkRecord]) -> Verdict:
@@ -107,13 +109,21 @@ class Auditor:
         return verdict(VerdictKind.valid, "replay is bit-identical" if identical else "",
                        distance=distance)
 
-    def audit_unrecorded(self, share: Unrecorded, epoch: int,
-                         step_records: list[WorkRecord]) -> Verdict:
+    def audit_unrecorded(self, share: Unrecorded, epoch: int, step_records: list[WorkRecord],
+                         members: Members = lambda epoch: None) -> Verdict:
         """The verdict on a named worker's share of a voted step that it filed no record
-        for (`shoal.train.audit_unrecorded`); `step_records`: the step's final lineage."""
+        for (`shoal.train.audit_unrecorded`); `step_records`: the step's final lineage.
+        Under DiLoCo the step is a round's end, replayed from the worker's kept states
+        (`shoal.train.audit_unrecorded_round`), which `members` names its rank in."""
         assert share.worker is not None, "only a share whose worker is known is judged"
         record = stand_in(share, step_records)
-        if not self._load(share.step, step_records):
+        if self.replayer.inner is not None:
+            if self._rounds is None:
+                self._rounds = UnrecordedRounds(self.store, self.replayer, self.tolerance,
+                                                self.local, members)
+            self._loaded_step = None  # the round's replay loads other states
+            found = self._rounds.judge(share, step_records)
+        elif not self._load(share.step, step_records):
             found: Finding = (VerdictKind.unavailable,
                               f"no trusted parameters for step {share.step}", None)
         else:

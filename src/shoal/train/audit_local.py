@@ -72,7 +72,7 @@ class LocalAudit:
         claim = record.local
         assert claim is not None
         everyone = self.records()
-        outer = self._round(claim.round_start, everyone)
+        outer = self.round_start_params(claim.round_start, everyone)
         if outer is None:
             return (VerdictKind.unavailable,
                     f"no agreed parameters for the round starting at step {claim.round_start}", None)
@@ -151,7 +151,7 @@ class LocalAudit:
 
     # -- the checks ------------------------------------------------------------------
 
-    def _round(self, round_start: int, everyone: list[WorkRecord]
+    def round_start_params(self, round_start: int, everyone: list[WorkRecord]
                ) -> tuple[str, torch.Tensor] | None:
         """theta_outer of a round: the keepers' snapshot, if it is what most of the
         round's first-step records claim (one writer cannot forge it). Kept once found;
@@ -189,7 +189,7 @@ class LocalAudit:
         # any earlier round's end left: a rollback goes back to a snapshot, which may be
         # rounds old. Not at a round's start: an old Adam state would push a round along
         # old gradients.
-        if claim.state_sha256 == self._fresh():
+        if claim.state_sha256 == self.fresh_state_sha256():
             return ""
         restart = record.step > claim.round_start
         if any(r.local is not None and r.local.end_state_sha256 == claim.state_sha256
@@ -200,7 +200,7 @@ class LocalAudit:
                 if not restart else "the optimizer state it started from is not one a step "
                 "just before or a round's end left")
 
-    def _fresh(self) -> str:
+    def fresh_state_sha256(self) -> str:
         if self._fresh_sha256 is None:
             self._fresh_sha256 = optimizer_state_sha256(self.replayer.fresh_optimizer_state())
         return self._fresh_sha256
@@ -225,8 +225,8 @@ class LocalAudit:
                     "the step's end differs in its last bits and the worker's next state is "
                     "not kept to measure by how much", None)
         next_params, next_state = kept
-        replayed = _flat_tensors(new_state)
-        claimed = _flat_tensors(next_state)
+        replayed = state_tensors(new_state)
+        claimed = state_tensors(next_state)
         distance = relative_distance(replayed, claimed)
         if not claim.outer:
             moved = self.replayer.flat_params()
@@ -319,7 +319,7 @@ def _round_counts(record: WorkRecord, mine: list[WorkRecord], everyone: list[Wor
     return samples, expected
 
 
-def _flat_tensors(state: dict) -> list[torch.Tensor]:
+def state_tensors(state: dict) -> list[torch.Tensor]:
     """An optimizer state's tensors in a fixed order (parameter, then name)."""
     return [state[i][name].detach().reshape(-1).double() for i in sorted(state)
             for name in sorted(state[i]) if isinstance(state[i][name], torch.Tensor)]

@@ -10,8 +10,9 @@ them), and the declaration must be the sketch of that replay: an honest
 worker whose machine vanished before it filed matches; a poisoner does not.
 The worker is named by the job's published membership (rank order).
 
-Only every-step jobs: under DiLoCo a round's pseudo-gradient is the worker's
-own replica's, which nothing replays without the worker's own records.
+Under DiLoCo a round's pseudo-gradient is the end of the worker's own inner
+steps: `shoal.train.audit_unrecorded_round` replays the round from the states
+the worker kept.
 """
 
 from __future__ import annotations
@@ -43,10 +44,14 @@ class Unrecorded:
     worker: str | None  # from the published membership; None where it is not known
 
 
-def unrecorded_shares(step_records: Sequence[WorkRecord], members: Members) -> list[Unrecorded]:
+def unrecorded_shares(step_records: Sequence[WorkRecord], members: Members, *,
+                      rounds: bool = False) -> list[Unrecorded]:
     """The ranks of one step's final lineage (`step_records`) that had a share, declared
-    a part in the step's exchange, and filed no record."""
-    if not step_records or any(r.local is not None for r in step_records):
+    a part in the step's exchange, and filed no record. Under DiLoCo (the step is a
+    round's end) only with `rounds`: judging one needs the worker's kept states of the
+    whole round (`shoal.train.audit_unrecorded_round`), which a verifier that reads the
+    job's proof directory has and one that challenges through a coordinator does not."""
+    if not step_records or (not rounds and any(r.local is not None for r in step_records)):
         return []
     first = step_records[0]
     voted = [r for r in step_records if r.exchanged is not None]
@@ -59,7 +64,9 @@ def unrecorded_shares(step_records: Sequence[WorkRecord], members: Members) -> l
         seats = None  # a membership of another size is not the one the step ran in
     return [Unrecorded(first.step, rank, first.membership_epoch,
                        seats[rank] if seats is not None else None)
-            for rank, share in enumerate(shares) if share > 0 and rank not in filed]
+            for rank, share in enumerate(shares)
+            # A DiLoCo member sends its round's work even with no sample at the last step.
+            if (share > 0 or first.local is not None) and rank not in filed]
 
 
 def stand_in(share: Unrecorded, step_records: Sequence[WorkRecord]) -> WorkRecord:

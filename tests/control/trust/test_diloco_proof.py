@@ -18,16 +18,17 @@ from shoal.proof.verdicts import guilty_workers
 from shoal.spec.proof import VerdictKind, WorkRecord
 from shoal.train.adversary import BUILT_IN, EVERY_STEP_ONLY
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
-from tests.control.trust.conftest import ProvenJob, run_proven_job
+from tests.control.trust.conftest import ProvenJob, run_members, run_proven_job
 
 DILOCO = 'mode = "diloco"\ninner_steps = 4'
-# `unrecorded` files nothing a DiLoCo audit could replay (README, "Proof of learning").
 CHEATS = sorted(set(BUILT_IN) - EVERY_STEP_ONLY) + ["tests.control.trust.cheats:drift"]
 
 
 def audit_all(proven: ProvenJob, epoch_steps: int, threads: int | None = None):
+    # The run's membership names the workers of rounds filed without a record (`unrecorded`).
     verifier = Verifier(proven.auditor(), proven.job.proof, salt=b"d" * 16,
-                        total_steps=proven.job.steps)
+                        total_steps=proven.job.steps,
+                        members=run_members(proven.store.dir.parent / "run"))
     records = proven.store.records()
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+import torch
 
 from shoal.control.trust.verifier import Verifier
 from shoal.proof.verdicts import guilty_workers
@@ -60,3 +61,55 @@ def test_a_share_without_a_record_is_replayed_and_its_poisoner_named(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-2000:]
     assert '"guilty": {"w1": "wrong_contribution"}' in done.stdout
+
+
+DILOCO = 'mode = "diloco"\ninner_steps = 4'
+
+
+def judge_rounds(proven, tmp_path, epoch_steps: int, threads: int = 1):
+    """Every verdict on the job, audited on `threads` (the workers ran on one)."""
+    verifier = Verifier(proven.auditor(), proven.job.proof, salt=b"r" * 16,
+                        total_steps=proven.job.steps, members=run_members(tmp_path / "run"))
+    records = proven.store.records()
+    verdicts = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for epoch in verifier.complete_epochs(records):
+            audit = verifier.audit_epoch(
+                epoch, [r for r in records if r.step // epoch_steps == epoch], every=True)
+            assert not audit.unnamed
+            verdicts += audit.verdicts
+    finally:
+        torch.set_num_threads(before)
+    return verdicts
+
+
+@pytest.mark.slow
+def test_a_diloco_round_without_records_is_replayed_from_its_kept_states(tmp_path):
+    """Under DiLoCo the poisoner sends its pseudo-gradients ×10 and files no record of
+    any step; each round is replayed from the states it kept and its declarations do
+    not match. An honest worker whose records were all lost replays to what it
+    declared, its later rounds from where its earlier ones ended."""
+    proven = run_proven_job(tmp_path, workers=3, steps=12, epoch_steps=4, sync=DILOCO,
+                            adversaries={1: POISON, 2: LOST})
+    records = proven.store.records()
+    assert {r.worker for r in records} == {"w0"}
+    verdicts = judge_rounds(proven, tmp_path, 4, threads=2)
+    ends = [3, 7, 11]
+    poisoner = sorted((v.step, v.kind) for v in verdicts if v.worker == "w1")
+    assert poisoner == [(step, VerdictKind.wrong_contribution) for step in ends], poisoner
+    lost = sorted((v.step, v.kind, v.detail) for v in verdicts if v.worker == "w2")
+    assert [(s, k) for s, k, _ in lost] == [(step, VerdictKind.valid) for step in ends], lost
+    assert all(detail.startswith(UNRECORDED) for _, _, detail in lost)
+    assert all(v.kind is VerdictKind.valid for v in verdicts if v.worker == "w0")
+
+
+@pytest.mark.slow
+def test_a_diloco_round_whose_kept_states_are_gone_is_withheld(tmp_path):
+    proven = run_proven_job(tmp_path, workers=3, steps=8, epoch_steps=4, sync=DILOCO,
+                            adversaries={1: POISON})
+    proven.store.local_path("w1", 5).unlink()  # the second round's second step
+    verdicts = {(v.worker, v.step): v.kind for v in judge_rounds(proven, tmp_path, 4)}
+    assert verdicts[("w1", 3)] is VerdictKind.wrong_contribution
+    assert verdicts[("w1", 7)] is VerdictKind.withheld

@@ -57,7 +57,10 @@ class RemoteAudits:
         self.roots: dict[int, bytes] = {}
         self._members: dict[int, tuple[str, ...]] = {}  # the job's published membership
         self.verifier = Verifier(auditor, job.proof, salt=salt, roots=self.roots.get,
-                                 total_steps=job.steps, members=self._members.get)
+                                 total_steps=job.steps, members=self._members.get,
+                                 # A record-less DiLoCo round needs the worker's kept
+                                 # states of the whole round, which this does not fetch.
+                                 rounds=False)
         self.done: set[int] = set()
         self._records: dict[int, list[WorkRecord]] = {}  # served epochs' (they stay as served)
         self._around: list[WorkRecord] = []  # what the audits being replayed may look back on

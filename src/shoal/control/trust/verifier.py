@@ -54,12 +54,15 @@ class Verifier:
     def __init__(self, auditor: Auditor, spec: ProofSpec, *, salt: bytes,
                  roots: RootSource = lambda epoch: None, total_steps: int | None = None,
                  leaves: Callable[[int], list[bytes] | None] = lambda epoch: None,
-                 members: Members = lambda epoch: None) -> None:
+                 members: Members = lambda epoch: None, rounds: bool = True) -> None:
         """`roots`: each epoch's anchored root; `leaves`: the leaves the operator
         published with it (both None when not anchored); `members`: the job's published
         membership epochs, each its members in rank order (names the workers of shares
-        filed without a record)."""
+        filed without a record); `rounds`: also judge DiLoCo rounds whose end has no
+        record, from the worker's kept states in the auditor's store (a verifier that
+        challenges through a coordinator does not fetch those)."""
         self.auditor, self.spec, self.salt = auditor, spec, salt
+        self.rounds = rounds
         self.roots, self.total_steps, self.leaves = roots, total_steps, leaves
         self.members = members
 
@@ -89,7 +92,7 @@ class Verifier:
     def _unrecorded(self, by_step: dict[int, list[WorkRecord]]) -> list[Unrecorded]:
         """`unrecorded`, from the final lineage's records grouped by step."""
         return [share for step in sorted(by_step)
-                for share in unrecorded_shares(by_step[step], self.members)]
+                for share in unrecorded_shares(by_step[step], self.members, rounds=self.rounds)]
 
     def audit_one(self, record: WorkRecord, epoch_records: list[WorkRecord]) -> Verdict:
         """Audit one record against its epoch's tree (the referee's single re-execution)."""
@@ -132,8 +135,8 @@ class Verifier:
             if share.worker is None:
                 result.unnamed.append(share)
             elif judged is None or (share.worker, share.step) in judged:
-                result.verdicts.append(self.auditor.audit_unrecorded(share, epoch,
-                                                                     by_step[share.step]))
+                result.verdicts.append(self.auditor.audit_unrecorded(
+                    share, epoch, by_step[share.step], self.members))
         if result.unnamed:
             log.warning("epoch %d: %d share(s) of voted steps have no record and no known "
                         "worker (give the verifier the job's membership epochs to judge "
