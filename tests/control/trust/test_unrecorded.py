@@ -113,3 +113,17 @@ def test_a_diloco_round_whose_kept_states_are_gone_is_withheld(tmp_path):
     verdicts = {(v.worker, v.step): v.kind for v in judge_rounds(proven, tmp_path, 4)}
     assert verdicts[("w1", 3)] is VerdictKind.wrong_contribution
     assert verdicts[("w1", 7)] is VerdictKind.withheld
+
+
+@pytest.mark.slow
+def test_a_record_less_round_passes_through_a_skipped_round_end(tmp_path):
+    """w1's NaN at step 7 makes every member skip that round's end, and the round goes
+    on from where its last step started: w2, whose records are all lost, kept the same
+    state again there, which its replay takes as the skip it is (its samples of step 7
+    not counted). Only w1's NaN is blamed."""
+    proven = run_proven_job(tmp_path, workers=3, steps=16, epoch_steps=8, sync=DILOCO,
+                            adversaries={2: LOST}, env={"SHOAL_INJECT": "nan-loss@w1:step7"})
+    verdicts = judge_rounds(proven, tmp_path, 8, threads=2)
+    assert [(v.worker, v.step) for v in verdicts if v.guilty] == [("w1", 7)]
+    lost = sorted((v.step, v.kind) for v in verdicts if v.worker == "w2")
+    assert lost == [(step, VerdictKind.valid) for step in (3, 7, 11, 15)], lost
