@@ -119,7 +119,11 @@ class LocalAudit:
             if kept is None:
                 return (VerdictKind.withheld, "the state the step started from is not kept", None), None, []
             params, state = kept
-            self.replayer.load(params)
+            try:  # the worker wrote it: a state shaped for another model is not the committed one
+                self.replayer.load(params)
+            except (RuntimeError, KeyError, ValueError):
+                return (VerdictKind.bad_commitment, "the kept start state is not the committed one",
+                        None), None, []
             if param_sha256(self.replayer.model) != record.params_sha256 or \
                     optimizer_state_sha256(state) != claim.state_sha256:
                 return (VerdictKind.bad_commitment, "the kept start state is not the committed one",
@@ -141,7 +145,11 @@ class LocalAudit:
                 return found, None, revealed
         if claim.applied:
             start = {k: v.clone() for k, v in params.items()}  # the step moves the model
-            new_state = self.replayer.local_step(record, params, state, gradients)
+            try:
+                new_state = self.replayer.local_step(record, params, state, gradients)
+            except (RuntimeError, KeyError, ValueError, IndexError):
+                return (VerdictKind.wrong_params, "the optimizer state it started from is not "
+                        "one of the job's optimizer", None), None, revealed
         else:
             start, new_state = params, state
         ended = (param_sha256(self.replayer.model), optimizer_state_sha256(new_state))

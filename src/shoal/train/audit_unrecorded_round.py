@@ -141,7 +141,9 @@ class UnrecordedRounds:
             if kept is None:
                 return VerdictKind.withheld, f"the state its step {step} started from is not kept", None
             params, state = kept
-            self.replayer.load(params)
+            if not _loads(self.replayer, params):
+                return (VerdictKind.withheld, f"the state its step {step} started from is not "
+                        "one of the job's model", None)
             here = (param_sha256(self.replayer.model), optimizer_state_sha256(state))
             if last is not None and here == last.start:
                 pass  # its own guard skipped the step before: its samples do not count
@@ -154,6 +156,9 @@ class UnrecordedRounds:
                     return (VerdictKind.wrong_contribution, f"step {step - 1} of its round does "
                             f"not end where its step {step} started", distance)
                 samples += last.share
+            elif here[0] != outer_sha256:  # the round's first step
+                return (VerdictKind.wrong_params, "its round did not start from the round's "
+                        "agreed parameters", None)
             else:  # the round's start, or back at theta_outer inside it (a rollback, a join)
                 broken = self._start_problem(worker, step, start, here[1], lineage, everyone,
                                              restart=last is not None, depth=depth)
@@ -164,8 +169,12 @@ class UnrecordedRounds:
             record = stand_in(seat, records)
             start_flat = self.replayer.flat_params().clone()
             gradients = self.replayer.contribution(record)
-            end_state = (self.replayer.local_step(record, params, state, gradients)
-                         if record.samples > 0 else state)
+            try:
+                end_state = (self.replayer.local_step(record, params, state, gradients)
+                             if record.samples > 0 else state)
+            except (RuntimeError, KeyError, ValueError, IndexError):
+                return (VerdictKind.withheld, f"the optimizer state its step {step} started "
+                        "from is not one of the job's optimizer", None)
             last = _Replayed(here, start_flat, self.replayer.flat_params().clone(), end_state,
                              record.samples)
         samples += last.share  # a round's last step is taken before its exchange
@@ -213,3 +222,13 @@ class UnrecordedRounds:
                     "not where its previous round ended", distance)
         return (VerdictKind.wrong_params, "its round started from an optimizer state that is "
                 "neither a fresh one nor one the step before it left", None)
+
+
+def _loads(replayer: Replayer, params: dict) -> bool:
+    """Load a kept state the worker wrote into the replayer's model; False if it is not
+    a state of that model (a file shaped for another cannot crash the verifier)."""
+    try:
+        replayer.load(params)
+    except (RuntimeError, KeyError, ValueError):
+        return False
+    return True

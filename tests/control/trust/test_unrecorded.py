@@ -127,3 +127,31 @@ def test_a_record_less_round_passes_through_a_skipped_round_end(tmp_path):
     assert [(v.worker, v.step) for v in verdicts if v.guilty] == [("w1", 7)]
     lost = sorted((v.step, v.kind) for v in verdicts if v.worker == "w2")
     assert lost == [(step, VerdictKind.valid) for step in (3, 7, 11, 15)], lost
+
+
+@pytest.mark.slow
+def test_a_record_less_round_must_start_from_theta_outer_with_a_state_of_the_model(tmp_path):
+    """The kept states are the worker's own word: a round whose first state is not the
+    round's agreed parameters is `wrong_params` (else a worker could start its round
+    where it liked and replay to any pseudo-gradient), and a kept state shaped for
+    another model is no state at all (`withheld`), not a crash of the verifier."""
+    proven = run_proven_job(tmp_path, workers=3, steps=8, epoch_steps=4, sync=DILOCO,
+                            adversaries={2: LOST})
+    store = proven.store
+    honest = {step: store.local_path("w2", step).read_bytes() for step in (4, 5)}
+    params, state = store.load_local("w2", 4)
+    store.save_local("w2", 4, {k: v + 1e-2 if v.is_floating_point() else v
+                               for k, v in params.items()}, state)
+    verdicts = {(v.worker, v.step): v for v in judge_rounds(proven, tmp_path, 4)}
+    assert verdicts[("w2", 3)].kind is VerdictKind.valid
+    assert verdicts[("w2", 7)].kind is VerdictKind.wrong_params
+    assert "agreed parameters" in verdicts[("w2", 7)].detail
+
+    store.local_path("w2", 4).write_bytes(honest[4])
+    params, state = store.load_local("w2", 5)
+    store.save_local("w2", 5, {k: v[:1] for k, v in params.items()}, state)
+    verdicts = {(v.worker, v.step): v for v in judge_rounds(proven, tmp_path, 4)}
+    assert verdicts[("w2", 7)].kind is VerdictKind.withheld
+
+    store.local_path("w2", 5).write_bytes(honest[5])
+    assert all(v.kind is VerdictKind.valid for v in judge_rounds(proven, tmp_path, 4))
