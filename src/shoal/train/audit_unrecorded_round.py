@@ -122,7 +122,7 @@ class UnrecordedRounds:
         ends = [r for r in lineage.get(end, []) if r.local is not None]
         if not ends:
             return VerdictKind.unavailable, f"no record of step {end} says where its round began", None
-        start = collections.Counter(r.local.round_start for r in ends).most_common(1)[0][0]
+        start = round_start(ends)
         expected = collections.Counter(r.local.round_expected for r in ends
                                        if r.local.outer).most_common(1)
         outer = self.local.round_start_params(start, everyone)
@@ -133,8 +133,8 @@ class UnrecordedRounds:
         samples, last, record = 0, None, None
         for step in range(start, end + 1):
             records = lineage.get(step, [])
-            seat = self._seat(worker, records)
-            if seat is None:
+            held = seat(worker, records, self.members)
+            if held is None:
                 return (VerdictKind.unavailable, f"not a member at step {step} of its round "
                         "(it joined inside it): not judged without its records", None)
             kept = self.store.load_local(worker, step)
@@ -142,8 +142,8 @@ class UnrecordedRounds:
                 return VerdictKind.withheld, f"the state its step {step} started from is not kept", None
             params, state = kept
             if not _loads(self.replayer, params):
-                return (VerdictKind.withheld, f"the state its step {step} started from is not "
-                        "one of the job's model", None)
+                return (VerdictKind.wrong_params, f"the state it kept for its step {step} is "
+                        "not one of the job's model", None)
             here = (param_sha256(self.replayer.model), optimizer_state_sha256(state))
             if last is not None and here == last.start:
                 pass  # its own guard skipped the step before: its samples do not count
@@ -166,32 +166,22 @@ class UnrecordedRounds:
                     return broken
                 samples = 0
                 self.replayer.load(params)  # replaying an earlier round moved the model
-            record = stand_in(seat, records)
+            record = stand_in(held, records)
             start_flat = self.replayer.flat_params().clone()
             gradients = self.replayer.contribution(record)
             try:
                 end_state = (self.replayer.local_step(record, params, state, gradients)
                              if record.samples > 0 else state)
             except (RuntimeError, KeyError, ValueError, IndexError):
-                return (VerdictKind.withheld, f"the optimizer state its step {step} started "
-                        "from is not one of the job's optimizer", None)
+                return (VerdictKind.wrong_params, f"the optimizer state it kept for its step "
+                        f"{step} is not one of the job's optimizer", None)
             last = _Replayed(here, start_flat, self.replayer.flat_params().clone(), end_state,
                              record.samples)
         samples += last.share  # a round's last step is taken before its exchange
         pseudo = (outer_flat - self.replayer.flat_params()) * (samples / expected[0][0])
         return RoundEnd(last.end_state, pseudo, samples, record)
 
-    def _seat(self, worker: str, records: list[WorkRecord]) -> Unrecorded | None:
-        """`worker`'s rank in a step's final lineage, from the published membership."""
-        if not records:
-            return None
-        epoch = collections.Counter(r.membership_epoch for r in records).most_common(1)[0][0]
-        seats = self.members(epoch)
-        if seats is None or worker not in seats:
-            return None
-        return Unrecorded(records[0].step, list(seats).index(worker), epoch, worker)
-
-    def _start_problem(self, worker: str, step: int, round_start: int, state_sha256: str,
+    def _start_problem(self, worker: str, step: int, first: int, state_sha256: str,
                        lineage: dict[int, list[WorkRecord]], everyone: list[WorkRecord], *,
                        restart: bool, depth: int) -> Finding | None:
         """None if the optimizer state a start at theta_outer shows is one the worker may
@@ -205,12 +195,16 @@ class UnrecordedRounds:
                for r in everyone):
             return None
         before = lineage.get(step - 1, [])
-        if step == round_start and before and not any(r.worker == worker for r in before) \
+        if step == first and before and not any(r.worker == worker for r in before) \
                 and depth > 0 and any(r.local is not None and r.local.outer for r in before):
             # Its previous round has no record of its end either: replay that round.
             previous = self._round(worker, step - 1, lineage, everyone, depth - 1)
             if not isinstance(previous, RoundEnd):
                 kind, detail, distance = previous
+                if kind is VerdictKind.withheld:
+                    # That round's own audit asks for its files; here they may be past the
+                    # window an honest worker keeps them for.
+                    kind = VerdictKind.unavailable
                 return kind, f"its round before: {detail}", distance
             kept = self.store.load_local(worker, step)
             assert kept is not None  # checked by the caller
@@ -232,3 +226,41 @@ def _loads(replayer: Replayer, params: dict) -> bool:
     except (RuntimeError, KeyError, ValueError):
         return False
     return True
+
+
+def seat(worker: str, records: list[WorkRecord], members: Members) -> Unrecorded | None:
+    """`worker`'s seat in a step (`records`: its final lineage), named by the published
+    membership of the epoch most of them ran in; None where it held none."""
+    if not records:
+        return None
+    epoch = collections.Counter(r.membership_epoch for r in records).most_common(1)[0][0]
+    seats = members(epoch)
+    if seats is None or worker not in seats:
+        return None
+    return Unrecorded(records[0].step, list(seats).index(worker), epoch, worker)
+
+
+def round_start(end_records: list[WorkRecord]) -> int | None:
+    """Where the round ending at a step began, as most of the step's records say."""
+    starts = collections.Counter(r.local.round_start for r in end_records if r.local is not None)
+    return starts.most_common(1)[0][0] if starts else None
+
+
+def record_less_rounds(worker: str, end: int, lineage: dict[int, list[WorkRecord]]
+                       ) -> list[range]:
+    """The rounds whose kept states judging `worker`'s record-less round ending at `end`
+    may read, oldest first: that round, and its earlier rounds back to one whose end it
+    recorded (at most MAX_ROUNDS_BACK more). `lineage`: the final lineage's records by
+    step."""
+    rounds: list[range] = []
+    for _ in range(MAX_ROUNDS_BACK + 1):
+        start = round_start(lineage.get(end, []))
+        if start is None:
+            break
+        rounds.insert(0, range(start, end + 1))
+        before = lineage.get(start - 1, [])
+        if start == 0 or any(r.worker == worker for r in before) or not any(
+                r.local is not None and r.local.outer for r in before):
+            break
+        end = start - 1
+    return rounds

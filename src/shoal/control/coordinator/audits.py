@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from sqlalchemy import select
@@ -21,14 +21,16 @@ from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.plants import FETCH_BASE, LATE, ForcedErrorService
+from shoal.control.coordinator.markdown import lease_of
 from shoal.control.store.schema import (
-    AgentRow, ChallengeRow, ForcedPlanRow, VerdictRow, WorkRecordRow,
+    AgentRow, ChallengeRow, ForcedPlanRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
 from shoal.proof.epochs import final_lineage, params_keepers
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, VerdictFiling, VerdictView,
 )
 from shoal.spec.proof import Verdict, WorkRecord
+from shoal.train.audit_unrecorded_round import seat
 from shoal.train.files import write_whole
 
 
@@ -87,6 +89,10 @@ class AuditService(ForcedErrorService):
             WorkRecordRow.job_id == job_id, WorkRecordRow.step == item.step)).all()
         if item.kind is not BlobKind.params:  # a worker's own file: its agent holds it
             found = [r for r in rows if r.worker == item.worker]
+            if not found and item.kind is BlobKind.local:
+                agent_id = self._seated_agent(session, job_id, item, rows)
+                if agent_id is not None:
+                    return agent_id, item.worker
         else:
             # The final lineage's keepers: after a restore, a step's parameters are those
             # the redone step started from; and a lone record claiming a later epoch (a
@@ -99,12 +105,43 @@ class AuditService(ForcedErrorService):
             seen = dict(session.execute(select(AgentRow.agent_id, AgentRow.last_seen_s).where(
                 AgentRow.agent_id.in_({r.agent_id for r in found}))).all())
             found.sort(key=lambda r: (-seen.get(r.agent_id, 0.0), r.body.get("rank")))
+            if not found:  # keepers that filed no record still kept what their seat keeps
+                for keeper in self._seated_keepers(job_id, item.step, rows):
+                    agent_id = self._seated_agent(session, job_id, item.model_copy(
+                        update={"worker": keeper}), rows)
+                    if agent_id is not None:
+                        return agent_id, keeper
         if not found:
             raise NotFound(f"no work record of {item.worker} at step {item.step} in job "
                            f"'{job_id}' to challenge" if item.kind is not BlobKind.params else
                            f"no record of a worker keeping step {item.step}'s parameters in "
                            f"job '{job_id}'")
         return found[0].agent_id, found[0].worker
+
+    def _seated_agent(self, session: Session, job_id: str, item: ChallengeRequest,
+                      rows: list[WorkRecordRow]) -> str | None:
+        """Under DiLoCo a worker that filed no record of a step still kept the state its
+        step started from, and an audit of its record-less round needs it: the agent of
+        the worker's lease, if the worker held a seat in the step's final lineage."""
+        lineage = final_lineage(WorkRecord.model_validate(row.body) for row in rows)
+        if seat(item.worker, lineage, lambda e: self._published.members(job_id, e)) is None:
+            return None
+        number = lease_of(item.worker)
+        lease = session.get(LeaseRow, number) if number is not None else None
+        if lease is None or lease.job_id != job_id:
+            return None
+        offer = session.get(OfferRow, lease.offer_id)
+        return offer.agent_id if offer is not None else None
+
+    def _seated_keepers(self, job_id: str, step: int, rows: list[WorkRecordRow]) -> list[str]:
+        """The workers whose seats in the step's final lineage keep its parameters, named
+        by the job's published membership."""
+        lineage = final_lineage(WorkRecord.model_validate(row.body) for row in rows)
+        if not lineage:
+            return []
+        epoch = Counter(r.membership_epoch for r in lineage).most_common(1)[0][0]
+        seats = self._published.members(job_id, epoch) or ()
+        return [seats[rank] for rank in sorted(params_keepers(step, len(seats)))]
 
     def pending_challenges(self, agent_id: str) -> tuple[ChallengeView, ...]:
         """What the agent must answer (the heartbeat's reply: memory only, no store read)."""

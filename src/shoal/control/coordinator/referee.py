@@ -13,6 +13,7 @@ records verdicts; someone else must take them to the contract.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -23,17 +24,20 @@ from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.markdown import lease_of
 from shoal.control.store.schema import (
-    AgentRow, ChallengeRow, JobRow, LeaseRow, VerdictRow, WorkRecordRow,
+    AgentRow, ChallengeRow, JobRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
 from shoal.ledger import LedgerError
 from shoal.proof.epochs import final_lineage
 from shoal.spec.audit import BlobKind
 from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.job import JobSpec
+from shoal.spec.plan import SyncMode
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+from shoal.train.audit_unrecorded_round import record_less_rounds
 
 if TYPE_CHECKING:
     from shoal.control.coordinator.service import Coordinator
+    from shoal.train.audit import Auditor
     from shoal.train.replay import Replayer
 
 log = logging.getLogger(__name__)
@@ -56,6 +60,7 @@ class Referee:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="shoal-referee")
         self._slashed: set[tuple[str, str]] = set()  # (job, provider) slashed already
         self._lazy_seen: set[tuple[str, str, str, int]] = set()  # (job, verifier, worker, step)
+        self._round_auditors: dict[str, Auditor] = {}  # DiLoCo jobs' record-less rounds
 
     def rule_later(self, job_id: str, verdicts: list[int]) -> None:
         self._executor.submit(self._rule_all, job_id, verdicts)
@@ -199,12 +204,16 @@ class Referee:
         number = lease_of(verdict.worker)
         with Session(co.engine) as session:
             lease = session.get(LeaseRow, number) if number is not None else None
-            provider = lease.provider if lease is not None and lease.job_id == job_id else None
+            if lease is not None and lease.job_id != job_id:
+                lease = None
+            provider = lease.provider if lease is not None else None
+            offer = session.get(OfferRow, lease.offer_id) if lease is not None else None
         spec = co.job_spec(job_id)
+        diloco = spec.sync.mode is SyncMode.diloco
         epoch = verdict.step // spec.proof.epoch_steps
         step_records = [r for r in final_lineage(records) if r.step == verdict.step]
-        shares = [share for share in unrecorded_shares(
-                      step_records, lambda e: co._published.members(job_id, e))
+        members = lambda e: co._published.members(job_id, e)  # noqa: E731
+        shares = [share for share in unrecorded_shares(step_records, members, rounds=diloco)
                   if share.worker == verdict.worker]
         if not shares:
             return REJECTED, ("the accused record does not exist, and the worker held no seat "
@@ -213,16 +222,42 @@ class Referee:
             return UNDECIDED, f"proof epoch {epoch} is not rooted yet", provider
         if self.replayer is None:
             return UNDECIDED, "this coordinator has no replayer for the job's model", provider
-        auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
-                          hyper_sha256=hyper_digest(spec.hyperparameters()),
-                          tolerance=spec.proof.tolerance, verifier="referee")
-        found = auditor.audit_unrecorded(shares[0], epoch, step_records)
+        if diloco:
+            # One auditor per job: it remembers the round ends it replayed, so a worker
+            # with many record-less rounds costs each ruling one round, not all of them.
+            auditor = self._round_auditors.get(job_id)
+            if auditor is None:
+                auditor = self._round_auditors[job_id] = Auditor(
+                    ProofStore(co.proof_dir(job_id)), self.replayer(spec),
+                    hyper_sha256=hyper_digest(spec.hyperparameters()),
+                    tolerance=spec.proof.tolerance, verifier="referee",
+                    records=lambda: co.work_records(job_id))
+        else:
+            auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
+                              hyper_sha256=hyper_digest(spec.hyperparameters()),
+                              tolerance=spec.proof.tolerance, verifier="referee")
+        found = auditor.audit_unrecorded(shares[0], epoch, step_records, members)
+        if found.kind is VerdictKind.withheld:
+            # A state its round needs is not here: withheld stands only if the worker's
+            # agent was alive while it did not answer (as for a recorded step).
+            ruling, why = self.withheld(job_id, verdict, offer.agent_id if offer else "",
+                                        self._round_steps(job_id, verdict))
+            return ruling, why, provider
         if found.kind is VerdictKind.unavailable:
             return UNDECIDED, f"the referee could not replay: {found.detail}", provider
         if found.guilty:
             return UPHELD, f"the referee's replay found {found.kind.value}: {found.detail}", \
                 provider
         return REJECTED, "the referee's replay matches what the worker declared", provider
+
+    def _round_steps(self, job_id: str, verdict: Verdict) -> range:
+        """The steps whose kept states judging a record-less DiLoCo round reads: its own,
+        and its worker's earlier record-less rounds'."""
+        lineage: dict[int, list[WorkRecord]] = defaultdict(list)
+        for record in final_lineage(self.coordinator.work_records(job_id)):
+            lineage[record.step].append(record)
+        spans = record_less_rounds(verdict.worker, verdict.step, lineage)
+        return range(spans[0].start if spans else verdict.step, verdict.step + 1)
 
     def _enforce(self, job_id: str, seq: int, verdict: Verdict, ruling: str, why: str,
                  provider: str | None) -> None:

@@ -12,13 +12,17 @@ reveal is a `withheld` verdict; unanswered parameters leave the record
 Under DiLoCo a record's audit also needs the state the worker's own step
 started from (and, to measure a last-bit difference, its next one), the
 parameters of its round's start rather than of its step, and the worker's
-records back to that start, which may lie in earlier epochs.
+records back to that start, which may lie in earlier epochs. A round whose
+end its worker filed no record of is replayed from the states the worker
+kept for each of its steps (and its earlier record-less rounds'), which are
+challenged from the agent of the worker's lease.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +40,8 @@ from shoal.spec.audit import (
 from shoal.spec.job import JobSpec
 from shoal.spec.proof import WorkRecord
 from shoal.train.audit import Auditor
+from shoal.train.audit_unrecorded import Unrecorded
+from shoal.train.audit_unrecorded_round import record_less_rounds
 from shoal.train.proof_store import ProofStore
 
 log = logging.getLogger(__name__)
@@ -57,10 +63,7 @@ class RemoteAudits:
         self.roots: dict[int, bytes] = {}
         self._members: dict[int, tuple[str, ...]] = {}  # the job's published membership
         self.verifier = Verifier(auditor, job.proof, salt=salt, roots=self.roots.get,
-                                 total_steps=job.steps, members=self._members.get,
-                                 # A record-less DiLoCo round needs the worker's kept
-                                 # states of the whole round, which this does not fetch.
-                                 rounds=False)
+                                 total_steps=job.steps, members=self._members.get)
         self.done: set[int] = set()
         self._records: dict[int, list[WorkRecord]] = {}  # served epochs' (they stay as served)
         self._around: list[WorkRecord] = []  # what the audits being replayed may look back on
@@ -110,9 +113,9 @@ class RemoteAudits:
         # Under DiLoCo the files an audit needs may be named by records of other epochs
         # (the round's start, the worker's next step), and the audit follows a worker's
         # chain of steps back to its round's start.
-        self._around = self._served_records(epoch + 1) \
-            if any(r.local is not None for r in chosen) else records
-        self._fetch(chosen, self._around, {u.step for u in shares})
+        diloco = any(r.local is not None for r in records)
+        self._around = self._served_records(epoch + 1) if diloco else records
+        self._fetch(chosen, self._around, shares)
         return self.verifier.audit_epoch(epoch, records, chosen=chosen, judged=judged)
 
     def _served_records(self, upto: int) -> list[WorkRecord]:
@@ -125,9 +128,10 @@ class RemoteAudits:
         return out
 
     def _fetch(self, chosen: list[WorkRecord], records: list[WorkRecord],
-               unrecorded: set[int] = frozenset()) -> None:
-        """Challenge what the chosen audits need (and, for the `unrecorded` steps, their
-        parameters) and bring the answers into the local store."""
+               unrecorded: list[Unrecorded] = ()) -> None:
+        """Challenge what the chosen audits need, and the `unrecorded` shares' (a step's
+        parameters; under DiLoCo, the worker's kept states of its record-less rounds and
+        the parameters each began from), and bring the answers into the local store."""
         wanted = [ChallengeRequest(worker=r.worker, step=r.step, kind=BlobKind.reveal)
                   for r in chosen]
         # Under DiLoCo: the worker's own start state, and its next one (a last-bit
@@ -152,9 +156,25 @@ class RemoteAudits:
         # parameters, or one that will not answer.
         keepers = {r.step: r for r in final_lineage(records)
                    if r.rank in params_keepers(r.step, len(r.shares))}
-        starts = {r.step if r.local is None else r.local.round_start for r in chosen} | unrecorded
-        wanted += [ChallengeRequest(worker=keepers[step].worker, step=step, kind=BlobKind.params)
-                   for step in sorted(starts) if step in keepers]
+        starts = {r.step if r.local is None else r.local.round_start for r in chosen}
+        lineage: dict[int, list[WorkRecord]] = defaultdict(list)
+        for r in final_lineage(records):
+            lineage[r.step].append(r)
+        for share in unrecorded:
+            if not any(r.local is not None for r in lineage.get(share.step, [])):
+                starts.add(share.step)  # every-step: replayed from the step's parameters
+                continue
+            for span in record_less_rounds(share.worker, share.step, lineage):
+                starts.add(span.start)
+                wanted += [ChallengeRequest(worker=share.worker, step=step, kind=BlobKind.local)
+                           for step in span
+                           if not self.store.local_path(share.worker, step).exists()]
+        # Where no keeper filed a record, the coordinator still asks the agent of a keeper's
+        # seat (it names the holder of parameters itself, whoever the request names).
+        anyone = {r.step: r.worker for r in final_lineage(records)}
+        wanted += [ChallengeRequest(worker=keepers[step].worker if step in keepers
+                                    else anyone[step], step=step, kind=BlobKind.params)
+                   for step in sorted(starts) if step in keepers or step in anyone]
         views: dict[int, ChallengeView] = {}
         for i in range(0, len(wanted), MAX_CHALLENGES_PER_REQUEST):
             batch = wanted[i : i + MAX_CHALLENGES_PER_REQUEST]

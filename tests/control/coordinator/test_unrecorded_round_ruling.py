@@ -1,0 +1,157 @@
+"""A DiLoCo worker that poisons its pseudo-gradients and files no record of any
+step, through the coordinator: a verifier's remote audit challenges the states
+the worker kept (from the agent of its lease), replays each record-less round
+and names it; the referee's replay of the same files upholds the verdict and
+slashes the provider on chain. A worker whose records were lost with its
+machine replays to what it declared, and a verifier that accuses it loses stake.
+
+The work is a real `shoal train` run of the job the coordinator hosts, its
+workers named as the agent of lease a would name them; the test stands in for
+that agent, uploading the honest worker's records and answering challenges
+from the run's proof directory."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import tomllib
+
+import pytest
+
+from shoal.control.agent import Agent, AgentConfig
+from shoal.control.coordinator import Coordinator
+from shoal.control.coordinator.settlement import Settlement
+from shoal.control.trust.remote import RemoteAudits
+from shoal.control.trust.verdicts import sign_verdict
+from shoal.jobs.gpt_replay import gpt_replayer
+from shoal.ledger import Chain, Ledger
+from shoal.spec import hyper_digest
+from shoal.spec.audit import BlobKind, RecordUpload, SignedVerdictBody, VerdictFiling
+from shoal.spec.coordinator import Grant, Heartbeat, Role
+from shoal.spec.jobfile import parse_job
+from shoal.spec.ledger import LedgerConfig
+from shoal.spec.proof import Verdict, VerdictKind
+from shoal.train.audit import Auditor
+from shoal.train.audit_unrecorded import UNRECORDED
+from shoal.train.proof_store import ProofStore
+from tests.conftest import free_port, shoal_command
+from tests.control.coordinator.conftest import Served, make_settings
+from tests.control.coordinator.test_settlement import BUDGET, PRICE, leased_and_hosted
+from tests.control.trust.conftest import write_proven_job
+
+STEPS, EPOCH_STEPS = 16, 4  # rounds of 4: ends at 3, 7, 11, 15; epochs 0 and 1 are rooted
+LOST = "tests.control.trust.cheats:LostRecords"
+
+
+@pytest.fixture
+def job(tmp_path):
+    chain = Chain.embedded()
+    owner, operator, referee, alice, _, p1, p2, vera = chain.dev_accounts()[:8]
+    ledger = Ledger.deploy(chain, owner, operator.address, referee.address,
+                           LedgerConfig(min_stake_wei=10**15))
+    for staker in (p1, p2):
+        ledger.stake(staker, 10**18)
+    ledger.stake(vera, 10**17)
+    co = Coordinator(make_settings(f"sqlite:///{tmp_path}/store.db", operator),
+                     settlement=Settlement(ledger, operator), referee_key=referee,
+                     replayer=gpt_replayer)
+    served = Served(co)
+    try:
+        path = write_proven_job(tmp_path / "work", steps=STEPS, epoch_steps=EPOCH_STEPS,
+                                sync='mode = "diloco"\ninner_steps = 4')
+        text = path.read_text()
+        submitter = served.client(alice)
+        chain_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
+        providers, hosted = leased_and_hosted(served, submitter, (p1, p2), chain_job, text)
+        for name, client in providers.items():  # their agents accept the leases on chain
+            reply = client.heartbeat(name, Heartbeat())
+            Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
+                reply.assignments)
+        lease = {held.offer_id: held.lease for held in submitter.job(hosted.job_id).leases}
+        node = f"a-l{lease['a-d0']}-a0"
+        # Worker ids NODE-w<i> need a rendezvous: this one host serves its own.
+        done = subprocess.run(shoal_command(
+            "train", str(path), "--workers", "3", "--node", node, "--serve",
+            "--rendezvous", f"127.0.0.1:{free_port()}", "--run-dir",
+            str(tmp_path / "work" / "run"), "--adversary=1=unrecorded", f"--adversary=2={LOST}"),
+            capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        work = ProofStore(tmp_path / "work" / "proof")
+        workers = [f"{node}-w{i}" for i in range(3)]
+        assert {r.worker for r in work.records()} == {workers[0]}
+        # The job's host publishes the membership the run formed.
+        published = co.hosts.run_dir(hosted.job_id) / "epochs.jsonl"
+        published.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp_path / "work" / "run" / "epochs.jsonl", published)
+        a = providers["a"]
+        a.upload_records(hosted.job_id, RecordUpload(lease=lease["a-d0"],
+                                                     records=tuple(work.records())))
+        served.app.state.rounds.once()
+        assert [e.epoch for e in a.proof_epochs(hosted.job_id)][:2] == [0, 1]
+        served.client(operator).request("POST", "/v1/grants", Grant(
+            address=vera.address, role=Role.verifier, name="vera"))
+        spec = parse_job(tomllib.loads(text), source="test")
+        yield dict(co=co, served=served, ledger=ledger, chain_job=chain_job, a=a, spec=spec,
+                   job_id=hosted.job_id, workers=workers, work=work, vera=vera, p1=p1,
+                   tmp=tmp_path)
+    finally:
+        served.stop()
+        co.hosts.stop_all()
+
+
+def _answering(s, running: threading.Thread) -> None:
+    """Agent a answers from the run's proof directory while `running`: the parameters
+    its workers kept, and each worker's own kept states and contributions."""
+    work: ProofStore = s["work"]
+    while running.is_alive():
+        for asked in s["a"].heartbeat("a", Heartbeat()).challenges:
+            path = {BlobKind.params: lambda: work.params_path(asked.step),
+                    BlobKind.local: lambda: work.local_path(asked.worker, asked.step),
+                    BlobKind.reveal: lambda: work.reveal_path(asked.worker, asked.step)}[
+                asked.kind]()
+            if path.exists():
+                s["a"].answer_challenge(asked.challenge, path.read_bytes())
+        running.join(0.2)
+
+
+def test_a_record_less_diloco_round_is_challenged_replayed_upheld_and_slashed(job):
+    s = job
+    honest, poisoner, lost = s["workers"]
+    client = s["served"].client(s["vera"])
+    auditor = Auditor(ProofStore(s["tmp"] / "vera"), gpt_replayer(s["spec"]),
+                      hyper_sha256=hyper_digest(s["spec"].hyperparameters()),
+                      tolerance=s["spec"].proof.tolerance, verifier=s["vera"].address)
+    audits = RemoteAudits(client, s["job_id"], s["spec"], auditor, s["vera"], salt=b"v",
+                          every=True, answer_wait_s=60.0, poll_s=0.1)
+    assert audits.pending_epochs()[:2] == [0, 1]
+    found = []
+    running = threading.Thread(target=lambda: found.extend(audits.audit(e) for e in (0, 1)))
+    running.start()
+    _answering(s, running)
+    assert len(found) == 2 and not any(audit.unnamed for audit in found)
+    verdicts = [v for audit in found for v in audit.verdicts]
+    assert sorted((v.step, v.kind) for v in verdicts if v.worker == poisoner) == \
+        [(3, VerdictKind.wrong_contribution), (7, VerdictKind.wrong_contribution)], \
+        [(v.worker, v.step, v.kind.value, v.detail) for v in verdicts if v.worker != honest]
+    assert sorted((v.step, v.kind) for v in verdicts if v.worker == lost) == \
+        [(3, VerdictKind.valid), (7, VerdictKind.valid)]
+    assert all(v.detail.startswith(UNRECORDED) for v in verdicts if v.worker != honest)
+    assert all(v.kind is VerdictKind.valid for v in verdicts if v.worker == honest)
+
+    s["co"].referee.wait()
+    ruled = sorted((v.verdict.worker, v.verdict.step, v.ruling)
+                   for v in client.verdicts(s["job_id"]) if v.verdict.guilty)
+    assert ruled == [(poisoner, 3, "upheld"), (poisoner, 7, "upheld")]
+    assert s["ledger"].lease(s["chain_job"], s["p1"].address).slashed
+
+    # The lost worker's round replays as it declared: accusing it costs the accuser.
+    stake = s["ledger"].stake_of(s["vera"].address).active_wei
+    signed = sign_verdict(Verdict(job="tiny", epoch=1, step=7, worker=lost,
+                                  kind=VerdictKind.wrong_contribution), s["vera"])
+    (filed,) = client.file_verdicts(s["job_id"], VerdictFiling(verdicts=(SignedVerdictBody(
+        verdict=signed.verdict, signature=signed.signature),)))
+    s["co"].referee.wait()
+    (ruling,) = [v.ruling for v in client.verdicts(s["job_id"]) if v.seq == filed.seq]
+    assert ruling == "rejected"
+    assert s["ledger"].stake_of(s["vera"].address).active_wei < stake
