@@ -133,8 +133,8 @@ def test_a_record_less_round_passes_through_a_skipped_round_end(tmp_path):
 def test_a_record_less_round_must_start_from_theta_outer_with_a_state_of_the_model(tmp_path):
     """The kept states are the worker's own word: a round whose first state is not the
     round's agreed parameters is `wrong_params` (else a worker could start its round
-    where it liked and replay to any pseudo-gradient), and a kept state shaped for
-    another model is no state at all (`withheld`), not a crash of the verifier."""
+    where it liked and replay to any pseudo-gradient), and so is a kept state shaped for
+    another model (no honest worker writes one), not a crash of the verifier."""
     proven = run_proven_job(tmp_path, workers=3, steps=8, epoch_steps=4, sync=DILOCO,
                             adversaries={2: LOST})
     store = proven.store
@@ -151,7 +151,8 @@ def test_a_record_less_round_must_start_from_theta_outer_with_a_state_of_the_mod
     params, state = store.load_local("w2", 5)
     store.save_local("w2", 5, {k: v[:1] for k, v in params.items()}, state)
     verdicts = {(v.worker, v.step): v for v in judge_rounds(proven, tmp_path, 4)}
-    assert verdicts[("w2", 7)].kind is VerdictKind.withheld
+    assert verdicts[("w2", 7)].kind is VerdictKind.wrong_params
+    assert "not one of the job's model" in verdicts[("w2", 7)].detail
 
     store.local_path("w2", 5).write_bytes(honest[5])
     assert all(v.kind is VerdictKind.valid for v in judge_rounds(proven, tmp_path, 4))
