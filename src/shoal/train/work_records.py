@@ -108,9 +108,11 @@ class WorkRecorder:
         return self._pending
 
     def publish(self, record: WorkRecord, reveal: list[torch.Tensor]) -> None:
-        """The step committed: publish its record, keep the contribution for audits."""
-        self.store.append_record(record)
+        """The step committed: keep the contribution for audits, then publish its record
+        (in that order: a worker killed between the two leaves a contribution nobody asks
+        for, never a record whose contribution is missing, which audits as withheld)."""
         self.store.save_reveal(self.worker, record.step, reveal)
+        self.store.append_record(record)
         spec = self.settings.spec
         epoch = record.step // spec.epoch_steps
         self.store.prune(self.worker, (epoch - spec.keep_epochs + 1) * spec.epoch_steps,

@@ -19,25 +19,19 @@ import tomllib
 
 import pytest
 
-from shoal.control.agent import Agent, AgentConfig
-from shoal.control.coordinator import Coordinator
-from shoal.control.coordinator.settlement import Settlement
 from shoal.control.trust.remote import RemoteAudits
 from shoal.control.trust.verdicts import sign_verdict
 from shoal.jobs.gpt_replay import gpt_replayer
-from shoal.ledger import Chain, Ledger
 from shoal.spec import hyper_digest
 from shoal.spec.audit import BlobKind, RecordUpload, SignedVerdictBody, VerdictFiling
-from shoal.spec.coordinator import Grant, Heartbeat, Role
+from shoal.spec.coordinator import Heartbeat
 from shoal.spec.jobfile import parse_job
-from shoal.spec.ledger import LedgerConfig
 from shoal.spec.proof import Verdict, VerdictKind
 from shoal.train.audit import Auditor
 from shoal.train.audit_unrecorded import UNRECORDED
 from shoal.train.proof_store import ProofStore
 from tests.conftest import free_port, shoal_command
-from tests.control.coordinator.conftest import Served, make_settings
-from tests.control.coordinator.test_settlement import BUDGET, PRICE, leased_and_hosted
+from tests.control.coordinator.refereed import refereed_job
 from tests.control.trust.conftest import write_proven_job
 
 STEPS, EPOCH_STEPS = 16, 4  # rounds of 4: ends at 3, 7, 11, 15; epochs 0 and 1 are rooted
@@ -46,30 +40,11 @@ LOST = "tests.control.trust.cheats:LostRecords"
 
 @pytest.fixture
 def job(tmp_path):
-    chain = Chain.embedded()
-    owner, operator, referee, alice, _, p1, p2, vera = chain.dev_accounts()[:8]
-    ledger = Ledger.deploy(chain, owner, operator.address, referee.address,
-                           LedgerConfig(min_stake_wei=10**15))
-    for staker in (p1, p2):
-        ledger.stake(staker, 10**18)
-    ledger.stake(vera, 10**17)
-    co = Coordinator(make_settings(f"sqlite:///{tmp_path}/store.db", operator),
-                     settlement=Settlement(ledger, operator), referee_key=referee,
-                     replayer=gpt_replayer)
-    served = Served(co)
-    try:
-        path = write_proven_job(tmp_path / "work", steps=STEPS, epoch_steps=EPOCH_STEPS,
-                                sync='mode = "diloco"\ninner_steps = 4')
-        text = path.read_text()
-        submitter = served.client(alice)
-        chain_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
-        providers, hosted = leased_and_hosted(served, submitter, (p1, p2), chain_job, text)
-        for name, client in providers.items():  # their agents accept the leases on chain
-            reply = client.heartbeat(name, Heartbeat())
-            Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
-                reply.assignments)
-        lease = {held.offer_id: held.lease for held in submitter.job(hosted.job_id).leases}
-        node = f"a-l{lease['a-d0']}-a0"
+    path = write_proven_job(tmp_path / "work", steps=STEPS, epoch_steps=EPOCH_STEPS,
+                            sync='mode = "diloco"\ninner_steps = 4')
+    text = path.read_text()
+    with refereed_job(tmp_path, text) as r:
+        node = f"a-l{r.lease['a-d0']}-a0"
         # Worker ids NODE-w<i> need a rendezvous: this one host serves its own.
         done = subprocess.run(shoal_command(
             "train", str(path), "--workers", "3", "--node", node, "--serve",
@@ -81,23 +56,17 @@ def job(tmp_path):
         workers = [f"{node}-w{i}" for i in range(3)]
         assert {r.worker for r in work.records()} == {workers[0]}
         # The job's host publishes the membership the run formed.
-        published = co.hosts.run_dir(hosted.job_id) / "epochs.jsonl"
+        published = r.co.hosts.run_dir(r.job_id) / "epochs.jsonl"
         published.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(tmp_path / "work" / "run" / "epochs.jsonl", published)
-        a = providers["a"]
-        a.upload_records(hosted.job_id, RecordUpload(lease=lease["a-d0"],
-                                                     records=tuple(work.records())))
-        served.app.state.rounds.once()
-        assert [e.epoch for e in a.proof_epochs(hosted.job_id)][:2] == [0, 1]
-        served.client(operator).request("POST", "/v1/grants", Grant(
-            address=vera.address, role=Role.verifier, name="vera"))
-        spec = parse_job(tomllib.loads(text), source="test")
-        yield dict(co=co, served=served, ledger=ledger, chain_job=chain_job, a=a, spec=spec,
-                   job_id=hosted.job_id, workers=workers, work=work, vera=vera, p1=p1,
-                   tmp=tmp_path)
-    finally:
-        served.stop()
-        co.hosts.stop_all()
+        a = r.providers["a"]
+        a.upload_records(r.job_id, RecordUpload(lease=r.lease["a-d0"],
+                                                records=tuple(work.records())))
+        r.served.app.state.rounds.once()
+        assert [e.epoch for e in a.proof_epochs(r.job_id)][:2] == [0, 1]
+        yield dict(co=r.co, served=r.served, ledger=r.ledger, chain_job=r.chain_job, a=a,
+                   spec=parse_job(tomllib.loads(text), source="test"), job_id=r.job_id,
+                   workers=workers, work=work, vera=r.vera, p1=r.p1, tmp=tmp_path)
 
 
 def _answering(s, running: threading.Thread) -> None:

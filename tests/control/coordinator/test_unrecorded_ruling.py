@@ -12,27 +12,21 @@ import tomllib
 
 import pytest
 
-from shoal.control.agent import Agent, AgentConfig
-from shoal.control.coordinator import Coordinator
-from shoal.control.coordinator.settlement import Settlement
 from shoal.control.trust.remote import RemoteAudits
 from shoal.control.trust.verdicts import sign_verdict
 from shoal.jobs.gpt_replay import gpt_replayer
-from shoal.ledger import Chain, Ledger
 from shoal.spec import hyper_digest
 from shoal.spec.audit import BlobKind, RecordUpload, SignedVerdictBody, VerdictFiling
-from shoal.spec.coordinator import Grant, Heartbeat, Role
+from shoal.spec.coordinator import Heartbeat
 from shoal.spec.jobfile import parse_job
-from shoal.spec.ledger import LedgerConfig
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
 from shoal.train.audit import Auditor
 from shoal.train.audit_unrecorded import UNRECORDED
 from shoal.train.proof_store import ProofStore
 from shoal.train.work_records import step_rng_seed
-from tests.control.coordinator.conftest import Served, make_settings
+from tests.control.coordinator.refereed import refereed_job
 from tests.control.coordinator.replayable import replayable_pair
 from tests.control.coordinator.test_proofs import PROOF_JOB, publish
-from tests.control.coordinator.test_settlement import BUDGET, PRICE, leased_and_hosted
 
 POISONED = 3
 
@@ -40,49 +34,25 @@ POISONED = 3
 @pytest.fixture
 def job(tmp_path, request):
     decoy = getattr(request, "param", False)  # the poisoner files a decoy record of the step
-    chain = Chain.embedded()
-    owner, operator, referee, alice, _, p1, p2, vera = chain.dev_accounts()[:8]
-    ledger = Ledger.deploy(chain, owner, operator.address, referee.address,
-                           LedgerConfig(min_stake_wei=10**15))
-    for staker in (p1, p2):
-        ledger.stake(staker, 10**18)
-    ledger.stake(vera, 10**17)
-    co = Coordinator(make_settings(f"sqlite:///{tmp_path}/store.db", operator),
-                     settlement=Settlement(ledger, operator), referee_key=referee,
-                     replayer=gpt_replayer)
-    served = Served(co)
-    try:
-        submitter = served.client(alice)
-        chain_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
-        providers, hosted = leased_and_hosted(served, submitter, (p1, p2), chain_job, PROOF_JOB)
-        for name, client in providers.items():
-            reply = client.heartbeat(name, Heartbeat())
-            Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
-                reply.assignments)
-        lease = {held.offer_id: held.lease for held in submitter.job(hosted.job_id).leases}
+    with refereed_job(tmp_path, PROOF_JOB) as r:
+        co, lease = r.co, r.lease
         workers = (f"a-l{lease['a-d0']}-a0-w0", f"b-l{lease['b-d0']}-a0-w0")
-        publish(co, hosted.job_id, list(workers), "start")
+        publish(co, r.job_id, list(workers), "start")
         if decoy:
-            publish(co, hosted.job_id, list(workers), "decoy")  # epoch 1, the same members
+            publish(co, r.job_id, list(workers), "decoy")  # epoch 1, the same members
         spec = parse_job(tomllib.loads(PROOF_JOB), source="test")
         # Epoch 0 lacks b's records; it is rooted once the job's records are two epochs on.
         work = replayable_pair(spec, workers, range(11), poisoned={POISONED})
-        a = providers["a"]
-        a.upload_records(hosted.job_id, RecordUpload(lease=lease["a-d0"],
-                                                     records=tuple(work.records)))
+        a = r.providers["a"]
+        a.upload_records(r.job_id, RecordUpload(lease=lease["a-d0"], records=tuple(work.records)))
         if decoy:
-            providers["b"].upload_records(hosted.job_id, RecordUpload(
+            r.providers["b"].upload_records(r.job_id, RecordUpload(
                 lease=lease["b-d0"], records=(_decoy(spec, work, workers[1]),)))
-        served.app.state.rounds.once()
-        assert [e.epoch for e in a.proof_epochs(hosted.job_id)] == [0]
-        served.client(operator).request("POST", "/v1/grants", Grant(
-            address=vera.address, role=Role.verifier, name="vera"))
-        yield dict(co=co, served=served, ledger=ledger, chain_job=chain_job, a=a, spec=spec,
-                   job_id=hosted.job_id, workers=workers, work=work, vera=vera, p2=p2,
-                   tmp=tmp_path)
-    finally:
-        served.stop()
-        co.hosts.stop_all()
+        r.served.app.state.rounds.once()
+        assert [e.epoch for e in a.proof_epochs(r.job_id)] == [0]
+        yield dict(co=co, served=r.served, ledger=r.ledger, chain_job=r.chain_job, a=a,
+                   spec=spec, job_id=r.job_id, workers=workers, work=work, vera=r.vera,
+                   p2=r.p2, tmp=tmp_path)
 
 
 def _decoy(spec, work, poisoner: str) -> WorkRecord:
