@@ -13,10 +13,14 @@ from shoal.control.agent import Agent, AgentConfig
 from shoal.control.client import CoordinatorClient
 from shoal.control.coordinator import Coordinator
 from shoal.control.coordinator.settlement import Settlement
+from shoal.control.trust.remote import RemoteAudits
 from shoal.jobs.gpt_replay import gpt_replayer
 from shoal.ledger import Chain, Ledger
+from shoal.spec import hyper_digest
 from shoal.spec.coordinator import Grant, Heartbeat, Role
 from shoal.spec.ledger import LedgerConfig
+from shoal.train.audit import Auditor
+from shoal.train.proof_store import ProofStore
 from tests.control.coordinator.conftest import Served, make_settings
 from tests.control.coordinator.test_settlement import BUDGET, PRICE, leased_and_hosted
 
@@ -64,3 +68,13 @@ def refereed_job(tmp_path: Path, job_file: str) -> Iterator[Refereed]:
     finally:
         served.stop()
         co.hosts.stop_all()
+
+
+def remote_verifier(served: Served, job_id: str, spec, vera, folder: Path,
+                    answer_wait_s: float = 30.0) -> RemoteAudits:
+    """Vera, auditing every record of the job through the coordinator into `folder`."""
+    auditor = Auditor(ProofStore(folder), gpt_replayer(spec),
+                      hyper_sha256=hyper_digest(spec.hyperparameters()),
+                      tolerance=spec.proof.tolerance, verifier=vera.address)
+    return RemoteAudits(served.client(vera), job_id, spec, auditor, vera, salt=b"v",
+                        every=True, answer_wait_s=answer_wait_s, poll_s=0.1)

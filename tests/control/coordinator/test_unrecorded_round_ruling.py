@@ -19,19 +19,15 @@ import tomllib
 
 import pytest
 
-from shoal.control.trust.remote import RemoteAudits
 from shoal.control.trust.verdicts import sign_verdict
-from shoal.jobs.gpt_replay import gpt_replayer
-from shoal.spec import hyper_digest
 from shoal.spec.audit import BlobKind, RecordUpload, SignedVerdictBody, VerdictFiling
 from shoal.spec.coordinator import Heartbeat
 from shoal.spec.jobfile import parse_job
 from shoal.spec.proof import Verdict, VerdictKind
-from shoal.train.audit import Auditor
 from shoal.train.audit_unrecorded import UNRECORDED
 from shoal.train.proof_store import ProofStore
 from tests.conftest import free_port, shoal_command
-from tests.control.coordinator.refereed import refereed_job
+from tests.control.coordinator.refereed import refereed_job, remote_verifier
 from tests.control.trust.conftest import write_proven_job
 
 STEPS, EPOCH_STEPS = 16, 4  # rounds of 4: ends at 3, 7, 11, 15; epochs 0 and 1 are rooted
@@ -88,11 +84,8 @@ def test_a_record_less_diloco_round_is_challenged_replayed_upheld_and_slashed(jo
     s = job
     honest, poisoner, lost = s["workers"]
     client = s["served"].client(s["vera"])
-    auditor = Auditor(ProofStore(s["tmp"] / "vera"), gpt_replayer(s["spec"]),
-                      hyper_sha256=hyper_digest(s["spec"].hyperparameters()),
-                      tolerance=s["spec"].proof.tolerance, verifier=s["vera"].address)
-    audits = RemoteAudits(client, s["job_id"], s["spec"], auditor, s["vera"], salt=b"v",
-                          every=True, answer_wait_s=60.0, poll_s=0.1)
+    audits = remote_verifier(s["served"], s["job_id"], s["spec"], s["vera"], s["tmp"] / "vera",
+                             answer_wait_s=60.0)
     assert audits.pending_epochs()[:2] == [0, 1]
     found = []
     running = threading.Thread(target=lambda: found.extend(audits.audit(e) for e in (0, 1)))

@@ -12,19 +12,14 @@ import tomllib
 
 import pytest
 
-from shoal.control.trust.remote import RemoteAudits
 from shoal.control.trust.verdicts import sign_verdict
-from shoal.jobs.gpt_replay import gpt_replayer
-from shoal.spec import hyper_digest
 from shoal.spec.audit import BlobKind, RecordUpload, SignedVerdictBody, VerdictFiling
 from shoal.spec.coordinator import Heartbeat
 from shoal.spec.jobfile import parse_job
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
-from shoal.train.audit import Auditor
 from shoal.train.audit_unrecorded import UNRECORDED
-from shoal.train.proof_store import ProofStore
 from shoal.train.work_records import step_rng_seed
-from tests.control.coordinator.refereed import refereed_job
+from tests.control.coordinator.refereed import refereed_job, remote_verifier
 from tests.control.coordinator.replayable import replayable_pair
 from tests.control.coordinator.test_proofs import PROOF_JOB, publish
 
@@ -105,11 +100,8 @@ def test_a_decoy_record_under_another_epoch_does_not_shield_the_share(job):
 
 def _found_upheld_and_slashed(s, poisoner: str) -> None:
     client = s["served"].client(s["vera"])
-    auditor = Auditor(ProofStore(s["tmp"] / "vera"), gpt_replayer(s["spec"]),
-                      hyper_sha256=hyper_digest(s["spec"].hyperparameters()),
-                      tolerance=s["spec"].proof.tolerance, verifier=s["vera"].address)
-    audits = RemoteAudits(client, s["job_id"], s["spec"], auditor, s["vera"], salt=b"v",
-                          every=True, answer_wait_s=30.0, poll_s=0.1)
+    audits = remote_verifier(s["served"], s["job_id"], s["spec"], s["vera"], s["tmp"] / "vera",
+                             answer_wait_s=30.0)
     assert audits.pending_epochs() == [0]
     found = []
     running = threading.Thread(target=lambda: found.append(audits.audit(0)))
