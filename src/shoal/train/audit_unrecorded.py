@@ -44,14 +44,12 @@ class Unrecorded:
     worker: str | None  # from the published membership; None where it is not known
 
 
-def unrecorded_shares(step_records: Sequence[WorkRecord], members: Members, *,
-                      rounds: bool = False) -> list[Unrecorded]:
+def unrecorded_shares(step_records: Sequence[WorkRecord], members: Members) -> list[Unrecorded]:
     """The ranks of one step's final lineage (`step_records`) that had a share, declared
-    a part in the step's exchange, and filed no record. Under DiLoCo (the step is a
-    round's end) only with `rounds`: judging one needs the worker's kept states of the
-    whole round (`shoal.train.audit_unrecorded_round`), which a verifier that reads the
-    job's proof directory has and one that challenges through a coordinator does not."""
-    if not step_records or (not rounds and any(r.local is not None for r in step_records)):
+    a part in the step's exchange, and filed no record. Under DiLoCo the step is a
+    round's end, and every member sent its round's work (judged by
+    `shoal.train.audit_unrecorded_round`)."""
+    if not step_records:
         return []
     first = step_records[0]
     voted = [r for r in step_records if r.exchanged is not None]

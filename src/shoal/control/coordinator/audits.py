@@ -20,8 +20,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
-from shoal.control.coordinator.plants import FETCH_BASE, LATE, ForcedErrorService
 from shoal.control.coordinator.markdown import lease_of
+from shoal.control.coordinator.plants import FETCH_BASE, LATE, ForcedErrorService
 from shoal.control.store.schema import (
     AgentRow, ChallengeRow, ForcedPlanRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
@@ -120,9 +120,10 @@ class AuditService(ForcedErrorService):
 
     def _seated_agent(self, session: Session, job_id: str, item: ChallengeRequest,
                       rows: list[WorkRecordRow]) -> str | None:
-        """Under DiLoCo a worker that filed no record of a step still kept the state its
-        step started from, and an audit of its record-less round needs it: the agent of
-        the worker's lease, if the worker held a seat in the step's final lineage."""
+        """The agent that holds a file of a worker that filed no record of the step, if
+        the worker held a seat in the step's final lineage: its lease's. It still kept
+        what its seat keeps (under DiLoCo the state its step started from, which an
+        audit of its record-less round needs; a keeper, the step's parameters)."""
         lineage = final_lineage(WorkRecord.model_validate(row.body) for row in rows)
         if seat(item.worker, lineage, lambda e: self._published.members(job_id, e)) is None:
             return None
@@ -140,8 +141,8 @@ class AuditService(ForcedErrorService):
         if not lineage:
             return []
         epoch = Counter(r.membership_epoch for r in lineage).most_common(1)[0][0]
-        seats = self._published.members(job_id, epoch) or ()
-        return [seats[rank] for rank in sorted(params_keepers(step, len(seats)))]
+        seats = self._published.members(job_id, epoch)
+        return [seats[rank] for rank in sorted(params_keepers(step, len(seats)))] if seats else []
 
     def pending_challenges(self, agent_id: str) -> tuple[ChallengeView, ...]:
         """What the agent must answer (the heartbeat's reply: memory only, no store read)."""

@@ -216,7 +216,8 @@ class ProofService:
             if not complete:
                 log.warning("job %s: proof epoch %d rooted with steps missing records (a lost "
                             "worker's unsent records): verifiers judge those shares from what "
-                            "their workers declared (every-step jobs)", job.job_id, epoch)
+                            "their workers declared (under DiLoCo, replaying the states they "
+                            "kept)", job.job_id, epoch)
             out.append(_epoch_view(row))
             epoch += 1
         return out

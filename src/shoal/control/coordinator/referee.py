@@ -47,6 +47,9 @@ UPHELD, REJECTED, UNDECIDED, PLANT = "upheld", "rejected", "undecided", "plant"
 # verifier (or whistleblower) whose verdict was upheld.
 FALSE_ACCUSATION_PENALTY_WEI = 10**15
 LAZY_VERDICT_PENALTY_WEI = 10**15
+# Jobs whose record-less DiLoCo rounds the referee keeps an auditor for (each holds a
+# replica of the job's model and the round starts it loaded).
+ROUND_AUDITORS_KEPT = 4
 
 
 class Referee:
@@ -213,7 +216,7 @@ class Referee:
         epoch = verdict.step // spec.proof.epoch_steps
         step_records = [r for r in final_lineage(records) if r.step == verdict.step]
         members = lambda e: co._published.members(job_id, e)  # noqa: E731
-        shares = [share for share in unrecorded_shares(step_records, members, rounds=diloco)
+        shares = [share for share in unrecorded_shares(step_records, members)
                   if share.worker == verdict.worker]
         if not shares:
             return REJECTED, ("the accused record does not exist, and the worker held no seat "
@@ -225,13 +228,16 @@ class Referee:
         if diloco:
             # One auditor per job: it remembers the round ends it replayed, so a worker
             # with many record-less rounds costs each ruling one round, not all of them.
-            auditor = self._round_auditors.get(job_id)
+            auditor = self._round_auditors.pop(job_id, None)
             if auditor is None:
-                auditor = self._round_auditors[job_id] = Auditor(
+                auditor = Auditor(
                     ProofStore(co.proof_dir(job_id)), self.replayer(spec),
                     hyper_sha256=hyper_digest(spec.hyperparameters()),
                     tolerance=spec.proof.tolerance, verifier="referee",
                     records=lambda: co.work_records(job_id))
+            self._round_auditors[job_id] = auditor  # the newest last: the oldest goes first
+            while len(self._round_auditors) > ROUND_AUDITORS_KEPT:
+                self._round_auditors.pop(next(iter(self._round_auditors)))
         else:
             auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
                               hyper_sha256=hyper_digest(spec.hyperparameters()),

@@ -54,15 +54,12 @@ class Verifier:
     def __init__(self, auditor: Auditor, spec: ProofSpec, *, salt: bytes,
                  roots: RootSource = lambda epoch: None, total_steps: int | None = None,
                  leaves: Callable[[int], list[bytes] | None] = lambda epoch: None,
-                 members: Members = lambda epoch: None, rounds: bool = True) -> None:
+                 members: Members = lambda epoch: None) -> None:
         """`roots`: each epoch's anchored root; `leaves`: the leaves the operator
         published with it (both None when not anchored); `members`: the job's published
         membership epochs, each its members in rank order (names the workers of shares
-        filed without a record); `rounds`: also judge DiLoCo rounds whose end has no
-        record, from the worker's kept states in the auditor's store (a verifier that
-        challenges through a coordinator does not fetch those)."""
+        filed without a record)."""
         self.auditor, self.spec, self.salt = auditor, spec, salt
-        self.rounds = rounds
         self.roots, self.total_steps, self.leaves = roots, total_steps, leaves
         self.members = members
 
@@ -92,7 +89,7 @@ class Verifier:
     def _unrecorded(self, by_step: dict[int, list[WorkRecord]]) -> list[Unrecorded]:
         """`unrecorded`, from the final lineage's records grouped by step."""
         return [share for step in sorted(by_step)
-                for share in unrecorded_shares(by_step[step], self.members, rounds=self.rounds)]
+                for share in unrecorded_shares(by_step[step], self.members)]
 
     def audit_one(self, record: WorkRecord, epoch_records: list[WorkRecord]) -> Verdict:
         """Audit one record against its epoch's tree (the referee's single re-execution)."""
