@@ -103,6 +103,35 @@ def pair(served: Served):
     return served, a, b, job.job_id, leases
 
 
+def test_one_lease_uploading_a_step_far_ahead_does_not_root_its_peers_epochs(pair):
+    """A record may name any step of the job. Before, one lease's record of step 14
+    made epoch 0 (steps 0-4) "left behind": rooted incomplete at once, and its peer's
+    records of steps 3 and 4, arriving a beat later, refused (their pay docked)."""
+    served, a, b, job_id, leases = pair
+    coordinator = served.app.state.coordinator
+    wa, wb = (f"agent-{n}-l{leases[n]}-a0-w0" for n in "ab")
+    a.upload_records(job_id, RecordUpload(lease=leases["a"], records=tuple(
+        record(wa, s, rank=0, shares=(4, 4)) for s in range(3))))
+    b.upload_records(job_id, RecordUpload(lease=leases["b"], records=(
+        record(wb, 14, rank=1, shares=(4, 4)),)))
+    served.app.state.rounds.once()
+    assert a.proof_epochs(job_id) == []
+    assert a.upload_records(job_id, RecordUpload(lease=leases["a"], records=tuple(
+        record(wa, s, rank=0, shares=(4, 4)) for s in (3, 4)))).stored == 2
+    # Once its peer too is two epochs on, epoch 0 is left behind and rooted as it is.
+    a.upload_records(job_id, RecordUpload(lease=leases["a"], records=tuple(
+        record(wa, s, rank=0, shares=(4, 4)) for s in range(5, 11))))
+    served.app.state.rounds.once()
+    assert [(e.epoch, e.records, e.complete) for e in a.proof_epochs(job_id)] == [(0, 5, False)]
+    # A lease that stopped storing records does not hold the job back either: once b has
+    # been quiet for the window, a's newest step alone counts.
+    time.sleep(2 * coordinator.settings.agent_timeout_s + 0.1)
+    a.upload_records(job_id, RecordUpload(lease=leases["a"], records=(
+        record(wa, 15, rank=0, shares=(4, 4)),)))
+    served.app.state.rounds.once()
+    assert [e.epoch for e in a.proof_epochs(job_id)] == [0, 1]
+
+
 def test_records_are_commitments_that_only_the_lease_holder_can_make(market):
     served, a, b, _, job_id, lease = market
     worker = f"agent-a-l{lease}-a0-w0"

@@ -8,6 +8,7 @@ take, shields nothing."""
 from __future__ import annotations
 
 import threading
+import time
 import tomllib
 
 import pytest
@@ -38,11 +39,12 @@ def job(tmp_path, request):
         spec = parse_job(tomllib.loads(PROOF_JOB), source="test")
         # Epoch 0 lacks b's records; it is rooted once the job's records are two epochs on.
         work = replayable_pair(spec, workers, range(11), poisoned={POISONED})
-        a = r.providers["a"]
-        a.upload_records(r.job_id, RecordUpload(lease=lease["a-d0"], records=tuple(work.records)))
-        if decoy:
+        if decoy:  # filed, and then b stores nothing more: it does not hold the job back
             r.providers["b"].upload_records(r.job_id, RecordUpload(
                 lease=lease["b-d0"], records=(_decoy(spec, work, workers[1]),)))
+            time.sleep(2 * co.settings.agent_timeout_s + 0.1)
+        a = r.providers["a"]
+        a.upload_records(r.job_id, RecordUpload(lease=lease["a-d0"], records=tuple(work.records)))
         r.served.app.state.rounds.once()
         assert [e.epoch for e in a.proof_epochs(r.job_id)] == [0]
         yield dict(co=co, served=r.served, ledger=r.ledger, chain_job=r.chain_job, a=a,

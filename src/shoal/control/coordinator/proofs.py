@@ -28,7 +28,7 @@ from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.markdown import lease_of
 from shoal.control.coordinator.published_epochs import PublishedEpochs
 from shoal.control.store.schema import (
-    JobRow, LeaseRow, OfferRow, ProofEpochRow, StepProgressRow, WorkRecordRow,
+    EventRow, JobRow, LeaseRow, OfferRow, ProofEpochRow, StepProgressRow, WorkRecordRow,
 )
 from shoal.ledger import LedgerError
 from shoal.proof.dues import Dues, record_dues
@@ -153,8 +153,8 @@ class ProofService:
         if not spec.proof.enabled:
             return {}
         with Session(self.engine) as session:
-            newest = max(session.scalar(select(func.max(WorkRecordRow.step))
-                                        .where(WorkRecordRow.job_id == job_id)) or -1,
+            reached = self.reached_step(session, job_id)
+            newest = max(-1 if reached is None else reached,
                          session.scalar(select(func.max(StepProgressRow.step))
                                         .where(StepProgressRow.job_id == job_id)) or -1)
         steps = range(spec.steps if finished else min(spec.steps, newest + 1))
@@ -164,6 +164,27 @@ class ProofService:
             if (lease := lease_of(worker)) is not None:
                 per_lease[lease] = per_lease.get(lease, Dues()) + dues
         return per_lease
+
+    def reached_step(self, session: Session, job_id: str) -> int | None:
+        """The newest step the job's records show it reached (None: no records), which
+        decides when an epoch missing records is left behind and rooted: the second
+        newest of the newest steps of the leases that stored a record within two agent
+        timeouts (of every lease's, when none did), or the one such lease's. A record
+        may name any step: one lease's record of a step far ahead would otherwise have
+        every epoch before it rooted, and its peers' records of them, coming a beat
+        later, refused (their pay docked for work they did); and one lease that stopped
+        storing records does not hold the job back past the window."""
+        newest = dict(session.execute(
+            select(WorkRecordRow.lease, func.max(WorkRecordRow.step))
+            .where(WorkRecordRow.job_id == job_id).group_by(WorkRecordRow.lease)).all())
+        if not newest:
+            return None
+        stored = session.scalars(select(EventRow.detail).where(
+            EventRow.job_id == job_id, EventRow.kind == "work_records_stored",
+            EventRow.at_s >= self.now_s() - 2 * self.settings.agent_timeout_s)).all()
+        recent = {detail.get("lease") for detail in stored} & newest.keys()
+        steps = sorted((newest[lease] for lease in recent or newest), reverse=True)
+        return steps[1] if len(steps) > 1 else steps[0]
 
     # ------------------------------------------------------------ epochs (the round loop)
     def root_epochs(self, job_id: str | None = None) -> list[ProofEpochView]:
@@ -188,8 +209,7 @@ class ProofService:
         per_epoch = spec.proof.epoch_steps
         last = session.scalar(select(func.max(ProofEpochRow.epoch))
                               .where(ProofEpochRow.job_id == job.job_id))
-        newest = session.scalar(select(func.max(WorkRecordRow.step))
-                                .where(WorkRecordRow.job_id == job.job_id))
+        newest = self.reached_step(session, job.job_id)
         if newest is None:
             return []
         out = []
