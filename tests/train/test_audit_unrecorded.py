@@ -58,13 +58,18 @@ def test_a_record_filed_under_a_lineage_that_did_not_go_on_does_not_shield_the_s
     assert unrecorded_shares(final, MEMBERS.get) == [Unrecorded(3, 2, 0, "c")]
 
 
-def test_diloco_steps_and_unvoted_steps_are_not_judged_here():
+def test_a_diloco_round_end_is_judged_and_unvoted_steps_are_not():
+    """A DiLoCo round's end (a voted step) is judged from the worker's kept states
+    (`audit_unrecorded_round`), even for a rank with no sample at that step: every
+    member sends its round's work. An inner step, or any step nobody voted on, is not."""
     h = "0" * 64
     local = LocalStep(round_start=0, state_sha256=h, applied=True, end_params_sha256=h,
                       end_state_sha256=h)
     told = Exchanged(seed=SEED, sketches=((1.0,),) * 4)
     diloco = [_record(r, told).model_copy(update={"local": local}) for r in (0, 1, 3)]
-    assert unrecorded_shares(diloco, MEMBERS.get) == []
+    assert unrecorded_shares(diloco, MEMBERS.get) == [Unrecorded(3, 2, 0, "c")]
+    inner = [r.model_copy(update={"exchanged": None}) for r in diloco]
+    assert unrecorded_shares(inner, MEMBERS.get) == []
     assert unrecorded_shares([_record(r, None) for r in (0, 1, 3)], MEMBERS.get) == []
 
 
