@@ -197,16 +197,23 @@ class LocalAudit:
         # any earlier round's end left: a rollback goes back to a snapshot, which may be
         # rounds old. Not at a round's start: an old Adam state would push a round along
         # old gradients.
-        if claim.state_sha256 == self.fresh_state_sha256():
-            return ""
         restart = record.step > claim.round_start
-        if any(r.local is not None and r.local.end_state_sha256 == claim.state_sha256
-               and (r.step == record.step - 1 or (restart and r.local.outer and r.step < record.step))
-               for r in everyone):
+        if self.may_start_from(claim.state_sha256, record.step, everyone, restart=restart):
             return ""
         return ("the optimizer state it started from is not one the previous round's end left"
                 if not restart else "the optimizer state it started from is not one a step "
                 "just before or a round's end left")
+
+    def may_start_from(self, state_sha256: str, step: int, everyone: list[WorkRecord], *,
+                       restart: bool) -> bool:
+        """May a step at theta_outer start from this optimizer state: a fresh one, one a
+        record of the step just before ended with, or (a `restart` inside a round) one
+        any earlier round's end left?"""
+        if state_sha256 == self.fresh_state_sha256():
+            return True
+        return any(r.local is not None and r.local.end_state_sha256 == state_sha256
+                   and (r.step == step - 1 or (restart and r.local.outer and r.step < step))
+                   for r in everyone)
 
     def fresh_state_sha256(self) -> str:
         if self._fresh_sha256 is None:

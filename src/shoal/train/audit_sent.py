@@ -77,15 +77,26 @@ def _loss_of(view, rank: int) -> tuple[float | None, int] | None:
     return view.losses[rank], view.loss_samples[rank]
 
 
+def declared_distance(record: WorkRecord, step_records: list[WorkRecord],
+                      sent: list[torch.Tensor], tolerance: float
+                      ) -> tuple[Declaration, float] | Finding:
+    """What `record`'s worker declared in the step's exchange (`declared`) and how far its
+    sketch is from `sent`'s; or the finding if the step's records do not say."""
+    found = declared(record, step_records, tolerance)
+    if not isinstance(found, Declaration):
+        return found
+    return found, sk.mismatch(found.sketch, sk.finite(sk.sketch(found.seed, sent)[0]))
+
+
 def sent_problem(record: WorkRecord, step_records: list[WorkRecord], sent: list[torch.Tensor],
                  tolerance: float, count: int | None = None) -> Finding | None:
     """None if what `record`'s worker declared it sent is `sent` (its committed
     contribution or pseudo-gradient), within `tolerance`; `count`: under DiLoCo, the
     samples its record says the pseudo-gradient is weighted by."""
-    found = declared(record, step_records, tolerance)
-    if not isinstance(found, Declaration):
-        return found
-    distance = sk.mismatch(found.sketch, sk.finite(sk.sketch(found.seed, sent)[0]))
+    measured = declared_distance(record, step_records, sent, tolerance)
+    if not isinstance(measured[0], Declaration):
+        return measured
+    found, distance = measured
     if distance > tolerance:
         return (VerdictKind.wrong_contribution,
                 "what it declared it put in the exchange is not what it committed", distance)

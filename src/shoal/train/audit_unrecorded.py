@@ -22,8 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shoal.spec.proof import VerdictKind, WorkRecord
-from shoal.train import sketch as sk
-from shoal.train.audit_sent import Declaration, Finding, declared, loss_problem
+from shoal.train.audit_sent import Declaration, Finding, declared_distance, loss_problem
 from shoal.train.order import share_positions, step_cursor
 from shoal.train.work_records import step_rng_seed
 
@@ -92,12 +91,12 @@ def judge_unrecorded(record: WorkRecord, step_records: Sequence[WorkRecord],
     """The finding on a share with no record (`record`: its `stand_in`), from a replay of
     it from the step's agreed parameters: valid when what its worker declared in the
     exchange is the replay's sketch and the loss it reported the replay's loss."""
-    found = declared(record, list(step_records), tolerance)
-    if not isinstance(found, Declaration):
+    measured = declared_distance(record, list(step_records), replayed, tolerance)
+    if not isinstance(measured[0], Declaration):
         # Its peers' records disagree: they, not the worker without a record, are at
         # fault, and which declaration was its cannot be told.
-        return VerdictKind.unavailable, f"{UNRECORDED}; {found[1]}", None
-    distance = sk.mismatch(found.sketch, sk.finite(sk.sketch(found.seed, replayed)[0]))
+        return VerdictKind.unavailable, f"{UNRECORDED}; {measured[1]}", None
+    distance = measured[1]
     if distance > tolerance:
         return (VerdictKind.wrong_contribution, f"{UNRECORDED}; what it declared it put in the "
                 "exchange is not the gradient of its samples", distance)

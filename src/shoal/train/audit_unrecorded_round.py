@@ -40,8 +40,7 @@ import torch
 from shoal.proof.epochs import final_lineage
 from shoal.spec.proof import VerdictKind, WorkRecord
 from shoal.train.audit_local import Finding, LocalAudit, state_tensors
-from shoal.train import sketch as sk
-from shoal.train.audit_sent import Declaration, declared, loss_problem, sent_problem
+from shoal.train.audit_sent import Declaration, declared_distance, loss_problem
 from shoal.train.audit_unrecorded import UNRECORDED, Members, Unrecorded, stand_in
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
 from shoal.train.proof_store import ProofStore
@@ -97,20 +96,22 @@ class UnrecordedRounds:
         if not isinstance(found, RoundEnd):
             kind, detail, distance = found
             return kind, f"{UNRECORDED}; {detail}", distance
-        sent = sent_problem(found.record, step_records, [found.pseudo], self.tolerance,
-                            count=found.samples)
-        if sent is not None:
-            kind, detail, distance = sent
-            if kind is VerdictKind.wrong_contribution:
-                detail = "what it declared it put in the outer exchange is not its round's pseudo-gradient"
+        measured = declared_distance(found.record, step_records, [found.pseudo], self.tolerance)
+        if not isinstance(measured[0], Declaration):
+            kind, detail, distance = measured
             return kind, f"{UNRECORDED}; {detail}", distance
+        said, distance = measured
+        if distance > self.tolerance:
+            return (VerdictKind.wrong_contribution, f"{UNRECORDED}; what it declared it put in "
+                    "the outer exchange is not its round's pseudo-gradient", distance)
+        if said.count != found.samples:
+            return (VerdictKind.wrong_samples, f"{UNRECORDED}; sent a samples count of "
+                    f"{said.count} beside its pseudo-gradient; its round computed "
+                    f"{found.samples}", None)
         lied = loss_problem(found.record, step_records, self.replayer.loss_sum,
                             self.replayer.loss_samples, self.tolerance)
         if lied is not None:
             return lied[0], f"{UNRECORDED}; {lied[1]}", lied[2]
-        said = declared(found.record, step_records, self.tolerance)
-        assert isinstance(said, Declaration)  # sent_problem found it
-        distance = sk.mismatch(said.sketch, sk.finite(sk.sketch(said.seed, [found.pseudo])[0]))
         return (VerdictKind.valid, f"{UNRECORDED}; its round replays to the pseudo-gradient it "
                 "declared (a worker lost before it filed)", distance)
 
@@ -160,7 +161,7 @@ class UnrecordedRounds:
                 return (VerdictKind.wrong_params, "its round did not start from the round's "
                         "agreed parameters", None)
             else:  # the round's start, or back at theta_outer inside it (a rollback, a join)
-                broken = self._start_problem(worker, step, start, here[1], lineage, everyone,
+                broken = self._start_problem(worker, step, start, state, lineage, everyone,
                                              restart=last is not None, depth=depth)
                 if broken is not None:
                     return broken
@@ -181,22 +182,17 @@ class UnrecordedRounds:
         pseudo = (outer_flat - self.replayer.flat_params()) * (samples / expected[0][0])
         return RoundEnd(last.end_state, pseudo, samples, record)
 
-    def _start_problem(self, worker: str, step: int, first: int, state_sha256: str,
+    def _start_problem(self, worker: str, step: int, first: int, state: dict,
                        lineage: dict[int, list[WorkRecord]], everyone: list[WorkRecord], *,
                        restart: bool, depth: int) -> Finding | None:
-        """None if the optimizer state a start at theta_outer shows is one the worker may
-        start from there; else why not."""
-        if state_sha256 == self.local.fresh_state_sha256():
+        """None if the optimizer `state` a start at theta_outer shows is one the worker
+        may start from there (`LocalAudit.may_start_from`, or where its record-less
+        previous round ended); else why not."""
+        state_sha256 = optimizer_state_sha256(state)
+        if self._vouched.get((worker, step)) == state_sha256 or self.local.may_start_from(
+                state_sha256, step, everyone, restart=restart):
             return None
-        if self._vouched.get((worker, step)) == state_sha256:
-            return None
-        if any(r.local is not None and r.local.end_state_sha256 == state_sha256
-               and (r.step == step - 1 or (restart and r.local.outer and r.step < step))
-               for r in everyone):
-            return None
-        before = lineage.get(step - 1, [])
-        if step == first and before and not any(r.worker == worker for r in before) \
-                and depth > 0 and any(r.local is not None and r.local.outer for r in before):
+        if step == first and depth > 0 and _after_record_less_round(worker, step, lineage):
             # Its previous round has no record of its end either: replay that round.
             previous = self._round(worker, step - 1, lineage, everyone, depth - 1)
             if not isinstance(previous, RoundEnd):
@@ -206,9 +202,7 @@ class UnrecordedRounds:
                     # window an honest worker keeps them for.
                     kind = VerdictKind.unavailable
                 return kind, f"its round before: {detail}", distance
-            kept = self.store.load_local(worker, step)
-            assert kept is not None  # checked by the caller
-            distance = relative_distance(state_tensors(previous.end_state), state_tensors(kept[1]))
+            distance = relative_distance(state_tensors(previous.end_state), state_tensors(state))
             if distance <= self.tolerance:
                 self._vouched[worker, step] = state_sha256
                 return None
@@ -258,9 +252,16 @@ def record_less_rounds(worker: str, end: int, lineage: dict[int, list[WorkRecord
         if start is None:
             break
         rounds.insert(0, range(start, end + 1))
-        before = lineage.get(start - 1, [])
-        if start == 0 or any(r.worker == worker for r in before) or not any(
-                r.local is not None and r.local.outer for r in before):
+        if not _after_record_less_round(worker, start, lineage):
             break
         end = start - 1
     return rounds
+
+
+def _after_record_less_round(worker: str, start: int, lineage: dict[int, list[WorkRecord]]
+                             ) -> bool:
+    """Does the round starting at `start` follow a round whose end `worker` (a member,
+    presumably) filed no record of?"""
+    before = lineage.get(start - 1, [])
+    return (start > 0 and not any(r.worker == worker for r in before)
+            and any(r.local is not None and r.local.outer for r in before))

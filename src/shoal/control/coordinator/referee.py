@@ -225,23 +225,18 @@ class Referee:
             return UNDECIDED, f"proof epoch {epoch} is not rooted yet", provider
         if self.replayer is None:
             return UNDECIDED, "this coordinator has no replayer for the job's model", provider
+        # Under DiLoCo one auditor per job: it remembers the round ends it replayed, so a
+        # worker with many record-less rounds costs each ruling one round, not all of them.
+        auditor = self._round_auditors.pop(job_id, None) if diloco else None
+        if auditor is None:
+            auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
+                              hyper_sha256=hyper_digest(spec.hyperparameters()),
+                              tolerance=spec.proof.tolerance, verifier="referee",
+                              records=lambda: co.work_records(job_id))
         if diloco:
-            # One auditor per job: it remembers the round ends it replayed, so a worker
-            # with many record-less rounds costs each ruling one round, not all of them.
-            auditor = self._round_auditors.pop(job_id, None)
-            if auditor is None:
-                auditor = Auditor(
-                    ProofStore(co.proof_dir(job_id)), self.replayer(spec),
-                    hyper_sha256=hyper_digest(spec.hyperparameters()),
-                    tolerance=spec.proof.tolerance, verifier="referee",
-                    records=lambda: co.work_records(job_id))
             self._round_auditors[job_id] = auditor  # the newest last: the oldest goes first
             while len(self._round_auditors) > ROUND_AUDITORS_KEPT:
                 self._round_auditors.pop(next(iter(self._round_auditors)))
-        else:
-            auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
-                              hyper_sha256=hyper_digest(spec.hyperparameters()),
-                              tolerance=spec.proof.tolerance, verifier="referee")
         found = auditor.audit_unrecorded(shares[0], epoch, step_records, members)
         if found.kind is VerdictKind.withheld:
             # A state its round needs is not here: withheld stands only if the worker's

@@ -154,12 +154,12 @@ class RemoteAudits:
         # lineage's keepers hold them: a record of a lineage that did not go on (a redone
         # step's, or a decoy its worker filed under another epoch) names a keeper of other
         # parameters, or one that will not answer.
-        keepers = {r.step: r for r in final_lineage(records)
-                   if r.rank in params_keepers(r.step, len(r.shares))}
-        starts = {r.step if r.local is None else r.local.round_start for r in chosen}
         lineage: dict[int, list[WorkRecord]] = defaultdict(list)
         for r in final_lineage(records):
             lineage[r.step].append(r)
+        keepers = {step: r for step, here in lineage.items() for r in here
+                   if r.rank in params_keepers(step, len(r.shares))}
+        starts = {r.step if r.local is None else r.local.round_start for r in chosen}
         for share in unrecorded:
             if not any(r.local is not None for r in lineage.get(share.step, [])):
                 starts.add(share.step)  # every-step: replayed from the step's parameters
@@ -171,10 +171,9 @@ class RemoteAudits:
                            if not self.store.local_path(share.worker, step).exists()]
         # Where no keeper filed a record, the coordinator still asks the agent of a keeper's
         # seat (it names the holder of parameters itself, whoever the request names).
-        anyone = {r.step: r.worker for r in final_lineage(records)}
         wanted += [ChallengeRequest(worker=keepers[step].worker if step in keepers
-                                    else anyone[step], step=step, kind=BlobKind.params)
-                   for step in sorted(starts) if step in keepers or step in anyone]
+                                    else lineage[step][0].worker, step=step, kind=BlobKind.params)
+                   for step in sorted(starts) if step in lineage]
         views: dict[int, ChallengeView] = {}
         for i in range(0, len(wanted), MAX_CHALLENGES_PER_REQUEST):
             batch = wanted[i : i + MAX_CHALLENGES_PER_REQUEST]
