@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shoal.proof import ProofError, by_epoch, epoch_of, is_complete, missing_steps, steps_of
+from shoal.proof.epochs import kept_from, window_epoch
 from tests.proof.factory import honest_epoch, record
 
 
@@ -112,3 +115,21 @@ def test_a_redone_step_stays_final_with_a_record_lost():
     # A batch smaller than the epoch leaves ranks without a share: still a commit.
     small = _lineage(6, 4, (1, 1, 0), ranks=[0, 1])
     assert final_lineage(_lineage(6, 2, (1, 1, 0), ranks=[0, 1, 2]) + small) == small
+
+
+@given(epoch_steps=st.integers(1, 30), reach=st.integers(0, 60), total=st.integers(1, 300),
+       closed=st.integers(0, 12))
+def test_an_agent_keeps_exactly_the_files_whose_window_is_open(epoch_steps, reach, total,
+                                                                closed):
+    """A step's files go (below `kept_from`) exactly when the window that governs them, that
+    of the epoch its last audit is in, is closed: never one a challenge may still ask for."""
+    first_kept = kept_from(closed, epoch_steps, reach, total)
+    for step in range(total):
+        assert (step < first_kept) == (window_epoch(step, epoch_steps, reach, total) < closed)
+
+
+def test_a_diloco_rounds_files_are_governed_by_the_epoch_it_ends_in():
+    # Rounds of 4 steps, epochs of 10: step 8 starts the round that ends at step 11.
+    assert window_epoch(8, 10, 3, 100) == 1 and window_epoch(6, 10, 3, 100) == 0
+    assert window_epoch(98, 10, 3, 100) == 9  # the job's last step ends every round
+    assert kept_from(1, 10, 3, 100) == 7 and kept_from(10, 10, 3, 100) == 100

@@ -22,6 +22,10 @@ def train_command(
     steps: Optional[int] = typer.Option(None, "--steps", help="Override the job's step count."),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Override checkpoint.dir."),
     proof_dir: Optional[str] = typer.Option(None, "--proof-dir", help="Override proof.dir."),
+    keep_proof_files: bool = typer.Option(
+        False, "--keep-proof-files",
+        help="Never prune the challenge files (proof.prune = false): an agent runs its "
+             "workers so, and drops them when the coordinator closes each epoch's window."),
     report: Optional[Path] = typer.Option(None, "--report", help="Write a JSON report here."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     workers: Optional[int] = typer.Option(None, "--workers", "-n", min=1,
@@ -49,6 +53,8 @@ def train_command(
         job = job.model_copy(update={"checkpoint": job.checkpoint.model_copy(update={"dir": checkpoint_dir})})
     if proof_dir is not None:
         job = job.model_copy(update={"proof": job.proof.model_copy(update={"dir": proof_dir})})
+    if keep_proof_files:
+        job = job.model_copy(update={"proof": job.proof.model_copy(update={"prune": False})})
 
     if workers is not None:
         options = LaunchOptions(

@@ -36,6 +36,22 @@ def steps_of(epoch: int, epoch_steps: int, total_steps: int | None = None) -> ra
     return range(start, max(start, end))
 
 
+def window_epoch(step: int, epoch_steps: int, reach: int, total_steps: int) -> int:
+    """The epoch whose challenge window governs step `step`'s files: that of the last
+    step whose audit may read them. `reach`: how many steps on that is (under DiLoCo a
+    round's end reads its whole round's files: inner_steps - 1; else 0)."""
+    _check_epoch_steps(epoch_steps)
+    return min(step + reach, max(total_steps - 1, step)) // epoch_steps
+
+
+def kept_from(closed_epochs: int, epoch_steps: int, reach: int, total_steps: int) -> int:
+    """Once epochs 0 .. closed_epochs - 1 have closed windows: the first step whose files
+    an audit may still ask for (`window_epoch` of every earlier step is closed)."""
+    _check_epoch_steps(epoch_steps)
+    end = closed_epochs * epoch_steps
+    return total_steps if end >= total_steps else max(0, end - reach)
+
+
 def by_epoch(records: Iterable[WorkRecord], epoch_steps: int) -> dict[int, list[WorkRecord]]:
     """The records grouped by epoch, each group in (step, worker) order."""
     groups: dict[int, list[WorkRecord]] = defaultdict(list)

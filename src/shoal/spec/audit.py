@@ -57,6 +57,11 @@ class ProofEpochView(Frozen):
     # What the chain holds: `root`, or while forced errors are served, `root` sealed with a
     # salt revealed after the job (shoal.proof.forced.sealed_root).
     anchored_root: str | None = None
+    # The epoch's challenge window (coordinator/windows.py): challenges of its files are
+    # taken until `challenges_close_at_s` (the coordinator's clock), and `challenges_open`
+    # says whether they still were when this view was made.
+    challenges_close_at_s: float | None = None
+    challenges_open: bool = True
 
 
 class BlobKind(str, enum.Enum):

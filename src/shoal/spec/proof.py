@@ -191,11 +191,17 @@ class ProofSpec(Frozen):
     epoch_steps: int = Field(50, ge=1, le=1_000_000)
     audit_rate: float = Field(0.02, gt=0.0, le=1.0)  # share of an epoch's records replayed
     min_audits_per_worker: int = Field(1, ge=0, le=1000)  # every worker audited each epoch
-    # The challenge window: a step's files stay on disk for `keep_epochs` proof epochs and
-    # at least `keep_s` seconds after it committed, so a fast job does not prune them
-    # before a verifier can ask (disk: the larger of the two spans' steps).
+    # The challenge window. Run alone, a worker keeps a step's files for `keep_epochs` proof
+    # epochs and at least `keep_s` seconds after it committed, so a fast job does not prune
+    # them before a verifier can ask (disk: the larger of the two spans' steps). Under a
+    # coordinator the window is the coordinator's, not the worker's: it takes challenges of
+    # an epoch's files until `keep_s` seconds after it served the epoch to verifiers, and
+    # refuses them after; the agent runs its workers with `prune = false` and drops the
+    # files itself once the window closed (a worker pruning on its own clock could be
+    # challenged after its files were gone, and be slashed for withholding them).
     keep_epochs: int = Field(2, ge=1, le=1000)
     keep_s: float = Field(60.0, ge=0.0, le=7 * 86400.0)
+    prune: bool = True  # false: the worker keeps every step's files (someone else prunes)
     # Relative l2 distance (replay vs revealed) under which a contribution is honest;
     # profiled from honest re-runs (README, "Proof of learning").
     tolerance: float = Field(1e-3, gt=0.0, lt=1.0)

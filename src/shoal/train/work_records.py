@@ -114,6 +114,8 @@ class WorkRecorder:
         self.store.save_reveal(self.worker, record.step, reveal)
         self.store.append_record(record)
         spec = self.settings.spec
+        if not spec.prune:
+            return  # kept until the coordinator closes the epoch's window (the agent prunes)
         epoch = record.step // spec.epoch_steps
         self.store.prune(self.worker, (epoch - spec.keep_epochs + 1) * spec.epoch_steps,
                          keep_s=spec.keep_s)

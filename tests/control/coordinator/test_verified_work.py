@@ -23,8 +23,9 @@ from tests.ledger.conftest import hardhat_url  # noqa: F401  (a Hardhat node on 
 
 PRICE = 1_000_000
 STEPS = 600
-# Every epoch's files are kept to the end (a fast job outruns the verifier's first replay).
-PROOF = "[proof]\nenabled = true\nepoch_steps = 50\naudit_rate = 0.02\nkeep_epochs = 12\n"
+# Every epoch's files are kept to the end (a fast job outruns the verifier's first replay):
+# the coordinator's window is open long after the job.
+PROOF = "[proof]\nenabled = true\nepoch_steps = 50\naudit_rate = 0.02\nkeep_s = 900\n"
 
 
 # Every-step sync with a sign-flipping cheat; DiLoCo with a cheat whose inner steps are

@@ -35,7 +35,9 @@ def write_proven_job(tmp_path: Path, *, steps: int, epoch_steps: int,
     tmp_path.mkdir(parents=True, exist_ok=True)
     text = top + tiny_job_toml(tmp_path / "ckpt", interval_steps=1000, steps=steps,
                                global_batch=global_batch)
+    # Every file kept to the end: by the workers, and through a coordinator's window.
     text += (f'[proof]\nenabled = true\nepoch_steps = {epoch_steps}\nkeep_epochs = 1000\n'
+             'keep_s = 3600\n'
              f'dir = "{tmp_path / "proof"}"\n')
     if sync:
         text += f"[sync]\n{sync}\n"

@@ -62,6 +62,7 @@ class Agent:
         self.carry = CheckpointRelay(relay_client, config.work_dir)
         self._relay_lock = threading.Lock()
         self._challenges: tuple = ()
+        self._beat_at_s: float | None = None  # the coordinator's time of the newest reply
         self._relay = threading.Thread(target=self._relay_loop, name="agent-relay", daemon=True)
         self.stopping = threading.Event()
         self.offer_ids = [f"{config.agent_id}-d{i}" for i in range(config.devices)]
@@ -109,7 +110,7 @@ class Agent:
                 self._accept(reply.assignments)
                 self.workers.follow(reply.assignments, reply.stop)
                 with self._relay_lock:
-                    self._challenges = reply.challenges
+                    self._challenges, self._beat_at_s = reply.challenges, reply.at_s
             except ControlError as error:
                 if offline_since is None:
                     offline_since = time.monotonic()
@@ -162,12 +163,15 @@ class Agent:
 
     def _relay_once(self) -> None:
         with self._relay_lock:
-            challenges = self._challenges
+            challenges, beat_at_s = self._challenges, self._beat_at_s
         workers = dict(self.workers.workers)
         try:
             self.proofs.upload({w.job for w in workers.values()})
             self.progress.upload({n: w.job for n, w in workers.items()})
-            self.proofs.answer(challenges)
+            if self.proofs.answer(challenges) and beat_at_s is not None:
+                # Every challenge taken up to that beat is answered: the files of windows
+                # closed well before it may go (ended jobs' too).
+                self.proofs.prune(beat_at_s)
         except ControlError as error:
             log.warning("sending work records or answers failed (%s); trying again", error)
         # After the records: a checkpoint is checked against its step's records.

@@ -101,7 +101,8 @@ class LeaseWorkers:
                    "--workers", "1", "--rendezvous", assignment.rendezvous, "--node", node,
                    "--run-dir", str(lease_dir / f"run-{attempt}"), "--grace-s", str(self.grace_s),
                    "--checkpoint-dir", str(checkpoints),
-                   "--proof-dir", str(proof_dir(self.work_dir, lease.job))]
+                   "--proof-dir", str(proof_dir(self.work_dir, lease.job)),
+                   "--keep-proof-files"]  # the coordinator's window, not the worker's clock
         if self.slowdown > 1.0:
             command += ["--slow", f"0:{self.slowdown}"]
         if self.adversary:

@@ -26,7 +26,7 @@ from shoal.control.coordinator.api_checkpoints import CHECKPOINT_PATHS, checkpoi
 from shoal.control.coordinator.api_probe import probe_routes
 from shoal.control.coordinator.api_proofs import FILE_PATHS, proof_routes
 from shoal.control.coordinator.auth import coordinator_of, signed, signed_beat
-from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.control.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.control.coordinator.limits import BodyLimit
 from shoal.control.coordinator.metrics import CoordinatorMetrics, TimedRequests, state_gauges
 from shoal.control.coordinator.rounds import RoundLoop
@@ -51,7 +51,7 @@ OperatorSigner = Annotated[Signer, Depends(signed(Role.operator))]
 ProviderSigner = Annotated[Signer, Depends(signed(Role.provider))]
 SubmitterSigner = Annotated[Signer, Depends(signed(Role.submitter))]
 OwnerSigner = Annotated[Signer, Depends(signed(Role.submitter, Role.operator))]
-PROBLEMS = {status: {"model": Problem} for status in (401, 403, 404, 409, 413)}
+PROBLEMS = {status: {"model": Problem} for status in (401, 403, 404, 409, 410, 413)}
 
 # Which refusal each error family is, at the edge (STYLE.md 6).
 STATUS: tuple[tuple[type[Exception], int, str], ...] = (
@@ -59,6 +59,7 @@ STATUS: tuple[tuple[type[Exception], int, str], ...] = (
     (Forbidden, 403, "forbidden"),
     (NotFound, 404, "not_found"),
     (Conflict, 409, "conflict"),
+    (Gone, 410, "gone"),
     (MarketError, 409, "market"),
     (SpecError, 422, "invalid"),
     (ControlError, 400, "bad_request"),

@@ -19,13 +19,14 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.control.coordinator import windows
+from shoal.control.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.control.coordinator.markdown import lease_of
 from shoal.control.coordinator.plants import FETCH_BASE, LATE, ForcedErrorService
 from shoal.control.store.schema import (
     AgentRow, ChallengeRow, ForcedPlanRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
-from shoal.proof.epochs import final_lineage, params_keepers
+from shoal.proof.epochs import final_lineage, params_keepers, window_epoch
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, VerdictFiling, VerdictView,
 )
@@ -65,7 +66,8 @@ class AuditService(ForcedErrorService):
                     row = session.scalar(select(ChallengeRow).where(
                         ChallengeRow.job_id == job_id, ChallengeRow.worker == worker,
                         ChallengeRow.step == item.step, ChallengeRow.kind == item.kind.value))
-                if row is None:
+                if row is None:  # a new challenge: only inside the epoch's window
+                    self._check_window(session, job_id, item.step, now)
                     agent_id, worker = self._holder(session, job_id, item)
                     row = ChallengeRow(job_id=job_id, worker=worker, step=item.step,
                                        kind=item.kind.value, requested_by=verifier,
@@ -81,6 +83,23 @@ class AuditService(ForcedErrorService):
                 if view.answered_at_s is None:
                     self._pending[view.agent_id][view.challenge] = view
         return out
+
+    def _check_window(self, session: Session, job_id: str, step: int, now: float) -> None:
+        """A challenge is taken until the window of the step's files closes (windows.py),
+        never after: its workers may have dropped the file, and silence then is not
+        withholding. Asking again for a file asked for in time stays possible (the same
+        challenge). Under DiLoCo a step's files are read by its round's end's audit too,
+        so their window is that of the epoch the round ends in."""
+        spec = self.job_spec(job_id)
+        proof = spec.proof
+        epoch = window_epoch(step, proof.epoch_steps, spec.sync.inner_steps - 1, spec.steps)
+        closes = windows.closes_at(session, job_id, epoch, proof.keep_s, self.forced_errors_on)
+        if closes is not None and now > closes:
+            raise Gone(f"the challenge window of step {step}'s files (that of proof epoch {epoch}"
+                       f", whose audits read them last) of job '{job_id}' closed "
+                       f"{now - closes:.0f} s ago (it stays open [proof] keep_s = "
+                       f"{proof.keep_s:g} s after the epoch is served): its files may be gone "
+                       "from the workers, and nobody is asked for them any more")
 
     def _holder(self, session: Session, job_id: str, item: ChallengeRequest) -> tuple[str, str]:
         """The agent that holds the file: the worker's, or for parameters, the agent of one

@@ -31,7 +31,7 @@ import time
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.control.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.control.coordinator.referee import PLANT, REJECTED, UNDECIDED, UPHELD
 from shoal.control.store.schema import DisputeRow, JobRow, WorkRecordRow
 from shoal.control.trust.dispute import bisect_trajectories
@@ -204,7 +204,7 @@ class DisputeService:
                   ChallengeRequest(worker=record.worker, step=record.step, kind=BlobKind.params))
         try:
             asked = {v.challenge for v in self.raise_challenges(COORDINATOR, job_id, wanted)}
-        except (NotFound, Conflict) as error:
+        except (NotFound, Conflict, Gone) as error:  # Gone: past the step's challenge window
             raise Deferred(UNDECIDED, record.step, f"the step's files cannot be asked for: "
                            f"{error}") from None
         deadline = time.monotonic() + self.fetch_wait_s

@@ -13,3 +13,8 @@ class Forbidden(ControlError):
 
 class Conflict(ControlError):
     """The change contradicts the state it would apply to (409)."""
+
+
+class Gone(ControlError):
+    """What was asked for was there once and is no longer to be had (410): a challenge
+    raised after its epoch's window closed."""

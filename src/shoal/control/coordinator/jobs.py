@@ -17,8 +17,13 @@ from shoal.control.coordinator.views import job_view
 from shoal.control.store.schema import JobRow
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus, JobSubmission, JobView, Role
 from shoal.spec.errors import SpecError
+from shoal.spec.job import JobSpec
 from shoal.spec.jobfile import parse_job, refuse_for_providers
 from shoal.spec.market import Bid
+
+# The shortest challenge window taken, in beats: a verifier must see the epoch served,
+# ask, and the agent hear the challenge at its next beat and answer at the one after.
+WINDOW_BEATS = 5
 
 
 class JobLifecycle:
@@ -27,7 +32,13 @@ class JobLifecycle:
     `_check_chain_escrow` and `_settle`; ProofService's `close_proofs`."""
 
     def submit_job(self, submitter: str, submission: JobSubmission) -> JobView:
-        _check_job_file(submission.job_file)
+        spec = _check_job_file(submission.job_file)
+        shortest = WINDOW_BEATS * self.settings.heartbeat_s
+        if spec.proof.enabled and spec.proof.keep_s < shortest:
+            raise SpecError(f"job_file: [proof] keep_s = {spec.proof.keep_s:g} s is the challenge "
+                            "window (how long after an epoch is served verifiers may ask for its "
+                            f"files); at least {shortest:g} s ({WINDOW_BEATS} beats) is needed for "
+                            "anyone to ask and an agent to answer: raise it")
         self._check_chain_escrow(submitter, submission)
         job_id = f"{submission.name}-{secrets.token_hex(4)}"
         bid = Bid(job=job_id, **submission.model_dump(exclude={"name", "job_file", "chain_job"}))
@@ -102,10 +113,12 @@ class JobLifecycle:
         return row
 
 
-def _check_job_file(text: str) -> None:
+def _check_job_file(text: str) -> JobSpec:
     """Refuse a job file `shoal train` would refuse, before anyone is paid to run it."""
     try:
         values = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise SpecError(f"job_file: malformed TOML ({error})") from None
-    refuse_for_providers(parse_job(values, source="job_file"))
+    spec = parse_job(values, source="job_file")
+    refuse_for_providers(spec)
+    return spec

@@ -33,6 +33,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from shoal.control.coordinator import windows
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.plant_files import planted_reveal, with_plants
 from shoal.control.store.schema import (
@@ -178,12 +179,22 @@ class ForcedErrorService:
     def served_epochs(self, job_id: str) -> list[ProofEpochView]:
         """The rooted epochs verifiers may audit, with the roots of the trees they are served."""
         views = self.proof_epochs(job_id)
-        if not self.forced_errors_on:
-            return views
+        keep_s, now = self.job_spec(job_id).proof.keep_s, self.now_s()
         with Session(self.engine) as session:
+            served = windows.served_at(session, job_id, self.forced_errors_on)
             roots = dict(session.execute(select(ServedEpochRow.epoch, ServedEpochRow.root).where(
-                ServedEpochRow.job_id == job_id, ServedEpochRow.published_at_s.is_not(None))).all())
-        return [v.model_copy(update={"root": roots[v.epoch]}) for v in views if v.epoch in roots]
+                ServedEpochRow.job_id == job_id, ServedEpochRow.published_at_s.is_not(None))).all()) \
+                if self.forced_errors_on else {}
+        out = []
+        for view in views:
+            if view.epoch not in served:
+                continue  # rooted, not served yet (its plants' files are being made)
+            closes = served[view.epoch] + keep_s
+            update = {"challenges_close_at_s": closes, "challenges_open": now <= closes}
+            if self.forced_errors_on:
+                update["root"] = roots[view.epoch]
+            out.append(view.model_copy(update=update))
+        return out
 
     def served_records(self, job_id: str, epoch: int) -> list[WorkRecord]:
         if not self.forced_errors_on:

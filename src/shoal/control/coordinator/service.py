@@ -32,7 +32,7 @@ from shoal.control.coordinator.audits import AuditService
 from shoal.control.coordinator.chain_jobs import ChainSettlement
 from shoal.control.coordinator.checkpoints import CheckpointCarry
 from shoal.control.coordinator.disputes import DisputeService
-from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.control.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.control.coordinator.job_hosts import JobHosts
 from shoal.control.coordinator.jobs import JobLifecycle
 from shoal.control.coordinator.participants import Participants
@@ -117,7 +117,7 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
             try:
                 with Session(self.engine, expire_on_commit=False) as session, session.begin():
                     yield session
-            except (MarketError, SpecError, Conflict, Forbidden, NotFound, Unauthenticated):
+            except (MarketError, SpecError, Conflict, Forbidden, Gone, NotFound, Unauthenticated):
                 raise  # refused before anything was applied to the market
             except Exception:
                 log.exception("store write failed; rebuilding the market from the journal")

@@ -38,7 +38,7 @@ from shoal.spec.audit import (
     ChallengeView, SignedVerdictBody, VerdictFiling,
 )
 from shoal.spec.job import JobSpec
-from shoal.spec.proof import WorkRecord
+from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
 from shoal.train.audit import Auditor
 from shoal.train.audit_unrecorded import Unrecorded
 from shoal.train.audit_unrecorded_round import record_less_rounds
@@ -67,6 +67,7 @@ class RemoteAudits:
         self.done: set[int] = set()
         self._records: dict[int, list[WorkRecord]] = {}  # served epochs' (they stay as served)
         self._around: list[WorkRecord] = []  # what the audits being replayed may look back on
+        self._too_late: set[str] = set()  # workers whose files were asked for past the window
         auditor.local.records = lambda: self._around
 
     def pending_epochs(self) -> list[int]:
@@ -79,6 +80,13 @@ class RemoteAudits:
                 if v.verifier.lower() != self.account.address.lower():
                     self._judged.setdefault(v.epoch, set()).add((v.worker, v.step))
             return [e.epoch for e in epochs if e.epoch not in self.done and e.epoch in self._judged]
+        for e in epochs:
+            if e.epoch not in self.done and not e.challenges_open:
+                # Too late to ask for its files, so too late to audit it: not judged (a
+                # `withheld` on a file nobody could ask for would be a false accusation).
+                log.warning("job %s: proof epoch %d's challenge window closed before this "
+                            "verifier reached it; not audited", self.job_id, e.epoch)
+                self.done.add(e.epoch)
         return [e.epoch for e in epochs if e.epoch not in self.done]
 
     def audit(self, epoch: int, on_audit: Callable[[EpochAudit], None] = lambda _: None) -> EpochAudit:
@@ -115,8 +123,12 @@ class RemoteAudits:
         # chain of steps back to its round's start.
         diloco = any(r.local is not None for r in records)
         self._around = self._served_records(epoch + 1) if diloco else records
+        self._too_late = set()
         self._fetch(chosen, self._around, shares)
-        return self.verifier.audit_epoch(epoch, records, chosen=chosen, judged=judged)
+        result = self.verifier.audit_epoch(epoch, records, chosen=chosen, judged=judged)
+        result.verdicts = [_not_asked(v) if v.kind is VerdictKind.withheld
+                           and v.worker in self._too_late else v for v in result.verdicts]
+        return result
 
     def _served_records(self, upto: int) -> list[WorkRecord]:
         """The records of every epoch up to `upto` that the coordinator serves (rooted)."""
@@ -180,7 +192,7 @@ class RemoteAudits:
             try:
                 found = self.client.raise_challenges(self.job_id, batch)
             except CoordinatorRefused as refused:
-                if refused.status != 404:
+                if refused.status not in (404, 410):
                     raise
                 found = self._one_by_one(batch)
             views.update({view.challenge: view for view in found})
@@ -209,8 +221,10 @@ class RemoteAudits:
             try:
                 found += self.client.raise_challenges(self.job_id, [item])
             except CoordinatorRefused as refused:
-                if refused.status != 404:
+                if refused.status not in (404, 410):
                     raise
+                if refused.status == 410:
+                    self._too_late.add(item.worker)
                 log.warning("cannot challenge %s of %s at step %d: %s", item.kind.value,
                             item.worker, item.step, refused.detail)
         return found
@@ -236,3 +250,11 @@ class RemoteAudits:
         for i in range(0, len(bodies), MAX_VERDICTS_PER_FILING):
             self.client.file_verdicts(self.job_id, VerdictFiling(
                 verdicts=tuple(bodies[i : i + MAX_VERDICTS_PER_FILING])))
+
+
+def _not_asked(verdict: Verdict) -> Verdict:
+    """A worker's file that was missing because the window closed before this verifier
+    asked is not the worker's fault: the audit could not be done."""
+    return verdict.model_copy(update={
+        "kind": VerdictKind.unavailable,
+        "detail": "its files were asked for after the epoch's challenge window closed"})
