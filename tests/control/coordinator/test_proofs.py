@@ -132,6 +132,26 @@ def test_one_lease_uploading_a_step_far_ahead_does_not_root_its_peers_epochs(pai
     assert [e.epoch for e in a.proof_epochs(job_id)] == [0, 1]
 
 
+def test_a_jobs_end_roots_every_epoch_with_records_however_far_its_leases_got(pair):
+    """While the job runs, how far it got is the second newest lease's step; at its end
+    every epoch with records is rooted (before, those past a lagging lease's step were
+    left out of the final roots, and of what verifiers and the bill see)."""
+    from shoal.control.store.schema import JobRow
+
+    served, a, b, job_id, leases = pair
+    coordinator = served.app.state.coordinator
+    wa, wb = (f"agent-{n}-l{leases[n]}-a0-w0" for n in "ab")
+    a.upload_records(job_id, RecordUpload(lease=leases["a"], records=tuple(
+        record(wa, s, rank=0, shares=(4, 4)) for s in range(13))))
+    b.upload_records(job_id, RecordUpload(lease=leases["b"], records=tuple(
+        record(wb, s, rank=1, shares=(4, 4)) for s in range(3))))
+    served.app.state.rounds.once()
+    assert a.proof_epochs(job_id) == []  # epoch 0 waits for b's steps 3 and 4
+    with coordinator._change() as session:
+        coordinator.close_proofs(session, session.get(JobRow, job_id))
+    assert [(e.epoch, e.records) for e in a.proof_epochs(job_id)] == [(0, 8), (1, 5), (2, 3)]
+
+
 def test_records_are_commitments_that_only_the_lease_holder_can_make(market):
     served, a, b, _, job_id, lease = market
     worker = f"agent-a-l{lease}-a0-w0"

@@ -117,3 +117,29 @@ def test_a_record_less_diloco_round_is_challenged_replayed_upheld_and_slashed(jo
     (ruling,) = [v.ruling for v in client.verdicts(s["job_id"]) if v.seq == filed.seq]
     assert ruling == "rejected"
     assert s["ledger"].stake_of(s["vera"].address).active_wei < stake
+
+
+def test_a_record_less_round_whose_kept_state_is_not_answered_is_upheld_as_withheld(job):
+    """The lost worker's agent beats on but cannot show a state its round needs: the
+    verifier's `withheld` stands with the referee (the same liveness rule as a recorded
+    step's), and the provider is slashed."""
+    s = job
+    honest, poisoner, lost = s["workers"]
+    s["co"].referee.withheld_grace_s = 0.5
+    s["work"].local_path(lost, 5).unlink()  # inside its round of steps 4-7
+    client = s["served"].client(s["vera"])
+    audits = remote_verifier(s["served"], s["job_id"], s["spec"], s["vera"], s["tmp"] / "vera",
+                             answer_wait_s=3.0)
+    assert audits.pending_epochs()[:2] == [0, 1]
+    found = []
+    running = threading.Thread(target=lambda: found.extend(audits.audit(e) for e in (0, 1)))
+    running.start()
+    _answering(s, running)  # beats throughout, answering what it has
+    verdicts = {(v.worker, v.step): v.kind for audit in found for v in audit.verdicts}
+    assert verdicts[(lost, 3)] is VerdictKind.valid
+    assert verdicts[(lost, 7)] is VerdictKind.withheld
+    s["co"].referee.wait()
+    ruled = {(v.verdict.worker, v.verdict.step): v.ruling for v in client.verdicts(s["job_id"])
+             if v.verdict.guilty}
+    assert ruled[(lost, 7)] == "upheld", ruled
+    assert s["ledger"].lease(s["chain_job"], s["p1"].address).slashed

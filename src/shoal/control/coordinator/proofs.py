@@ -210,6 +210,9 @@ class ProofService:
         last = session.scalar(select(func.max(ProofEpochRow.epoch))
                               .where(ProofEpochRow.job_id == job.job_id))
         newest = self.reached_step(session, job.job_id)
+        if final and newest is not None:  # the job is over: every epoch with records goes
+            newest = session.scalar(select(func.max(WorkRecordRow.step))
+                                    .where(WorkRecordRow.job_id == job.job_id))
         if newest is None:
             return []
         out = []
