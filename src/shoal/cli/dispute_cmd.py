@@ -44,17 +44,11 @@ def dispute_command(
     from shoal.control.trust.challenger import challenge_worker
     from shoal.control.trust.remote import RemoteAudits
 
-    from shoal.control.coordinator.disputes import DILOCO_NOT_BISECTED
-    from shoal import ShoalError
-    from shoal.spec.plan import SyncMode
-
     account = load_key(str(key))
     ledger = _ledger(rpc, contract, 30.0)
     bond = bond_wei if bond_wei is not None else ledger.config().min_bond_wei
     with CoordinatorClient(coordinator, account) as client:
         job, auditor = remote_auditor(client, job_id, account.address, "challenger")
-        if job.sync.mode is SyncMode.diloco:  # refused before any bond is spent
-            raise ShoalError(DILOCO_NOT_BISECTED)
         audits = RemoteAudits(client, job_id, job, auditor, account, salt=secrets.token_bytes(16),
                               answer_wait_s=answer_wait_s)
         found = challenge_worker(client, ledger, account, audits, job_id, worker, epoch, bond,

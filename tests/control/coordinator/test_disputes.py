@@ -342,24 +342,3 @@ def test_a_challenger_whose_replays_pass_spends_no_bond(tmp_path):
             s.ledger.dispute(1)
     finally:
         s.close()
-
-
-def test_a_diloco_jobs_records_are_refused_a_bisection(disputed, monkeypatch):
-    """A DiLoCo worker's steps start from its own replica: one state per step that every
-    replica shares, which bisection compares, does not exist. The filing is refused (the
-    bond comes back when the dispute expires; `shoal dispute` refuses before opening
-    one) and nothing is ruled. The job's sync is swapped in the coordinator's reading of
-    its spec: the records and chain are this fixture's."""
-    from shoal.spec.job import SyncSpec
-    from shoal.spec.plan import SyncMode
-
-    s = disputed
-    spec = s.co.job_spec(s.job_id)
-    diloco = spec.model_copy(update={"sync": SyncSpec(mode=SyncMode.diloco, inner_steps=4)})
-    monkeypatch.setattr(s.co, "job_spec", lambda job_id, job_file=None: diloco)
-    dispute = s.ledger.open_dispute(s.mallory, s.chain_job, s.p1.address, BOND).returned
-    challenger = s.served.client(s.mallory)
-    assert "not bisected" in refused(lambda: challenger.file_dispute(s.job_id, DisputeFiling(
-        dispute=dispute, worker=s.worker, epoch=0, trajectory=s.states({CHEAT_STEP}))), 409)
-    assert challenger.disputes(s.job_id) == []
-    assert s.ledger.dispute(dispute).state is DisputeState.open  # untouched: it expires

@@ -35,22 +35,17 @@ from shoal.control.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.control.coordinator.referee import PLANT, REJECTED, UNDECIDED, UPHELD
 from shoal.control.store.schema import DisputeRow, JobRow, WorkRecordRow
 from shoal.control.trust.dispute import bisect_trajectories
+from shoal.control.trust.needed import params_requests, record_files
 from shoal.ledger import LedgerError
 from shoal.proof.epochs import final_lineage
 from shoal.proof.errors import DisputeError
-from shoal.spec.audit import BlobKind, ChallengeRequest, DisputeFiling, DisputeView
+from shoal.spec.audit import DisputeFiling, DisputeView
 from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.ledger import DisputeState
-from shoal.spec.plan import SyncMode
 from shoal.spec.proof import Verdict, WorkRecord
 
 log = logging.getLogger(__name__)
 FETCH_WAIT_S = 30.0  # how long the referee waits for the disputed step's files
-# Bisection compares one state per step that every replica holds; under DiLoCo each
-# worker's own chain of states is checked by replay (`shoal.train.audit_local`) instead.
-DILOCO_NOT_BISECTED = ("a DiLoCo job's records are not bisected: its audits replay each "
-                       "worker's own steps, so file a guilty verdict (`shoal verify`) and the "
-                       "referee replays it")
 BEHIND = "behind"  # a ruling the contract takes only once the lease's older disputes are decided
 
 
@@ -89,8 +84,6 @@ class DisputeService:
                 raise NotFound(f"no job '{job_id}'")
             if job.chain_job is None:
                 raise Conflict(f"job '{job_id}' does not settle on chain: nothing to dispute there")
-            if self.job_spec(job_id, job.job_file).sync.mode is SyncMode.diloco:
-                raise Conflict(DILOCO_NOT_BISECTED)
             if session.get(DisputeRow, filing.dispute) is not None:
                 raise Conflict(f"dispute {filing.dispute} was brought already; read its ruling at "
                                f"GET /v1/jobs/{job_id}/proof/disputes")
@@ -196,12 +189,15 @@ class DisputeService:
         raise Deferred(UNDECIDED, record.step, why)
 
     def _fetch_step_files(self, job_id: str, record: WorkRecord) -> None:
-        """Ask the agents for the step's contribution and start parameters, and wait for
-        them up to `fetch_wait_s` (a file a verifier fetched already is not asked for
-        again). An agent silent for a while is waited for all the same: a ruling is rare,
-        bonded, and must not turn `undecided` because a heartbeat came late."""
-        wanted = (ChallengeRequest(worker=record.worker, step=record.step, kind=BlobKind.reveal),
-                  ChallengeRequest(worker=record.worker, step=record.step, kind=BlobKind.params))
+        """Ask the agents for what the step's audit reads (`shoal.control.trust.needed`:
+        its contribution and start parameters; under DiLoCo also the worker's kept states
+        of its round), and wait for them up to `fetch_wait_s` (a file a verifier fetched
+        already is not asked for again). An agent silent for a while is waited for all
+        the same: a ruling is rare, bonded, and must not turn `undecided` because a
+        heartbeat came late."""
+        records = self.work_records(job_id)  # a round reaches back, and its next step on
+        wanted, starts = record_files([record], records)
+        wanted += params_requests(starts, records)
         try:
             asked = {v.challenge for v in self.raise_challenges(COORDINATOR, job_id, wanted)}
         except (NotFound, Conflict, Gone) as error:  # Gone: past the step's challenge window

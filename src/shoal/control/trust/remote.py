@@ -29,9 +29,10 @@ from pathlib import Path
 from eth_account.signers.local import LocalAccount
 
 from shoal.control.client import CoordinatorClient, CoordinatorRefused
+from shoal.control.trust.needed import params_requests, record_files
 from shoal.control.trust.verdicts import sign_verdict
 from shoal.control.trust.verifier import EpochAudit, Verifier
-from shoal.proof.epochs import final_lineage, params_keepers
+from shoal.proof.epochs import final_lineage
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import (
     MAX_CHALLENGES_PER_REQUEST, MAX_VERDICTS_PER_FILING, BlobKind, ChallengeRequest,
@@ -144,34 +145,14 @@ class RemoteAudits:
         """Challenge what the chosen audits need, and the `unrecorded` shares' (a step's
         parameters; under DiLoCo, the worker's kept states of its record-less rounds and
         the parameters each began from), and bring the answers into the local store."""
-        wanted = [ChallengeRequest(worker=r.worker, step=r.step, kind=BlobKind.reveal)
-                  for r in chosen]
-        # Under DiLoCo: the worker's own start state, and its next one (a last-bit
-        # difference in where its step ended is measured against it).
-        # A round's end vouches for the worker's whole round: its earlier steps' files too.
-        held = {(r.worker, r.step) for r in records}
-        for r in chosen:
-            if r.local is None:
-                continue
-            first = r.local.round_start if r.local.outer else r.step
-            wanted += [ChallengeRequest(worker=r.worker, step=step, kind=kind)
-                       for step in range(first, r.step) if (r.worker, step) in held
-                       for kind in (BlobKind.local, BlobKind.reveal)]
-            wanted += [ChallengeRequest(worker=r.worker, step=step, kind=BlobKind.local)
-                       for step in (r.step, r.step + 1) if (r.worker, step) in held]
+        wanted, starts = record_files(chosen, records)
         # A step's parameters are kept by two of its workers (`params_keepers`); the
         # coordinator asks one whose agent is online. Without a keeper's record (both lost
         # before they sent it) nobody holds them, and the audit says `unavailable`. A
-        # DiLoCo step's are those of its round's start (theta_outer). Only the final
-        # lineage's keepers hold them: a record of a lineage that did not go on (a redone
-        # step's, or a decoy its worker filed under another epoch) names a keeper of other
-        # parameters, or one that will not answer.
+        # DiLoCo step's are those of its round's start (theta_outer).
         lineage: dict[int, list[WorkRecord]] = defaultdict(list)
         for r in final_lineage(records):
             lineage[r.step].append(r)
-        keepers = {step: r for step, here in lineage.items() for r in here
-                   if r.rank in params_keepers(step, len(r.shares))}
-        starts = {r.step if r.local is None else r.local.round_start for r in chosen}
         for share in unrecorded:
             if not any(r.local is not None for r in lineage.get(share.step, [])):
                 starts.add(share.step)  # every-step: replayed from the step's parameters
@@ -181,11 +162,7 @@ class RemoteAudits:
                 wanted += [ChallengeRequest(worker=share.worker, step=step, kind=BlobKind.local)
                            for step in span
                            if not self.store.local_path(share.worker, step).exists()]
-        # Where no keeper filed a record, the coordinator still asks the agent of a keeper's
-        # seat (it names the holder of parameters itself, whoever the request names).
-        wanted += [ChallengeRequest(worker=keepers[step].worker if step in keepers
-                                    else lineage[step][0].worker, step=step, kind=BlobKind.params)
-                   for step in sorted(starts) if step in lineage]
+        wanted += params_requests(starts, records)
         views: dict[int, ChallengeView] = {}
         for i in range(0, len(wanted), MAX_CHALLENGES_PER_REQUEST):
             batch = wanted[i : i + MAX_CHALLENGES_PER_REQUEST]

@@ -1,0 +1,116 @@
+"""A dispute over a DiLoCo worker's epoch, through the coordinator, on the embedded
+chain: the worker files a record of every step but scales its pseudo-gradients ×10.
+A bonded challenger replays the worker's records from the states it kept, opens a
+dispute against its provider and files its trajectory; the bisection lands on the
+first round's end the worker poisoned, the referee fetches what that step's audit
+reads (the worker's kept states of its round, theta_outer) and re-executes it, and
+the provider is slashed on chain. A challenger that disputes the honest worker of
+the same run loses its bond.
+
+The work is a real `shoal train` run of the job the coordinator hosts, its workers
+named as lease a's agent would name them; the test stands in for that agent."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import tomllib
+
+import pytest
+
+from shoal.control.trust.challenger import challenge_worker
+from shoal.control.trust.dispute import trajectory
+from shoal.proof.epochs import final_lineage
+from shoal.spec.audit import DisputeFiling, RecordUpload
+from shoal.spec.coordinator import Heartbeat
+from shoal.spec.jobfile import parse_job
+from shoal.spec.proof import VerdictKind
+from shoal.train.proof_store import ProofStore
+from tests.conftest import free_port, shoal_command
+from tests.control.coordinator.refereed import refereed_job, remote_verifier
+from tests.control.coordinator.test_unrecorded_round_ruling import _answering
+from tests.control.trust.conftest import write_proven_job
+
+STEPS, EPOCH_STEPS = 16, 8  # rounds of 4: ends at 3, 7 (epoch 0), 11 and 15
+
+
+@pytest.fixture
+def job(tmp_path):
+    path = write_proven_job(tmp_path / "work", steps=STEPS, epoch_steps=EPOCH_STEPS,
+                            sync='mode = "diloco"\ninner_steps = 4')
+    text = path.read_text()
+    with refereed_job(tmp_path, text) as r:
+        node = f"a-l{r.lease['a-d0']}-a0"
+        done = subprocess.run(shoal_command(
+            "train", str(path), "--workers", "2", "--node", node, "--serve",
+            "--rendezvous", f"127.0.0.1:{free_port()}", "--run-dir",
+            str(tmp_path / "work" / "run"), "--adversary=1=outer_scale"),
+            capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        work = ProofStore(tmp_path / "work" / "proof")
+        published = r.co.hosts.run_dir(r.job_id) / "epochs.jsonl"
+        published.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp_path / "work" / "run" / "epochs.jsonl", published)
+        a = r.providers["a"]
+        a.upload_records(r.job_id, RecordUpload(lease=r.lease["a-d0"],
+                                                records=tuple(work.records())))
+        r.served.app.state.rounds.once()
+        assert [e.epoch for e in a.proof_epochs(r.job_id)][:1] == [0]
+        r.co.fetch_wait_s = 20.0
+        yield dict(co=r.co, served=r.served, ledger=r.ledger, chain_job=r.chain_job, a=a,
+                   spec=parse_job(tomllib.loads(text), source="test"), job_id=r.job_id,
+                   workers=[f"{node}-w{i}" for i in range(2)], work=work, vera=r.vera,
+                   p1=r.p1, tmp=tmp_path)
+
+
+def _dispute(s, worker: str) -> tuple:
+    """Vera's side of a dispute over `worker`'s epoch 0, while lease a's agent answers."""
+    audits = remote_verifier(s["served"], s["job_id"], s["spec"], s["vera"], s["tmp"] / "vera",
+                             answer_wait_s=60.0)
+    bond = s["ledger"].config().min_bond_wei
+    s["a"].heartbeat("a", Heartbeat())  # back after the run: its files are asked of it
+    found = []
+    running = threading.Thread(target=lambda: found.append(challenge_worker(
+        s["served"].client(s["vera"]), s["ledger"], s["vera"], audits, s["job_id"], worker, 0,
+        bond, ruling_wait_s=120.0, poll_s=0.2)))
+    running.start()
+    _answering(s, running)
+    assert found, "the challenger's side did not finish"
+    return found[0], bond
+
+
+def test_a_diloco_worker_that_poisons_its_round_ends_is_disputed_and_slashed(job):
+    s = job
+    honest, cheat = s["workers"]
+    found, _ = _dispute(s, cheat)
+    assert sorted(v.step for v in found.verdicts if v.guilty) == [3, 7]
+    assert found.dispute is not None, "a poisoned round end must be disputed"
+    view = found.dispute
+    assert (view.ruling, view.step) == ("upheld", 3), view.why
+    assert VerdictKind.wrong_contribution.value in view.why
+    assert s["ledger"].lease(s["chain_job"], s["p1"].address).slashed
+
+
+def test_disputing_an_honest_diloco_worker_costs_the_bond(job):
+    """The challenger claims the honest worker's first round end wrong: the referee's
+    replay of it, from the worker's kept states, matches the commitment."""
+    s = job
+    honest, _ = s["workers"]
+    client = s["served"].client(s["vera"])
+    mine = sorted((r for r in final_lineage(client.work_records(s["job_id"], 0))
+                   if r.worker == honest), key=lambda r: r.step)
+    (epoch,) = [e for e in client.proof_epochs(s["job_id"]) if e.epoch == 0]
+    root = bytes.fromhex(epoch.root[2:])
+    bond = s["ledger"].config().min_bond_wei
+    s["a"].heartbeat("a", Heartbeat())
+    opened = s["ledger"].open_dispute(s["vera"], s["chain_job"], s["p1"].address, bond).returned
+    client.file_dispute(s["job_id"], DisputeFiling(
+        dispute=opened, worker=honest, epoch=0,
+        trajectory=tuple(trajectory(root, mine, lambda r: r.step != 3))))
+    running = threading.Thread(target=s["co"].referee.wait)
+    running.start()
+    _answering(s, running)  # the referee fetches the round's files from lease a's agent
+    (view,) = [d for d in client.disputes(s["job_id"]) if d.dispute == opened]
+    assert (view.ruling, view.step) == ("rejected", 3), view.why
+    assert not s["ledger"].lease(s["chain_job"], s["p1"].address).slashed
