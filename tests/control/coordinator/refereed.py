@@ -5,6 +5,9 @@ tests of rulings through the coordinator start from."""
 from __future__ import annotations
 
 import contextlib
+import shutil
+import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +20,12 @@ from shoal.control.trust.remote import RemoteAudits
 from shoal.jobs.gpt_replay import gpt_replayer
 from shoal.ledger import Chain, Ledger
 from shoal.spec import hyper_digest
+from shoal.spec.audit import BlobKind, RecordUpload
 from shoal.spec.coordinator import Grant, Heartbeat, Role
 from shoal.spec.ledger import LedgerConfig
 from shoal.train.audit import Auditor
 from shoal.train.proof_store import ProofStore
+from tests.conftest import free_port, shoal_command
 from tests.control.coordinator.conftest import Served, make_settings
 from tests.control.coordinator.test_settlement import BUDGET, PRICE, leased_and_hosted
 
@@ -78,3 +83,41 @@ def remote_verifier(served: Served, job_id: str, spec, vera, folder: Path,
                       tolerance=spec.proof.tolerance, verifier=vera.address)
     return RemoteAudits(served.client(vera), job_id, spec, auditor, vera, salt=b"v",
                         every=True, answer_wait_s=answer_wait_s, poll_s=0.1)
+
+
+def run_on_lease_a(r: Refereed, job_file: Path, run_dir: Path, workers: int,
+                   *flags: str) -> tuple[list[str], ProofStore]:
+    """A real `shoal train` run of the hosted job, its workers named as lease a's agent
+    would name them (NODE-w<i>; a rendezvous this one host serves); the membership it
+    formed published by the job's host, the records it filed uploaded under lease a and
+    the epochs rooted. Returns the workers' ids and the run's proof store (where the
+    test, standing in for the agent, answers challenges from)."""
+    node = f"a-l{r.lease['a-d0']}-a0"
+    done = subprocess.run(shoal_command(
+        "train", str(job_file), "--workers", str(workers), "--node", node, "--serve",
+        "--rendezvous", f"127.0.0.1:{free_port()}", "--run-dir", str(run_dir), *flags),
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    work = ProofStore(job_file.parent / "proof")
+    published = r.co.hosts.run_dir(r.job_id) / "epochs.jsonl"
+    published.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(run_dir / "epochs.jsonl", published)
+    r.providers["a"].upload_records(r.job_id, RecordUpload(lease=r.lease["a-d0"],
+                                                           records=tuple(work.records())))
+    r.served.app.state.rounds.once()
+    return [f"{node}-w{i}" for i in range(workers)], work
+
+
+def answer_as_a(a: CoordinatorClient, work: ProofStore, running: threading.Thread) -> None:
+    """Agent a beats and answers from a run's proof directory while `running`: the
+    parameters its workers kept, and each worker's own kept states and contributions
+    (what it does not have, it leaves unanswered)."""
+    while running.is_alive():
+        for asked in a.heartbeat("a", Heartbeat()).challenges:
+            path = {BlobKind.params: lambda: work.params_path(asked.step),
+                    BlobKind.local: lambda: work.local_path(asked.worker, asked.step),
+                    BlobKind.reveal: lambda: work.reveal_path(asked.worker, asked.step)}[
+                asked.kind]()
+            if path.exists():
+                a.answer_challenge(asked.challenge, path.read_bytes())
+        running.join(0.2)

@@ -12,8 +12,6 @@ named as lease a's agent would name them; the test stands in for that agent."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import threading
 import tomllib
 
@@ -22,14 +20,13 @@ import pytest
 from shoal.control.trust.challenger import challenge_worker
 from shoal.control.trust.dispute import trajectory
 from shoal.proof.epochs import final_lineage
-from shoal.spec.audit import DisputeFiling, RecordUpload
+from shoal.spec.audit import DisputeFiling
 from shoal.spec.coordinator import Heartbeat
 from shoal.spec.jobfile import parse_job
 from shoal.spec.proof import VerdictKind
-from shoal.train.proof_store import ProofStore
-from tests.conftest import free_port, shoal_command
-from tests.control.coordinator.refereed import refereed_job, remote_verifier
-from tests.control.coordinator.test_unrecorded_round_ruling import _answering
+from tests.control.coordinator.refereed import (
+    answer_as_a, refereed_job, remote_verifier, run_on_lease_a,
+)
 from tests.control.trust.conftest import write_proven_job
 
 STEPS, EPOCH_STEPS = 16, 8  # rounds of 4: ends at 3, 7 (epoch 0), 11 and 15
@@ -41,26 +38,14 @@ def job(tmp_path):
                             sync='mode = "diloco"\ninner_steps = 4')
     text = path.read_text()
     with refereed_job(tmp_path, text) as r:
-        node = f"a-l{r.lease['a-d0']}-a0"
-        done = subprocess.run(shoal_command(
-            "train", str(path), "--workers", "2", "--node", node, "--serve",
-            "--rendezvous", f"127.0.0.1:{free_port()}", "--run-dir",
-            str(tmp_path / "work" / "run"), "--adversary=1=outer_scale"),
-            capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        work = ProofStore(tmp_path / "work" / "proof")
-        published = r.co.hosts.run_dir(r.job_id) / "epochs.jsonl"
-        published.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(tmp_path / "work" / "run" / "epochs.jsonl", published)
+        workers, work = run_on_lease_a(r, path, tmp_path / "work" / "run", 2,
+                                       "--adversary=1=outer_scale")
         a = r.providers["a"]
-        a.upload_records(r.job_id, RecordUpload(lease=r.lease["a-d0"],
-                                                records=tuple(work.records())))
-        r.served.app.state.rounds.once()
         assert [e.epoch for e in a.proof_epochs(r.job_id)][:1] == [0]
         r.co.fetch_wait_s = 20.0
         yield dict(co=r.co, served=r.served, ledger=r.ledger, chain_job=r.chain_job, a=a,
                    spec=parse_job(tomllib.loads(text), source="test"), job_id=r.job_id,
-                   workers=[f"{node}-w{i}" for i in range(2)], work=work, vera=r.vera,
+                   workers=workers, work=work, vera=r.vera,
                    p1=r.p1, tmp=tmp_path)
 
 
@@ -75,7 +60,7 @@ def _dispute(s, worker: str) -> tuple:
         s["served"].client(s["vera"]), s["ledger"], s["vera"], audits, s["job_id"], worker, 0,
         bond, ruling_wait_s=120.0, poll_s=0.2)))
     running.start()
-    _answering(s, running)
+    answer_as_a(s["a"], s["work"], running)
     assert found, "the challenger's side did not finish"
     return found[0], bond
 
@@ -110,7 +95,7 @@ def test_disputing_an_honest_diloco_worker_costs_the_bond(job):
         trajectory=tuple(trajectory(root, mine, lambda r: r.step != 3))))
     running = threading.Thread(target=s["co"].referee.wait)
     running.start()
-    _answering(s, running)  # the referee fetches the round's files from lease a's agent
+    answer_as_a(s["a"], s["work"], running)  # the referee fetches the round's files from lease a's agent
     (view,) = [d for d in client.disputes(s["job_id"]) if d.dispute == opened]
     assert (view.ruling, view.step) == ("rejected", 3), view.why
     assert not s["ledger"].lease(s["chain_job"], s["p1"].address).slashed

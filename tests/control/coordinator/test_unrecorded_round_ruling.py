@@ -12,22 +12,19 @@ from the run's proof directory."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import threading
 import tomllib
 
 import pytest
 
 from shoal.control.trust.verdicts import sign_verdict
-from shoal.spec.audit import BlobKind, RecordUpload, SignedVerdictBody, VerdictFiling
-from shoal.spec.coordinator import Heartbeat
+from shoal.spec.audit import SignedVerdictBody, VerdictFiling
 from shoal.spec.jobfile import parse_job
 from shoal.spec.proof import Verdict, VerdictKind
 from shoal.train.audit_unrecorded import UNRECORDED
-from shoal.train.proof_store import ProofStore
-from tests.conftest import free_port, shoal_command
-from tests.control.coordinator.refereed import refereed_job, remote_verifier
+from tests.control.coordinator.refereed import (
+    answer_as_a, refereed_job, remote_verifier, run_on_lease_a,
+)
 from tests.control.trust.conftest import write_proven_job
 
 STEPS, EPOCH_STEPS = 16, 4  # rounds of 4: ends at 3, 7, 11, 15; epochs 0 and 1 are rooted
@@ -40,44 +37,14 @@ def job(tmp_path):
                             sync='mode = "diloco"\ninner_steps = 4')
     text = path.read_text()
     with refereed_job(tmp_path, text) as r:
-        node = f"a-l{r.lease['a-d0']}-a0"
-        # Worker ids NODE-w<i> need a rendezvous: this one host serves its own.
-        done = subprocess.run(shoal_command(
-            "train", str(path), "--workers", "3", "--node", node, "--serve",
-            "--rendezvous", f"127.0.0.1:{free_port()}", "--run-dir",
-            str(tmp_path / "work" / "run"), "--adversary=1=unrecorded", f"--adversary=2={LOST}"),
-            capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        work = ProofStore(tmp_path / "work" / "proof")
-        workers = [f"{node}-w{i}" for i in range(3)]
+        workers, work = run_on_lease_a(r, path, tmp_path / "work" / "run", 3,
+                                       "--adversary=1=unrecorded", f"--adversary=2={LOST}")
         assert {r.worker for r in work.records()} == {workers[0]}
-        # The job's host publishes the membership the run formed.
-        published = r.co.hosts.run_dir(r.job_id) / "epochs.jsonl"
-        published.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(tmp_path / "work" / "run" / "epochs.jsonl", published)
         a = r.providers["a"]
-        a.upload_records(r.job_id, RecordUpload(lease=r.lease["a-d0"],
-                                                records=tuple(work.records())))
-        r.served.app.state.rounds.once()
         assert [e.epoch for e in a.proof_epochs(r.job_id)][:2] == [0, 1]
         yield dict(co=r.co, served=r.served, ledger=r.ledger, chain_job=r.chain_job, a=a,
                    spec=parse_job(tomllib.loads(text), source="test"), job_id=r.job_id,
                    workers=workers, work=work, vera=r.vera, p1=r.p1, tmp=tmp_path)
-
-
-def _answering(s, running: threading.Thread) -> None:
-    """Agent a answers from the run's proof directory while `running`: the parameters
-    its workers kept, and each worker's own kept states and contributions."""
-    work: ProofStore = s["work"]
-    while running.is_alive():
-        for asked in s["a"].heartbeat("a", Heartbeat()).challenges:
-            path = {BlobKind.params: lambda: work.params_path(asked.step),
-                    BlobKind.local: lambda: work.local_path(asked.worker, asked.step),
-                    BlobKind.reveal: lambda: work.reveal_path(asked.worker, asked.step)}[
-                asked.kind]()
-            if path.exists():
-                s["a"].answer_challenge(asked.challenge, path.read_bytes())
-        running.join(0.2)
 
 
 def test_a_record_less_diloco_round_is_challenged_replayed_upheld_and_slashed(job):
@@ -90,7 +57,7 @@ def test_a_record_less_diloco_round_is_challenged_replayed_upheld_and_slashed(jo
     found = []
     running = threading.Thread(target=lambda: found.extend(audits.audit(e) for e in (0, 1)))
     running.start()
-    _answering(s, running)
+    answer_as_a(s["a"], s["work"], running)
     assert len(found) == 2 and not any(audit.unnamed for audit in found)
     verdicts = [v for audit in found for v in audit.verdicts]
     assert sorted((v.step, v.kind) for v in verdicts if v.worker == poisoner) == \
@@ -134,7 +101,7 @@ def test_a_record_less_round_whose_kept_state_is_not_answered_is_upheld_as_withh
     found = []
     running = threading.Thread(target=lambda: found.extend(audits.audit(e) for e in (0, 1)))
     running.start()
-    _answering(s, running)  # beats throughout, answering what it has
+    answer_as_a(s["a"], s["work"], running)  # beats throughout, answering what it has
     verdicts = {(v.worker, v.step): v.kind for audit in found for v in audit.verdicts}
     assert verdicts[(lost, 3)] is VerdictKind.valid
     assert verdicts[(lost, 7)] is VerdictKind.withheld
