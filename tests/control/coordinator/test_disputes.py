@@ -132,6 +132,29 @@ def test_a_cheat_disputed_is_slashed_at_the_step_it_cheated(disputed):
         dispute=dispute, worker=s.worker, epoch=0, trajectory=s.states({CHEAT_STEP}))), 409)
 
 
+def test_a_disputed_cheat_that_beats_on_without_answering_is_slashed_not_waited_out(disputed):
+    """The cheat's agent stays alive but never hands over the step's contribution. The
+    referee waits until its silence counts as withholding (seen alive past the grace
+    after the challenge), however short the fetch wait: ruling at the fetch wait would
+    have left the dispute `undecided`, the bond back and the cheat unslashed."""
+    s = disputed
+    s.co.fetch_wait_s, s.co.referee.withheld_grace_s = 0.5, 3.0
+    dispute = s.ledger.open_dispute(s.mallory, s.chain_job, s.p1.address, BOND).returned
+    s.served.client(s.mallory).file_dispute(s.job_id, DisputeFiling(
+        dispute=dispute, worker=s.worker, epoch=0, trajectory=s.states({CHEAT_STEP})))
+    deadline = time.monotonic() + 60
+    while not s.ruled(dispute):
+        assert time.monotonic() < deadline, "the referee did not rule"
+        for asked in s.a.heartbeat("a", Heartbeat()).challenges:
+            if asked.kind is BlobKind.params:  # the parameters, never the contribution
+                s.a.answer_challenge(asked.challenge, s.work.params)
+        time.sleep(0.2)
+    view = s.ruled(dispute)
+    assert (view.ruling, view.step) == ("upheld", CHEAT_STEP), view.why
+    assert "withheld" in view.why
+    assert s.ledger.lease(s.chain_job, s.p1.address).slashed
+
+
 @pytest.mark.parametrize("accused", [1, 4])
 def test_a_false_accuser_loses_its_bond_wherever_it_points(disputed, accused):
     """The challenger rejects an honest step (and, with 4, also accepts the cheat's):

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.control.coordinator.referee import PLANT, REJECTED, UNDECIDED, UPHELD
-from shoal.control.store.schema import DisputeRow, JobRow, WorkRecordRow
+from shoal.control.store.schema import AgentRow, DisputeRow, JobRow, WorkRecordRow
 from shoal.control.trust.dispute import bisect_trajectories
 from shoal.control.trust.needed import params_requests, record_files
 from shoal.ledger import LedgerError
@@ -194,7 +194,9 @@ class DisputeService:
         of its round), and wait for them up to `fetch_wait_s` (a file a verifier fetched
         already is not asked for again). An agent silent for a while is waited for all
         the same: a ruling is rare, bonded, and must not turn `undecided` because a
-        heartbeat came late."""
+        heartbeat came late. One that beats without answering is waited for until its
+        silence counts as withholding (the referee's grace), at most `fetch_wait_s`
+        more."""
         records = self.work_records(job_id)  # a round reaches back, and its next step on
         wanted, starts = record_files([record], records)
         wanted += params_requests(starts, records)
@@ -203,12 +205,30 @@ class DisputeService:
         except (NotFound, Conflict, Gone) as error:  # Gone: past the step's challenge window
             raise Deferred(UNDECIDED, record.step, f"the step's files cannot be asked for: "
                            f"{error}") from None
-        deadline = time.monotonic() + self.fetch_wait_s
-        while time.monotonic() < deadline:
-            views = [v for v in self.challenges(job_id) if v.challenge in asked]
-            if all(v.answered_at_s is not None for v in views):
+        grace = self.referee.withheld_grace_s
+        start = time.monotonic()
+        while time.monotonic() < start + self.fetch_wait_s + grace:
+            waiting = [v for v in self.challenges(job_id)
+                       if v.challenge in asked and v.answered_at_s is None]
+            if not waiting:
                 return
+            # A holder that beats on without answering is not waited out: the referee's
+            # `withheld` rule needs it seen alive `grace` seconds after the challenge,
+            # so ruling before would let a cheat that goes quiet for `fetch_wait_s` turn
+            # the dispute `undecided` (its bond back, the cheat unslashed). Once that is
+            # seen, its silence is decided and waiting longer changes nothing.
+            seen = self._last_seen({v.agent_id for v in waiting})
+            decided = [seen.get(v.agent_id, 0.0) > v.requested_at_s + grace for v in waiting]
+            if all(decided) or (time.monotonic() >= start + self.fetch_wait_s
+                                and all(d or seen.get(v.agent_id, 0.0) <= v.requested_at_s
+                                        for d, v in zip(decided, waiting))):
+                return  # decided, or after the wait only holders silent since they were asked
             time.sleep(0.2)
+
+    def _last_seen(self, agents: set[str]) -> dict[str, float]:
+        with Session(self.engine) as session:
+            return dict(session.execute(select(AgentRow.agent_id, AgentRow.last_seen_s)
+                                        .where(AgentRow.agent_id.in_(agents))).all())
 
     def _settle_dispute(self, job_id: str, dispute: int, ruling: str, why: str,
                         step: int | None, rounds: int | None) -> None:
