@@ -8,6 +8,7 @@ import contextlib
 import shutil
 import subprocess
 import threading
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +23,14 @@ from shoal.ledger import Chain, Ledger
 from shoal.spec import hyper_digest
 from shoal.spec.audit import BlobKind, RecordUpload
 from shoal.spec.coordinator import Grant, Heartbeat, Role
+from shoal.spec.jobfile import parse_job
 from shoal.spec.ledger import LedgerConfig
 from shoal.train.audit import Auditor
 from shoal.train.proof_store import ProofStore
 from tests.conftest import free_port, shoal_command
 from tests.control.coordinator.conftest import Served, make_settings
 from tests.control.coordinator.test_settlement import BUDGET, PRICE, leased_and_hosted
+from tests.control.trust.conftest import write_proven_job
 
 
 @dataclass
@@ -121,3 +124,21 @@ def answer_as_a(a: CoordinatorClient, work: ProofStore, running: threading.Threa
             if path.exists():
                 a.answer_challenge(asked.challenge, path.read_bytes())
         running.join(0.2)
+
+
+@contextlib.contextmanager
+def diloco_run_on_lease_a(tmp_path: Path, steps: int, epoch_steps: int, workers: int,
+                          *flags: str) -> Iterator[dict]:
+    """A DiLoCo job (rounds of 4 inner steps) hosted, leased, and run on lease a with
+    `flags` (the adversaries): what a dispute over a DiLoCo round starts from. Yields
+    the coordinator's pieces, the job's spec, the workers' ids and the run's proof
+    store by name, as the tests' `s[...]` read them."""
+    path = write_proven_job(tmp_path / "work", steps=steps, epoch_steps=epoch_steps,
+                            sync='mode = "diloco"\ninner_steps = 4')
+    text = path.read_text()
+    with refereed_job(tmp_path, text) as r:
+        ids, work = run_on_lease_a(r, path, tmp_path / "work" / "run", workers, *flags)
+        yield dict(co=r.co, served=r.served, ledger=r.ledger, chain_job=r.chain_job,
+                   a=r.providers["a"], spec=parse_job(tomllib.loads(text), source="test"),
+                   job_id=r.job_id, workers=ids, work=work, vera=r.vera, p1=r.p1,
+                   tmp=tmp_path)

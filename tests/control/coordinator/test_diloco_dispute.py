@@ -13,7 +13,6 @@ named as lease a's agent would name them; the test stands in for that agent."""
 from __future__ import annotations
 
 import threading
-import tomllib
 
 import pytest
 
@@ -22,31 +21,20 @@ from shoal.control.trust.dispute import trajectory
 from shoal.proof.epochs import final_lineage
 from shoal.spec.audit import DisputeFiling
 from shoal.spec.coordinator import Heartbeat
-from shoal.spec.jobfile import parse_job
 from shoal.spec.proof import VerdictKind
 from tests.control.coordinator.refereed import (
-    answer_as_a, refereed_job, remote_verifier, run_on_lease_a,
+    answer_as_a, diloco_run_on_lease_a, remote_verifier,
 )
-from tests.control.trust.conftest import write_proven_job
 
 STEPS, EPOCH_STEPS = 16, 8  # rounds of 4: ends at 3, 7 (epoch 0), 11 and 15
 
 
 @pytest.fixture
 def job(tmp_path):
-    path = write_proven_job(tmp_path / "work", steps=STEPS, epoch_steps=EPOCH_STEPS,
-                            sync='mode = "diloco"\ninner_steps = 4')
-    text = path.read_text()
-    with refereed_job(tmp_path, text) as r:
-        workers, work = run_on_lease_a(r, path, tmp_path / "work" / "run", 2,
-                                       "--adversary=1=outer_scale")
-        a = r.providers["a"]
-        assert [e.epoch for e in a.proof_epochs(r.job_id)][:1] == [0]
-        r.co.fetch_wait_s = 20.0
-        yield dict(co=r.co, served=r.served, ledger=r.ledger, chain_job=r.chain_job, a=a,
-                   spec=parse_job(tomllib.loads(text), source="test"), job_id=r.job_id,
-                   workers=workers, work=work, vera=r.vera,
-                   p1=r.p1, tmp=tmp_path)
+    with diloco_run_on_lease_a(tmp_path, STEPS, EPOCH_STEPS, 2, "--adversary=1=outer_scale") as s:
+        assert [e.epoch for e in s["a"].proof_epochs(s["job_id"])][:1] == [0]
+        s["co"].fetch_wait_s = 20.0
+        yield s
 
 
 def _dispute(s, worker: str) -> tuple:

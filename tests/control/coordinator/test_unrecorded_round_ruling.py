@@ -13,19 +13,16 @@ from the run's proof directory."""
 from __future__ import annotations
 
 import threading
-import tomllib
 
 import pytest
 
 from shoal.control.trust.verdicts import sign_verdict
 from shoal.spec.audit import SignedVerdictBody, VerdictFiling
-from shoal.spec.jobfile import parse_job
 from shoal.spec.proof import Verdict, VerdictKind
 from shoal.train.audit_unrecorded import UNRECORDED
 from tests.control.coordinator.refereed import (
-    answer_as_a, refereed_job, remote_verifier, run_on_lease_a,
+    answer_as_a, diloco_run_on_lease_a, remote_verifier,
 )
-from tests.control.trust.conftest import write_proven_job
 
 STEPS, EPOCH_STEPS = 16, 4  # rounds of 4: ends at 3, 7, 11, 15; epochs 0 and 1 are rooted
 LOST = "tests.control.trust.cheats:LostRecords"
@@ -33,18 +30,10 @@ LOST = "tests.control.trust.cheats:LostRecords"
 
 @pytest.fixture
 def job(tmp_path):
-    path = write_proven_job(tmp_path / "work", steps=STEPS, epoch_steps=EPOCH_STEPS,
-                            sync='mode = "diloco"\ninner_steps = 4')
-    text = path.read_text()
-    with refereed_job(tmp_path, text) as r:
-        workers, work = run_on_lease_a(r, path, tmp_path / "work" / "run", 3,
-                                       "--adversary=1=unrecorded", f"--adversary=2={LOST}")
-        assert {r.worker for r in work.records()} == {workers[0]}
-        a = r.providers["a"]
-        assert [e.epoch for e in a.proof_epochs(r.job_id)][:2] == [0, 1]
-        yield dict(co=r.co, served=r.served, ledger=r.ledger, chain_job=r.chain_job, a=a,
-                   spec=parse_job(tomllib.loads(text), source="test"), job_id=r.job_id,
-                   workers=workers, work=work, vera=r.vera, p1=r.p1, tmp=tmp_path)
+    with diloco_run_on_lease_a(tmp_path, STEPS, EPOCH_STEPS, 3, "--adversary=1=unrecorded", f"--adversary=2={LOST}") as s:
+        assert {r.worker for r in s["work"].records()} == {s["workers"][0]}
+        assert [e.epoch for e in s["a"].proof_epochs(s["job_id"])][:2] == [0, 1]
+        yield s
 
 
 def test_a_record_less_diloco_round_is_challenged_replayed_upheld_and_slashed(job):
