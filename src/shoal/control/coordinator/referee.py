@@ -149,6 +149,10 @@ class Referee:
         if agent is not None and agent.last_seen_s > challenge.requested_at_s + self.withheld_grace_s:
             return UPHELD, f"agent beat {agent.last_seen_s - challenge.requested_at_s:.1f} s after " \
                            "the challenge and did not answer it"
+        if agent is not None and agent.last_seen_s > challenge.requested_at_s:
+            return UNDECIDED, (f"the agent beat after the challenge, but not yet "
+                               f"{self.withheld_grace_s:g} s after it, when its silence would "
+                               "count: filed too early to be ruled withheld")
         return UNDECIDED, "the agent has been silent since the challenge: not ruled a cheat"
 
     def replay(self, job_id: str, record: WorkRecord, records: list[WorkRecord] | None = None
