@@ -112,7 +112,9 @@ class LocalAudit:
         start from (the end, when it is bit for bit the claimed one) and the revealed
         contribution."""
         claim = record.local
-        if carried is not None and carried.sha256 == (record.params_sha256, claim.state_sha256):
+        carried_here = carried is not None and \
+            carried.sha256 == (record.params_sha256, claim.state_sha256)
+        if carried_here:
             params, state = self.replayer.model.state_dict(), carried.state  # the model holds it
         else:
             kept = self.store.load_local(record.worker, record.step)
@@ -145,8 +147,9 @@ class LocalAudit:
                 return found, None, revealed
         if claim.applied:
             start = {k: v.clone() for k, v in params.items()}  # the step moves the model
-            try:
-                new_state = self.replayer.local_step(record, params, state, gradients)
+            try:  # carried: the model holds the start already
+                new_state = self.replayer.local_step(record, None if carried_here else params,
+                                                     state, gradients)
             except (RuntimeError, KeyError, ValueError, IndexError):
                 return (VerdictKind.wrong_params, "the optimizer state it started from is not "
                         "one of the job's optimizer", None), None, revealed

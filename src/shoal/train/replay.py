@@ -45,6 +45,8 @@ class Replayer:
         self.inner = inner
         self._orders: dict[int, DataOrder] = {}
         self._optimizer: torch.optim.Optimizer | None = None
+        self._step_exchange: GradientExchange | None = None  # local_step's gradient buffer
+        self._stepped: dict | None = None  # the optimizer state local_step last returned
         # The loss report of the last `contribution`: (sum, samples), as a worker's loop
         # reports it to the guard.
         self.loss_sum, self.loss_samples = 0.0, 0
@@ -77,24 +79,32 @@ class Replayer:
             raise ValueError("this replayer has no inner optimizer (the job is not DiLoCo)")
         return self.inner.build(self.model).state_dict()["state"]
 
-    def local_step(self, record: WorkRecord, params: dict[str, torch.Tensor],
+    def local_step(self, record: WorkRecord, params: dict[str, torch.Tensor] | None,
                    optimizer_state: dict, gradients: list[torch.Tensor]) -> dict:
-        """Where an honest worker's own step ends (DiLoCo): from `params` and
-        `optimizer_state`, on `gradients` as committed (weighted by the step's global
-        batch), the job's optimizer takes the step as `DiLoCo` does: the mean gradient
-        over the worker's samples, clipped, at the step's learning rate. Returns the
-        optimizer's new state; the model holds the new parameters."""
+        """Where an honest worker's own step ends (DiLoCo): from `params` (None: those
+        the model holds) and `optimizer_state`, on `gradients` as committed (weighted by
+        the step's global batch), the job's optimizer takes the step as `DiLoCo` does:
+        the mean gradient over the worker's samples, clipped, at the step's learning
+        rate. Returns the optimizer's new state; the model holds the new parameters.
+
+        A round's end audit re-takes a chain of steps, each from where the last ended:
+        the state this returned last is the optimizer's own, so it is not loaded again
+        (a load copies every moment: a fifth of a re-taken step on a small model)."""
         if self.inner is None:
             raise ValueError("this replayer has no inner optimizer (the job is not DiLoCo)")
-        self.model.load_state_dict(params)
+        if params is not None:
+            self.model.load_state_dict(params)
         if self._optimizer is None:  # one, on this model, with the job's hyperparameters
             self._optimizer = self.inner.build(self.model)
             self._groups = self._optimizer.state_dict()["param_groups"]
+            self._step_exchange = GradientExchange(list(self.model.parameters()), groups=1)
         optimizer = self._optimizer
-        optimizer.load_state_dict({"state": optimizer_state, "param_groups": self._groups})
+        if optimizer_state is not self._stepped:
+            optimizer.load_state_dict({"state": optimizer_state, "param_groups": self._groups})
+        self._stepped = None  # until this step returns: a failed one leaves no state held
         for group in optimizer.param_groups:
             group["lr"] = self.inner.lr(record.step)
-        exchange = GradientExchange(list(self.model.parameters()), groups=1)
+        exchange = self._step_exchange
         for view, value in zip(exchange.gradients(), gradients):
             view.copy_(value)
             view.mul_(record.global_batch / record.samples)
@@ -103,7 +113,8 @@ class Replayer:
             torch.nn.utils.clip_grad_norm_(exchange.params, self.inner.grad_clip)
         optimizer.step()
         exchange.clear()
-        return optimizer.state_dict()["state"]
+        self._stepped = optimizer.state_dict()["state"]
+        return self._stepped
 
     def flat_params(self) -> torch.Tensor:
         """The trainable parameters as one flat vector (DiLoCo's order)."""
