@@ -15,7 +15,9 @@ from eth_account import Account
 
 from shoal.control.client import CoordinatorClient
 from shoal.control.coordinator import Coordinator, CoordinatorSettings, create_app
+from shoal.spec.audit import SignedVerdictBody, VerdictFiling
 from shoal.spec.coordinator import AgentRegistration, Backend, Preflight, Registration
+from shoal.spec.proof import Verdict
 from tests.conftest import tiny_job_toml
 from tests.harness.postgres import postgres_server  # noqa: F401
 
@@ -93,3 +95,16 @@ def provider_with_agent(client: CoordinatorClient, agent_id: str = "agent-a",
         devices=tuple(Preflight(device_kind="cpu", speed_samples_per_s=speed, memory_gb=4.0,
                                 backend=Backend.gloo, collective_ok=True)
                       for _ in range(devices))))
+
+
+def ruled_on(coordinator: Coordinator, client: CoordinatorClient, job_id: str,
+             verdict: Verdict, account) -> str:
+    """`verdict`, signed by `account`, filed through `client`: the referee's ruling."""
+    from shoal.control.trust.verdicts import sign_verdict
+
+    signed = sign_verdict(verdict, account)
+    (filed,) = client.file_verdicts(job_id, VerdictFiling(verdicts=(SignedVerdictBody(
+        verdict=signed.verdict, signature=signed.signature),)))
+    coordinator.referee.wait()
+    (ruled,) = [v for v in client.verdicts(job_id) if v.seq == filed.seq]
+    return ruled.ruling

@@ -13,14 +13,13 @@ import pytest
 from eth_account import Account
 
 from shoal.control.agent.proofs import ProofRelay, proof_dir
-from shoal.control.trust.verdicts import sign_verdict
 from shoal.jobs.gpt_replay import gpt_replayer
 from shoal.spec import hyper_digest, parse_job
-from shoal.spec.audit import BlobKind, ChallengeRequest, RecordUpload, SignedVerdictBody, VerdictFiling
+from shoal.spec.audit import BlobKind, ChallengeRequest, RecordUpload
 from shoal.spec.coordinator import Grant, Heartbeat, JobSubmission, OfferTerms, Registration, Role
 from shoal.spec.proof import Verdict, VerdictKind
 from shoal.train.hashing import param_sha256
-from tests.control.coordinator.conftest import Served, provider_with_agent
+from tests.control.coordinator.conftest import Served, provider_with_agent, ruled_on
 from tests.control.coordinator.refereed import remote_verifier
 from tests.control.coordinator.test_proofs import PRICE, PROOF_JOB, publish, record, refused
 
@@ -92,13 +91,9 @@ def test_a_verifier_that_waits_out_the_window_cannot_have_an_honest_worker_slash
     # and costs the accuser, while the agent keeps beating.
     time.sleep(0.2)
     a.heartbeat("agent-a", Heartbeat())
-    verdict = sign_verdict(Verdict(job="tiny", epoch=0, step=3, worker=worker,
-                                   kind=VerdictKind.withheld), verifier.account)
-    (filed,) = verifier.file_verdicts(job_id, VerdictFiling(verdicts=(SignedVerdictBody(
-        verdict=verdict.verdict, signature=verdict.signature),)))
-    coordinator.referee.wait()
-    (ruled,) = [v for v in verifier.verdicts(job_id) if v.seq == filed.seq]
-    assert ruled.ruling == "rejected"
+    assert ruled_on(coordinator, verifier, job_id, Verdict(
+        job="tiny", epoch=0, step=3, worker=worker, kind=VerdictKind.withheld),
+        verifier.account) == "rejected"
     kinds = [e.kind for e in verifier.events(job=job_id)]
     assert "worker_slashed" not in kinds and "verdict_rejected" in kinds
 

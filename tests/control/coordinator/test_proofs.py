@@ -24,7 +24,7 @@ from shoal.spec.audit import (
 )
 from shoal.spec.coordinator import Grant, Heartbeat, JobSubmission, OfferTerms, Registration, Role
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
-from tests.control.coordinator.conftest import TINY_JOB, Served, provider_with_agent
+from tests.control.coordinator.conftest import TINY_JOB, Served, provider_with_agent, ruled_on
 
 PRICE = 1_000_000
 PROOF_JOB = TINY_JOB + "[proof]\nenabled = true\nepoch_steps = 5\n"
@@ -323,13 +323,9 @@ def test_a_step_redone_after_a_restore_supersedes_the_abandoned_lineage(market):
     (params,) = verifier.raise_challenges(job_id, [ChallengeRequest(worker="x", step=3,
                                                                     kind=BlobKind.params)])
     assert params.worker == second
-    signed = sign_verdict(Verdict(job="tiny", epoch=0, step=3, worker=third,
-                                  kind=VerdictKind.wrong_params), verifier.account)
-    (filed,) = verifier.file_verdicts(job_id, VerdictFiling(verdicts=(SignedVerdictBody(
-        verdict=signed.verdict, signature=signed.signature),)))
-    coordinator.referee.wait()
-    (ruled,) = [v for v in verifier.verdicts(job_id) if v.seq == filed.seq]
-    assert ruled.ruling == "rejected"
+    assert ruled_on(coordinator, verifier, job_id, Verdict(
+        job="tiny", epoch=0, step=3, worker=third, kind=VerdictKind.wrong_params),
+        verifier.account) == "rejected"
     assert not [e for e in verifier.events(job=job_id) if e.kind == "worker_slashed"]
 
 

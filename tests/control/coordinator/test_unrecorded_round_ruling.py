@@ -16,10 +16,9 @@ import threading
 
 import pytest
 
-from shoal.control.trust.verdicts import sign_verdict
-from shoal.spec.audit import SignedVerdictBody, VerdictFiling
 from shoal.spec.proof import Verdict, VerdictKind
 from shoal.train.audit_unrecorded import UNRECORDED
+from tests.control.coordinator.conftest import ruled_on
 from tests.control.coordinator.refereed import (
     answer_as_a, diloco_run_on_lease_a, remote_verifier,
 )
@@ -65,13 +64,9 @@ def test_a_record_less_diloco_round_is_challenged_replayed_upheld_and_slashed(jo
 
     # The lost worker's round replays as it declared: accusing it costs the accuser.
     stake = s["ledger"].stake_of(s["vera"].address).active_wei
-    signed = sign_verdict(Verdict(job="tiny", epoch=1, step=7, worker=lost,
-                                  kind=VerdictKind.wrong_contribution), s["vera"])
-    (filed,) = client.file_verdicts(s["job_id"], VerdictFiling(verdicts=(SignedVerdictBody(
-        verdict=signed.verdict, signature=signed.signature),)))
-    s["co"].referee.wait()
-    (ruling,) = [v.ruling for v in client.verdicts(s["job_id"]) if v.seq == filed.seq]
-    assert ruling == "rejected"
+    assert ruled_on(s["co"], client, s["job_id"], Verdict(
+        job="tiny", epoch=1, step=7, worker=lost, kind=VerdictKind.wrong_contribution),
+        s["vera"]) == "rejected"
     assert s["ledger"].stake_of(s["vera"].address).active_wei < stake
 
 

@@ -13,13 +13,13 @@ import tomllib
 
 import pytest
 
-from shoal.control.trust.verdicts import sign_verdict
-from shoal.spec.audit import BlobKind, RecordUpload, SignedVerdictBody, VerdictFiling
+from shoal.spec.audit import BlobKind, RecordUpload
 from shoal.spec.coordinator import Heartbeat
 from shoal.spec.jobfile import parse_job
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
 from shoal.train.audit_unrecorded import UNRECORDED
 from shoal.train.work_records import step_rng_seed
+from tests.control.coordinator.conftest import ruled_on
 from tests.control.coordinator.refereed import refereed_job, remote_verifier
 from tests.control.coordinator.replayable import replayable_pair
 from tests.control.coordinator.test_proofs import PROOF_JOB, publish
@@ -126,10 +126,6 @@ def _found_upheld_and_slashed(s, poisoner: str) -> None:
 
 def _accuse(s, client, worker: str, step: int) -> str:
     """Vera files `wrong_contribution` on `worker`'s step; the referee's ruling."""
-    signed = sign_verdict(Verdict(job="tiny", epoch=0, step=step, worker=worker,
-                                  kind=VerdictKind.wrong_contribution), s["vera"])
-    (filed,) = client.file_verdicts(s["job_id"], VerdictFiling(verdicts=(SignedVerdictBody(
-        verdict=signed.verdict, signature=signed.signature),)))
-    s["co"].referee.wait()
-    (ruled,) = [v for v in client.verdicts(s["job_id"]) if v.seq == filed.seq]
-    return ruled.ruling
+    return ruled_on(s["co"], client, s["job_id"], Verdict(
+        job="tiny", epoch=0, step=step, worker=worker, kind=VerdictKind.wrong_contribution),
+        s["vera"])
