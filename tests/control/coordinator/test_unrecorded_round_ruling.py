@@ -39,13 +39,7 @@ def test_a_record_less_diloco_round_is_challenged_replayed_upheld_and_slashed(jo
     s = job
     honest, poisoner, lost = s["workers"]
     client = s["served"].client(s["vera"])
-    audits = remote_verifier(s["served"], s["job_id"], s["spec"], s["vera"], s["tmp"] / "vera",
-                             answer_wait_s=60.0)
-    assert audits.pending_epochs()[:2] == [0, 1]
-    found = []
-    running = threading.Thread(target=lambda: found.extend(audits.audit(e) for e in (0, 1)))
-    running.start()
-    answer_as_a(s["a"], s["work"], running)
+    found = _audit_epochs_0_and_1(s, answer_wait_s=60.0)
     assert len(found) == 2 and not any(audit.unnamed for audit in found)
     verdicts = [v for audit in found for v in audit.verdicts]
     assert sorted((v.step, v.kind) for v in verdicts if v.worker == poisoner) == \
@@ -79,13 +73,7 @@ def test_a_record_less_round_whose_kept_state_is_not_answered_is_upheld_as_withh
     s["co"].referee.withheld_grace_s = 0.5
     s["work"].local_path(lost, 5).unlink()  # inside its round of steps 4-7
     client = s["served"].client(s["vera"])
-    audits = remote_verifier(s["served"], s["job_id"], s["spec"], s["vera"], s["tmp"] / "vera",
-                             answer_wait_s=3.0)
-    assert audits.pending_epochs()[:2] == [0, 1]
-    found = []
-    running = threading.Thread(target=lambda: found.extend(audits.audit(e) for e in (0, 1)))
-    running.start()
-    answer_as_a(s["a"], s["work"], running)  # beats throughout, answering what it has
+    found = _audit_epochs_0_and_1(s, answer_wait_s=3.0)  # a beats throughout, answering what it has
     verdicts = {(v.worker, v.step): v.kind for audit in found for v in audit.verdicts}
     assert verdicts[(lost, 3)] is VerdictKind.valid
     assert verdicts[(lost, 7)] is VerdictKind.withheld
@@ -94,3 +82,15 @@ def test_a_record_less_round_whose_kept_state_is_not_answered_is_upheld_as_withh
              if v.verdict.guilty}
     assert ruled[(lost, 7)] == "upheld", ruled
     assert s["ledger"].lease(s["chain_job"], s["p1"].address).slashed
+
+
+def _audit_epochs_0_and_1(s, answer_wait_s: float) -> list:
+    """Vera's remote audits of epochs 0 and 1, while lease a's agent beats and answers."""
+    audits = remote_verifier(s["served"], s["job_id"], s["spec"], s["vera"], s["tmp"] / "vera",
+                             answer_wait_s=answer_wait_s)
+    assert audits.pending_epochs()[:2] == [0, 1]
+    found = []
+    running = threading.Thread(target=lambda: found.extend(audits.audit(e) for e in (0, 1)))
+    running.start()
+    answer_as_a(s["a"], s["work"], running)
+    return found
