@@ -46,7 +46,6 @@ class Replayer:
         self._orders: dict[int, DataOrder] = {}
         self._optimizer: torch.optim.Optimizer | None = None
         self._step_exchange: GradientExchange | None = None  # local_step's gradient buffer
-        self._stepped: dict | None = None  # the optimizer state local_step last returned
         # The loss report of the last `contribution`: (sum, samples), as a worker's loop
         # reports it to the guard.
         self.loss_sum, self.loss_samples = 0.0, 0
@@ -86,10 +85,8 @@ class Replayer:
         the step's global batch), the job's optimizer takes the step as `DiLoCo` does:
         the mean gradient over the worker's samples, clipped, at the step's learning
         rate. Returns the optimizer's new state; the model holds the new parameters.
-
-        A round's end audit re-takes a chain of steps, each from where the last ended:
-        the state this returned last is the optimizer's own, so it is not loaded again
-        (a load copies every moment: a fifth of a re-taken step on a small model)."""
+        (A round's end audit re-takes a chain of steps, each from where the last ended:
+        there the model holds the start already.)"""
         if self.inner is None:
             raise ValueError("this replayer has no inner optimizer (the job is not DiLoCo)")
         if params is not None:
@@ -99,9 +96,7 @@ class Replayer:
             self._groups = self._optimizer.state_dict()["param_groups"]
             self._step_exchange = GradientExchange(list(self.model.parameters()), groups=1)
         optimizer = self._optimizer
-        if optimizer_state is not self._stepped:
-            optimizer.load_state_dict({"state": optimizer_state, "param_groups": self._groups})
-        self._stepped = None  # until this step returns: a failed one leaves no state held
+        optimizer.load_state_dict({"state": optimizer_state, "param_groups": self._groups})
         for group in optimizer.param_groups:
             group["lr"] = self.inner.lr(record.step)
         exchange = self._step_exchange
@@ -113,8 +108,7 @@ class Replayer:
             torch.nn.utils.clip_grad_norm_(exchange.params, self.inner.grad_clip)
         optimizer.step()
         exchange.clear()
-        self._stepped = optimizer.state_dict()["state"]
-        return self._stepped
+        return optimizer.state_dict()["state"]
 
     def flat_params(self) -> torch.Tensor:
         """The trainable parameters as one flat vector (DiLoCo's order)."""

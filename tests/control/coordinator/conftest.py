@@ -15,6 +15,7 @@ from eth_account import Account
 
 from shoal.control.client import CoordinatorClient
 from shoal.control.coordinator import Coordinator, CoordinatorSettings, create_app
+from shoal.control.trust.verdicts import sign_verdict
 from shoal.spec.audit import SignedVerdictBody, VerdictFiling
 from shoal.spec.coordinator import AgentRegistration, Backend, Preflight, Registration
 from shoal.spec.proof import Verdict
@@ -100,8 +101,6 @@ def provider_with_agent(client: CoordinatorClient, agent_id: str = "agent-a",
 def ruled_on(coordinator: Coordinator, client: CoordinatorClient, job_id: str,
              verdict: Verdict, account) -> str:
     """`verdict`, signed by `account`, filed through `client`: the referee's ruling."""
-    from shoal.control.trust.verdicts import sign_verdict
-
     signed = sign_verdict(verdict, account)
     (filed,) = client.file_verdicts(job_id, VerdictFiling(verdicts=(SignedVerdictBody(
         verdict=signed.verdict, signature=signed.signature),)))

@@ -155,6 +155,26 @@ def test_a_disputed_cheat_that_beats_on_without_answering_is_slashed_not_waited_
     assert s.ledger.lease(s.chain_job, s.p1.address).slashed
 
 
+def test_a_disputed_provider_whose_agent_went_silent_is_not_slashed_for_it(disputed):
+    """The other side of the rule above: an agent that has not beaten since the dispute
+    asked for its files (its machine died) is not waited for past the fetch wait, and
+    its silence is not withholding: the dispute is `undecided` (it expires on chain,
+    bond back) and the provider keeps its stake."""
+    s = disputed
+    s.co.fetch_wait_s, s.co.referee.withheld_grace_s = 0.5, 3.0
+    dispute = s.ledger.open_dispute(s.mallory, s.chain_job, s.p1.address, BOND).returned
+    s.served.client(s.mallory).file_dispute(s.job_id, DisputeFiling(
+        dispute=dispute, worker=s.worker, epoch=0, trajectory=s.states({CHEAT_STEP})))
+    deadline = time.monotonic() + 60
+    while not s.ruled(dispute):  # agent a never beats
+        assert time.monotonic() < deadline, "the referee did not rule"
+        time.sleep(0.2)
+    view = s.ruled(dispute)
+    assert view.ruling == "undecided", view.why  # nothing of the step came: not ruled
+    assert not s.ledger.lease(s.chain_job, s.p1.address).slashed
+    assert s.ledger.dispute(dispute).state is DisputeState.open
+
+
 @pytest.mark.parametrize("accused", [1, 4])
 def test_a_false_accuser_loses_its_bond_wherever_it_points(disputed, accused):
     """The challenger rejects an honest step (and, with 4, also accepts the cheat's):

@@ -171,15 +171,24 @@ class AuditService(ForcedErrorService):
     def challenges(self, job_id: str) -> list[ChallengeView]:
         """The job's challenges; an unanswered one says whether its agent is offline (silent
         past the agent timeout), so a verifier need not wait for an answer that cannot come."""
+        return [view for view, _ in self.challenges_held(job_id)]
+
+    def challenges_held(self, job_id: str, only: set[int] | None = None
+                        ) -> list[tuple[ChallengeView, float]]:
+        """The job's challenges (those numbered in `only`, if given), each with when its
+        agent last beat (0.0: never)."""
         horizon = self.now_s() - self.settings.agent_timeout_s
+        query = select(ChallengeRow).where(ChallengeRow.job_id == job_id)
+        if only is not None:
+            query = query.where(ChallengeRow.challenge.in_(only))
         with Session(self.engine) as session:
-            rows = session.scalars(select(ChallengeRow).where(ChallengeRow.job_id == job_id)
-                                   .order_by(ChallengeRow.challenge)).all()
+            rows = session.scalars(query.order_by(ChallengeRow.challenge)).all()
             seen = dict(session.execute(select(AgentRow.agent_id, AgentRow.last_seen_s).where(
                 AgentRow.agent_id.in_({row.agent_id for row in rows}))).all())
-            return [_challenge_view(row).model_copy(update={
+            return [(_challenge_view(row).model_copy(update={
                         "holder_offline": row.answered_at_s is None
-                        and seen.get(row.agent_id, 0.0) < horizon})
+                        and seen.get(row.agent_id, 0.0) < horizon}),
+                     seen.get(row.agent_id, 0.0))
                     for row in rows]
 
     def answer_challenge(self, provider: str, challenge: int, data: bytes) -> ChallengeView:

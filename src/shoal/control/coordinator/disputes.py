@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.control.coordinator.referee import PLANT, REJECTED, UNDECIDED, UPHELD
-from shoal.control.store.schema import AgentRow, DisputeRow, JobRow, WorkRecordRow
+from shoal.control.store.schema import DisputeRow, JobRow, WorkRecordRow
 from shoal.control.trust.dispute import bisect_trajectories
 from shoal.control.trust.needed import params_requests, record_files
 from shoal.ledger import LedgerError
@@ -208,27 +208,22 @@ class DisputeService:
         grace = self.referee.withheld_grace_s
         start = time.monotonic()
         while time.monotonic() < start + self.fetch_wait_s + grace:
-            waiting = [v for v in self.challenges(job_id)
-                       if v.challenge in asked and v.answered_at_s is None]
+            waiting = [(v, seen) for v, seen in self.challenges_held(job_id, asked)
+                       if v.answered_at_s is None]
             if not waiting:
                 return
             # A holder that beats on without answering is not waited out: the referee's
             # `withheld` rule needs it seen alive `grace` seconds after the challenge,
             # so ruling before would let a cheat that goes quiet for `fetch_wait_s` turn
-            # the dispute `undecided` (its bond back, the cheat unslashed). Once that is
-            # seen, its silence is decided and waiting longer changes nothing.
-            seen = self._last_seen({v.agent_id for v in waiting})
-            decided = [seen.get(v.agent_id, 0.0) > v.requested_at_s + grace for v in waiting]
-            if all(decided) or (time.monotonic() >= start + self.fetch_wait_s
-                                and all(d or seen.get(v.agent_id, 0.0) <= v.requested_at_s
-                                        for d, v in zip(decided, waiting))):
-                return  # decided, or after the wait only holders silent since they were asked
+            # the dispute `undecided` (its bond back, the cheat unslashed). Once every
+            # silence counts, waiting longer changes nothing; after `fetch_wait_s`, only
+            # a holder seen since it was asked, but not yet past the grace, is waited for.
+            if all(seen > v.requested_at_s + grace for v, seen in waiting):
+                return
+            if time.monotonic() >= start + self.fetch_wait_s and not any(
+                    v.requested_at_s < seen <= v.requested_at_s + grace for v, seen in waiting):
+                return
             time.sleep(0.2)
-
-    def _last_seen(self, agents: set[str]) -> dict[str, float]:
-        with Session(self.engine) as session:
-            return dict(session.execute(select(AgentRow.agent_id, AgentRow.last_seen_s)
-                                        .where(AgentRow.agent_id.in_(agents))).all())
 
     def _settle_dispute(self, job_id: str, dispute: int, ruling: str, why: str,
                         step: int | None, rounds: int | None) -> None:
