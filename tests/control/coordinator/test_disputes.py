@@ -138,18 +138,13 @@ def test_a_disputed_cheat_that_beats_on_without_answering_is_slashed_not_waited_
     after the challenge), however short the fetch wait: ruling at the fetch wait would
     have left the dispute `undecided`, the bond back and the cheat unslashed."""
     s = disputed
-    s.co.fetch_wait_s, s.co.referee.withheld_grace_s = 0.5, 3.0
-    dispute = s.ledger.open_dispute(s.mallory, s.chain_job, s.p1.address, BOND).returned
-    s.served.client(s.mallory).file_dispute(s.job_id, DisputeFiling(
-        dispute=dispute, worker=s.worker, epoch=0, trajectory=s.states({CHEAT_STEP})))
-    deadline = time.monotonic() + 60
-    while not s.ruled(dispute):
-        assert time.monotonic() < deadline, "the referee did not rule"
+
+    def params_only() -> None:  # beats, and hands over the parameters, never the contribution
         for asked in s.a.heartbeat("a", Heartbeat()).challenges:
-            if asked.kind is BlobKind.params:  # the parameters, never the contribution
+            if asked.kind is BlobKind.params:
                 s.a.answer_challenge(asked.challenge, s.work.params)
-        time.sleep(0.2)
-    view = s.ruled(dispute)
+
+    dispute, view = _short_waited_dispute(s, params_only)
     assert (view.ruling, view.step) == ("upheld", CHEAT_STEP), view.why
     assert "withheld" in view.why
     assert s.ledger.lease(s.chain_job, s.p1.address).slashed
@@ -161,18 +156,25 @@ def test_a_disputed_provider_whose_agent_went_silent_is_not_slashed_for_it(dispu
     its silence is not withholding: the dispute is `undecided` (it expires on chain,
     bond back) and the provider keeps its stake."""
     s = disputed
+    dispute, view = _short_waited_dispute(s, lambda: None)  # agent a never beats
+    assert view.ruling == "undecided", view.why  # nothing of the step came: not ruled
+    assert not s.ledger.lease(s.chain_job, s.p1.address).slashed
+    assert s.ledger.dispute(dispute).state is DisputeState.open
+
+
+def _short_waited_dispute(s: Disputed, agent_a) -> tuple:
+    """Mallory disputes the cheat's epoch with a fetch wait (0.5 s) far shorter than the
+    referee's grace (3 s), while `agent_a()` plays lease a's agent: (dispute, its ruling)."""
     s.co.fetch_wait_s, s.co.referee.withheld_grace_s = 0.5, 3.0
     dispute = s.ledger.open_dispute(s.mallory, s.chain_job, s.p1.address, BOND).returned
     s.served.client(s.mallory).file_dispute(s.job_id, DisputeFiling(
         dispute=dispute, worker=s.worker, epoch=0, trajectory=s.states({CHEAT_STEP})))
     deadline = time.monotonic() + 60
-    while not s.ruled(dispute):  # agent a never beats
+    while not s.ruled(dispute):
         assert time.monotonic() < deadline, "the referee did not rule"
+        agent_a()
         time.sleep(0.2)
-    view = s.ruled(dispute)
-    assert view.ruling == "undecided", view.why  # nothing of the step came: not ruled
-    assert not s.ledger.lease(s.chain_job, s.p1.address).slashed
-    assert s.ledger.dispute(dispute).state is DisputeState.open
+    return dispute, s.ruled(dispute)
 
 
 @pytest.mark.parametrize("accused", [1, 4])
