@@ -101,9 +101,11 @@ def test_the_count_is_not_inflated_by_float_noise():
     assert audit_count(1.0, 3) == 3
 
 
-def test_under_diloco_each_workers_minimum_is_a_round_end():
-    """A cheat that poisons only its pseudo-gradients keeps every inner step honest: the
-    one audit a worker is sure to get lands on a round's end, whatever the beacon."""
+def test_under_diloco_each_workers_minimum_is_a_round_end_and_an_inner_step_of_it():
+    """A cheat that poisons only its pseudo-gradients keeps every inner step honest, and
+    one that fakes only its inner steps is honest where its rounds end: the audits a
+    worker is sure to get land on a round's end and on an inner step of that round,
+    whatever the beacon."""
     from shoal.spec.proof import LocalStep
 
     def local(r, outer):
@@ -114,7 +116,44 @@ def test_under_diloco_each_workers_minimum_is_a_round_end():
         return r.model_copy(update={"local": claim})
 
     records = [local(r, r.step % 5 == 4) for r in honest_epoch(range(20))]
+    inner_steps_drawn = set()
     for i in range(30):
         sample = audit_sample(records, 0.0, 1, beacon(ROOT, f"block {i}".encode()))
-        assert sorted(r.worker for r in sample) == ["w0", "w1", "w2", "w3"]
-        assert all(r.local.outer for r in sample)
+        assert sorted(r.worker for r in sample) == ["w0", "w0", "w1", "w1", "w2", "w2", "w3",
+                                                    "w3"]
+        for worker in ("w0", "w1", "w2", "w3"):
+            end, inner = sorted((r for r in sample if r.worker == worker),
+                                key=lambda r: not r.local.outer)
+            assert end.local.outer and not inner.local.outer
+            assert inner.local.round_start == end.local.round_start
+            inner_steps_drawn.add(inner.step % 5)
+    assert inner_steps_drawn == {0, 1, 2, 3}  # which inner step is the beacon's
+
+
+def test_under_diloco_a_round_end_whose_round_the_epoch_does_not_hold_brings_another_inner_step():
+    """A round that began in the epoch before: its end's inner step is one of the worker's
+    other rounds (every worker still has an inner step replayed)."""
+    from shoal.spec.proof import LocalStep
+
+    def local(r):
+        start = 46 if r.step == 50 else r.step - (r.step - 51) % 5
+        claim = LocalStep(round_start=start, state_sha256=digest("s"), applied=True,
+                          end_params_sha256=digest("e"), end_state_sha256=digest("f"),
+                          **({"round_samples": 2, "round_expected": 8, "outer_norm": 1.0}
+                             if r.step in (50, 55, 60) else {}))
+        return r.model_copy(update={"local": claim})
+
+    # Step 50 ends a round begun at 46, in the epoch before; rounds 51-55 and 56-60 follow.
+    records = [local(r) for r in honest_epoch(range(50, 61))]
+    ends_without_their_round = 0
+    for i in range(30):
+        sample = audit_sample(records, 0.0, 1, beacon(ROOT, f"block {i}".encode()))
+        for worker in ("w0", "w1", "w2", "w3"):
+            end, inner = sorted((r for r in sample if r.worker == worker),
+                                key=lambda r: not r.local.outer)
+            assert end.local.outer and not inner.local.outer
+            if end.step == 50:
+                ends_without_their_round += 1
+            else:
+                assert inner.local.round_start == end.local.round_start
+    assert ends_without_their_round > 0

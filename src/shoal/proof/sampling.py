@@ -47,8 +47,10 @@ def audit_sample(records: Sequence[WorkRecord], rate: float, min_per_worker: int
 
     At least `min_per_worker` of every worker's records (all of them if it has
     fewer), and at least ceil(rate × len(records)) in all: each worker's
-    lowest-ranked records first (its round-end records before the others, under
-    DiLoCo), then the lowest-ranked of the rest.
+    lowest-ranked records first, then the lowest-ranked of the rest. Under
+    DiLoCo each of a worker's minimum is a round's end (before its other
+    records) and, with it, one of the worker's inner steps (of that round where
+    the epoch holds one).
     """
     if min_per_worker < 0:
         raise ProofError(f"min_per_worker is {min_per_worker}; it cannot be negative")
@@ -66,6 +68,19 @@ def audit_sample(records: Sequence[WorkRecord], rate: float, min_per_worker: int
         if taken[record.worker] < min_per_worker:
             taken[record.worker] += 1
             chosen[index] = record
+    # The audit of a round's end re-takes the round's optimizer updates on the gradients
+    # the worker committed, and replays only its own: a worker that reports noise (or
+    # nothing computed) for its inner steps, honest where its rounds end, would pass it
+    # while steering its pseudo-gradient. So each round end brings an inner step whose
+    # gradient is replayed.
+    inner = [i for i in range(len(ranked)) if _inner_step(ranked[i])]  # in beacon order
+    for end in [r for r in chosen.values() if _round_end(r)]:
+        of_worker = [i for i in inner if i not in chosen and ranked[i].worker == end.worker]
+        same_round = [i for i in of_worker
+                      if ranked[i].local.round_start == end.local.round_start]
+        if of_worker:
+            pick = (same_round or of_worker)[0]
+            chosen[pick] = ranked[pick]
     wanted = audit_count(rate, len(ranked))
     for index, record in enumerate(ranked):
         if len(chosen) >= wanted:
@@ -76,6 +91,10 @@ def audit_sample(records: Sequence[WorkRecord], rate: float, min_per_worker: int
 
 def _round_end(record: WorkRecord) -> bool:
     return record.local is not None and record.local.outer
+
+
+def _inner_step(record: WorkRecord) -> bool:
+    return record.local is not None and not record.local.outer
 
 
 def catch_probability(cheat_fraction: float, audits: int) -> float:

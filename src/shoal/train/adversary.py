@@ -40,6 +40,8 @@ class AdversaryContext:
     memory: dict[str, Any] = field(default_factory=dict)  # kept across steps, per worker
     # The newest record another worker wrote (None when there is none yet).
     peer_record: Callable[[], WorkRecord | None] = lambda: None
+    # Under DiLoCo, whether the step is the last of the worker's round (None: every-step).
+    round_end: bool | None = None
 
 
 class Adversary:
@@ -195,6 +197,23 @@ class OuterScale(Adversary):
         return honest * 10.0
 
 
+class InnerRandom(Adversary):
+    """Under DiLoCo: noise with the honest norm for every inner step's gradient, and the
+    honest gradient where a round ends. It applies and commits what it reports, so
+    its chain of optimizer updates and its pseudo-gradient hold, and a replay of a
+    round's end passes: the cheap lazy worker (or a poisoner steering its round
+    through its inner steps) that only an audit of an inner step catches
+    (every-step jobs: an honest worker)."""
+
+    name = "inner_random"
+    diloco_only = True
+
+    def contribution(self, honest: Contribution, ctx: AdversaryContext) -> Contribution:
+        if ctx.round_end is None or ctx.round_end:
+            return honest
+        return RandomGradient().contribution(honest, ctx)
+
+
 class HiddenScale(Adversary):
     """Commits its honest gradient (or pseudo-gradient) and puts it ×10 in the exchange,
     declaring what it sent: every audit replays the honest work and opens the honest
@@ -255,10 +274,12 @@ BUILT_IN: dict[str, Callable[[], Adversary]] = {
     "bad_commitment": BadCommitment,
     "copy": CopyRecord,
     "outer_scale": OuterScale,
+    "inner_random": InnerRandom,
     "hidden_scale": HiddenScale,
     "unrecorded": Unrecorded,
 }
-# Cheats only where a round ends: under every-step sync these workers are honest.
+# Cheats only under DiLoCo (where a round ends, or on inner steps only): under
+# every-step sync these workers are honest.
 DILOCO_ONLY = frozenset(name for name, make in BUILT_IN.items() if make().diloco_only)
 # Cheats that audits catch only under every-step sync (README, "Proof of learning").
 EVERY_STEP_ONLY = frozenset(name for name, make in BUILT_IN.items() if make().every_step_only)

@@ -26,8 +26,10 @@ earlier step of the worker's round (optimizer updates only, no forward or
 backward pass): a break anywhere in the chain, such as Adam moments forged
 mid-round to steer every later update while each step replays exactly,
 fails the round's end. The sampler puts each worker's round-end records
-first (`shoal.proof.sampling`); a gradient itself (check 3) is replayed
-where it is sampled, as in every-step jobs.
+first, each with one of the worker's inner steps (`shoal.proof.sampling`):
+the re-take applies committed gradients without replaying them, and a
+gradient itself (check 3) is replayed where it is sampled, as in every-step
+jobs.
 """
 
 from __future__ import annotations

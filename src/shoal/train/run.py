@@ -123,10 +123,11 @@ class Run:
         self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self.checkpoints)
         self.replica.extras["sync"] = self.sync
         self.proof.diloco = isinstance(self.sync, DiLoCo)
+        self.proof.ends_round = self.sync.is_outer if isinstance(self.sync, DiLoCo) else None
         if self.proof.adversary is not None and self.proof.adversary.diloco_only and \
                 not isinstance(self.sync, DiLoCo):
-            raise TrainError(f"adversary {self.config.adversary!r} cheats at DiLoCo's outer "
-                             "steps only: use it with [sync] mode = 'diloco'")
+            raise TrainError(f"adversary {self.config.adversary!r} cheats under DiLoCo only: "
+                             "use it with [sync] mode = 'diloco'")
         return model, ElasticOptimizer(self, optimizer)
 
     def prove(self, settings: ProofSettings) -> None:

@@ -8,6 +8,8 @@ An honest worker that records nothing pays nothing here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -32,6 +34,7 @@ class StepProof:
         self.sent_check: SentCheck | None = None  # set by the run when the job records work
         self._declared: list[torch.Tensor] | None = None
         self.diloco = False  # set by the run: only a round's end is exchanged
+        self.ends_round: Callable[[int], bool] | None = None  # set by the run under DiLoCo
 
     def record(self, recorder: WorkRecorder, sync: EveryStep | DiLoCo,
                exchange: GradientExchange, optimizer: torch.optim.Optimizer) -> None:
@@ -58,7 +61,8 @@ class StepProof:
         self._context = AdversaryContext(
             worker=self.worker, step=step, rank=rank, world=len(shares), num_samples=num_samples,
             params=[p for p in model.parameters() if p.requires_grad], memory=self._memory,
-            peer_record=self.recorder.peer_record if self.recorder else lambda: None)
+            peer_record=self.recorder.peer_record if self.recorder else lambda: None,
+            round_end=self.ends_round(step) if self.ends_round is not None else None)
         if self.recorder is not None:
             # Dropout and any other randomness of the step: the job's, not the worker's.
             torch.manual_seed(self.recorder.begin(step, model, positions, rank, shares))

@@ -166,19 +166,23 @@ def test_each_adversary_is_caught_under_diloco_in_every_epoch(tmp_path, cheats):
 
 
 @pytest.mark.slow
-def test_a_sampled_audit_catches_a_pseudo_gradient_poisoner_in_every_epoch(tmp_path):
-    """outer_scale keeps every inner step honest: a uniform sample of 1 record in 8 per
-    worker would miss it most epochs; round ends come first, so it never does."""
-    proven = run_proven_job(tmp_path, workers=3, steps=16, epoch_steps=8, sync=DILOCO,
-                            adversaries={2: "outer_scale"})
+def test_a_sampled_audit_catches_a_poisoner_of_either_part_of_a_round_in_every_epoch(tmp_path):
+    """outer_scale keeps every inner step honest, and inner_random is honest where its
+    rounds end (its chain of updates and its pseudo-gradient hold, so a round end's audit
+    passes): a uniform sample of 1 record in 8 per worker would miss each most epochs;
+    each worker's minimum is a round's end and an inner step of it, so it never does."""
+    proven = run_proven_job(tmp_path, workers=4, steps=16, epoch_steps=8, sync=DILOCO,
+                            adversaries={2: "outer_scale", 3: "inner_random"})
     verifier = Verifier(proven.auditor(), proven.job.proof, salt=b"o" * 16,
                         total_steps=proven.job.steps)
     records = proven.store.records()
     for epoch in verifier.complete_epochs(records):
         mine = [r for r in records if r.step // 8 == epoch]
         result = verifier.audit_epoch(epoch, mine, rate=0.01)
-        assert len(result.verdicts) == 3
-        assert guilty_workers(result.verdicts) == {"w2"}
+        assert len(result.verdicts) == 8
+        assert guilty_workers(result.verdicts) == {"w2", "w3"}
+        inner = next(v for v in result.verdicts if v.worker == "w3" and v.guilty)
+        assert inner.kind is VerdictKind.wrong_contribution and inner.step % 4 != 3
 
 
 # -- forgeries of a worker's own chain, on an honest job's files --------------------------
