@@ -160,7 +160,7 @@ class LocalAudit:
         ended = (param_sha256(self.replayer.model), optimizer_state_sha256(new_state))
         if ended == (claim.end_params_sha256, claim.end_state_sha256):
             return None, Carried(ended, new_state), revealed
-        return self._end_problem(record, mine, start, new_state), None, revealed
+        return self._end_problem(record, mine, everyone, start, new_state), None, revealed
 
     # -- the checks ------------------------------------------------------------------
 
@@ -225,25 +225,23 @@ class LocalAudit:
             self._fresh_sha256 = optimizer_state_sha256(self.replayer.fresh_optimizer_state())
         return self._fresh_sha256
 
-    def _end_problem(self, record: WorkRecord, mine: list[WorkRecord], start: dict,
-                     new_state: dict) -> Finding | None:
+    def _end_problem(self, record: WorkRecord, mine: list[WorkRecord],
+                     everyone: list[WorkRecord], start: dict, new_state: dict) -> Finding | None:
         """Does the optimizer step end where the record claims? Bit for bit, or within
-        the tolerance of the state the worker kept for its next step."""
+        the tolerance of the claimed end as kept for a next step: the worker's own, or a
+        peer's that started from it (a joiner's)."""
         claim = record.local
-        if claim.outer:
-            # The round's end: its parameters are checked through the pseudo-gradient;
-            # its optimizer state is where the worker's next round starts.
-            following = [r for r in mine if r.step == record.step + 1 and r.local is not None
-                         and r.local.state_sha256 == claim.end_state_sha256]
-        else:
-            following = [r for r in mine if r.step == record.step + 1 and r.local is not None
-                         and r.params_sha256 == claim.end_params_sha256
-                         and r.local.state_sha256 == claim.end_state_sha256]
-        kept = self.store.load_local(record.worker, following[0].step) if following else None
+        # Peers count too: a worker that claims an end it never reached and goes on from
+        # its true state, while a colluding peer starts from the claim (at the next
+        # round, or restarting at theta_outer later), would otherwise leave nothing to
+        # measure against (`unavailable`, no verdict).
+        following = next_kept_starts(record, mine, everyone)
+        kept = self.store.load_local(following[0].worker, following[0].step) \
+            if following else None
         if kept is None:
             return (VerdictKind.unavailable,
-                    "the step's end differs in its last bits and the worker's next state is "
-                    "not kept to measure by how much", None)
+                    "the step's end differs in its last bits and no next step's state that "
+                    "starts there is kept to measure by how much", None)
         next_params, next_state = kept
         replayed = state_tensors(new_state)
         claimed = state_tensors(next_state)
@@ -337,6 +335,16 @@ def _round_counts(record: WorkRecord, mine: list[WorkRecord], everyone: list[Wor
                 samples = 0
             samples += r.samples if r.local.applied else 0
     return samples, expected
+
+
+def next_kept_starts(record: WorkRecord, mine: list[WorkRecord], everyone: list[WorkRecord]
+                     ) -> list[WorkRecord]:
+    """The records whose kept start is where `record` claims its step ended: the
+    worker's own next first, then peers' in step order (`WorkRecord.starts_where_ended`)."""
+    own = sorted((r for r in mine if r.starts_where_ended(record)), key=lambda r: r.step)
+    peers = sorted((r for r in everyone if r.worker != record.worker
+                    and r.starts_where_ended(record)), key=lambda r: (r.step, r.worker))
+    return own + peers
 
 
 def state_tensors(state: dict) -> list[torch.Tensor]:

@@ -332,3 +332,50 @@ def test_an_older_rounds_optimizer_state_at_a_rounds_start_is_refused(forger):
     found = start_round_from(forger, 8, old)
     assert found.kind is VerdictKind.wrong_params
     assert "previous round's end" in found.detail
+
+
+@pytest.mark.parametrize("peer_step", [4, 9], ids=["next_round", "restart_later"])
+def test_a_round_end_state_its_worker_never_reached_is_caught_where_a_peer_starts_from_it(
+        forger, peer_step):
+    """Collusion: w0 claims its round ended at Adam moments of its choosing and goes on
+    from elsewhere, and w1 starts from w0's claim: its next round (a round may start from
+    a peer's end, as a joiner's does), or a restart at theta_outer later (which may take
+    any earlier round end's). w0's own next round does not start there, so its claim is
+    measured against the state w1 kept; before, nothing was left to measure against and
+    w0's audit said `unavailable`, no verdict."""
+    _, state = forger.store.load_local("w1", 4)
+    for slot in state.values():
+        slot["exp_avg"] = slot["exp_avg"] * 50
+    end = next(r for r in forger.store.records("w0") if r.step == 3)
+    rewrite(forger, end.model_copy(update={"local": end.local.model_copy(
+        update={"end_state_sha256": optimizer_state_sha256(state)})}))
+    start_round_from(forger, peer_step, state)
+    found = verdict_on(forger, "w0", 3)
+    assert found.kind is VerdictKind.wrong_contribution, found
+    assert "does not end where" in found.detail
+
+
+def test_a_remote_audit_asks_for_the_kept_start_of_a_peer_that_began_where_a_step_ended(
+        honest_diloco):
+    """What the collusion test measures against must be fetched from the peer's agent:
+    where the worker itself did not go on from its claimed end, the first peer that did
+    (the next step's, or one restarting at theta_outer later)."""
+    from shoal.control.trust.needed import record_files
+
+    records = honest_diloco.store.records()
+    claimed = "ab" * 32
+    end = next(r for r in records if (r.worker, r.step) == ("w0", 3))
+    end = end.model_copy(update={"local": end.local.model_copy(
+        update={"end_state_sha256": claimed})})
+
+    def asked(peer_step: int) -> set:
+        peer = next(r for r in records if (r.worker, r.step) == ("w1", peer_step))
+        joined = peer.model_copy(update={"local": peer.local.model_copy(
+            update={"state_sha256": claimed})})
+        others = [r for r in records if (r.worker, r.step) not in {("w0", 3), ("w1", peer_step)}]
+        return {(c.worker, c.step, c.kind.value)
+                for c in record_files([end], others + [end, joined])[0]}
+
+    assert ("w1", 4, "local") in asked(4)
+    assert ("w1", 9, "local") in asked(9)
+    assert not any(worker == "w1" for worker, _, _ in record_files([end], records)[0])
