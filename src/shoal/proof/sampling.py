@@ -76,10 +76,9 @@ def audit_sample(records: Sequence[WorkRecord], rate: float, min_per_worker: int
     inner = [i for i in range(len(ranked)) if _inner_step(ranked[i])]  # in beacon order
     for end in [r for r in chosen.values() if _round_end(r)]:
         of_worker = [i for i in inner if i not in chosen and ranked[i].worker == end.worker]
-        same_round = [i for i in of_worker
-                      if ranked[i].local.round_start == end.local.round_start]
-        if of_worker:
-            pick = (same_round or of_worker)[0]
+        if of_worker:  # of the end's own round where the epoch holds one
+            pick = next((i for i in of_worker
+                         if ranked[i].local.round_start == end.local.round_start), of_worker[0])
             chosen[pick] = ranked[pick]
     wanted = audit_count(rate, len(ranked))
     for index, record in enumerate(ranked):

@@ -126,16 +126,6 @@ class WorkRecord(Frozen):
     def samples(self) -> int:
         return self.positions_end - self.positions_start
 
-    def starts_where_ended(self, before: WorkRecord) -> bool:
-        """Under DiLoCo: does this later step (any worker's) start where `before` claims
-        it ended? After a round's end only the optimizer state goes on (the parameters go
-        to the outer step), and a step back at theta_outer later (a rollback, a join)
-        may start from any earlier round end's."""
-        return self.local is not None and before.local is not None and \
-            self.step > before.step and \
-            self.local.state_sha256 == before.local.end_state_sha256 and \
-            (before.local.outer or self.params_sha256 == before.local.end_params_sha256)
-
     def leaf(self) -> bytes:
         """The Merkle leaf: SHA-256 of the record's canonical JSON, domain-separated
         from inner nodes (a leaf can never pass for a node)."""

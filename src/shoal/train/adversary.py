@@ -48,7 +48,7 @@ class Adversary:
     """An honest worker; subclasses override where they cheat."""
 
     name = "honest"
-    diloco_only = False  # cheats only where a DiLoCo round ends (honest under every-step sync)
+    diloco_only = False  # cheats only under DiLoCo (honest under every-step sync)
     every_step_only = False  # a cheat audits catch only under every-step sync
 
     def samples(self, ids: np.ndarray, ctx: AdversaryContext) -> np.ndarray:

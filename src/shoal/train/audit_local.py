@@ -160,7 +160,7 @@ class LocalAudit:
         ended = (param_sha256(self.replayer.model), optimizer_state_sha256(new_state))
         if ended == (claim.end_params_sha256, claim.end_state_sha256):
             return None, Carried(ended, new_state), revealed
-        return self._end_problem(record, mine, everyone, start, new_state), None, revealed
+        return self._end_problem(record, everyone, start, new_state), None, revealed
 
     # -- the checks ------------------------------------------------------------------
 
@@ -225,36 +225,44 @@ class LocalAudit:
             self._fresh_sha256 = optimizer_state_sha256(self.replayer.fresh_optimizer_state())
         return self._fresh_sha256
 
-    def _end_problem(self, record: WorkRecord, mine: list[WorkRecord],
-                     everyone: list[WorkRecord], start: dict, new_state: dict) -> Finding | None:
+    def _end_problem(self, record: WorkRecord, everyone: list[WorkRecord], start: dict,
+                     new_state: dict) -> Finding | None:
         """Does the optimizer step end where the record claims? Bit for bit, or within
-        the tolerance of the claimed end as kept for a next step: the worker's own, or a
-        peer's that started from it (a joiner's)."""
+        the tolerance of the claimed end as kept for a later step: the worker's own next
+        one, or else a peer's that started from the claimed optimizer state.
+
+        Peers count: a worker that claims an end it never reached and goes on from its
+        true state, while a colluding peer starts from the claim (its next round, or a
+        restart at theta_outer), would otherwise leave nothing to measure against
+        (`unavailable`, no verdict). Each kept file must be the state its record claims:
+        a peer's that is not cannot speak for or against this worker (one keeping the
+        true end under the forged claim's name would clear it), and the worker's own that
+        is not is its own broken commitment."""
         claim = record.local
-        # Peers count too: a worker that claims an end it never reached and goes on from
-        # its true state, while a colluding peer starts from the claim (at the next
-        # round, or restarting at theta_outer later), would otherwise leave nothing to
-        # measure against (`unavailable`, no verdict).
-        following = next_kept_starts(record, mine, everyone)
-        kept = self.store.load_local(following[0].worker, following[0].step) \
-            if following else None
-        if kept is None:
-            return (VerdictKind.unavailable,
-                    "the step's end differs in its last bits and no next step's state that "
-                    "starts there is kept to measure by how much", None)
-        next_params, next_state = kept
-        replayed = state_tensors(new_state)
-        claimed = state_tensors(next_state)
-        distance = relative_distance(replayed, claimed)
-        if not claim.outer:
-            moved = self.replayer.flat_params()
-            base = torch.cat([start[k].reshape(-1) for k in _trainable(self.replayer.model)])
-            there = torch.cat([next_params[k].reshape(-1) for k in _trainable(self.replayer.model)])
-            distance = max(distance, relative_distance([moved - base], [there - base]))
-        if distance <= self.tolerance:
-            return None
-        return (VerdictKind.wrong_contribution,
-                "the optimizer step does not end where the record says", distance)
+        for later in next_kept_starts(record, everyone):
+            kept = self.store.load_local(later.worker, later.step)
+            if kept is None:
+                continue
+            next_params, next_state = kept
+            if optimizer_state_sha256(next_state) != claim.end_state_sha256:
+                if later.worker == record.worker:
+                    return (VerdictKind.bad_commitment, f"the state its step {later.step} "
+                            "started from is not the one its records claim", None)
+                continue
+            distance = relative_distance(state_tensors(new_state), state_tensors(next_state))
+            if not claim.outer and later.worker == record.worker:  # the parameters go on too
+                moved = self.replayer.flat_params()
+                names = _trainable(self.replayer.model)
+                base = torch.cat([start[k].reshape(-1) for k in names])
+                there = torch.cat([next_params[k].reshape(-1) for k in names])
+                distance = max(distance, relative_distance([moved - base], [there - base]))
+            if distance <= self.tolerance:
+                return None
+            return (VerdictKind.wrong_contribution,
+                    "the optimizer step does not end where the record says", distance)
+        return (VerdictKind.unavailable,
+                "the step's end differs in its last bits and no later step's state that "
+                "starts there is kept to measure by how much", None)
 
     def _outer_problem(self, record: WorkRecord, mine: list[WorkRecord],
                        everyone: list[WorkRecord], outer_sha256: str,
@@ -337,14 +345,19 @@ def _round_counts(record: WorkRecord, mine: list[WorkRecord], everyone: list[Wor
     return samples, expected
 
 
-def next_kept_starts(record: WorkRecord, mine: list[WorkRecord], everyone: list[WorkRecord]
-                     ) -> list[WorkRecord]:
-    """The records whose kept start is where `record` claims its step ended: the
-    worker's own next first, then peers' in step order (`WorkRecord.starts_where_ended`)."""
-    own = sorted((r for r in mine if r.starts_where_ended(record)), key=lambda r: r.step)
-    peers = sorted((r for r in everyone if r.worker != record.worker
-                    and r.starts_where_ended(record)), key=lambda r: (r.step, r.worker))
-    return own + peers
+def next_kept_starts(record: WorkRecord, everyone: list[WorkRecord]) -> list[WorkRecord]:
+    """The later records that start where `record` claims its step ended, in the order
+    an audit measures against them: the worker's own next (at the claimed parameters and
+    optimizer state; after a round's end, the state alone, the parameters going to the
+    outer step), then peers' that started from the claimed optimizer state (a joiner's,
+    or a restart at theta_outer), in step order."""
+    claim = record.local
+    own = [r for r in everyone if r.worker == record.worker and r.step > record.step
+           and r.local is not None and r.local.state_sha256 == claim.end_state_sha256
+           and (claim.outer or r.params_sha256 == claim.end_params_sha256)]
+    peers = [r for r in everyone if r.worker != record.worker and r.step > record.step
+             and r.local is not None and r.local.state_sha256 == claim.end_state_sha256]
+    return sorted(own, key=lambda r: r.step) + sorted(peers, key=lambda r: (r.step, r.worker))
 
 
 def state_tensors(state: dict) -> list[torch.Tensor]:

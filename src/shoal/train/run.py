@@ -122,7 +122,6 @@ class Run:
         self.sync = make_sync(sync, self.exchange, optimizer)
         self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self.checkpoints)
         self.replica.extras["sync"] = self.sync
-        self.proof.diloco = isinstance(self.sync, DiLoCo)
         self.proof.ends_round = self.sync.is_outer if isinstance(self.sync, DiLoCo) else None
         if self.proof.adversary is not None and self.proof.adversary.diloco_only and \
                 not isinstance(self.sync, DiLoCo):

@@ -33,8 +33,9 @@ class StepProof:
         self._model: torch.nn.Module | None = None
         self.sent_check: SentCheck | None = None  # set by the run when the job records work
         self._declared: list[torch.Tensor] | None = None
-        self.diloco = False  # set by the run: only a round's end is exchanged
-        self.ends_round: Callable[[int], bool] | None = None  # set by the run under DiLoCo
+        # Set by the run under DiLoCo (whether a step ends its round): only a round's
+        # end is exchanged there.
+        self.ends_round: Callable[[int], bool] | None = None
 
     def record(self, recorder: WorkRecorder, sync: EveryStep | DiLoCo,
                exchange: GradientExchange, optimizer: torch.optim.Optimizer) -> None:
@@ -49,6 +50,10 @@ class StepProof:
                 raise TrainError("[proof] under DiLoCo needs [sync] slt = 0 and codec = 'none'")
             recorder.local = LocalSteps(optimizer, sync.round_begins_at)
             sync.proof = self
+
+    @property
+    def diloco(self) -> bool:
+        return self.ends_round is not None
 
     @property
     def active(self) -> bool:

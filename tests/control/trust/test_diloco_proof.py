@@ -379,3 +379,47 @@ def test_a_remote_audit_asks_for_the_kept_start_of_a_peer_that_began_where_a_ste
     assert ("w1", 4, "local") in asked(4)
     assert ("w1", 9, "local") in asked(9)
     assert not any(worker == "w1" for worker, _, _ in record_files([end], records)[0])
+
+
+def forge_round_end_claim(forger: ProvenJob, worker: str, step: int) -> str:
+    """`worker` claims its round ending at `step` left Adam moments ×50 of its true ones;
+    returns the claimed state's SHA-256."""
+    _, state = forger.store.load_local(worker, step + 1)
+    for slot in state.values():
+        slot["exp_avg"] = slot["exp_avg"] * 50
+    claimed = optimizer_state_sha256(state)
+    end = next(r for r in forger.store.records(worker) if r.step == step)
+    rewrite(forger, end.model_copy(update={"local": end.local.model_copy(
+        update={"end_state_sha256": claimed})}))
+    return claimed
+
+
+def claim_start(forger: ProvenJob, worker: str, step: int, state_sha256: str) -> None:
+    """`worker`'s record of `step` claims to start from `state_sha256` (its kept file unchanged)."""
+    record = next(r for r in forger.store.records(worker) if r.step == step)
+    rewrite(forger, record.model_copy(update={"local": record.local.model_copy(
+        update={"state_sha256": state_sha256})}))
+
+
+def test_a_peer_keeping_the_true_end_under_a_forged_claims_name_does_not_clear_the_forger(
+        forger):
+    """The colluding peer's kept start is what a forged round end is measured against: a
+    peer that claims the forged state but keeps the true one would make the forgery
+    measure as exact. A kept file is used only if it is the state its record claims; the
+    peer's own audit finds its broken commitment."""
+    claimed = forge_round_end_claim(forger, "w0", 3)
+    claim_start(forger, "w1", 4, claimed)
+    found = verdict_on(forger, "w0", 3)
+    assert found.kind is VerdictKind.unavailable, found
+    assert verdict_on(forger, "w1", 4).kind is VerdictKind.bad_commitment
+
+
+def test_a_worker_keeping_its_true_end_under_a_forged_claims_name_is_caught_at_that_end(
+        forger):
+    """Alone: the worker's next record claims the forged state it started from while its
+    kept file holds the true one. Measured against that file, the forgery was exact and
+    passed; now the file must be the claimed state, and it is the worker's own."""
+    claimed = forge_round_end_claim(forger, "w0", 3)
+    claim_start(forger, "w0", 4, claimed)
+    found = verdict_on(forger, "w0", 3)
+    assert found.kind is VerdictKind.bad_commitment, found

@@ -5,8 +5,8 @@ the referee fetches before it re-executes the one step a dispute's bisection lef
 Every-step: each record's revealed contribution, and the parameters its step
 started from. Under DiLoCo also the worker's own kept states: where its step
 started and where its next one did (a last-bit difference in where the step
-ended is measured against it, or against a peer's kept start where a peer
-started from the claimed end), and for a round's end the files of every
+ended is measured against it, or, where it did not go on from there, against
+the kept starts of peers that did), and for a round's end the files of every
 earlier step of the worker's round (the round's end vouches for the whole
 round); the parameters are those of the round's start (theta_outer).
 """
@@ -29,11 +29,7 @@ def record_files(chosen: Iterable[WorkRecord], records: list[WorkRecord]
     epochs around the chosen records')."""
     wanted, starts = [], set()
     held = {(r.worker, r.step) for r in records}
-    by_step: dict[int, list[WorkRecord]] = defaultdict(list)
-    for r in records:
-        by_step[r.step].append(r)
     for r in chosen:
-        mine = [q for q in records if q.worker == r.worker]
         wanted.append(ChallengeRequest(worker=r.worker, step=r.step, kind=BlobKind.reveal))
         if r.local is None:
             starts.add(r.step)
@@ -45,14 +41,13 @@ def record_files(chosen: Iterable[WorkRecord], records: list[WorkRecord]
                    for kind in (BlobKind.local, BlobKind.reveal)]
         wanted += [ChallengeRequest(worker=r.worker, step=step, kind=BlobKind.local)
                    for step in (r.step, r.step + 1) if (r.worker, step) in held]
-        # Where the worker did not go on from a step's claimed end, the peer's kept start
-        # that did (the audit measures the claim against it: `next_kept_starts`).
-        wanted += [ChallengeRequest(worker=later[0].worker, step=later[0].step,
-                                    kind=BlobKind.local)
-                   for step in range(first, r.step + 1)
-                   for own in by_step[step] if own.worker == r.worker
-                   for later in [next_kept_starts(own, mine, records)]
-                   if later and later[0].worker != r.worker]
+        # Where the worker did not go on from a step's claimed end itself, the kept
+        # starts of the peers that did (the audit measures the claim against them).
+        for own in (q for q in records if q.worker == r.worker and first <= q.step <= r.step):
+            later = next_kept_starts(own, records)
+            if later and later[0].worker != r.worker:
+                wanted += [ChallengeRequest(worker=q.worker, step=q.step, kind=BlobKind.local)
+                           for q in later]
     return wanted, starts
 
 
