@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import threading
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,10 +111,16 @@ def run_on_lease_a(r: Refereed, job_file: Path, run_dir: Path, workers: int,
     return [f"{node}-w{i}" for i in range(workers)], work
 
 
-def answer_as_a(a: CoordinatorClient, work: ProofStore, running: threading.Thread) -> None:
-    """Agent a beats and answers from a run's proof directory while `running`: the
-    parameters its workers kept, and each worker's own kept states and contributions
-    (what it does not have, it leaves unanswered)."""
+def answer_as_a(a: CoordinatorClient, work: ProofStore, side: Callable[[], None]) -> None:
+    """Agent a beats and answers from a run's proof directory while `side` (a verifier's,
+    challenger's or referee's work) runs in a thread: the parameters its workers kept,
+    and each worker's own kept states and contributions (what it does not have, it
+    leaves unanswered). It beats once before `side` starts: after a run long enough for
+    the coordinator to have marked it lost, a challenge raised before its first beat
+    would find its holder offline and be dropped at once."""
+    a.heartbeat("a", Heartbeat())
+    running = threading.Thread(target=side)
+    running.start()
     while running.is_alive():
         for asked in a.heartbeat("a", Heartbeat()).challenges:
             path = {BlobKind.params: lambda: work.params_path(asked.step),

@@ -12,7 +12,6 @@ named as lease a's agent would name them; the test stands in for that agent."""
 
 from __future__ import annotations
 
-import threading
 
 import pytest
 
@@ -42,13 +41,10 @@ def _dispute(s, worker: str) -> tuple:
     audits = remote_verifier(s["served"], s["job_id"], s["spec"], s["vera"], s["tmp"] / "vera",
                              answer_wait_s=60.0)
     bond = s["ledger"].config().min_bond_wei
-    s["a"].heartbeat("a", Heartbeat())  # back after the run: its files are asked of it
     found = []
-    running = threading.Thread(target=lambda: found.append(challenge_worker(
+    answer_as_a(s["a"], s["work"], lambda: found.append(challenge_worker(
         s["served"].client(s["vera"]), s["ledger"], s["vera"], audits, s["job_id"], worker, 0,
         bond, ruling_wait_s=120.0, poll_s=0.2)))
-    running.start()
-    answer_as_a(s["a"], s["work"], running)
     assert found, "the challenger's side did not finish"
     return found[0], bond
 
@@ -81,9 +77,7 @@ def test_disputing_an_honest_diloco_worker_costs_the_bond(job):
     client.file_dispute(s["job_id"], DisputeFiling(
         dispute=opened, worker=honest, epoch=0,
         trajectory=tuple(trajectory(root, mine, lambda r: r.step != 3))))
-    running = threading.Thread(target=s["co"].referee.wait)
-    running.start()
-    answer_as_a(s["a"], s["work"], running)  # the referee fetches the round's files from lease a's agent
+    answer_as_a(s["a"], s["work"], s["co"].referee.wait)  # the referee fetches the round's files from lease a's agent
     (view,) = [d for d in client.disputes(s["job_id"]) if d.dispute == opened]
     assert (view.ruling, view.step) == ("rejected", 3), view.why
     assert not s["ledger"].lease(s["chain_job"], s["p1"].address).slashed
