@@ -340,6 +340,7 @@ def _challenge(s: Disputed):
     audits = RemoteAudits(client, s.job_id, spec, auditor, s.mallory, salt=b"m",
                           answer_wait_s=30.0, poll_s=0.1)
     found = []
+    s.a.heartbeat("a", Heartbeat())  # back before it is asked: else its challenges drop
     challenger = threading.Thread(target=lambda: found.append(challenge_worker(
         client, s.ledger, s.mallory, audits, s.job_id, s.worker, 0, BOND, ruling_wait_s=60.0,
         poll_s=0.2)))

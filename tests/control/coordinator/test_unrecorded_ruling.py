@@ -106,6 +106,7 @@ def _found_upheld_and_slashed(s, poisoner: str) -> None:
                              answer_wait_s=30.0)
     assert audits.pending_epochs() == [0]
     found = []
+    s["a"].heartbeat("a", Heartbeat())  # back before it is asked: else its challenges drop
     running = threading.Thread(target=lambda: found.append(audits.audit(0)))
     running.start()
     _answering(s, running)

@@ -16,6 +16,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from eth_account.signers.local import LocalAccount
@@ -89,18 +90,26 @@ class Referee:
         self._executor.submit(lambda: None).result()
 
     def _rule_all(self, job_id: str, verdicts: list[int]) -> None:
+        ruled: list[Ruled] = []
         for seq in verdicts:
             try:
-                self.rule(job_id, seq)
+                ruled.append(self._rule(job_id, seq))
             except Exception:  # noqa: BLE001 - one failed ruling must not stop the next
                 log.exception("job %s: ruling on verdict %d failed; it stays undecided", job_id, seq)
+        log_rulings(job_id, ruled)
 
     def rule(self, job_id: str, seq: int) -> str:
+        """Rule on verdict `seq` now, and log the ruling; the ruling."""
+        ruled = self._rule(job_id, seq)
+        log_rulings(job_id, [ruled])
+        return ruled.ruling
+
+    def _rule(self, job_id: str, seq: int) -> Ruled:
         co = self.coordinator
         with Session(co.engine) as session:
             row = session.get(VerdictRow, seq)
             if row is None or row.ruling is not None:
-                return row.ruling if row else UNDECIDED
+                return Ruled(row.ruling if row else UNDECIDED)
             verdict = Verdict.model_validate(row.body["verdict"])
             record_row = session.get(WorkRecordRow, (job_id, verdict.worker, verdict.step))
         record = WorkRecord.model_validate(record_row.body) if record_row else None
@@ -109,7 +118,7 @@ class Referee:
             # A planted record is the operator's: its verdicts are scored at the reveal
             # (plants.py), and a replay of the worker's real record must not rule on them
             # (nor on a DiLoCo round's end whose audit read a plant of its round).
-            return PLANT
+            return Ruled(PLANT)
         records = co.work_records(job_id, verdict.step // co.job_spec(job_id).proof.epoch_steps)
         provider = record_row.provider if record_row is not None else None
         if record is None or record not in final_lineage(records):
@@ -122,7 +131,7 @@ class Referee:
         else:
             ruling, why, _ = self.replay(job_id, record, records)
         self._enforce(job_id, seq, verdict, ruling, why, provider)
-        return ruling
+        return Ruled(ruling, why, verdict.worker, verdict.step)
 
     def withheld(self, job_id: str, verdict: Verdict, agent_id: str,
                  steps: range | None = None) -> tuple[str, str]:
@@ -293,8 +302,9 @@ class Referee:
             co._event(session, co.now_s(), COORDINATOR, kind, job_id, verdict=seq,
                       worker=verdict.worker, step=verdict.step, verifier=verdict.verifier,
                       provider=provider, why=why, **chain_note)
-        log.warning("job %s: verdict %d on %s step %d %s: %s", job_id, seq, verdict.worker,
-                    verdict.step, ruling, why)
+        if kind == "worker_slashed":
+            log.warning("job %s: provider %s slashed for %s's step %d: %s", job_id, provider,
+                        verdict.worker, verdict.step, why)
 
     def _lazy_verifiers(self, job_id: str, upheld: Verdict, enforce: bool,
                         chain_job: int | None) -> None:
@@ -341,3 +351,31 @@ def _vouched(record: WorkRecord) -> range:
     if record.local is not None and record.local.outer:
         return range(record.local.round_start, record.step + 1)
     return range(record.step, record.step + 1)
+
+
+@dataclass(frozen=True)
+class Ruled:
+    """A ruling as the log tells it: on which worker's step, and why (a verdict ruled
+    already, or left to a plant's reveal, has no worker: nothing new to tell)."""
+
+    ruling: str
+    why: str = ""
+    worker: str | None = None
+    step: int = -1
+
+
+def log_rulings(job_id: str, ruled: list[Ruled]) -> None:
+    """One line per worker, ruling and reason, not one per verdict: a provider whose
+    machine died leaves every challenged step of its worker undecided, and a cheat
+    every audited one upheld, each ruling on record in the job's events already.
+    Rulings that moved money (upheld, rejected) are warnings."""
+    steps: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    for r in ruled:
+        if r.worker is not None:
+            steps[(r.worker, r.ruling, r.why)].append(r.step)
+    for (worker, ruling, why), at in steps.items():
+        level = logging.INFO if ruling == UNDECIDED else logging.WARNING
+        shown = ", ".join(map(str, at[:3])) + (f", … {at[-1]}" if len(at) > 3 else "")
+        log.log(level, "job %s: %s on %s %s (step%s %s): %s", job_id,
+                "a verdict" if len(at) == 1 else f"{len(at)} verdicts", worker, ruling,
+                "" if len(at) == 1 else "s", shown, why)
