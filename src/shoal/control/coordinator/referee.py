@@ -131,7 +131,7 @@ class Referee:
         else:
             ruling, why, _ = self.replay(job_id, record, records)
         self._enforce(job_id, seq, verdict, ruling, why, provider)
-        return Ruled(ruling, why, verdict.worker, verdict.step)
+        return Ruled(ruling, why, verdict.worker, verdict.step, verdict.verifier)
 
     def withheld(self, job_id: str, verdict: Verdict, agent_id: str,
                  steps: range | None = None) -> tuple[str, str]:
@@ -355,27 +355,28 @@ def _vouched(record: WorkRecord) -> range:
 
 @dataclass(frozen=True)
 class Ruled:
-    """A ruling as the log tells it: on which worker's step, and why (a verdict ruled
-    already, or left to a plant's reveal, has no worker: nothing new to tell)."""
+    """A ruling as the log tells it: on which worker's step, whose verdict, and why (a
+    verdict ruled already, or left to a plant's reveal, has no worker: nothing new)."""
 
     ruling: str
     why: str = ""
     worker: str | None = None
     step: int = -1
+    verifier: str = ""
 
 
 def log_rulings(job_id: str, ruled: list[Ruled]) -> None:
-    """One line per worker, ruling and reason, not one per verdict: a provider whose
-    machine died leaves every challenged step of its worker undecided, and a cheat
+    """One line per verifier, worker, ruling and reason, not one per verdict: a provider
+    whose machine died leaves every challenged step of its worker undecided, and a cheat
     every audited one upheld, each ruling on record in the job's events already.
     Rulings that moved money (upheld, rejected) are warnings."""
-    steps: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    steps: dict[tuple[str, str, str, str], list[int]] = defaultdict(list)
     for r in ruled:
         if r.worker is not None:
-            steps[(r.worker, r.ruling, r.why)].append(r.step)
-    for (worker, ruling, why), at in steps.items():
+            steps[(r.verifier, r.worker, r.ruling, r.why)].append(r.step)
+    for (verifier, worker, ruling, why), at in steps.items():
         level = logging.INFO if ruling == UNDECIDED else logging.WARNING
         shown = ", ".join(map(str, at[:3])) + (f", … {at[-1]}" if len(at) > 3 else "")
-        log.log(level, "job %s: %s on %s %s (step%s %s): %s", job_id,
-                "a verdict" if len(at) == 1 else f"{len(at)} verdicts", worker, ruling,
-                "" if len(at) == 1 else "s", shown, why)
+        log.log(level, "job %s: %s by %s on %s %s (step%s %s): %s", job_id,
+                "a verdict" if len(at) == 1 else f"{len(at)} verdicts", verifier or "?", worker,
+                ruling, "" if len(at) == 1 else "s", shown, why)
