@@ -89,12 +89,14 @@ def remote_verifier(served: Served, job_id: str, spec, vera, folder: Path,
 
 
 def run_on_lease_a(r: Refereed, job_file: Path, run_dir: Path, workers: int,
-                   *flags: str) -> tuple[list[str], ProofStore]:
+                   *flags: str, forge: Callable[[ProofStore, list[str]], None] | None = None
+                   ) -> tuple[list[str], ProofStore]:
     """A real `shoal train` run of the hosted job, its workers named as lease a's agent
     would name them (NODE-w<i>; a rendezvous this one host serves); the membership it
     formed published by the job's host, the records it filed uploaded under lease a and
     the epochs rooted. Returns the workers' ids and the run's proof store (where the
-    test, standing in for the agent, answers challenges from)."""
+    test, standing in for the agent, answers challenges from). `forge`, if given, rewrites
+    the run's files (its proof store, the workers' ids) before the records go up."""
     node = f"a-l{r.lease['a-d0']}-a0"
     done = subprocess.run(shoal_command(
         "train", str(job_file), "--workers", str(workers), "--node", node, "--serve",
@@ -102,13 +104,16 @@ def run_on_lease_a(r: Refereed, job_file: Path, run_dir: Path, workers: int,
         capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     work = ProofStore(job_file.parent / "proof")
+    ids = [f"{node}-w{i}" for i in range(workers)]
+    if forge is not None:
+        forge(work, ids)
     published = r.co.hosts.run_dir(r.job_id) / "epochs.jsonl"
     published.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(run_dir / "epochs.jsonl", published)
     r.providers["a"].upload_records(r.job_id, RecordUpload(lease=r.lease["a-d0"],
                                                            records=tuple(work.records())))
     r.served.app.state.rounds.once()
-    return [f"{node}-w{i}" for i in range(workers)], work
+    return ids, work
 
 
 def answer_as_a(a: CoordinatorClient, work: ProofStore, side: Callable[[], None]) -> None:
@@ -134,7 +139,8 @@ def answer_as_a(a: CoordinatorClient, work: ProofStore, side: Callable[[], None]
 
 @contextlib.contextmanager
 def diloco_run_on_lease_a(tmp_path: Path, steps: int, epoch_steps: int, workers: int,
-                          *flags: str) -> Iterator[dict]:
+                          *flags: str, forge: Callable[[ProofStore, list[str]], None] | None = None
+                          ) -> Iterator[dict]:
     """A DiLoCo job (rounds of 4 inner steps) hosted, leased, and run on lease a with
     `flags` (the adversaries): what a dispute over a DiLoCo round starts from. Yields
     the coordinator's pieces, the job's spec, the workers' ids and the run's proof
@@ -143,7 +149,8 @@ def diloco_run_on_lease_a(tmp_path: Path, steps: int, epoch_steps: int, workers:
                             sync='mode = "diloco"\ninner_steps = 4')
     text = path.read_text()
     with refereed_job(tmp_path, text) as r:
-        ids, work = run_on_lease_a(r, path, tmp_path / "work" / "run", workers, *flags)
+        ids, work = run_on_lease_a(r, path, tmp_path / "work" / "run", workers, *flags,
+                                   forge=forge)
         yield dict(co=r.co, served=r.served, ledger=r.ledger, chain_job=r.chain_job,
                    a=r.providers["a"], spec=parse_job(tomllib.loads(text), source="test"),
                    job_id=r.job_id, workers=ids, work=work, vera=r.vera, p1=r.p1,

@@ -3,6 +3,7 @@ some workers told to cheat, and the verifier's view of what it left."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from shoal.control.coordinator.published_epochs import PublishedEpochs
 from shoal.jobs.gpt_replay import gpt_replayer
 from shoal.spec import JobSpec, hyper_digest, load_job
 from shoal.train.audit import Auditor
+from shoal.spec.proof import WorkRecord
 from shoal.train.proof_store import ProofStore
 from tests.conftest import shoal_command, tiny_job_toml
 from tests.ledger.conftest import embedded_chain  # noqa: F401  (the trust flow settles on it)
@@ -67,3 +69,13 @@ def run_members(run_dir: Path):
     `members` (names the workers of shares filed without a record)."""
     published = PublishedEpochs(lambda _: run_dir)
     return lambda epoch: published.members("", epoch)
+
+
+def rewrite_record(store: ProofStore, record: WorkRecord) -> None:
+    """Replace `record`'s worker's record of its step in `store` with `record` (a forger's
+    hand on the files it writes)."""
+    path = store.records_path(record.worker)
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [record.model_dump(mode="json") if (d["step"], d["worker"]) == (record.step, record.worker)
+             else d for d in lines]
+    path.write_text("".join(json.dumps(d) + "\n" for d in lines))

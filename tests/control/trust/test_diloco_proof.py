@@ -7,7 +7,6 @@ reached, a pseudo-gradient weighted by samples it did not compute) fail."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -15,10 +14,10 @@ import torch
 
 from shoal.control.trust.verifier import Verifier
 from shoal.proof.verdicts import guilty_workers
-from shoal.spec.proof import VerdictKind, WorkRecord
+from shoal.spec.proof import VerdictKind
 from shoal.train.adversary import BUILT_IN, EVERY_STEP_ONLY
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
-from tests.control.trust.conftest import ProvenJob, run_members, run_proven_job
+from tests.control.trust.conftest import ProvenJob, rewrite_record, run_members, run_proven_job
 
 DILOCO = 'mode = "diloco"\ninner_steps = 4'
 CHEATS = sorted(set(BUILT_IN) - EVERY_STEP_ONLY) + ["tests.control.trust.cheats:drift"]
@@ -205,14 +204,6 @@ def forger(honest_diloco, tmp_path):
     return ProvenJob(honest_diloco.job, ProofStore(tmp_path / "proof"))
 
 
-def rewrite(proven: ProvenJob, record: WorkRecord) -> None:
-    path = proven.store.records_path(record.worker)
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    lines = [record.model_dump(mode="json") if (d["step"], d["worker"]) == (record.step, record.worker)
-             else d for d in lines]
-    path.write_text("".join(json.dumps(d) + "\n" for d in lines))
-
-
 def verdict_on(proven: ProvenJob, worker: str, step: int):
     records = proven.store.records()
     target = next(r for r in records if (r.worker, r.step) == (worker, step))
@@ -227,7 +218,7 @@ def start_round_from(forger: ProvenJob, step: int, state: dict):
     params, _ = forger.store.load_local("w1", step)
     forger.store.save_local("w1", step, params, state)
     record = next(r for r in forger.store.records("w1") if r.step == step)
-    rewrite(forger, record.model_copy(update={"local": record.local.model_copy(
+    rewrite_record(forger.store, record.model_copy(update={"local": record.local.model_copy(
         update={"state_sha256": optimizer_state_sha256(state)})}))
     return verdict_on(forger, "w1", step)
 
@@ -257,7 +248,7 @@ def test_a_start_its_own_steps_never_reached_is_refused(forger, honest_diloco):
     replayer_model = honest_diloco.auditor().replayer.model
     replayer_model.load_state_dict(params)
     record = next(r for r in forger.store.records("w1") if r.step == step)
-    rewrite(forger, record.model_copy(update={"params_sha256": param_sha256(replayer_model)}))
+    rewrite_record(forger.store, record.model_copy(update={"params_sha256": param_sha256(replayer_model)}))
     found = verdict_on(forger, "w1", step)
     assert found.kind is VerdictKind.wrong_params
     assert "previous step" in found.detail
@@ -265,7 +256,7 @@ def test_a_start_its_own_steps_never_reached_is_refused(forger, honest_diloco):
 
 def test_a_pseudo_gradient_weighted_by_samples_not_computed_is_refused(forger):
     record = next(r for r in forger.store.records("w1") if r.local.outer)
-    rewrite(forger, record.model_copy(update={"local": record.local.model_copy(
+    rewrite_record(forger.store, record.model_copy(update={"local": record.local.model_copy(
         update={"round_samples": record.local.round_samples + 6})}))
     assert verdict_on(forger, "w1", record.step).kind is VerdictKind.wrong_samples
 
@@ -282,9 +273,9 @@ def test_a_claimed_end_the_optimizer_does_not_reach_is_refused(forger):
     model.load_state_dict(params)
     moved = param_sha256(model)
     mine = {r.step: r for r in forger.store.records("w1")}
-    rewrite(forger, mine[step].model_copy(update={"local": mine[step].local.model_copy(
+    rewrite_record(forger.store, mine[step].model_copy(update={"local": mine[step].local.model_copy(
         update={"end_params_sha256": moved})}))
-    rewrite(forger, mine[nxt].model_copy(update={"params_sha256": moved}))
+    rewrite_record(forger.store, mine[nxt].model_copy(update={"params_sha256": moved}))
     found = verdict_on(forger, "w1", step)
     assert found.kind is VerdictKind.wrong_contribution
     assert "does not end where" in found.detail
@@ -320,7 +311,7 @@ def test_a_diloco_record_without_its_own_steps_claims_is_refused(forger):
     """Without them its audit would look for a start every replica shared, find none,
     and say `unavailable` forever: a worker could never be caught."""
     record = next(r for r in forger.store.records("w1") if r.step == 5)
-    rewrite(forger, record.model_copy(update={"local": None}))
+    rewrite_record(forger.store, record.model_copy(update={"local": None}))
     found = verdict_on(forger, "w1", 5)
     assert found.kind is VerdictKind.wrong_params and "sync" in found.detail
 
@@ -347,7 +338,7 @@ def test_a_round_end_state_its_worker_never_reached_is_caught_where_a_peer_start
     for slot in state.values():
         slot["exp_avg"] = slot["exp_avg"] * 50
     end = next(r for r in forger.store.records("w0") if r.step == 3)
-    rewrite(forger, end.model_copy(update={"local": end.local.model_copy(
+    rewrite_record(forger.store, end.model_copy(update={"local": end.local.model_copy(
         update={"end_state_sha256": optimizer_state_sha256(state)})}))
     start_round_from(forger, peer_step, state)
     found = verdict_on(forger, "w0", 3)
@@ -389,7 +380,7 @@ def forge_round_end_claim(forger: ProvenJob, worker: str, step: int) -> str:
         slot["exp_avg"] = slot["exp_avg"] * 50
     claimed = optimizer_state_sha256(state)
     end = next(r for r in forger.store.records(worker) if r.step == step)
-    rewrite(forger, end.model_copy(update={"local": end.local.model_copy(
+    rewrite_record(forger.store, end.model_copy(update={"local": end.local.model_copy(
         update={"end_state_sha256": claimed})}))
     return claimed
 
@@ -397,7 +388,7 @@ def forge_round_end_claim(forger: ProvenJob, worker: str, step: int) -> str:
 def claim_start(forger: ProvenJob, worker: str, step: int, state_sha256: str) -> None:
     """`worker`'s record of `step` claims to start from `state_sha256` (its kept file unchanged)."""
     record = next(r for r in forger.store.records(worker) if r.step == step)
-    rewrite(forger, record.model_copy(update={"local": record.local.model_copy(
+    rewrite_record(forger.store, record.model_copy(update={"local": record.local.model_copy(
         update={"state_sha256": state_sha256})}))
 
 

@@ -121,9 +121,13 @@ class RemoteAudits:
                       and (judged is None or (u.worker, u.step) in judged)]
         # Under DiLoCo the files an audit needs may be named by records of other epochs
         # (the round's start, the worker's next step), and the audit follows a worker's
-        # chain of steps back to its round's start.
+        # chain of steps back to its round's start. A claimed round end is measured where
+        # a later record starts from it, which may be any later epoch's (a peer restarting
+        # at theta_outer from an old round's end): so every rooted epoch's records, each
+        # fetched once.
         diloco = any(r.local is not None for r in records)
-        self._around = self._served_records(epoch + 1) if diloco else records
+        self._around = self._served_records(max(self.roots, default=epoch)) if diloco \
+            else records
         self._too_late = set()
         self._fetch(chosen, self._around, shares)
         result = self.verifier.audit_epoch(epoch, records, chosen=chosen, judged=judged)
