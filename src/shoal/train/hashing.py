@@ -15,7 +15,9 @@ def param_sha256(model: torch.nn.Module) -> str:
         digest.update(name.encode())
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(str(tensor.dtype).encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+        # The array's buffer, hashed in place: .tobytes() would copy every parameter first
+        # (hashes run at every step with work records, and at every re-taken audit step).
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
     return digest.hexdigest()
 
 
@@ -32,7 +34,7 @@ def optimizer_state_sha256(state: dict) -> str:
             if isinstance(value, torch.Tensor):
                 tensor = value.detach().contiguous().cpu()
                 digest.update(f":{tuple(tensor.shape)}:{tensor.dtype}:".encode())
-                digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+                digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
             else:
                 digest.update(f":{value!r}".encode())
     return digest.hexdigest()

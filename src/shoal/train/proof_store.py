@@ -39,7 +39,7 @@ def contribution_sha256(job: str, worker: str, step: int, tensors: list[torch.Te
     for t in tensors:
         flat = t.detach().contiguous().reshape(-1).cpu()
         digest.update(f"\x00{flat.dtype}:{flat.numel()}".encode())
-        digest.update(flat.view(torch.uint8).numpy().tobytes())
+        digest.update(flat.view(torch.uint8).numpy())
     return digest.hexdigest()
 
 

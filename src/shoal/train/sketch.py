@@ -27,7 +27,7 @@ def sum_seed(tensors: list[torch.Tensor]) -> str:
     all-reduce): the seed of the step's directions."""
     digest = hashlib.sha256()
     for t in tensors:
-        digest.update(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
     return digest.hexdigest()
 
 
