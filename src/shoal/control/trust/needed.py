@@ -25,10 +25,17 @@ from shoal.train.audit_local import next_kept_starts
 def record_files(chosen: Iterable[WorkRecord], records: list[WorkRecord]
                  ) -> tuple[list[ChallengeRequest], set[int]]:
     """The chosen records' own files, and the steps whose parameters their audits start
-    from. `records`: those the audits may look back and ahead on (under DiLoCo, the
-    epochs around the chosen records')."""
+    from. `records`: those the audits may look back and ahead on (under DiLoCo, every
+    rooted epoch's)."""
     wanted, starts = [], set()
     held = {(r.worker, r.step) for r in records}
+    # Records by the optimizer state they start from, built once: a remote verifier holds
+    # the whole job's records, and only those starting from a step's claimed end state
+    # can be where its claim is measured (`next_kept_starts` picks among them).
+    starting: dict[str, list[WorkRecord]] = defaultdict(list)
+    for q in records:
+        if q.local is not None:
+            starting[q.local.state_sha256].append(q)
     for r in chosen:
         wanted.append(ChallengeRequest(worker=r.worker, step=r.step, kind=BlobKind.reveal))
         if r.local is None:
@@ -44,7 +51,7 @@ def record_files(chosen: Iterable[WorkRecord], records: list[WorkRecord]
         # Where the worker did not go on from a step's claimed end itself, the kept
         # starts of the peers that did (the audit measures the claim against them).
         for own in (q for q in records if q.worker == r.worker and first <= q.step <= r.step):
-            later = next_kept_starts(own, records)
+            later = next_kept_starts(own, starting[own.local.end_state_sha256])
             if later and later[0].worker != r.worker:
                 wanted += [ChallengeRequest(worker=q.worker, step=q.step, kind=BlobKind.local)
                            for q in later]
