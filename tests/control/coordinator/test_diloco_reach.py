@@ -6,7 +6,7 @@ restart at theta_outer may take any earlier round end's state). The claim is mea
 against the state w1 kept there. A verifier auditing epoch 0 that held the records of
 epochs 0 and 1 only found nothing to measure against and said `unavailable`, no
 verdict: the forger went free. It now holds every rooted epoch's records and asks w1's
-agent for that kept start."""
+agent for that kept start; the referee upholds the verdict and the provider is slashed."""
 
 from __future__ import annotations
 
@@ -56,3 +56,11 @@ def test_a_round_end_taken_up_epochs_later_is_measured_where_it_was(job):
     (verdict,) = [v for v in audit.verdicts if (v.worker, v.step) == (forger, FORGED_END)]
     assert verdict.kind is VerdictKind.wrong_contribution, verdict
     assert "does not end where" in verdict.detail
+    # ... and it costs the forger: the referee's replay of the same files upholds it, and
+    # lease a's provider is slashed (unpaid for the job).
+    s["co"].referee.wait()
+    client = s["served"].client(s["vera"])
+    ruled = {(v.verdict.worker, v.verdict.step): v.ruling for v in client.verdicts(s["job_id"])
+             if v.verdict.guilty}
+    assert ruled[(forger, FORGED_END)] == "upheld", ruled
+    assert s["ledger"].lease(s["chain_job"], s["p1"].address).slashed
