@@ -12,7 +12,7 @@ from shoal.jobs.optim import build_optimizer, lr_at
 from shoal.jobs.precision import forward_precision
 from shoal.spec import JobSpec
 from shoal.spec.plan import SyncMode
-from shoal.train.replay import InnerOptimizer, Replayer
+from shoal.train.replay import InnerOptimizer, JobSeeds, Replayer
 
 
 def gpt_replayer(job: JobSpec) -> Replayer:
@@ -29,4 +29,5 @@ def gpt_replayer(job: JobSpec) -> Replayer:
             build=lambda model: build_optimizer(model, job.optimizer),
             lr=lambda step: lr_at(step, job.steps, job.optimizer.lr, job.schedule),
             grad_clip=job.optimizer.grad_clip)
-    return Replayer(GPT(job.model), loss, windows.get_batch, windows.num_samples(), inner)
+    return Replayer(GPT(job.model), loss, windows.get_batch, windows.num_samples(), inner,
+                    JobSeeds(job.seed, job.micro_batch))

@@ -12,7 +12,6 @@ orders, so an honest replay is close to, not equal to, the contribution.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,10 +21,10 @@ from shoal.proof.merkle import verify_proof
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
 from shoal.train.audit_local import Finding, LocalAudit, load_agreed
 from shoal.train.audit_sent import loss_problem, sent_problem
+from shoal.train.audit_slice import seeds_problem, slice_problem
 from shoal.train.audit_unrecorded import Members, Unrecorded, judge_unrecorded, stand_in
 from shoal.train.audit_unrecorded_round import UnrecordedRounds
-from shoal.train.order import share_positions, step_cursor
-from shoal.train.proof_store import ProofStore, contribution_sha256
+from shoal.train.proof_store import ProofStore, UnreadableFile, contribution_sha256
 from shoal.train.replay import Replayer, relative_distance
 
 
@@ -50,6 +49,7 @@ class Auditor:
         self.hyper_sha256, self.tolerance, self.verifier = hyper_sha256, tolerance, verifier
         self._loaded_step: int | None = None
         self._loaded_ok = False
+        self._undecided: Finding | None = None  # see `_unless_undecided`
         self.local = LocalAudit(store, replayer, tolerance, records or store.records)
         self._rounds: UnrecordedRounds | None = None
 
@@ -67,9 +67,12 @@ class Auditor:
             return verdict(VerdictKind.bad_proof, "the record is not under the anchored root")
         if record.hyper_sha256 != self.hyper_sha256:
             return verdict(VerdictKind.wrong_params, "recorded under other hyperparameters")
-        wrong_slice = _slice_problem(record, step_records)
-        if wrong_slice:
-            return verdict(VerdictKind.wrong_samples, wrong_slice)
+        wrong_seeds = seeds_problem(record, self.replayer.seeds)
+        if wrong_seeds:
+            return verdict(VerdictKind.wrong_params, wrong_seeds)
+        wrong_slice = slice_problem(record, step_records, self.replayer.seeds)
+        if wrong_slice is not None:
+            return verdict(*wrong_slice)
         if (record.local is not None) != (self.replayer.inner is not None):
             # A DiLoCo record without its own step's claims would audit as `unavailable`
             # forever (its start is its own replica's, which no snapshot holds).
@@ -78,22 +81,31 @@ class Auditor:
                            f"{'DiLoCo' if self.replayer.inner else 'every-step'} job")
         if record.local is not None:  # DiLoCo: the worker's own replica (audit_local)
             ended = _round_end_problem(record, step_records)
-            if ended is not None:
+            if ended is not None and ended[0] is not VerdictKind.unavailable:
                 return verdict(*ended)
             self._loaded_step = None  # the local audit loads other states into the replayer
+            self._undecided = ended  # its peers' records disagree: the replays still run
             kind, detail, distance = self.local.audit(
                 record, lambda g: self._judge(record, step_records, g))
+            if kind is VerdictKind.valid and self._undecided is not None:
+                return verdict(*self._undecided)
             return verdict(kind, detail, distance)
         if not self._load(record.step, step_records):
             return verdict(VerdictKind.unavailable, f"no trusted parameters for step {record.step}")
         if record.params_sha256 != self._params_sha256:
             return verdict(VerdictKind.wrong_params, "the step did not start from these parameters")
-        revealed = self.store.load_reveal(record.worker, record.step)
+        try:
+            revealed = self.store.load_reveal(record.worker, record.step)
+        except UnreadableFile as error:
+            return verdict(VerdictKind.bad_commitment, f"the revealed file is not a "
+                           f"contribution: {error}")
         if revealed is None:
             return verdict(VerdictKind.withheld, "no contribution revealed for this step")
         if contribution_sha256(record.job, record.worker, record.step, revealed) != record.contribution_sha256:
             return verdict(VerdictKind.bad_commitment, "the revealed contribution is not the committed one")
-        found = sent_problem(record, step_records, revealed, self.tolerance)
+        self._undecided = None
+        found = self._unless_undecided(sent_problem(record, step_records, revealed,
+                                                    self.tolerance))
         if found is not None:  # it put other than it committed in the exchange
             return verdict(*found)
         replayed = self.replayer.contribution(record)
@@ -103,11 +115,23 @@ class Auditor:
         if distance > self.tolerance:
             return verdict(VerdictKind.wrong_contribution, "replay differs from the contribution",
                            distance=distance)
-        lied = self._loss_problem(record, step_records)
+        lied = self._unless_undecided(self._loss_problem(record, step_records))
         if lied is not None:
             return verdict(*lied)
+        if self._undecided is not None:
+            return verdict(*self._undecided)
         return verdict(VerdictKind.valid, "replay is bit-identical" if identical else "",
                        distance=distance)
+
+    def _unless_undecided(self, found: Finding | None) -> Finding | None:
+        """`found`, unless it is only that the step's records disagree on what the worker
+        declared: that is kept as the verdict should nothing worse turn up, and the checks
+        that need no declaration (the replay above all) still run. A cheat that writes a
+        lie into its own record to split a step of two must not skip its replay so."""
+        if found is not None and found[0] is VerdictKind.unavailable:
+            self._undecided = self._undecided or found
+            return None
+        return found
 
     def audit_unrecorded(self, share: Unrecorded, epoch: int, step_records: list[WorkRecord],
                          members: Members = lambda epoch: None) -> Verdict:
@@ -149,7 +173,9 @@ class Auditor:
                 return VerdictKind.wrong_contribution, "replay differs from the contribution", distance
         # The loss is exchanged where a round ends (that the record says so is checked
         # against its peers' records first).
-        return self._loss_problem(record, step_records) if record.local.outer else None
+        if not record.local.outer:
+            return None
+        return self._unless_undecided(self._loss_problem(record, step_records))
 
     def _loss_problem(self, record: WorkRecord, step_records: list[WorkRecord]) -> Finding | None:
         """After a replay: the loss the worker reported for the guard against the replay's."""
@@ -187,28 +213,6 @@ def _round_end_problem(record: WorkRecord, step_records: list[WorkRecord]) -> Fi
                 "the step's members declared what they put in the outer exchange", None)
     return (VerdictKind.wrong_params, f"claims a round ended at step {record.step}, where the "
             "step's members exchanged nothing", None)
-
-
-def _slice_problem(record: WorkRecord, step_records: list[WorkRecord]) -> str:
-    """Why the record's samples are not its rank's slice of its step, or "".
-
-    The split (shares) must be the one most of the step's records state, and the
-    positions exactly the rank's part of it: copying another worker's slice, or
-    moving to samples of another step, cannot pass. Two records claiming one rank
-    are left to the commitment and the replay (a copied commitment cannot be opened
-    under another worker's name)."""
-    split = collections.Counter((r.shares, r.global_batch, r.seed) for r in step_records)
-    agreed = split.most_common(1)[0][0] if split else None
-    if (record.shares, record.global_batch, record.seed) != agreed:
-        return "its split of the step's batch differs from its peers'"
-    if record.rank >= len(record.shares) or sum(record.shares) != record.global_batch:
-        return f"rank {record.rank} has no slice in a split of {len(record.shares)}"
-    expected = share_positions(step_cursor(record.step, record.global_batch), record.shares,
-                               record.rank)
-    if (record.positions_start, record.positions_end) != (expected.start, expected.stop):
-        return (f"positions [{record.positions_start}, {record.positions_end}) are not rank "
-                f"{record.rank}'s slice [{expected.start}, {expected.stop})")
-    return ""
 
 
 def profile_tolerance(replayer: Replayer, store: ProofStore, records: list[WorkRecord],

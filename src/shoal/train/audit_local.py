@@ -42,9 +42,10 @@ import torch
 
 from shoal.spec.proof import VerdictKind, WorkRecord
 from shoal.train.audit_sent import sent_problem
+from shoal.train.audit_slice import seeds_problem, slice_problem
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
-from shoal.train.proof_store import ProofStore, contribution_sha256
-from shoal.train.replay import Replayer, relative_distance
+from shoal.train.proof_store import ProofStore, UnreadableFile, contribution_sha256
+from shoal.train.replay import JobSeeds, Replayer, relative_distance
 
 # (kind, detail, distance) of a failed check, or None when the record passes.
 Finding = tuple[VerdictKind, str, float | None]
@@ -89,9 +90,19 @@ class LocalAudit:
             # Where a step ends bit for bit as claimed, the next starts from that state
             # as it is (no file read, no start check left: the chain holds there).
             carried = None
-            for earlier in _round_before(record, mine):
-                found, carried, _ = self._step(earlier, mine, everyone, outer_sha256, None,
-                                               carried)
+            before = _round_before(record, mine)
+            steps = {r.step for r in before}
+            peers: dict[int, list[WorkRecord]] = collections.defaultdict(list)
+            for r in everyone:
+                if r.step in steps:
+                    peers[r.step].append(r)
+            for earlier in before:
+                # Its samples weigh its step's gradient and the round's pseudo-gradient:
+                # each must be the job's seeds and the rank's slice, sampled or not.
+                found = _stated_problem(earlier, peers[earlier.step], self.replayer.seeds)
+                if found is None:
+                    found, carried, _ = self._step(earlier, mine, everyone, outer_sha256, None,
+                                                   carried)
                 if found is not None:
                     kind, detail, distance = found
                     return kind, f"step {earlier.step} of its round: {detail}", distance
@@ -119,7 +130,11 @@ class LocalAudit:
         if carried_here:
             params, state = self.replayer.model.state_dict(), carried.state  # the model holds it
         else:
-            kept = self.store.load_local(record.worker, record.step)
+            try:
+                kept = self.store.load_local(record.worker, record.step)
+            except UnreadableFile as error:
+                return (VerdictKind.bad_commitment, f"the kept start state is not a state: {error}",
+                        None), None, []
             if kept is None:
                 return (VerdictKind.withheld, "the state the step started from is not kept", None), None, []
             params, state = kept
@@ -135,7 +150,11 @@ class LocalAudit:
             broken = self._start_problem(record, mine, everyone, outer_sha256)
             if broken:
                 return (VerdictKind.wrong_params, broken, None), None, []
-        revealed = self.store.load_reveal(record.worker, record.step)
+        try:
+            revealed = self.store.load_reveal(record.worker, record.step)
+        except UnreadableFile as error:
+            return (VerdictKind.bad_commitment, f"the revealed file is not a contribution: {error}",
+                    None), None, []
         if revealed is None:
             return (VerdictKind.withheld, "no contribution revealed for this step", None), None, []
         if contribution_sha256(record.job, record.worker, record.step, revealed) != \
@@ -240,7 +259,13 @@ class LocalAudit:
         is not is its own broken commitment."""
         claim = record.local
         for later in next_kept_starts(record, everyone):
-            kept = self.store.load_local(later.worker, later.step)
+            try:
+                kept = self.store.load_local(later.worker, later.step)
+            except UnreadableFile:
+                if later.worker == record.worker:
+                    return (VerdictKind.bad_commitment, f"the state its step {later.step} "
+                            "started from is not a state", None)
+                continue  # a peer's broken file speaks for nobody
             if kept is None:
                 continue
             next_params, next_state = kept
@@ -289,7 +314,9 @@ def load_agreed(store: ProofStore, replayer: Replayer, step: int,
                 claims: list[str]) -> str | None:
     """Load the keepers' snapshot of `step` into the replayer if it is the state most of
     the step's records `claims` to start from (one writer cannot forge it); its SHA-256,
-    or None when there is no such snapshot."""
+    or None when there is no such snapshot. As many claims for another state as for the
+    snapshot's is no majority: in a step of two, a cheat's forged claim against its
+    peer's cannot be told apart, and whichever record is listed first must not decide."""
     state = store.load_params(step)
     if state is None or not claims:
         return None
@@ -298,7 +325,23 @@ def load_agreed(store: ProofStore, replayer: Replayer, step: int,
     except (RuntimeError, KeyError):
         return None
     sha256 = param_sha256(replayer.model)
-    return sha256 if collections.Counter(claims).most_common(1)[0][0] == sha256 else None
+    counts = collections.Counter(claims)
+    top = max(counts.values())
+    agreed = counts[sha256] == top and sum(n == top for n in counts.values()) == 1
+    return sha256 if agreed else None
+
+
+def _stated_problem(record: WorkRecord, of_step: list[WorkRecord],
+                    seeds: JobSeeds | None) -> Finding | None:
+    """A step's seeds and slice, as its own audit checks them against `of_step` (the
+    step's records; a split they tie on is no verdict here: that step's own audit says
+    so where it is sampled)."""
+    wrong_seeds = seeds_problem(record, seeds)
+    if wrong_seeds:
+        return VerdictKind.wrong_params, wrong_seeds, None
+    step_records = [r for r in of_step if r.membership_epoch == record.membership_epoch]
+    found = slice_problem(record, step_records, seeds)
+    return None if found is None or found[0] is VerdictKind.unavailable else found
 
 
 def _round_before(record: WorkRecord, mine: list[WorkRecord]) -> list[WorkRecord]:

@@ -45,15 +45,23 @@ def declared(record: WorkRecord, step_records: list[WorkRecord], tolerance: floa
 
     Each record carries what its own worker was told, and the worker may have told its
     peers different things; a row needs a strict majority of the records (within the
-    tolerance), so neither a cheat's own record nor a minority of lying peers decides."""
+    tolerance), so neither a cheat's own record nor a minority of lying peers decides.
+    In a step of several ranks it also needs two records at least: where only one was
+    filed (its peer lost, or the cheat itself speaking of its absent peer) one writer
+    would decide alone."""
     views = [r.exchanged for r in step_records
              if r.step == record.step and r.membership_epoch == record.membership_epoch
              and r.exchanged is not None]
     if not views:
         return (VerdictKind.wrong_params,
                 "no record of the step says what its members declared they sent", None)
+    enough = 2 if len(record.shares) > 1 else 1
+
+    def decided(votes: int) -> bool:
+        return 2 * votes > len(views) and votes >= enough
+
     seed, votes = collections.Counter(v.seed for v in views).most_common(1)[0]
-    if 2 * votes <= len(views):
+    if not decided(votes):
         return VerdictKind.unavailable, "the step's records disagree on the exchanged sum", None
     rows = [v for v in views if v.seed == seed and record.rank < len(v.sketches)]
     if not rows:
@@ -65,7 +73,7 @@ def declared(record: WorkRecord, step_records: list[WorkRecord], tolerance: floa
     counts = collections.Counter(None if v.counts is None else v.counts[record.rank]
                                  for v in rows).most_common(1)[0]
     losses = collections.Counter(_loss_of(v, record.rank) for v in rows).most_common(1)[0]
-    if 2 * min(support[best], counts[1], losses[1]) <= len(views):
+    if not decided(min(support[best], counts[1], losses[1])):
         return (VerdictKind.unavailable,
                 f"the step's records disagree on what rank {record.rank} declared", None)
     return Declaration(seed, sketches[best], counts[0], losses[0])

@@ -43,7 +43,7 @@ from shoal.train.audit_local import Finding, LocalAudit, state_tensors
 from shoal.train.audit_sent import Declaration, declared_distance, loss_problem
 from shoal.train.audit_unrecorded import UNRECORDED, Members, Unrecorded, stand_in
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
-from shoal.train.proof_store import ProofStore
+from shoal.train.proof_store import ProofStore, UnreadableFile
 from shoal.train.replay import Replayer, relative_distance
 
 # Rounds replayed back from the audited one to reach a state something vouches for: a
@@ -138,7 +138,11 @@ class UnrecordedRounds:
             if held is None:
                 return (VerdictKind.unavailable, f"not a member at step {step} of its round "
                         "(it joined inside it): not judged without its records", None)
-            kept = self.store.load_local(worker, step)
+            try:
+                kept = self.store.load_local(worker, step)
+            except UnreadableFile as error:
+                return (VerdictKind.bad_commitment, f"the state it kept for its step {step} is "
+                        f"not a state: {error}", None)
             if kept is None:
                 return VerdictKind.withheld, f"the state its step {step} started from is not kept", None
             params, state = kept

@@ -155,31 +155,63 @@ class ProofStore:
         return records
 
     def load_params(self, step: int) -> dict[str, torch.Tensor] | None:
+        """The parameters step STEP started from, or None: not kept, or a file that is
+        not a state of named tensors (a keeper's file is checked against the step's
+        claims by whoever loads it)."""
         path = self.params_path(step)
-        return torch.load(path, weights_only=True) if path.exists() else None
-
-    def load_reveal(self, worker: str, step: int) -> list[torch.Tensor] | None:
-        path = self.reveal_path(worker, step)
         if not path.exists():
             return None
-        loaded = torch.load(path, weights_only=True)
-        if not isinstance(loaded, list) or not all(isinstance(t, torch.Tensor) for t in loaded):
+        try:
+            loaded = _load_untrusted(path)
+        except UnreadableFile:
+            return None
+        if not isinstance(loaded, dict) or not all(
+                isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()):
             return None
         return loaded
 
+    def load_reveal(self, worker: str, step: int) -> list[torch.Tensor] | None:
+        """What WORKER revealed for STEP, or None if it kept nothing. A file that is not a
+        list of tensors raises `UnreadableFile`: its writer's broken commitment."""
+        path = self.reveal_path(worker, step)
+        if not path.exists():
+            return None
+        loaded = _load_untrusted(path)
+        if not isinstance(loaded, list) or not all(isinstance(t, torch.Tensor) for t in loaded):
+            raise UnreadableFile(f"{worker}'s file for step {step} is not a list of tensors")
+        return loaded
+
     def load_local(self, worker: str, step: int) -> tuple[dict, dict] | None:
-        """(parameters, optimizer state) of WORKER's step under DiLoCo, or None."""
+        """(parameters, optimizer state) of WORKER's step under DiLoCo, or None if it kept
+        nothing. A file that does not unpack raises `UnreadableFile`."""
         path = self.local_path(worker, step)
         if not path.exists():
             return None
-        loaded = torch.load(path, weights_only=True)
+        loaded = _load_untrusted(path)
         if not isinstance(loaded, dict):
-            return None
-        try:  # the worker under audit wrote it: a file that does not unpack is not kept
+            raise UnreadableFile(f"{worker}'s state for step {step} is not a packed state")
+        try:  # the worker under audit wrote it: a file that does not unpack is not its state
             params, stray = unpack(loaded.get("params"))
-            return (None if stray else (params, unpack_optimizer_state(loaded.get("optimizer"))))
-        except PackError:
-            return None
+            state = unpack_optimizer_state(loaded.get("optimizer"))
+        except PackError as error:
+            raise UnreadableFile(f"{worker}'s state for step {step} does not unpack: {error}") from None
+        if stray:
+            raise UnreadableFile(f"{worker}'s state for step {step} holds stray entries")
+        return params, state
+
+
+class UnreadableFile(Exception):
+    """A kept file that exists but is not what its kind holds (its writer's fault: a
+    verifier calls the commitment it stands for broken, never crashes on it)."""
+
+
+def _load_untrusted(path: Path) -> object:
+    """A file a worker wrote, by the `weights_only` loader: whatever a malformed file
+    makes torch raise (bad magic, a truncated zip, a refused pickle op) is `UnreadableFile`."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any malformed file, by any writer
+        raise UnreadableFile(f"{path.name} does not load: {error}"[:300]) from None
 
 
 def _save_atomic(value: object, path: Path) -> None:

@@ -37,12 +37,26 @@ class InnerOptimizer:
     grad_clip: float = 0.0  # the job's gradient clipping (0: none)
 
 
+@dataclass(frozen=True)
+class JobSeeds:
+    """What the job fixes for every record, never the worker: the data seed (the order
+    of the samples) and the micro-batch size; each step's RNG seed derives from the data
+    seed, the step and the slice (`work_records.step_rng_seed`)."""
+
+    seed: int
+    micro_batch: int | None
+
+
 class Replayer:
     def __init__(self, model: torch.nn.Module, loss: LossFunction, fetch: FetchBatch,
-                 num_samples: int, inner: InnerOptimizer | None = None) -> None:
+                 num_samples: int, inner: InnerOptimizer | None = None,
+                 seeds: JobSeeds | None = None) -> None:
+        """`seeds`: the job's, which a record must state (None: taken from the record,
+        for replaying a record whose job is not at hand)."""
         self.model, self.loss, self.fetch = model, loss, fetch
         self.num_samples = num_samples
         self.inner = inner
+        self.seeds = seeds
         self._orders: dict[int, DataOrder] = {}
         self._optimizer: torch.optim.Optimizer | None = None
         self._step_exchange: GradientExchange | None = None  # local_step's gradient buffer

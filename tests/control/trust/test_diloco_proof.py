@@ -17,6 +17,7 @@ from shoal.proof.verdicts import guilty_workers
 from shoal.spec.proof import VerdictKind
 from shoal.train.adversary import BUILT_IN, EVERY_STEP_ONLY
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
+from shoal.train.work_records import step_rng_seed
 from tests.control.trust.conftest import ProvenJob, rewrite_record, run_members, run_proven_job
 
 DILOCO = 'mode = "diloco"\ninner_steps = 4'
@@ -314,6 +315,27 @@ def test_a_diloco_record_without_its_own_steps_claims_is_refused(forger):
     rewrite_record(forger.store, record.model_copy(update={"local": None}))
     found = verdict_on(forger, "w1", 5)
     assert found.kind is VerdictKind.wrong_params and "sync" in found.detail
+
+
+@pytest.mark.parametrize("forgery", ["data_seed", "slice"])
+def test_an_inner_step_stating_other_samples_fails_its_rounds_end_unsampled(forger, forgery):
+    """A round's end vouches for its round: an earlier step's samples weigh its gradient
+    (and the round's pseudo-gradient), so each must be the job's seed and the rank's
+    slice even where that step itself is not sampled. A data order of the worker's own
+    used to pass there: the re-take applies committed gradients and reads no seed."""
+    end = next(r for r in forger.store.records("w1")
+               if r.local.outer and r.step > r.local.round_start)
+    inner = next(r for r in forger.store.records("w1") if r.step == end.step - 1)
+    if forgery == "data_seed":
+        seed = inner.seed + 1
+        update = {"seed": seed, "rng_seed": step_rng_seed(seed, inner.step, inner.positions_start)}
+    else:
+        update = {"positions_end": inner.positions_end + 1}
+    rewrite_record(forger.store, inner.model_copy(update=update))
+    found = verdict_on(forger, "w1", end.step)
+    assert found.kind is (VerdictKind.wrong_params if forgery == "data_seed"
+                          else VerdictKind.wrong_samples), found
+    assert found.detail.startswith(f"step {inner.step} of its round"), found.detail
 
 
 def test_an_older_rounds_optimizer_state_at_a_rounds_start_is_refused(forger):

@@ -15,7 +15,7 @@ import torch
 
 from shoal.proof.forced import ForcedErrors
 from shoal.spec.proof import WorkRecord
-from shoal.train.proof_store import ProofStore, contribution_norm, contribution_sha256
+from shoal.train.proof_store import ProofStore, UnreadableFile, contribution_norm, contribution_sha256
 
 
 class ServedStore:
@@ -34,7 +34,10 @@ class ServedStore:
     def _plant(self, record: WorkRecord) -> tuple[WorkRecord, list[torch.Tensor]] | None:
         key = (record.worker, record.step)
         if key not in self._plants:
-            real = self.store.load_reveal(record.worker, record.step)
+            try:
+                real = self.store.load_reveal(record.worker, record.step)
+            except UnreadableFile:
+                return None  # nothing sound to plant: the record stays real, its audit finds it
             if real is None:
                 return None
             # The same values shifted by one place: the same norm, the wrong direction, so
