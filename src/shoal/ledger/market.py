@@ -182,6 +182,11 @@ class Ledger(LedgerReader):
             outcomes.append(self._transact(operator, "open_leases", job, *columns, items=len(batch)))
         return outcomes
 
+    def keep_active(self, operator: LocalAccount, job: int) -> TxOutcome:
+        """Refresh the job's last operator activity without changing it (an empty
+        `open_leases`), so its submitter cannot `reclaim` it as abandoned."""
+        return self._transact(operator, "open_leases", job, [], [], [])
+
     def open_accepted_leases(
         self, operator: LocalAccount, job: int, acceptances: Sequence[LeaseAcceptance]
     ) -> list[TxOutcome]:

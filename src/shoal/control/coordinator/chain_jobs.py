@@ -1,7 +1,9 @@
 """The coordinator's side of settlement on a chain, mixed into `Coordinator`:
-a job is taken only against its own escrow there, providers accept their
-chain leases by signature, and a job's end books and settles what the store
-metered (shoal.control.coordinator.settlement talks to the contract)."""
+a job is taken only against its own escrow there (one chain job backs one
+job), providers accept their chain leases by signature, a live job's chain
+job is kept from looking abandoned, and a job's end books and settles what
+the store metered, retried until the chain shows it settled
+(shoal.control.coordinator.settlement talks to the contract)."""
 
 from __future__ import annotations
 
@@ -12,15 +14,18 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.errors import Conflict, Forbidden
-from shoal.control.store.schema import ChainLeaseRow, JobRow, LeaseRow
+from shoal.control.store.schema import ChainLeaseRow, EventRow, JobRow, LeaseRow
 from shoal.ledger import LedgerError
 from shoal.market import charge_wei
 from shoal.proof.dues import Dues
-from shoal.spec.coordinator import COORDINATOR, JobStatus, JobSubmission
+from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus, JobSubmission
 from shoal.spec.ledger import LeaseAcceptance
 from shoal.spec.market import DeviceLease
 
 log = logging.getLogger(__name__)
+SETTLE_RETRY_S = 30.0  # wait after a failed settlement before the first retry; doubles each time
+SETTLE_RETRY_MAX_S = 3600.0
+KEEP_ACTIVE_PER_SILENCE = 4  # a live job's chain job is touched this often per silence timeout
 
 
 class ChainSettlement:
@@ -38,6 +43,17 @@ class ChainSettlement:
                            f"{self.settlement.contract} with its escrow, and give its chain_job")
         self.settlement.check_escrow(submission.chain_job, submitter, submission.budget_wei,
                                      submission.max_price_wei_per_s)
+
+    def _refuse_used_chain_job(self, session: Session, chain_job: int | None) -> None:
+        """A chain job's escrow backs one coordinator job, once: settling either of two
+        jobs on it would refund the escrow while the other's providers work on unpaid."""
+        if chain_job is None:
+            return
+        used = session.scalars(select(JobRow.job_id).where(JobRow.chain_job == chain_job)).first()
+        if used is not None:
+            raise Conflict(f"chain job {chain_job} already backs job '{used}', and a chain job "
+                           "backs one job only: create a new chain job with the contract's "
+                           "create_job, fund it, and submit with its id")
 
     def _acceptance_terms(self, provider: str, leases: list[DeviceLease]) -> dict[int, Any]:
         """Terms to sign for leases whose (job, provider) has no chain lease yet."""
@@ -73,8 +89,7 @@ class ChainSettlement:
                 raise Conflict(f"your lease on job {job.job_id} is already accepted on chain")
             terms = self.settlement.terms(job.chain_job, lease.price_wei_per_s,
                                           int(job.bid["budget_wei"]), acceptance.deadline)
-            self.settlement.open_lease(acceptance, terms)
-            accepted_at = self.settlement.accepted_at(job.chain_job, provider)
+            accepted_at = self.settlement.open_lease(acceptance, terms)  # Conflict if not locked
             session.add(ChainLeaseRow(job_id=job.job_id, provider=provider,
                                       price_wei_per_s=terms.price_wei_per_s, term_s=terms.term_s,
                                       accepted_at=accepted_at))
@@ -82,8 +97,61 @@ class ChainSettlement:
                         chain_job=job.chain_job, price_wei_per_s=str(terms.price_wei_per_s),
                         term_s=terms.term_s, accepted_at=accepted_at)
 
+    def tend_chain_jobs(self) -> None:
+        """Once a round: settle again the ended jobs whose settlement failed, and keep the
+        chain jobs of live jobs active (or end a live job whose chain job was settled)."""
+        if self.settlement is None:
+            return
+        self._retry_settlements()
+        self._keep_chain_jobs_active()
+
+    def _retry_settlements(self) -> None:
+        """Until the chain shows it settled, a job's work is unbooked there and a `reclaim`
+        would refund it all: a failed settlement is tried again, backing off, each try logged."""
+        now = self.now_s()
+        with Session(self.engine) as session:
+            tries: dict[str, list[float]] = {}
+            for job_id, at_s in session.execute(select(EventRow.job_id, EventRow.at_s).where(
+                    EventRow.kind == "settlement_failed")):
+                tries.setdefault(job_id, []).append(at_s)
+            done = set(session.scalars(select(EventRow.job_id).where(
+                EventRow.kind.in_(("job_settled", "chain_job_closed")),
+                EventRow.job_id.in_(set(tries)))))
+        for job_id, failed_at in sorted(tries.items()):
+            wait_s = min(SETTLE_RETRY_MAX_S, SETTLE_RETRY_S * 2 ** (len(failed_at) - 1))
+            if job_id in done or now - max(failed_at) < wait_s:
+                continue
+            log.warning("job %s: retrying its settlement (failed %d times)", job_id, len(failed_at))
+            with self._change() as session:
+                job = session.get(JobRow, job_id)
+                self._settle(session, job, self.market.meter(job_id), now)
+
+    def _keep_chain_jobs_active(self) -> None:
+        """Work is booked only at a job's end, so while a job is live its chain job must not
+        look abandoned: past the contract's silence timeout its submitter could `reclaim` the
+        whole escrow. A cheap operator transaction refreshes it well before then."""
+        every_s = self.settlement.config.silence_timeout_s / KEEP_ACTIVE_PER_SILENCE
+        with Session(self.engine) as session:
+            # Waiting too: a resumed job waits for devices with its earlier work unbooked.
+            live = session.execute(select(JobRow.job_id, JobRow.chain_job).where(
+                JobRow.chain_job.is_not(None),
+                JobRow.status.not_in([status.value for status in ENDED]))).all()
+        for job_id, chain_job in live:
+            try:
+                escrow = self.settlement.escrow(chain_job)
+                if escrow.settled_at:
+                    self.end_job(COORDINATOR, job_id, JobStatus.failed,
+                                 reason=f"its chain job {chain_job} was settled outside this "
+                                        "coordinator: no escrow is left to pay for more work")
+                elif self.settlement.keep_active(escrow, every_s):
+                    log.info("job %s: chain job %d kept active", job_id, chain_job)
+            except (LedgerError, Conflict) as error:  # tried again next round
+                log.error("job %s: keeping chain job %d active failed: %s",
+                          job_id, chain_job, error)
+
     def _settle(self, session: Session, job: JobRow, meter: Any, now: float) -> None:
-        """Book each provider's metered wei (at its chain price, whole seconds) and settle."""
+        """Book each provider's metered wei (at its chain price, whole seconds) and settle.
+        A failure is logged as `settlement_failed`; `_retry_settlements` tries again."""
         chain_leases = {row.provider: row for row in session.scalars(
             select(ChainLeaseRow).where(ChainLeaseRow.job_id == job.job_id))}
         metered: dict[str, int] = {}
@@ -102,6 +170,13 @@ class ChainSettlement:
         seconds = {p: wei // chain_leases[p].price_wei_per_s
                    for p, wei in metered.items() if p in chain_leases}
         try:
+            escrow = self.settlement.escrow(job.chain_job)
+            if escrow.settled_at:  # reclaimed, or settled by a try whose receipt was lost
+                log.error("job %s: chain job %s was already settled", job.job_id, job.chain_job)
+                self._event(session, now, COORDINATOR, "chain_job_closed", job.job_id,
+                            chain_job=job.chain_job, owed_wei=str(escrow.owed_wei),
+                            metered_wei={p: str(w) for p, w in metered.items()})
+                return
             booking = self.settlement.settle(job.chain_job, seconds)
         except (LedgerError, Conflict) as error:
             log.error("job %s: settling chain job %s failed: %s", job.job_id, job.chain_job, error)

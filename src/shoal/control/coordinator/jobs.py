@@ -29,7 +29,7 @@ WINDOW_BEATS = 5
 class JobLifecycle:
     """Uses the Coordinator's `market`, `settlement`, `hosts`, `role_of`, `_change`,
     `_command`, `_event`, `_store_leases`, `now_s`; ChainSettlement's
-    `_check_chain_escrow` and `_settle`; ProofService's `close_proofs`."""
+    `_check_chain_escrow`, `_refuse_used_chain_job` and `_settle`; ProofService's `close_proofs`."""
 
     def submit_job(self, submitter: str, submission: JobSubmission) -> JobView:
         spec = _check_job_file(submission.job_file)
@@ -43,6 +43,7 @@ class JobLifecycle:
         job_id = f"{submission.name}-{secrets.token_hex(4)}"
         bid = Bid(job=job_id, **submission.model_dump(exclude={"name", "job_file", "chain_job"}))
         with self._change() as session:
+            self._refuse_used_chain_job(session, submission.chain_job)  # under the lock: once
             now = self.now_s()
             self._command(session, "submit", {"bid": bid.model_dump(mode="json")}, now)
             row = JobRow(job_id=job_id, name=submission.name, submitter=submitter,

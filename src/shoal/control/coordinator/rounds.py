@@ -1,6 +1,7 @@
-"""The coordinator's own loop: a market round, lost agents reaped, jobs whose
-membership changed re-planned, old nonces forgotten, every `clear_interval_s`,
-on a thread of its own."""
+"""The coordinator's own loop: a market round, lost agents reaped, chain jobs
+tended (failed settlements retried, live ones kept active), jobs whose
+membership changed re-planned, old nonces forgotten, every
+`clear_interval_s`, on a thread of its own."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class RoundLoop:
                         self.coordinator.settings.agent_timeout_s, ", ".join(lost))
         clearing = self.coordinator.clear()
         self.coordinator.supervise_jobs()
+        self.coordinator.tend_chain_jobs()
         self.coordinator.plan_jobs()
         self.coordinator.root_epochs()
         self.coordinator.plant_forced_errors()
