@@ -5,7 +5,8 @@ the members' measured speeds (`speeds.json`) every two seconds.
 
 Apart from the coordinator, a job host outlives the coordinator's restart:
 workers keep their rendezvous while the coordinator is down. It writes
-`host.json` (endpoint, pid) when it serves, and `final.json` when the job is
+`host.json` (endpoint, pid) when it serves, `reached.json` (the newest step
+every member has committed) as the job goes, and `final.json` when the job is
 done or given up, then lingers so late workers can still read the store.
 """
 
@@ -24,6 +25,7 @@ from shoal.control.serve import RendezvousServer
 
 log = logging.getLogger(__name__)
 SPEEDS_EVERY = 20  # ticks of 0.1 s between writes of the members' measured speeds
+REACHED_EVERY = 5  # ticks of 0.1 s between writes of the step every member reached
 
 
 @dataclass(frozen=True)
@@ -50,12 +52,14 @@ def serve_job(config: JobHostConfig) -> dict[str, object]:
         event_log=config.run_dir / "epochs.jsonl")
     log.info("job host on %s (run dir %s)", server.endpoint, config.run_dir)
     try:
-        ticks = 0
+        ticks, reached = 0, read_reached(config.run_dir)
         while not server.rdzv.done():
             time.sleep(0.1)
             ticks += 1
             if ticks % SPEEDS_EVERY == 0:
                 _write_speeds(server, config.run_dir)
+            if ticks % REACHED_EVERY == 0:
+                reached = _write_reached(server, config.run_dir, reached)
         _wait_for_exits(server, config.linger_s)
         failure = server.rdzv.failure()
         server.stop_authority()
@@ -76,6 +80,49 @@ def _write_speeds(server: RendezvousServer, run_dir: Path) -> None:
     members = rdzv.epoch(latest).members
     speeds = {m: s for m, s in zip(members, rdzv.speeds(members)) if s}
     _write(run_dir / "speeds.json", {"epoch": latest, "speeds": speeds, "t": time.time()})
+
+
+def _write_reached(server: RendezvousServer, run_dir: Path, reached: int | None) -> int | None:
+    """Write how far the job got, if further than `reached`; returns the newest value.
+
+    The newest step every current member has committed, as their progress beats show
+    (a beat names the step a member is on, so the one before it is committed); nothing
+    until every member has beaten. Not one member's word: the coordinator settles pay and
+    roots proof epochs by it, and members claiming a step far ahead move the lowest beat
+    no higher than an honest peer's (nor, beating first in a new epoch, past one that has
+    not beaten yet). Kept at its highest: a dip (a joiner beats step 0 until it has the
+    state) is no news."""
+    rdzv = server.rdzv
+    try:
+        latest = rdzv.latest_epoch()
+        if latest < 0:
+            return reached
+        beats = rdzv.beats(list(rdzv.epoch(latest).members))
+    except (ValueError, RuntimeError) as error:  # a member wrote a beat that does not parse
+        log.warning("cannot read the members' progress beats: %s", error)
+        return reached
+    if not beats or None in beats.values():
+        return reached
+    step = min(beat.step for beat in beats.values()) - 1
+    if reached is not None and step <= reached:
+        return reached
+    write_reached(run_dir, step)
+    return step
+
+
+def write_reached(run_dir: Path, step: int) -> None:
+    """Say that every member of the job has committed `step` (what `read_reached` reads)."""
+    _write(run_dir / "reached.json", {"step": step, "t": time.time()})
+
+
+def read_reached(run_dir: Path) -> int | None:
+    """The newest step every member of the job had committed when its host last looked
+    (None: no member has beaten yet)."""
+    path = run_dir / "reached.json"
+    try:
+        return int(json.loads(path.read_text())["step"]) if path.exists() else None
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
 
 
 def read_speeds(run_dir: Path) -> dict[str, float]:

@@ -16,7 +16,9 @@ from eth_account import Account
 
 from shoal.control.agent.proofs import ProofRelay, proof_dir
 from shoal.control.client import CoordinatorRefused
+from shoal.control.job_host import write_reached
 from shoal.control.trust.verdicts import sign_verdict
+from shoal.proof.dues import Dues
 from shoal.proof.epochs import final_lineage
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import (
@@ -52,6 +54,13 @@ def publish(coordinator, job_id: str, members: list[str], reason: str) -> int:
         log.write(json.dumps({"t": time.time(), "epoch": epoch, "members": members,
                               "reason": reason}) + "\n")
     return epoch
+
+
+def host_reached(coordinator, job_id: str, step: int) -> None:
+    """The job's host saw every member commit `step` (its reached.json, as it writes it)."""
+    run_dir = coordinator.hosts.run_dir(job_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_reached(run_dir, step)
 
 
 def refused(call, status: int) -> str:
@@ -118,9 +127,13 @@ def test_one_lease_uploading_a_step_far_ahead_does_not_root_its_peers_epochs(pai
     assert a.proof_epochs(job_id) == []
     assert a.upload_records(job_id, RecordUpload(lease=leases["a"], records=tuple(
         record(wa, s, rank=0, shares=(4, 4)) for s in (3, 4)))).stored == 2
-    # Once its peer too is two epochs on, epoch 0 is left behind and rooted as it is.
+    # Once its peer too is two epochs on, and the host saw the job get there, epoch 0 is
+    # left behind and rooted as it is.
     a.upload_records(job_id, RecordUpload(lease=leases["a"], records=tuple(
         record(wa, s, rank=0, shares=(4, 4)) for s in range(5, 11))))
+    served.app.state.rounds.once()
+    assert a.proof_epochs(job_id) == []  # the records' word alone roots nothing
+    host_reached(coordinator, job_id, 10)
     served.app.state.rounds.once()
     assert [(e.epoch, e.records, e.complete) for e in a.proof_epochs(job_id)] == [(0, 5, False)]
     # A lease that stopped storing records does not hold the job back either: once b has
@@ -128,13 +141,95 @@ def test_one_lease_uploading_a_step_far_ahead_does_not_root_its_peers_epochs(pai
     time.sleep(2 * coordinator.settings.agent_timeout_s + 0.1)
     a.upload_records(job_id, RecordUpload(lease=leases["a"], records=(
         record(wa, 15, rank=0, shares=(4, 4)),)))
+    host_reached(coordinator, job_id, 15)
     served.app.state.rounds.once()
     assert [e.epoch for e in a.proof_epochs(job_id)] == [0, 1]
 
 
+@pytest.fixture
+def trio(served: Served):
+    """A three-worker proof job leased to agent-a, agent-b and agent-c (a provider each;
+    b and c could as well be one provider's two devices). No epoch published yet."""
+    clients = {n: served.client(Account.create()) for n in "abc"}
+    for n, client in clients.items():
+        provider_with_agent(client, f"agent-{n}")
+        client.post_offer(OfferTerms(offer_id=f"dev-{n}", agent_id=f"agent-{n}",
+                                     price_wei_per_s=PRICE))
+    submitter = served.client(Account.create())
+    submitter.register(Registration(role="submitter", name="alice"))
+    job = submitter.submit(JobSubmission(name="tiny", job_file=PROOF_JOB, workers=3,
+                                         max_price_wei_per_s=PRICE, budget_wei=10**12))
+    for n, client in clients.items():  # none silent past the agent timeout at the round
+        client.heartbeat(f"agent-{n}", Heartbeat())
+    served.app.state.rounds.once()
+    leases = {lease.offer_id[-1]: lease.lease for lease in submitter.job(job.job_id).leases}
+    assert sorted(leases) == ["a", "b", "c"]
+    workers = {n: f"agent-{n}-l{leases[n]}-a0-w0" for n in "abc"}
+    return served, clients, job.job_id, leases, workers
+
+
+def file_records(trio, seats: str, steps, epoch: int = 0, shares: tuple[int, ...] = (3, 3, 2),
+                 filers: str | None = None) -> None:
+    """Each of `filers` (all of `seats`, membership epoch `epoch`'s members in rank order,
+    unless told) files its records of `steps`."""
+    served, clients, job_id, leases, workers = trio
+    for rank, n in enumerate(seats):
+        if filers is None or n in filers:
+            clients[n].upload_records(job_id, RecordUpload(lease=leases[n], records=tuple(
+                record(workers[n], s, epoch=epoch, rank=rank, shares=shares) for s in steps)))
+
+
+def test_colluding_leases_filing_a_step_far_ahead_root_no_epoch_before_its_steps_ran(trio):
+    """At step 2 of a three-worker job, b and c each file a record of step 19 (the job's
+    last). Before, that made 19 the second newest lease's step: epochs 0-1 were "left
+    behind", rooted incomplete at once, and a's records of steps 3 and 4, the steps it
+    ran next, refused, so that a owed records it could never file. How far the job got
+    is its host's word now: only the steps it saw every member commit."""
+    served, clients, job_id, leases, workers = trio
+    coordinator = served.app.state.coordinator
+    publish(coordinator, job_id, [workers[n] for n in "abc"], "start")
+    file_records(trio, "abc", range(3))
+    host_reached(coordinator, job_id, 2)
+    file_records(trio, "abc", (19,), filers="bc")  # the claims of a step far ahead
+    served.app.state.rounds.once()
+    assert clients["a"].proof_epochs(job_id) == []
+    assert clients["a"].upload_records(job_id, RecordUpload(lease=leases["a"], records=tuple(
+        record(workers["a"], s, rank=0, shares=(3, 3, 2)) for s in (3, 4)))).stored == 2
+    # The run goes on as it would have: each epoch is rooted complete once its steps ran
+    # and every seat's records are in, and a owes no record it could not file.
+    file_records(trio, "abc", (3, 4), filers="bc")
+    file_records(trio, "abc", range(5, 10))
+    host_reached(coordinator, job_id, 9)
+    served.app.state.rounds.once()
+    assert [(e.epoch, e.records, e.complete)
+            for e in clients["a"].proof_epochs(job_id)] == [(0, 15, True), (1, 15, True)]
+    assert coordinator.record_dues(job_id, finished=False)[leases["a"]] == Dues(owed=10, filed=10)
+
+
+def test_leases_seated_alone_in_an_old_epoch_complete_no_epoch_before_its_steps_ran(trio):
+    """b and c formed the job's first membership epoch alone; a joined in the second. At
+    step 2, b and c file steps 3 and 4 as members of the first, where their two seats
+    are every seat: proof epoch 0 looks complete. Before, it was rooted at once, and a's
+    records of steps 3 and 4, the steps it then ran, refused."""
+    served, clients, job_id, leases, workers = trio
+    coordinator = served.app.state.coordinator
+    publish(coordinator, job_id, [workers["b"], workers["c"]], "start")
+    publish(coordinator, job_id, [workers[n] for n in "abc"], "join")
+    file_records(trio, "abc", range(3), epoch=1)
+    host_reached(coordinator, job_id, 2)
+    file_records(trio, "bc", (3, 4), epoch=0, shares=(4, 4))  # steps ahead of the job
+    served.app.state.rounds.once()
+    assert clients["a"].proof_epochs(job_id) == []
+    assert clients["a"].upload_records(job_id, RecordUpload(lease=leases["a"], records=tuple(
+        record(workers["a"], s, epoch=1, rank=0, shares=(3, 3, 2)) for s in (3, 4)))).stored == 2
+    host_reached(coordinator, job_id, 5)  # once the steps ran, the epoch is rooted
+    served.app.state.rounds.once()
+    assert [e.epoch for e in clients["a"].proof_epochs(job_id)] == [0]
+
+
 def test_a_jobs_end_roots_every_epoch_with_records_however_far_its_leases_got(pair):
-    """While the job runs, how far it got is the second newest lease's step; at its end
-    every epoch with records is rooted (before, those past a lagging lease's step were
+    """While the job runs, an epoch waits for its members' records (up to the second
+    newest lease's step); at its end every epoch with records is rooted (before, those past a lagging lease's step were
     left out of the final roots, and of what verifiers and the bill see)."""
     from shoal.control.store.schema import JobRow
 

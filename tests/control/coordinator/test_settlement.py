@@ -21,7 +21,7 @@ from shoal.spec.ledger import LedgerConfig
 from tests.control.coordinator.conftest import (
     TINY_JOB, Served, make_settings, provider_with_agent,
 )
-from tests.control.coordinator.test_proofs import PROOF_JOB, publish, record
+from tests.control.coordinator.test_proofs import PROOF_JOB, host_reached, publish, record
 
 PRICE = 1_000_000
 BUDGET = 10**12
@@ -218,6 +218,7 @@ def test_a_provider_is_paid_only_the_share_of_its_work_records_it_filed(market, 
                         for step in range(10) if name == "a" or step not in (3, 7))
         providers[name].upload_records(job.job_id, RecordUpload(lease=leases[name],
                                                                 records=records))
+    host_reached(served.app.state.coordinator, job.job_id, 9)  # the job got to step 9
     time.sleep(2)
     ledger.chain.advance_time(3)
     submitter.job_action(job.job_id, "cancel")

@@ -1,14 +1,16 @@
 """How each job is doing, mixed into `Coordinator`: agents send the committed
 steps their worker logged while it was rank 0 (loss, world, batch), and the
 job host's membership epochs are read from its run directory. What a
-dashboard or a report draws its curves and timelines from."""
+dashboard or a report draws its curves and timelines from, and nothing more:
+a report is one provider's word, so no pay or proof reads it (how far a job
+got is its host's word, `ProofService.host_reached`)."""
 
 from __future__ import annotations
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shoal.control.coordinator.errors import Forbidden, NotFound
+from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.proofs import worker_prefix
 from shoal.control.store.schema import JobRow, LeaseRow, OfferRow, StepProgressRow
 from shoal.spec.progress import MembershipChange, ProgressUpload, StepProgress
@@ -18,7 +20,7 @@ MAX_STEPS_PER_READ = 5000
 
 class JobProgress:
     """Uses the Coordinator's `engine`, `_change`; ProofService's `_published` (the epochs
-    each job's host published, read incrementally)."""
+    each job's host published, read incrementally) and `job_spec`."""
 
     def record_progress(self, provider: str, job_id: str, upload: ProgressUpload) -> int:
         """Store the steps not known yet; the number stored. The first report of a step
@@ -32,6 +34,9 @@ class JobProgress:
             prefix = worker_prefix(session.get(OfferRow, lease.offer_id).agent_id, lease.lease)
             if not upload.worker.startswith(prefix):
                 raise Forbidden(f"worker '{upload.worker}' is not on lease {upload.lease}")
+            last = self.job_spec(job_id, session.get(JobRow, job_id).job_file).steps - 1
+            if any(p.step > last for p in upload.steps):
+                raise Conflict(f"a progress report names a step past the job's last ({last})")
             steps = {p.step: p for p in upload.steps}
             known = set(session.scalars(select(StepProgressRow.step).where(
                 StepProgressRow.job_id == job_id, StepProgressRow.step.in_(list(steps)))))

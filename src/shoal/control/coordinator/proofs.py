@@ -12,6 +12,12 @@ must carry the prefix its agent gives workers of that lease
 (`AGENT-lLEASE-`), and the agent must be the caller's; and only for the seat it
 held: the membership epoch, rank and world a record claims must be those the
 job's host published (`published_epochs.py`).
+
+How far a job got, which decides what its records owe and when an epoch is
+rooted, is its host's word (`job_host.read_reached`: the step every member
+committed), never one provider's: a record or a progress report may name any
+step, and a few colluding leases naming a step far ahead must neither root
+epochs whose steps have not run nor make honest workers owe records of them.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ from sqlalchemy.orm import Session
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.control.coordinator.markdown import lease_of
 from shoal.control.coordinator.published_epochs import PublishedEpochs
+from shoal.control.job_host import read_reached
 from shoal.control.store.schema import (
-    EventRow, JobRow, LeaseRow, OfferRow, ProofEpochRow, StepProgressRow, WorkRecordRow,
+    EventRow, JobRow, LeaseRow, OfferRow, ProofEpochRow, WorkRecordRow,
 )
 from shoal.ledger import LedgerError
 from shoal.proof.dues import Dues, record_dues
@@ -44,9 +51,10 @@ from shoal.spec.plan import SyncMode
 from shoal.spec.proof import WorkRecord
 
 log = logging.getLogger(__name__)
-# An epoch whose records are still incomplete is rooted anyway once the job's
-# records reach this many epochs beyond it: a worker lost with its agent never
-# uploads the steps it had not sent, and the job must not wait for it forever.
+# An epoch whose records are still incomplete is rooted anyway once the job (by its
+# host's word and its records both) is this many epochs beyond it: a worker lost with
+# its agent never uploads the steps it had not sent, and the job must not wait for it
+# forever.
 ROOT_AFTER_EPOCHS = 2
 RECORDS_GRACE_BEATS = 5  # how long a finished job waits for its last records, in heartbeats
 
@@ -148,15 +156,14 @@ class ProofService:
     def record_dues(self, job_id: str, finished: bool) -> dict[int, Dues]:
         """Per lease: the records its workers owed the job and the ones they filed ({} for a
         job that keeps none). A finished job committed all its steps; an ended one, those
-        up to the newest that a record or a progress report shows."""
+        its host saw every member commit. Not the steps a record or a progress report
+        names: a provider's word that the job got far would make every member owe records
+        of steps never run, and the submitter's refund grow by their cut pay."""
         spec = self.job_spec(job_id)
         if not spec.proof.enabled:
             return {}
-        with Session(self.engine) as session:
-            reached = self.reached_step(session, job_id)
-            newest = max(-1 if reached is None else reached,
-                         session.scalar(select(func.max(StepProgressRow.step))
-                                        .where(StepProgressRow.job_id == job_id)) or -1)
+        reached = self.host_reached(job_id)
+        newest = -1 if reached is None else reached
         steps = range(spec.steps if finished else min(spec.steps, newest + 1))
         members = self._published.all_members(job_id)
         per_lease: dict[int, Dues] = {}
@@ -165,15 +172,19 @@ class ProofService:
                 per_lease[lease] = per_lease.get(lease, Dues()) + dues
         return per_lease
 
+    def host_reached(self, job_id: str) -> int | None:
+        """The newest step the job's host saw every member commit (None: no member has
+        beaten yet, or the job has no host)."""
+        return read_reached(self.hosts.run_dir(job_id))
+
     def reached_step(self, session: Session, job_id: str) -> int | None:
-        """The newest step the job's records show it reached (None: no records), which
-        decides when an epoch missing records is left behind and rooted: the second
-        newest of the newest steps of the leases that stored a record within two agent
-        timeouts (of every lease's, when none did), or the one such lease's. A record
-        may name any step: one lease's record of a step far ahead would otherwise have
-        every epoch before it rooted, and its peers' records of them, coming a beat
-        later, refused (their pay docked for work they did); and one lease that stopped
-        storing records does not hold the job back past the window."""
+        """The newest step the job's records show it reached (None: no records): the
+        second newest of the newest steps of the leases that stored a record within two
+        agent timeouts (of every lease's, when none did), or the one such lease's. It
+        holds an epoch missing records back until its members' records are in (they
+        travel a beat behind the steps the host sees), and one lease that stopped
+        storing records does not hold the job back past the window. Records name any
+        step they like, so this is no bound on how far the job got: `host_reached` is."""
         newest = dict(session.execute(
             select(WorkRecordRow.lease, func.max(WorkRecordRow.step))
             .where(WorkRecordRow.job_id == job_id).group_by(WorkRecordRow.lease)).all())
@@ -215,6 +226,10 @@ class ProofService:
                                     .where(WorkRecordRow.job_id == job.job_id))
         if newest is None:
             return []
+        host = self.host_reached(job.job_id)
+        # Left behind: past it by the host's word and its records' both (records lag the
+        # host by a beat; colluding leases' records of steps far ahead run ahead of it).
+        behind = -1 if host is None else min(newest, host)
         out = []
         epoch = 0 if last is None else last + 1
         while epoch <= newest // per_epoch:
@@ -224,8 +239,12 @@ class ProofService:
                 WorkRecordRow.step < steps.stop)).all()
             records = [WorkRecord.model_validate(b) for b in bodies]
             complete = is_complete(records, epoch, per_epoch, spec.steps) and all_ranks(records)
-            left_behind = newest // per_epoch >= epoch + ROOT_AFTER_EPOCHS
-            if not (complete or left_behind or final) or not records:
+            # While the job runs, its steps ran by the host's word, once it has one: leases
+            # filing steps ahead under an old epoch that seated only them would otherwise
+            # complete it before their peers of the next epoch could file.
+            ran = final or host is None or host >= steps.stop - 1
+            left_behind = behind // per_epoch >= epoch + ROOT_AFTER_EPOCHS
+            if not (complete and ran or left_behind or final) or not records:
                 break
             tree, ordered = epoch_tree(records)
             now = self.now_s()

@@ -1,0 +1,59 @@
+"""What a job that ends before its last step owes in work records, tried as the
+submitter who would cut its providers' pay to be refunded more: the steps owed
+are those the job's host saw every member commit, never a step that a
+provider's progress report or record names."""
+
+from __future__ import annotations
+
+import time
+
+from shoal.control.agent import Agent, AgentConfig
+from shoal.proof.dues import Dues
+from shoal.spec.audit import RecordUpload
+from shoal.spec.coordinator import Heartbeat
+from shoal.spec.progress import ProgressUpload, StepProgress
+from tests.control.coordinator import test_settlement
+from tests.control.coordinator.test_proofs import PROOF_JOB, host_reached, publish, record, refused
+from tests.control.coordinator.test_settlement import BUDGET, PRICE, leased_and_hosted
+
+market = test_settlement.market  # the fixture: a coordinator settling on an embedded chain
+
+
+def test_a_forged_progress_report_does_not_cut_honest_pay_at_a_cancel(market, tmp_path):
+    """Alice's accomplice b holds a lease on her 20-step job. At step 9, with every record
+    of steps 0-9 filed by both workers, b reports progress at step 19 and alice cancels.
+    Before, the job then owed records of steps 0-19: a, having filed every record it could,
+    was paid 10/20 of its time, and alice refunded the rest."""
+    served, ledger, (alice, _, p1, p2) = market
+    coordinator = served.app.state.coordinator
+    chain_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
+    submitter = served.client(alice)
+    providers, job = leased_and_hosted(served, submitter, (p1, p2), chain_job, PROOF_JOB)
+    for name, client in providers.items():
+        reply = client.heartbeat(name, Heartbeat())
+        Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
+            reply.assignments)
+    leases = {lease.offer_id[0]: lease.lease for lease in submitter.job(job.job_id).leases}
+    workers = {name: f"{name}-l{leases[name]}-a0-w0" for name in "ab"}
+    publish(coordinator, job.job_id, [workers["a"], workers["b"]], "start")
+    for rank, name in enumerate("ab"):
+        providers[name].upload_records(job.job_id, RecordUpload(lease=leases[name], records=tuple(
+            record(workers[name], step, rank=rank, shares=(4, 4)) for step in range(10))))
+    host_reached(coordinator, job.job_id, 9)
+
+    def report(step: int) -> int:
+        return providers["b"].upload_progress(job.job_id, ProgressUpload(
+            lease=leases["b"], worker=workers["b"],
+            steps=(StepProgress(step=step, t=time.time(), loss=1.0, world=2, samples=8),)))
+
+    refused(lambda: report(20), 409)  # past the job's last step
+    assert report(19) == 1  # the curve takes it; the bill does not
+    time.sleep(2)
+    ledger.chain.advance_time(3)
+    submitter.job_action(job.job_id, "cancel")
+    (settled,) = [e for e in submitter.events(job=job.job_id) if e.kind == "job_settled"]
+    assert settled.detail["records_withheld"] == {}
+    # Every record the job owed a is filed, so a is paid all its metered time.
+    assert coordinator.record_dues(job.job_id, finished=False)[leases["a"]] == Dues(10, 10)
+    metered = {p: int(w) for p, w in settled.detail["metered_wei"].items()}
+    assert 0 < metered[p1.address] - PRICE < ledger.lease(chain_job, p1.address).earned_wei
