@@ -150,4 +150,5 @@ class MarketMachine(RuleBasedStateMachine):
 
 
 TestMarketMachine = MarketMachine.TestCase
-TestMarketMachine.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+# 100 runs of 40 rules (about 40 s of CI); at 200 a run they held in every CI run before.
+TestMarketMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)

@@ -72,7 +72,7 @@ def test_no_operation_answers_5xx(served, fuzz_schema, mode):
         for op in operations if op.path_parameters]
     for operation, path in runs:
 
-        @settings(max_examples=20, deadline=None, derandomize=True, database=None,
+        @settings(max_examples=12, deadline=None, derandomize=True, database=None,
                   suppress_health_check=list(HealthCheck))
         @given(case=operation.as_strategy(generation_mode=mode, path_parameters=path or None))
         def call(case):
