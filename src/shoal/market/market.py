@@ -8,7 +8,7 @@ same leases (the simulator and the tests replay them exactly).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shoal.market.auction import Preemptible, rank, select
 from shoal.market.book import LeaseBook
@@ -42,6 +42,7 @@ class _Account:
     budget_wei: int
     paused: bool = False
     finished: bool = False
+    barred: set[str] = field(default_factory=set)  # providers removed from the job
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,15 @@ class Market:
         account.finished = True
         return self.meter(job)
 
+    def bar(self, job: str, provider: str, now_s: float) -> None:
+        """Lease none of `provider`'s devices to `job` again: it was removed from the job (a
+        squatter, a cheat), and a re-posted offer must not put it straight back."""
+        self._tick(now_s)
+        account = self._accounts.get(job)
+        if account is None:
+            raise UnknownJob(job)
+        account.barred.add(provider)
+
     # ------------------------------------------------------------ the coordinator's loop
     def advance(self, now_s: float) -> list[DeviceLease]:
         """Stop the leases of any job whose escrow is spent, at the time it was; pause it."""
@@ -173,8 +183,10 @@ class Market:
                            reason=f"job '{bid.job}' is paused or its escrow is spent: "
                                   "top it up and resume it")
         # Only strictly lower priorities can lose a device to this job (select checks it too).
-        lower = [c for c in preemptible.values() if c.lease.priority < bid.priority]
-        chosen = select(bid, len(held), list(free.values()), lower, ranked=True)
+        lower = [c for c in preemptible.values() if c.lease.priority < bid.priority
+                 and c.offer.provider not in account.barred]
+        offers = [o for o in free.values() if o.provider not in account.barred]
+        chosen = select(bid, len(held), offers, lower, ranked=True)
         new = [self._lease(bid, free.pop(o.offer_id), now_s) for o in chosen.free]
         notices = [self._preempt(bid, preemptible.pop(c.lease.offer_id), now_s)
                    for c in chosen.taken]

@@ -1,7 +1,8 @@
 """A lost agent's workers are reported exited to the job's host by the
 coordinator that reaps the agent: with its machine, the agent's launcher is
 gone too, and no one else would tell the membership authority (a paused
-job's last state holder would then hold the job forever)."""
+job's last state holder would then hold the job forever). A lease whose
+worker never asks to join is ended even before the job's first epoch."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import time
 from eth_account import Account
 from sqlalchemy.orm import Session
 
+from shoal.control.coordinator import Coordinator
 from shoal.control.serve import RendezvousServer
 from shoal.control.store.schema import AgentRow, JobRow
 from shoal.spec.coordinator import Heartbeat, JobSubmission, OfferTerms, Registration
-from tests.control.coordinator.conftest import TINY_JOB, provider_with_agent
+from tests.control.coordinator.conftest import (
+    TINY_JOB, Served, make_settings, provider_with_agent,
+)
 from tests.control.coordinator.test_proofs import publish
 
 PRICE = 1_000_000
@@ -51,3 +55,102 @@ def test_a_lost_agents_workers_are_reported_exited_to_the_jobs_host(served):
         assert lost.detail["workers"] == [workers["a"]]
     finally:
         host.close()
+
+
+def test_a_squatter_cannot_hold_a_job_that_has_not_formed(store_url, operator):
+    """s wins a lease on a two-worker job, beats and reports it running, and never lets a
+    worker ask the job's host to join: the host waits for two workers, so the job would
+    never form while s holds its seat. Past the grace s's lease ends (its offer withdrawn,
+    its device freed for a replacement) as it would after the first epoch; a, whose
+    worker asked to join and waits for its peer, keeps its lease."""
+    co = Coordinator(make_settings(store_url, operator, member_grace_s=0.5))
+    served = Served(co)
+    host = RendezvousServer("127.0.0.1")  # stands in for the job's host
+    try:
+        clients = {}
+        for agent in ("a", "s"):
+            clients[agent] = served.client(Account.create())
+            provider_with_agent(clients[agent], agent)
+            clients[agent].post_offer(OfferTerms(offer_id=f"{agent}-d0", agent_id=agent,
+                                                 price_wei_per_s=PRICE))
+        alice = served.client(Account.create())
+        alice.register(Registration(role="submitter", name="alice"))
+        job = alice.submit(JobSubmission(name="tiny", job_file=TINY_JOB, workers=2,
+                                         max_price_wei_per_s=2 * PRICE, budget_wei=10**12))
+        served.app.state.rounds.once()
+        leases = {lease.offer_id: lease.lease for lease in alice.job(job.job_id).leases}
+        co._set_rendezvous(job.job_id, f"127.0.0.1:{host.port}")  # the host serves from now
+        host.rdzv.request_join(f"a-l{leases['a-d0']}-a0-w0")
+        assert co.hold_leases_to_membership(job.job_id) == []  # within the grace: nobody
+
+        time.sleep(0.7)
+        for agent, client in clients.items():
+            client.heartbeat(agent, Heartbeat(running=(leases[f"{agent}-d0"],)))
+        assert co.membership(job.job_id) == []  # no epoch yet: the job has not formed
+        assert co.hold_leases_to_membership(job.job_id) == [leases["s-d0"]]
+        held = {lease.offer_id: lease for lease in alice.job(job.job_id).leases}
+        assert held["s-d0"].ends_at_s is not None  # the squatter holds nothing now
+        assert held["a-d0"].ends_at_s is None  # the honest worker waiting for a peer stays
+        (withdrawn,) = [e for e in alice.events(job=None) if e.kind == "offer_withdrawn"]
+        assert withdrawn.detail["offer_id"] == "s-d0"
+        assert co.hold_leases_to_membership(job.job_id) == []  # a is not judged again
+    finally:
+        host.close()
+        served.stop()
+        co.hosts.stop_all()
+        co.engine.dispose()
+
+
+def test_a_provider_ended_for_staying_out_cannot_post_its_way_back_into_the_job(
+        store_url, operator):
+    """s, the cheapest device, squats a two-worker job; past the grace its lease ends. It
+    posts the same offer again, still the cheapest: the next round must lease the job c's
+    dearer device, not s again (s would otherwise hold the seat a grace at a time, and its
+    leases eat the job's escrow). s stays free to serve other jobs."""
+    co = Coordinator(make_settings(store_url, operator, member_grace_s=0.5))
+    served = Served(co)
+    host = RendezvousServer("127.0.0.1")
+    try:
+        clients, prices = {}, {"a": PRICE, "s": PRICE // 2, "c": 2 * PRICE}
+        squatter = Account.create()
+        for agent, price in prices.items():
+            clients[agent] = served.client(squatter if agent == "s" else Account.create())
+            provider_with_agent(clients[agent], agent)
+            clients[agent].post_offer(OfferTerms(offer_id=f"{agent}-d0", agent_id=agent,
+                                                 price_wei_per_s=price))
+        alice = served.client(Account.create())
+        alice.register(Registration(role="submitter", name="alice"))
+        job = alice.submit(JobSubmission(name="tiny", job_file=TINY_JOB, workers=2,
+                                         max_price_wei_per_s=2 * PRICE, budget_wei=10**12))
+
+        def round_with_everyone_heard():  # agents silent past agent_timeout_s are reaped
+            for agent, client in clients.items():
+                client.heartbeat(agent, Heartbeat())
+            served.app.state.rounds.once()
+
+        round_with_everyone_heard()
+        leases = {lease.offer_id: lease.lease for lease in alice.job(job.job_id).leases}
+        assert set(leases) == {"a-d0", "s-d0"}  # the two cheapest
+        co._set_rendezvous(job.job_id, f"127.0.0.1:{host.port}")
+        host.rdzv.request_join(f"a-l{leases['a-d0']}-a0-w0")
+        time.sleep(0.7)
+        assert co.hold_leases_to_membership(job.job_id) == [leases["s-d0"]]
+
+        clients["s"].post_offer(OfferTerms(offer_id="s-d0", agent_id="s",
+                                           price_wei_per_s=PRICE // 2))  # back, cheapest
+        round_with_everyone_heard()
+        live = {lease.offer_id for lease in alice.job(job.job_id).leases
+                if lease.ends_at_s is None}
+        assert live == {"a-d0", "c-d0"}  # s holds nothing of the job; the seat is c's
+        (barred,) = [e for e in alice.events(job=job.job_id) if e.kind == "provider_barred"]
+        assert barred.detail["provider"].lower() == squatter.address.lower()
+
+        other = alice.submit(JobSubmission(name="other", job_file=TINY_JOB, workers=1,
+                                           max_price_wei_per_s=2 * PRICE, budget_wei=10**12))
+        round_with_everyone_heard()
+        assert [lease.offer_id for lease in alice.job(other.job_id).leases] == ["s-d0"]
+    finally:
+        host.close()
+        served.stop()
+        co.hosts.stop_all()
+        co.engine.dispose()

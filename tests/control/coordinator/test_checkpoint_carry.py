@@ -5,7 +5,10 @@ own store restores it. Tried as the parties that would game it: a provider
 sending a state nobody trained (parameters its step's work records
 contradict), a file that is not a checkpoint or a pickle that is more than
 tensors, a checkpoint of another step than it says, a provider without a
-lease on the job sending or reading, an unsigned read."""
+lease on the job sending or reading, an unsigned read; a member that is not the
+step's checkpoint writer sending first (the first upload of a step stands); the
+writer itself sending the trained parameters with a shifted data cursor or
+optimizer settings the job does not have."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from eth_account import Account
 from shoal.control.agent.checkpoints import CheckpointRelay, checkpoint_dir
 from shoal.control.coordinator.service import Coordinator
 from shoal.jobs.gpt_replay import gpt_replayer
+from shoal.jobs.optim import build_optimizer
 from shoal.jobs.model import GPT
 from shoal.spec.audit import RecordUpload
 from shoal.spec.coordinator import JobSubmission, OfferTerms, Registration
@@ -68,18 +72,26 @@ def _market(served: Served, tmp_path, job_file: str):
     return served, a, b, c, submitter, job.job_id, leases, workers, path
 
 
-def write_checkpoint(folder, job_file, step: int = STEP, nudge: float = 0.0) -> str:
-    """A checkpoint of the job at `step` written by the workers' own store; returns the
-    hash of its parameters (what the step's work records say it started from)."""
+def write_checkpoint(folder, job_file, step: int = STEP, nudge: float = 0.0,
+                     cursor_shift: int = 0, tamper=None) -> str:
+    """A checkpoint of the job at `step` written by the workers' own store, with the
+    optimizer the job builds, one update in; returns the hash of its parameters (what the
+    step's work records say it started from). `nudge`, `cursor_shift` and `tamper` (of
+    the optimizer) forge it."""
     spec = parse_job(tomllib.loads(job_file.read_text()), "job_file")
     torch.manual_seed(1)
     model = GPT(spec.model)
-    optimizer = torch.optim.AdamW(model.parameters())
+    optimizer = build_optimizer(model, spec.optimizer)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 1e-3)
+    optimizer.step()
     digest = param_sha256(model)
     with torch.no_grad():
         next(model.parameters()).add_(nudge)  # nudge != 0: a state nobody trained
+    if tamper is not None:
+        tamper(optimizer)
     store = CheckpointStore(folder, spec.resume_identity(), keep=2)
-    store.save_async(take_snapshot(step, step * 8, model, optimizer))
+    store.save_async(take_snapshot(step, step * 8 + cursor_shift, model, optimizer))
     store.close()
     return digest
 
@@ -176,3 +188,66 @@ def test_without_work_records_a_checkpoint_is_carried_on_its_providers_word(
         served.stop()
         coordinator.hosts.stop_all()
         coordinator.engine.dispose()
+
+
+@pytest.mark.parametrize("job_file", [PROOF_JOB, TINY_JOB], ids=["records", "no-records"])
+def test_a_member_that_is_not_the_writer_cannot_carry_the_step_first(
+        store_url, operator, tmp_path, job_file):
+    """b, rank 1, races the writer (rank 0, a) with the step's checkpoint: were it carried,
+    a's would be refused as not newer, and every worker restored from disk would take
+    whatever else b put in it. b is refused; a's is carried as if b never tried."""
+    coordinator = Coordinator(make_settings(store_url, operator), replayer=gpt_replayer)
+    served = Served(coordinator)
+    try:
+        _, a, b, _, _, job_id, leases, workers, path = _market(served, tmp_path, job_file)
+        digest = write_checkpoint(tmp_path / "ckpt", path)
+        blob = next((tmp_path / "ckpt").glob("*.pt")).read_bytes()
+        if job_file == PROOF_JOB:
+            upload_records(a, job_id, leases["dev-a"], workers[0], 0, digest)
+            upload_records(b, job_id, leases["dev-b"], workers[1], 1, digest)
+
+        assert "writes" in refused(lambda: b.upload_checkpoint(job_id, STEP, leases["dev-b"],
+                                                               blob), 403)
+        assert a.carried_checkpoint(job_id) is None  # b gained the seat of nothing
+        held = a.upload_checkpoint(job_id, STEP, leases["dev-a"], blob)
+        assert (held.stored, held.lease, held.verified) == (True, leases["dev-a"],
+                                                            job_file == PROOF_JOB)
+    finally:
+        served.stop()
+        coordinator.hosts.stop_all()
+        coordinator.engine.dispose()
+
+
+def _one_parameter_dropped(optimizer):
+    dropped = optimizer.param_groups[-1]["params"].pop()
+    optimizer.state.pop(dropped)
+
+
+FORGERIES = {  # what the writer's checkpoint says besides the trained parameters
+    "cursor ahead": dict(cursor_shift=3),
+    "cursor behind": dict(cursor_shift=-8),
+    "gradient ascent": dict(tamper=lambda o: [g.update(maximize=True) for g in o.param_groups]),
+    "betas": dict(tamper=lambda o: [g.update(betas=(0.0, 0.0)) for g in o.param_groups]),
+    "eps": dict(tamper=lambda o: [g.update(eps=1e6) for g in o.param_groups]),
+    "weight decay": dict(tamper=lambda o: [g.update(weight_decay=1.0) for g in o.param_groups]),
+    "a parameter left out": dict(tamper=_one_parameter_dropped),
+}
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES), ids=list(FORGERIES))
+def test_the_writer_cannot_carry_what_the_job_and_step_contradict(carry, tmp_path, forgery):
+    """a holds the writer seat and sends the step's true parameters, but with a data cursor
+    or optimizer settings that are not the job's: restored, a shifted cursor makes every
+    honest worker's records name the wrong samples (an audit blames them), and the
+    optimizer settings steer everyone's training. Refused; the honest file is carried."""
+    served, a, b, _, _, job_id, leases, workers, job_file = carry
+    digest = write_checkpoint(tmp_path / "forged", job_file, **FORGERIES[forgery])
+    assert digest == write_checkpoint(tmp_path / "honest", job_file)  # the same parameters
+    upload_records(a, job_id, leases["dev-a"], workers[0], 0, digest)
+    upload_records(b, job_id, leases["dev-b"], workers[1], 1, digest)
+    forged = next((tmp_path / "forged").glob("*.pt")).read_bytes()
+
+    refused(lambda: a.upload_checkpoint(job_id, STEP, leases["dev-a"], forged), 409)
+    assert a.carried_checkpoint(job_id) is None
+    honest = next((tmp_path / "honest").glob("*.pt")).read_bytes()
+    assert a.upload_checkpoint(job_id, STEP, leases["dev-a"], honest).verified

@@ -8,8 +8,12 @@ worker join (squatting on a lease: the job runs short, the escrow pays).
 So the reconciler holds every running lease to the membership: a lease
 whose worker has not been a member for `member_grace_s` (from the lease's
 start, or from when its worker dropped out) is ended, its offer withdrawn,
-and the market leases a replacement. And at settlement a lease whose
-worker never was a member of any epoch books nothing: no work, no pay.
+its provider barred from the job (a re-posted offer would win it straight
+back), and the market leases a replacement. Before the job's first epoch, when
+its workers wait for peers, "in the job" is having asked the host to join:
+a squatter would otherwise keep the job from ever forming (its host waits
+for `min_workers`) at no cost. And at settlement a lease whose worker
+never was a member of any epoch books nothing: no work, no pay.
 
 The other way round, a lost agent's workers are gone with its machine, and
 its launcher with them, so no one tells the job's host they exited: a
@@ -21,6 +25,7 @@ coordinator, which reaps the agent, reports their exits in its place.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -28,7 +33,7 @@ from sqlalchemy.orm import Session
 from shoal.control.coordinator.markdown import lease_of
 from shoal.control.errors import ControlError
 from shoal.control.netaddr import parse_endpoint
-from shoal.control.store.schema import JobRow, LeaseRow, OfferRow
+from shoal.control.store.schema import EventRow, JobRow, LeaseRow, OfferRow
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.progress import MembershipChange
 
@@ -36,31 +41,79 @@ log = logging.getLogger(__name__)
 LIVE = (JobStatus.waiting.value, JobStatus.running.value, JobStatus.paused.value)
 
 
+@dataclass
+class _JoinsRead:
+    """What a job's host said so far of who asked to join (a request is never taken back,
+    so each is read once), while the job has no epoch."""
+
+    seen: int = 0  # join requests read
+    leases: set[int] = field(default_factory=set)  # whose workers asked
+
+
 class LeaseAttendance:
     """Uses the Coordinator's `engine`, `settings`, `membership`, `now_s`, `_change`,
-    `_event` and `withdraw_offer`."""
+    `_event`, `bar_provider` and `withdraw_offer`; the job host's rendezvous before a
+    job's first epoch."""
+
+    def _attendance_init(self) -> None:
+        self._joins_read: dict[str, _JoinsRead] = {}  # per job not formed yet
 
     def hold_leases_to_membership(self, job_id: str) -> list[int]:
         """End the running leases of a running job whose workers stayed out of it past the
-        grace; returns their numbers."""
+        grace (before its first epoch: never asked its host to join); returns their
+        numbers."""
         changes = self.membership(job_id)
-        if not changes:
-            return []  # the job has not formed yet: its workers may be waiting for peers
         now, grace = self.now_s(), self.settings.member_grace_s
         with Session(self.engine) as session:
             job = session.get(JobRow, job_id)
             if job is None or job.status != JobStatus.running.value:
                 return []
+            # Before the first epoch a worker is in the job once it asks the host to join,
+            # which it can only from when the host serves: the grace runs from then too.
+            serving_s = None if changes else _serving_since(session, job_id)
+            endpoint = job.rendezvous
             leases = session.scalars(select(LeaseRow).where(LeaseRow.job_id == job_id)).all()
-            out = [(lease.lease, lease.offer_id) for lease in leases
+            out = [(lease.lease, lease.offer_id, lease.provider) for lease in leases
                    if (lease.ends_at_s is None or lease.ends_at_s > now)
-                   and now - absent_since(changes, lease.lease, lease.start_s) > grace]
-        for number, offer_id in out:
-            self.withdraw_offer(COORDINATOR, offer_id, reason=(
-                f"the worker of lease {number} stayed out of job {job_id} for more than "
-                f"{grace:.0f} s (an agent that reports a lease running must have its worker in "
-                "the job)"))
-        return [number for number, _ in out]
+                   and now - absent_since(changes, lease.lease, lease.start_s, serving_s) > grace]
+        if changes:
+            self._joins_read.pop(job_id, None)
+        elif out:  # not formed yet: out of it is never having asked to join
+            out = self._never_asked_to_join(job_id, endpoint, out)
+        for number, offer_id, provider in out:
+            reason = (f"the worker of lease {number} stayed out of job {job_id} for more than "
+                      f"{grace:.0f} s (an agent that reports a lease running must have its "
+                      "worker in the job)")
+            self.bar_provider(job_id, provider, reason)  # re-posting must not win it back
+            self.withdraw_offer(COORDINATOR, offer_id, reason=reason)
+        return [number for number, _, _ in out]
+
+    def _never_asked_to_join(self, job_id: str, endpoint: str | None,
+                             leases: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
+        """Of `leases` (number, offer, provider), those whose workers never asked the job's
+        host to join; none while the host cannot be read (nobody is judged on its silence)."""
+        read = self._joins_read.get(job_id, _JoinsRead())
+        if any(lease[0] not in read.leases for lease in leases):  # the host is asked only then
+            if not self._read_joins(job_id, endpoint, read):
+                return []
+        return [lease for lease in leases if lease[0] not in read.leases]
+
+    def _read_joins(self, job_id: str, endpoint: str | None, read: _JoinsRead) -> bool:
+        """Read on the job's host's join requests into `read`; False if it cannot be read."""
+        from shoal.train.rendezvous import Rendezvous, RendezvousError, connect
+
+        if endpoint is None:
+            return False
+        host, port = parse_endpoint(endpoint)
+        try:
+            seen, workers = Rendezvous(connect(host, port, timeout_s=5.0)).joins_since(read.seen)
+        except RendezvousError as error:
+            log.warning("job %s: could not read who asked its host to join: %s", job_id, error)
+            return False
+        read.seen = seen
+        read.leases |= {n for w in workers if (n := lease_of(w)) is not None}
+        self._joins_read[job_id] = read
+        return True
 
     def report_lost_workers(self, agents: list[str]) -> dict[str, list[str]]:
         """Tell each live job's host that the members run by `agents` (lost) exited, as
@@ -99,9 +152,14 @@ class LeaseAttendance:
                 if (n := lease_of(w)) is not None}
 
 
-def absent_since(changes: list[MembershipChange], lease: int, start_s: float) -> float:
+def absent_since(changes: list[MembershipChange], lease: int, start_s: float,
+                 serving_s: float | None = None) -> float:
     """Since when `lease`'s worker has been out of the job: the first epoch of the trailing
-    run without it (or its lease's start, if later); +inf when it is a member now."""
+    run without it (or its lease's start, if later); +inf when it is a member now. With no
+    epoch yet, since its lease's start or the host's serving (`serving_s`), the later;
+    +inf if the host does not serve yet."""
+    if not changes:
+        return float("inf") if serving_s is None else max(start_s, serving_s)
     since = None
     for change in reversed(changes):
         if any(lease_of(w) == lease for w in change.members):
@@ -110,6 +168,13 @@ def absent_since(changes: list[MembershipChange], lease: int, start_s: float) ->
     if since is None:
         return float("inf")
     return max(since, start_s)
+
+
+def _serving_since(session: Session, job_id: str) -> float | None:
+    """When the coordinator recorded the job's host serving (its newest endpoint), or None."""
+    return session.scalar(select(EventRow.at_s).where(
+        EventRow.job_id == job_id, EventRow.kind == "job_rendezvous").order_by(
+        EventRow.seq.desc()).limit(1))
 
 
 def _agent_of(session: Session, job_id: str, worker: str) -> str | None:

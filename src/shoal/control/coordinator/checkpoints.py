@@ -12,9 +12,13 @@ What is served must not be a provider's word alone where the job keeps
 work records: the checkpoint's parameters must hash to what every work
 record of its step (the newest lineage) says that step started from. The
 records come from the workers that trained the step, other providers
-included, so a provider cannot feed the next one a forged state. A job
-without work records takes a checkpoint as a joiner takes live state from
-a peer (the same trust), and its view says `verified: false`.
+included, so a provider cannot feed the next one a forged state. Only the
+lease of the worker that writes the job's checkpoints at that step may send
+it (the first upload of a step stands), and what follows from the job and
+the step alone (the data cursor, the optimizer's settings) must be what
+they say: `checkpoint_checks`, which also names what stays on the sender's
+word. A job without work records takes a checkpoint as a joiner takes live
+state from a peer (the same trust), and its view says `verified: false`.
 
 Files live under the coordinator's data folder, one job per folder, laid
 out as the workers' own checkpoint store (`step-N.pt` and its manifest,
@@ -34,13 +38,17 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from shoal.control.coordinator.checkpoint_checks import check_cursor, check_optimizer
 from shoal.control.coordinator.errors import Conflict, Forbidden, NotFound
-from shoal.control.store.schema import JobRow, LeaseRow
+from shoal.control.coordinator.markdown import lease_of
+from shoal.control.store.schema import JobRow, LeaseRow, OfferRow
 from shoal.proof.epochs import final_lineage
 from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
+from shoal.spec.proof import WorkRecord
 from shoal.train.files import checkpoint_manifests, prune_checkpoints, write_whole
+from shoal.train.hashing import param_sha256
 
 log = logging.getLogger(__name__)
 KEEP = 2  # carried checkpoints kept per job: the newest, and one in case it is being read
@@ -58,7 +66,7 @@ class NotYetVerifiable(Conflict):
 
 class CheckpointCarry:
     """Uses the Coordinator's `engine`, `settings`, `referee`, `job_spec`, `work_records`,
-    `_change`, `_event`, `now_s`."""
+    `_published`, `_change`, `_event`, `now_s`."""
 
     def _carry_init(self) -> None:
         # One upload checked and written at a time (they share the job's model to hash
@@ -83,7 +91,8 @@ class CheckpointCarry:
     def upload_checkpoint(self, provider: str, job_id: str, lease_number: int, step: int,
                           data: bytes) -> CheckpointView:
         """Take a checkpoint a lease's worker wrote at `step`; refused unless it is whole,
-        of this job, newer than the one held, and (with work records) verified."""
+        of this job, newer than the one held, sent by the lease of the step's checkpoint
+        writer, at the step's data cursor, and (with work records) verified."""
         if not data:
             raise Conflict("a checkpoint is the file the worker wrote; the body is empty")
         with Session(self.engine) as session:
@@ -96,11 +105,14 @@ class CheckpointCarry:
         if held is not None and held.step >= step:
             return held.model_copy(update={"stored": False})
         state = _load(data, step)
+        check_cursor(spec, step, state)
         with self._carry_lock:
             held = self._held(job_id)
             if held is not None and held.step >= step:  # another agent's upload won the race
                 return held.model_copy(update={"stored": False})
-            verified = self._verify(job_id, spec, step, state)
+            records = self._step_records(job_id, spec, step)
+            self._check_writer(job_id, step, lease_number, records)
+            verified = self._verify(job_id, spec, step, state, records)
             view = self._write(job_id, spec, step, data, lease_number, provider, verified)
         with self._change() as session:
             self._event(session, view.at_s, provider, "checkpoint_carried", job_id,
@@ -141,26 +153,62 @@ class CheckpointCarry:
         raise Forbidden(f"{provider} holds no running {which} on job '{job_id}': only the "
                         "job's own providers (and its submitter, to read) see its checkpoints")
 
-    def _verify(self, job_id: str, spec: JobSpec, step: int, state: dict[str, Any]) -> bool:
+    def _step_records(self, job_id: str, spec: JobSpec, step: int) -> list[WorkRecord]:
+        """The newest lineage's records of steps `step - 1` and `step` ([] for a job that
+        keeps none); refused until a record of `step` is here."""
         if not spec.proof.enabled:
-            return False
-        epoch = step // spec.proof.epoch_steps
-        records = [r for r in final_lineage(self.work_records(job_id, epoch)) if r.step == step]
-        if not records:
+            return []
+        wanted = {s for s in (step - 1, step) if s >= 0}
+        records = final_lineage(r for epoch in {s // spec.proof.epoch_steps for s in wanted}
+                                for r in self.work_records(job_id, epoch) if r.step in wanted)
+        if not any(r.step == step for r in records):
             raise NotYetVerifiable(
                 f"no work record of step {step} is here yet to check the checkpoint against; "
                 "send it again once the step's records are uploaded")
-        digest = self._params_digest(job_id, spec, state)
+        return records
+
+    def _check_writer(self, job_id: str, step: int, number: int,
+                      records: list[WorkRecord]) -> None:
+        """Refuse a sender whose lease's worker is not the one that writes the job's
+        checkpoint of `step`. The runtime has rank 0 write it as it commits the step
+        before (or, as the last worker leaving, the sole member of the epoch that would run
+        it): rank 0 of the membership epochs that the records of the two steps name.
+        Without records, which epoch ran a step is nobody's record: rank 0 of any
+        published epoch, a weaker bound. An agent names one of its leases per job (it
+        keeps one checkpoint folder per job), so another lease of the same agent and
+        provider stands for the writer's."""
+        members = self._published.all_members(job_id)
+        epochs = {r.membership_epoch for r in records} if records else set(members)
+        writers = {members[e][0] for e in epochs if members.get(e)}
+        with Session(self.engine) as session:
+            sender = session.get(LeaseRow, number)
+            agent = _agent_of(session, sender)
+            for worker in writers:
+                lease = session.get(LeaseRow, lease_of(worker) or 0)
+                if lease is not None and lease.job_id == job_id \
+                        and (lease.provider, _agent_of(session, lease)) == (sender.provider, agent):
+                    return
+        raise Forbidden(f"lease {number} runs no worker that writes job '{job_id}''s checkpoint "
+                        f"of step {step} (rank 0: {', '.join(sorted(writers)) or 'none yet'}); "
+                        "only the writer's agent sends it")
+
+    def _verify(self, job_id: str, spec: JobSpec, step: int, state: dict[str, Any],
+                records: list[WorkRecord]) -> bool:
+        records = [r for r in records if r.step == step]
+        if not records:
+            return False
+        model = self._loaded_model(job_id, spec, state)
+        digest = param_sha256(model)
         claimed = {r.params_sha256 for r in records}
         if claimed != {digest}:
             raise Conflict(f"the checkpoint's parameters (sha256 {digest[:12]}…) are not what "
                            f"the {len(records)} work record(s) of step {step} started from: "
                            "refused, it would restore a state nobody trained")
+        check_optimizer(spec, state, model)
         return True
 
-    def _params_digest(self, job_id: str, spec: JobSpec, state: dict[str, Any]) -> str:
-        from shoal.train.hashing import param_sha256
-
+    def _loaded_model(self, job_id: str, spec: JobSpec, state: dict[str, Any]) -> Any:
+        """The job's model (kept per job), holding the checkpoint's parameters."""
         replayer = getattr(self.referee, "replayer", None)
         if replayer is None:
             raise Conflict("this coordinator cannot build the job's model to check a "
@@ -176,7 +224,7 @@ class CheckpointCarry:
             model.load_state_dict(state["model"])
         except (RuntimeError, KeyError, TypeError) as error:
             raise SpecError(f"the checkpoint's model does not fit the job's: {error}"[:400])
-        return param_sha256(model)
+        return model
 
     # ------------------------------------------------------------ files
     def _write(self, job_id: str, spec: JobSpec, step: int, data: bytes, lease: int,
@@ -208,6 +256,11 @@ def _load(data: bytes, step: int) -> dict[str, Any]:
     if not isinstance(state.get("cursor"), int):
         raise SpecError("the checkpoint has no data cursor: it cannot resume the data order")
     return state
+
+
+def _agent_of(session: Session, lease: LeaseRow) -> str | None:
+    offer = session.get(OfferRow, lease.offer_id)
+    return offer.agent_id if offer is not None else None
 
 
 def _view(job_id: str, manifest_path: Path) -> CheckpointView:

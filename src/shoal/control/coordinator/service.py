@@ -95,6 +95,7 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
         self._probe_init()
         self._carry_init()
         self._planning_init()
+        self._attendance_init()
         self.referee = Referee(self, referee_key, replayer)
         self._disputes_init()
         self.started_s = self.now_s()
@@ -201,6 +202,15 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
             self._event(session, now, provider, "offer_posted", offer_id=offer.offer_id,
                         price_wei_per_s=str(offer.price_wei_per_s), tenancy=offer.tenancy.value)
             return offer_view(row)
+
+    def bar_provider(self, job_id: str, provider: str, reason: str) -> None:
+        """Lease none of `provider`'s devices to `job_id` again (removed from it: its worker
+        stayed out, or it was slashed); a re-posted offer would otherwise win it back."""
+        with self._change() as session:
+            now = self.now_s()
+            self._command(session, "bar_provider", {"job": job_id, "provider": provider}, now)
+            self._event(session, now, COORDINATOR, "provider_barred", job_id,
+                        provider=provider, reason=reason)
 
     def withdraw_offer(self, actor: str, offer_id: str, reason: str = "withdrawn") -> OfferView:
         with self._change() as session:
