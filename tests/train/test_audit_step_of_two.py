@@ -176,3 +176,18 @@ def test_a_lone_record_cannot_speak_for_its_absent_peer(tmp_path):
     both = [cheat_record, store.records("z-honest")[0]]
     kind, _, _ = judge_unrecorded(stand_in(share, both), both, honest_part, 0.0, 0, 1e-3)
     assert kind is VerdictKind.valid
+
+
+def test_a_step_whose_other_rank_had_no_samples_is_decided_by_the_one_record_it_owes():
+    """A rank with no samples owes no record: the one record of such a step is all there
+    is to read, and is read (an honest worker is not left undecided at every step)."""
+    from shoal.train.audit_sent import Declaration, declared
+
+    part = _honest_part(0)
+    sum_seed = sk.sum_seed(part)
+    told = Exchanged(seed=sum_seed, sketches=tuple(sk.finite(s) for s in sk.sketch(
+        sum_seed, part, [torch.zeros_like(t) for t in part])))
+    alone = _record(0, "a-honest", exchanged=told).model_copy(update={"shares": (8, 0)})
+    assert isinstance(declared(alone, [alone], 1e-3), Declaration)
+    both_owed = alone.model_copy(update={"shares": (4, 4)})
+    assert not isinstance(declared(both_owed, [both_owed], 1e-3), Declaration)

@@ -46,16 +46,19 @@ def declared(record: WorkRecord, step_records: list[WorkRecord], tolerance: floa
     Each record carries what its own worker was told, and the worker may have told its
     peers different things; a row needs a strict majority of the records (within the
     tolerance), so neither a cheat's own record nor a minority of lying peers decides.
-    In a step of several ranks it also needs two records at least: where only one was
-    filed (its peer lost, or the cheat itself speaking of its absent peer) one writer
-    would decide alone."""
+    Where several ranks owe the step a record it also needs two records at least: where
+    only one was filed (its peer lost, or the cheat itself speaking of its absent peer)
+    one writer would decide alone. (A rank owes one where it had samples; under DiLoCo
+    every member does at a round's end, as every member sends its round's work.)"""
     views = [r.exchanged for r in step_records
              if r.step == record.step and r.membership_epoch == record.membership_epoch
              and r.exchanged is not None]
     if not views:
         return (VerdictKind.wrong_params,
                 "no record of the step says what its members declared they sent", None)
-    enough = 2 if len(record.shares) > 1 else 1
+    owing = len(record.shares) if record.local is not None else \
+        sum(share > 0 for share in record.shares)
+    enough = 2 if owing > 1 else 1
 
     def decided(votes: int) -> bool:
         return 2 * votes > len(views) and votes >= enough
