@@ -23,20 +23,31 @@ from tests.control.coordinator.test_proofs import publish
 PRICE = 1_000_000
 
 
-def test_a_lost_agents_workers_are_reported_exited_to_the_jobs_host(served):
-    co = served.app.state.coordinator
+def offers_and_a_job(served, prices: dict[str, int], accounts: dict | None = None):
+    """Each agent of `prices` offers one device at its price (as `accounts`' key where
+    given); alice submits a two-worker job. Their clients, alice and the job."""
     clients = {}
-    for agent in ("a", "b"):
-        clients[agent] = served.client(Account.create())
+    for agent, price in prices.items():
+        clients[agent] = served.client((accounts or {}).get(agent) or Account.create())
         provider_with_agent(clients[agent], agent)
         clients[agent].post_offer(OfferTerms(offer_id=f"{agent}-d0", agent_id=agent,
-                                             price_wei_per_s=PRICE))
+                                             price_wei_per_s=price))
     alice = served.client(Account.create())
     alice.register(Registration(role="submitter", name="alice"))
     job = alice.submit(JobSubmission(name="tiny", job_file=TINY_JOB, workers=2,
                                      max_price_wei_per_s=2 * PRICE, budget_wei=10**12))
+    return clients, alice, job
+
+
+def leases_of(alice, job) -> dict[str, int]:
+    return {lease.offer_id: lease.lease for lease in alice.job(job.job_id).leases}
+
+
+def test_a_lost_agents_workers_are_reported_exited_to_the_jobs_host(served):
+    co = served.app.state.coordinator
+    clients, alice, job = offers_and_a_job(served, {"a": PRICE, "b": PRICE})
     served.app.state.rounds.once()
-    leases = {lease.offer_id: lease.lease for lease in alice.job(job.job_id).leases}
+    leases = leases_of(alice, job)
     host = RendezvousServer("127.0.0.1")  # stands in for the job's host
     try:
         with Session(co.engine) as session, session.begin():
@@ -67,18 +78,9 @@ def test_a_squatter_cannot_hold_a_job_that_has_not_formed(store_url, operator):
     served = Served(co)
     host = RendezvousServer("127.0.0.1")  # stands in for the job's host
     try:
-        clients = {}
-        for agent in ("a", "s"):
-            clients[agent] = served.client(Account.create())
-            provider_with_agent(clients[agent], agent)
-            clients[agent].post_offer(OfferTerms(offer_id=f"{agent}-d0", agent_id=agent,
-                                                 price_wei_per_s=PRICE))
-        alice = served.client(Account.create())
-        alice.register(Registration(role="submitter", name="alice"))
-        job = alice.submit(JobSubmission(name="tiny", job_file=TINY_JOB, workers=2,
-                                         max_price_wei_per_s=2 * PRICE, budget_wei=10**12))
+        clients, alice, job = offers_and_a_job(served, {"a": PRICE, "s": PRICE})
         served.app.state.rounds.once()
-        leases = {lease.offer_id: lease.lease for lease in alice.job(job.job_id).leases}
+        leases = leases_of(alice, job)
         co._set_rendezvous(job.job_id, f"127.0.0.1:{host.port}")  # the host serves from now
         host.rdzv.request_join(f"a-l{leases['a-d0']}-a0-w0")
         assert co.hold_leases_to_membership(job.job_id) == []  # within the grace: nobody
@@ -111,17 +113,9 @@ def test_a_provider_ended_for_staying_out_cannot_post_its_way_back_into_the_job(
     served = Served(co)
     host = RendezvousServer("127.0.0.1")
     try:
-        clients, prices = {}, {"a": PRICE, "s": PRICE // 2, "c": 2 * PRICE}
         squatter = Account.create()
-        for agent, price in prices.items():
-            clients[agent] = served.client(squatter if agent == "s" else Account.create())
-            provider_with_agent(clients[agent], agent)
-            clients[agent].post_offer(OfferTerms(offer_id=f"{agent}-d0", agent_id=agent,
-                                                 price_wei_per_s=price))
-        alice = served.client(Account.create())
-        alice.register(Registration(role="submitter", name="alice"))
-        job = alice.submit(JobSubmission(name="tiny", job_file=TINY_JOB, workers=2,
-                                         max_price_wei_per_s=2 * PRICE, budget_wei=10**12))
+        clients, alice, job = offers_and_a_job(
+            served, {"a": PRICE, "s": PRICE // 2, "c": 2 * PRICE}, {"s": squatter})
 
         def round_with_everyone_heard():  # agents silent past agent_timeout_s are reaped
             for agent, client in clients.items():
@@ -129,7 +123,7 @@ def test_a_provider_ended_for_staying_out_cannot_post_its_way_back_into_the_job(
             served.app.state.rounds.once()
 
         round_with_everyone_heard()
-        leases = {lease.offer_id: lease.lease for lease in alice.job(job.job_id).leases}
+        leases = leases_of(alice, job)
         assert set(leases) == {"a-d0", "s-d0"}  # the two cheapest
         co._set_rendezvous(job.job_id, f"127.0.0.1:{host.port}")
         host.rdzv.request_join(f"a-l{leases['a-d0']}-a0-w0")

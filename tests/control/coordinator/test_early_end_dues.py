@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import time
 
-from shoal.control.agent import Agent, AgentConfig
 from shoal.proof.dues import Dues
 from shoal.spec.audit import RecordUpload
-from shoal.spec.coordinator import Heartbeat
 from shoal.spec.progress import ProgressUpload, StepProgress
 from tests.control.coordinator import test_settlement
-from tests.control.coordinator.test_proofs import PROOF_JOB, host_reached, publish, record, refused
-from tests.control.coordinator.test_settlement import BUDGET, PRICE, leased_and_hosted
+from tests.control.coordinator.test_proofs import host_reached, record, refused
+from tests.control.coordinator.test_settlement import PRICE, proof_job_accepted
 
 market = test_settlement.market  # the fixture: a coordinator settling on an embedded chain
 
@@ -26,16 +24,7 @@ def test_a_forged_progress_report_does_not_cut_honest_pay_at_a_cancel(market, tm
     was paid 10/20 of its time, and alice refunded the rest."""
     served, ledger, (alice, _, p1, p2) = market
     coordinator = served.app.state.coordinator
-    chain_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
-    submitter = served.client(alice)
-    providers, job = leased_and_hosted(served, submitter, (p1, p2), chain_job, PROOF_JOB)
-    for name, client in providers.items():
-        reply = client.heartbeat(name, Heartbeat())
-        Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
-            reply.assignments)
-    leases = {lease.offer_id[0]: lease.lease for lease in submitter.job(job.job_id).leases}
-    workers = {name: f"{name}-l{leases[name]}-a0-w0" for name in "ab"}
-    publish(coordinator, job.job_id, [workers["a"], workers["b"]], "start")
+    chain_job, submitter, providers, job, leases, workers = proof_job_accepted(market, tmp_path)
     for rank, name in enumerate("ab"):
         providers[name].upload_records(job.job_id, RecordUpload(lease=leases[name], records=tuple(
             record(workers[name], step, rank=rank, shares=(4, 4)) for step in range(10))))

@@ -198,10 +198,10 @@ def test_a_lease_whose_worker_never_joins_is_ended_and_never_paid(tmp_path):
 
 
 
-def test_a_provider_is_paid_only_the_share_of_its_work_records_it_filed(market, tmp_path):
-    """Withholding: b's worker trains (it is in the job) but files no record of steps 3
-    and 7, so those contributions cannot be audited. At settlement b is paid 8/10 of its
-    metered time, a (every record filed) all of it, and the bill says why."""
+def proof_job_accepted(market, tmp_path):
+    """Alice's proof job on a fresh chain job, leased to a and b, who accept on chain as
+    their agents do, and both seated in the job's first epoch: (chain job, alice's
+    client, the providers' clients, the job, lease by provider, worker by provider)."""
     served, ledger, (alice, _, p1, p2) = market
     chain_job = ledger.create_job(alice, 2 * PRICE, BUDGET).returned
     submitter = served.client(alice)
@@ -213,6 +213,15 @@ def test_a_provider_is_paid_only_the_share_of_its_work_records_it_filed(market, 
     leases = {lease.offer_id[0]: lease.lease for lease in submitter.job(job.job_id).leases}
     workers = {name: f"{name}-l{leases[name]}-a0-w0" for name in "ab"}
     publish(served.app.state.coordinator, job.job_id, [workers["a"], workers["b"]], "start")
+    return chain_job, submitter, providers, job, leases, workers
+
+
+def test_a_provider_is_paid_only_the_share_of_its_work_records_it_filed(market, tmp_path):
+    """Withholding: b's worker trains (it is in the job) but files no record of steps 3
+    and 7, so those contributions cannot be audited. At settlement b is paid 8/10 of its
+    metered time, a (every record filed) all of it, and the bill says why."""
+    served, ledger, (alice, _, p1, p2) = market
+    chain_job, submitter, providers, job, leases, workers = proof_job_accepted(market, tmp_path)
     for rank, name in enumerate("ab"):
         records = tuple(record(workers[name], step, rank=rank, shares=(4, 4))
                         for step in range(10) if name == "a" or step not in (3, 7))
