@@ -26,6 +26,7 @@ from shoal.spec.audit import (
 )
 from shoal.spec.coordinator import Grant, Heartbeat, JobSubmission, OfferTerms, Registration, Role
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+from shoal.train.work_records import step_rng_seed
 from tests.control.coordinator.conftest import TINY_JOB, Served, provider_with_agent, ruled_on
 
 PRICE = 1_000_000
@@ -41,7 +42,8 @@ def record(worker: str, step: int, contribution: str = "c", job: str = "tiny", *
                       positions_start=start, positions_end=start + shares[rank], rank=rank,
                       shares=shares, seed=7, global_batch=8, hyper_sha256="1" * 64,
                       contribution_sha256=(contribution * 64)[:64].replace("c", "a"),
-                      contribution_norm=1.0, rng_seed=step, membership_epoch=epoch)
+                      contribution_norm=1.0, rng_seed=step_rng_seed(7, step, start),
+                      membership_epoch=epoch)
 
 
 def publish(coordinator, job_id: str, members: list[str], reason: str) -> int:
