@@ -96,6 +96,7 @@ class Disputed:
                 data = self.work.params if asked.kind is BlobKind.params \
                     else self.work.reveals[asked.step]
                 self.a.answer_challenge(asked.challenge, data)
+                self.a.heartbeat("a", Heartbeat())  # answers may outlast the 1 s agent timeout
             time.sleep(0.2)
 
     def ruled(self, dispute: int):

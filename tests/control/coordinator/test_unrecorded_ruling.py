@@ -71,6 +71,7 @@ def _answering(s, running: threading.Thread) -> None:
             data = s["work"].params if asked.kind is BlobKind.params \
                 else s["work"].reveals[asked.step]
             s["a"].answer_challenge(asked.challenge, data)
+            s["a"].heartbeat("a", Heartbeat())  # answers may outlast the 1 s agent timeout
         running.join(0.2)
 
 
