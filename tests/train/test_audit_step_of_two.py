@@ -17,7 +17,6 @@ from shoal.control.trust.verifier import Verifier
 from shoal.spec.proof import Exchanged, ProofSpec, VerdictKind, WorkRecord, hyper_digest
 from shoal.train import sketch as sk
 from shoal.train.audit import Auditor
-from shoal.train.audit_unrecorded import Unrecorded, judge_unrecorded, stand_in
 from shoal.train.hashing import param_sha256
 from shoal.train.order import share_positions, step_cursor
 from shoal.train.proof_store import ProofStore, contribution_norm, contribution_sha256
@@ -158,36 +157,3 @@ def test_a_kept_file_that_does_not_load_convicts_its_writer_and_the_audit_goes_o
     assert found["a-cheat"][0] is VerdictKind.bad_commitment, found
     assert found["z-honest"][0] is VerdictKind.valid, found
 
-
-def test_a_lone_record_cannot_speak_for_its_absent_peer(tmp_path):
-    """A step of two whose honest worker filed no record (a lost machine): the cheat's
-    record alone says what its peer declared. One writer is no majority, so nobody is
-    judged on it; with both records, the honest part is valid."""
-    store = _step(tmp_path, "a-cheat", "z-honest")
-    cheat_record = store.records("a-cheat")[0]
-    honest_part = store.load_reveal("z-honest", STEP)
-    lying = cheat_record.exchanged.model_copy(update={"sketches": (
-        cheat_record.exchanged.sketches[0],
-        tuple(-v for v in cheat_record.exchanged.sketches[1]))})
-    alone = [cheat_record.model_copy(update={"exchanged": lying})]
-    share = Unrecorded(STEP, 1, 0, "z-honest")
-    kind, _, _ = judge_unrecorded(stand_in(share, alone), alone, honest_part, 0.0, 0, 1e-3)
-    assert kind is VerdictKind.unavailable
-    both = [cheat_record, store.records("z-honest")[0]]
-    kind, _, _ = judge_unrecorded(stand_in(share, both), both, honest_part, 0.0, 0, 1e-3)
-    assert kind is VerdictKind.valid
-
-
-def test_a_step_whose_other_rank_had_no_samples_is_decided_by_the_one_record_it_owes():
-    """A rank with no samples owes no record: the one record of such a step is all there
-    is to read, and is read (an honest worker is not left undecided at every step)."""
-    from shoal.train.audit_sent import Declaration, declared
-
-    part = _honest_part(0)
-    sum_seed = sk.sum_seed(part)
-    told = Exchanged(seed=sum_seed, sketches=tuple(sk.finite(s) for s in sk.sketch(
-        sum_seed, part, [torch.zeros_like(t) for t in part])))
-    alone = _record(0, "a-honest", exchanged=told).model_copy(update={"shares": (8, 0)})
-    assert isinstance(declared(alone, [alone], 1e-3), Declaration)
-    both_owed = alone.model_copy(update={"shares": (4, 4)})
-    assert not isinstance(declared(both_owed, [both_owed], 1e-3), Declaration)

@@ -46,22 +46,17 @@ def declared(record: WorkRecord, step_records: list[WorkRecord], tolerance: floa
     Each record carries what its own worker was told, and the worker may have told its
     peers different things; a row needs a strict majority of the records (within the
     tolerance), so neither a cheat's own record nor a minority of lying peers decides.
-    Where several ranks owe the step a record it also needs two records at least: where
-    only one was filed (its peer lost, or the cheat itself speaking of its absent peer)
-    one writer would decide alone. (A rank owes one where it had samples; under DiLoCo
-    every member does at a round's end, as every member sends its round's work.)"""
+    Where only one record of the step was filed, it decides alone: a worker that hides
+    its records to poison unseen is judged by its one peer's; but so is a peer that was
+    lost, on the word of a cheat (an open trade-off: README, "Proof of learning")."""
     views = [r.exchanged for r in step_records
              if r.step == record.step and r.membership_epoch == record.membership_epoch
              and r.exchanged is not None]
     if not views:
         return (VerdictKind.wrong_params,
                 "no record of the step says what its members declared they sent", None)
-    owing = len(record.shares) if record.local is not None else \
-        sum(share > 0 for share in record.shares)
-    enough = 2 if owing > 1 else 1
-
     def decided(votes: int) -> bool:
-        return 2 * votes > len(views) and votes >= enough
+        return 2 * votes > len(views)
 
     seed, votes = collections.Counter(v.seed for v in views).most_common(1)[0]
     if not decided(votes):

@@ -16,6 +16,7 @@ from pathlib import Path
 from shoal.control.agent import Agent, AgentConfig
 from shoal.control.client import CoordinatorClient
 from shoal.control.coordinator import Coordinator
+from shoal.control.job_host import write_reached
 from shoal.control.coordinator.settlement import Settlement
 from shoal.control.trust.remote import RemoteAudits
 from shoal.jobs.gpt_replay import gpt_replayer
@@ -110,6 +111,8 @@ def run_on_lease_a(r: Refereed, job_file: Path, run_dir: Path, workers: int,
     published = r.co.hosts.run_dir(r.job_id) / "epochs.jsonl"
     published.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(run_dir / "epochs.jsonl", published)
+    # ... and how far every member got, as the host writes it (epochs root by it).
+    write_reached(published.parent, max(record.step for record in work.records()))
     r.providers["a"].upload_records(r.job_id, RecordUpload(lease=r.lease["a-d0"],
                                                            records=tuple(work.records())))
     r.served.app.state.rounds.once()

@@ -22,7 +22,7 @@ from shoal.train.work_records import step_rng_seed
 from tests.control.coordinator.conftest import ruled_on
 from tests.control.coordinator.refereed import refereed_job, remote_verifier
 from tests.control.coordinator.replayable import replayable_pair
-from tests.control.coordinator.test_proofs import PROOF_JOB, publish
+from tests.control.coordinator.test_proofs import PROOF_JOB, host_reached, publish
 
 POISONED = 3
 
@@ -45,6 +45,7 @@ def job(tmp_path, request):
             time.sleep(2 * co.settings.agent_timeout_s + 0.1)
         a = r.providers["a"]
         a.upload_records(r.job_id, RecordUpload(lease=lease["a-d0"], records=tuple(work.records)))
+        host_reached(co, r.job_id, 10)  # the host saw both members commit every step
         r.served.app.state.rounds.once()
         assert [e.epoch for e in a.proof_epochs(r.job_id)] == [0]
         yield dict(co=co, served=r.served, ledger=r.ledger, chain_job=r.chain_job, a=a,
