@@ -45,4 +45,7 @@ def test_a_forged_progress_report_does_not_cut_honest_pay_at_a_cancel(market, tm
     # Every record the job owed a is filed, so a is paid all its metered time.
     assert coordinator.record_dues(job.job_id, finished=False)[leases["a"]] == Dues(10, 10)
     metered = {p: int(w) for p, w in settled.detail["metered_wei"].items()}
-    assert 0 < metered[p1.address] - PRICE < ledger.lease(chain_job, p1.address).earned_wei
+    # ... and the chain pays that, less at most the seconds its clock had not reached at
+    # the anchor's block (a second or two, by load; the attack cut half of it).
+    earned = ledger.lease(chain_job, p1.address).earned_wei
+    assert metered[p1.address] - 2 * PRICE <= earned <= metered[p1.address]
