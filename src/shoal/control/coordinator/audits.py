@@ -21,6 +21,8 @@ from sqlalchemy.orm import Session
 
 from shoal.control.coordinator import windows
 from shoal.control.coordinator.errors import Conflict, Forbidden, Gone, NotFound
+from shoal.control.coordinator.keeper_checks import WrongParams
+from shoal.control.coordinator.keeper_routing import KeeperRouting
 from shoal.control.coordinator.markdown import lease_of
 from shoal.control.coordinator.plants import FETCH_BASE, LATE, ForcedErrorService
 from shoal.control.store.schema import (
@@ -35,9 +37,10 @@ from shoal.train.audit_unrecorded_round import seat
 from shoal.train.files import write_whole
 
 
-class AuditService(ForcedErrorService):
+class AuditService(ForcedErrorService, KeeperRouting):
     """Uses the Coordinator's `engine`, `settings`, `referee`, `_change`, `_event`, `now_s`,
-    and ProofService's `proof_dir`, `job_spec` and `_proof_job`."""
+    and ProofService's `proof_dir`, `job_spec` and `_proof_job`. Which keeper a step's
+    parameters are asked of, and checking its answer: keeper_routing.py."""
 
     def _audit_init(self) -> None:
         self._challenge_lock = threading.Lock()
@@ -46,6 +49,7 @@ class AuditService(ForcedErrorService):
             for row in session.scalars(select(ChallengeRow).where(ChallengeRow.answered_at_s.is_(None))):
                 self._pending[row.agent_id][row.challenge] = _challenge_view(row)
         self._forced_init()
+        self._keeper_init()
 
     def raise_challenges(self, verifier: str, job_id: str,
                          items: tuple[ChallengeRequest, ...]) -> list[ChallengeView]:
@@ -56,15 +60,11 @@ class AuditService(ForcedErrorService):
             for item in items:
                 if item.kind is not BlobKind.params:  # a worker's own file
                     self.check_challengeable(session, job_id, item.step)
-                row = session.scalar(select(ChallengeRow).where(
-                    ChallengeRow.job_id == job_id, ChallengeRow.worker == item.worker,
-                    ChallengeRow.step == item.step, ChallengeRow.kind == item.kind.value))
-                if row is None and item.kind is BlobKind.params:
-                    # Parameters are the step's, whoever asks: file them under one keeper.
-                    agent_id, worker = self._holder(session, job_id, item)
-                    item = item.model_copy(update={"worker": worker})
+                if item.kind is BlobKind.params:  # the step's, whoever asks: one challenge
+                    row = _params_challenge(session, job_id, item.step)
+                else:
                     row = session.scalar(select(ChallengeRow).where(
-                        ChallengeRow.job_id == job_id, ChallengeRow.worker == worker,
+                        ChallengeRow.job_id == job_id, ChallengeRow.worker == item.worker,
                         ChallengeRow.step == item.step, ChallengeRow.kind == item.kind.value))
                 if row is None:  # a new challenge: only inside the epoch's window
                     self._check_window(session, job_id, item.step, now)
@@ -103,38 +103,24 @@ class AuditService(ForcedErrorService):
 
     def _holder(self, session: Session, job_id: str, item: ChallengeRequest) -> tuple[str, str]:
         """The agent that holds the file: the worker's, or for parameters, the agent of one
-        of the step's two keepers (`params_keepers`), an online one if there is."""
+        of the step's keepers (keeper_routing.py) not refused for it, an online one first."""
+        if item.kind is BlobKind.params:
+            keepers = self._unrefused_keepers(session, job_id, item.step)
+            if not keepers:
+                raise NotFound(f"no worker keeping step {item.step}'s parameters in job "
+                               f"'{job_id}' is left to ask (none filed a record or held a "
+                               "seat, or each one's answer was refused)")
+            return keepers[0].agent_id, keepers[0].worker
         rows = session.scalars(select(WorkRecordRow).where(
             WorkRecordRow.job_id == job_id, WorkRecordRow.step == item.step)).all()
-        if item.kind is not BlobKind.params:  # a worker's own file: its agent holds it
-            found = [r for r in rows if r.worker == item.worker]
-            if not found and item.kind is BlobKind.local:
-                agent_id = self._seated_agent(session, job_id, item, rows)
-                if agent_id is not None:
-                    return agent_id, item.worker
-        else:
-            # The final lineage's keepers: after a restore, a step's parameters are those
-            # the redone step started from; and a lone record claiming a later epoch (a
-            # decoy) must not make its worker, who need not answer, the one asked.
-            final = {r.worker for r in final_lineage(WorkRecord.model_validate(row.body)
-                                                     for row in rows)}
-            found = [r for r in rows if r.worker in final
-                     and r.body.get("rank") in params_keepers(item.step,
-                                                              len(r.body.get("shares", ())))]
-            seen = dict(session.execute(select(AgentRow.agent_id, AgentRow.last_seen_s).where(
-                AgentRow.agent_id.in_({r.agent_id for r in found}))).all())
-            found.sort(key=lambda r: (-seen.get(r.agent_id, 0.0), r.body.get("rank")))
-            if not found:  # keepers that filed no record still kept what their seat keeps
-                for keeper in self._seated_keepers(job_id, item.step, rows):
-                    agent_id = self._seated_agent(session, job_id, item.model_copy(
-                        update={"worker": keeper}), rows)
-                    if agent_id is not None:
-                        return agent_id, keeper
+        found = [r for r in rows if r.worker == item.worker]
+        if not found and item.kind is BlobKind.local:  # its agent holds it: a seat's lease's
+            agent_id = self._seated_agent(session, job_id, item, rows)
+            if agent_id is not None:
+                return agent_id, item.worker
         if not found:
             raise NotFound(f"no work record of {item.worker} at step {item.step} in job "
-                           f"'{job_id}' to challenge" if item.kind is not BlobKind.params else
-                           f"no record of a worker keeping step {item.step}'s parameters in "
-                           f"job '{job_id}'")
+                           f"'{job_id}' to challenge")
         return found[0].agent_id, found[0].worker
 
     def _seated_agent(self, session: Session, job_id: str, item: ChallengeRequest,
@@ -176,7 +162,9 @@ class AuditService(ForcedErrorService):
     def challenges_held(self, job_id: str, only: set[int] | None = None
                         ) -> list[tuple[ChallengeView, float]]:
         """The job's challenges (those numbered in `only`, if given), each with when its
-        agent last beat (0.0: never)."""
+        agent last beat (0.0: never). A parameters challenge whose keeper is silent is
+        handed to the step's other keeper first, if that one's agent is online."""
+        self._reroute_silent(job_id, only)
         horizon = self.now_s() - self.settings.agent_timeout_s
         query = select(ChallengeRow).where(ChallengeRow.job_id == job_id)
         if only is not None:
@@ -192,35 +180,65 @@ class AuditService(ForcedErrorService):
                     for row in rows]
 
     def answer_challenge(self, provider: str, challenge: int, data: bytes) -> ChallengeView:
+        """Store the file a challenge's agent sends. Parameters are checked first (loading
+        them takes a while: outside the store lock), and a wrong file is refused (409) and
+        the challenge handed to the step's other keeper (keeper_routing.py)."""
         if not data:
             raise Conflict("an answer is the file the worker wrote; the body is empty")
         if challenge >= FETCH_BASE:
             return self.answer_plant(provider, challenge, data)
+        with Session(self.engine) as session:
+            row = self._answerable(session, provider, challenge)
+            job_id, step, kind = row.job_id, row.step, row.kind
+        refusal = None
+        if kind == BlobKind.params.value:
+            try:
+                self._check_keeper_answer(job_id, step, data)
+            except WrongParams as error:
+                refusal = str(error)
         with self._change() as session:
             now = self.now_s()
-            row = session.get(ChallengeRow, challenge)
-            if row is None:
-                raise NotFound(f"no challenge {challenge}")
-            agent = session.get(AgentRow, row.agent_id)
-            if agent is None or agent.provider != provider:
-                raise Forbidden(f"challenge {challenge} is for agent '{row.agent_id}', not yours")
-            if row.answered_at_s is not None:
-                raise Conflict(f"challenge {challenge} was answered already; an answer is final")
-            path = self._blob_path(row)
-            write_whole(path, data)
-            row.answered_at_s, row.sha256 = now, hashlib.sha256(data).hexdigest()
-            size = len(data)
-            plant = self.plant_of(session, row.job_id, row.worker, row.step) \
-                if row.kind == BlobKind.reveal.value else None
-            if plant is not None:  # what the verifier downloads, and must be able to check
-                row.sha256 = plant.sha256
-                size = self.plant_path(row.job_id, row.worker, row.step).stat().st_size
-            self._event(session, now, provider, "challenge_answered", row.job_id,
-                        challenge=challenge, bytes=size, sha256=row.sha256)
-            view = _challenge_view(row)
+            row = self._answerable(session, provider, challenge)
+            keeper = self._answering_keeper(session, row, provider)
+            if refusal is not None:
+                told, move = self._refuse_keeper(session, row, keeper, provider, refusal, now)
+            else:
+                view = self._take_answer(session, row, provider, data, now)
+        if refusal is not None:
+            self._move_pending([move] if move else [])
+            raise WrongParams(f"{refusal} ({told})")
         with self._challenge_lock:
             self._pending[view.agent_id].pop(challenge, None)
+        self._rerouted_s.pop(challenge, None)
         return view
+
+    def _answerable(self, session: Session, provider: str, challenge: int) -> ChallengeRow:
+        row = session.get(ChallengeRow, challenge)
+        if row is None:
+            raise NotFound(f"no challenge {challenge}")
+        self._answering_keeper(session, row, provider)  # raises Forbidden for anyone else
+        if row.answered_at_s is not None:
+            raise Conflict(f"challenge {challenge} was answered already; an answer is final")
+        return row
+
+    def _take_answer(self, session: Session, row: ChallengeRow, provider: str, data: bytes,
+                     now: float) -> ChallengeView:
+        path = self._blob_path(row)
+        write_whole(path, data)
+        row.answered_at_s, row.sha256 = now, hashlib.sha256(data).hexdigest()
+        size = len(data)
+        plant = self.plant_of(session, row.job_id, row.worker, row.step) \
+            if row.kind == BlobKind.reveal.value else None
+        if plant is not None:  # what the verifier downloads, and must be able to check
+            row.sha256 = plant.sha256
+            size = self.plant_path(row.job_id, row.worker, row.step).stat().st_size
+        self._event(session, now, provider, "challenge_answered", row.job_id,
+                    challenge=row.challenge, bytes=size, sha256=row.sha256)
+        return _challenge_view(row)
+
+    @staticmethod
+    def _view(row: ChallengeRow) -> ChallengeView:  # for keeper_routing.py
+        return _challenge_view(row)
 
     def _blob_path(self, row: ChallengeRow) -> Path:
         base = self.proof_dir(row.job_id)
@@ -288,6 +306,15 @@ class AuditService(ForcedErrorService):
             rows = session.scalars(select(VerdictRow).where(VerdictRow.job_id == job_id)
                                    .order_by(VerdictRow.seq))
             return [_verdict_view(row) for row in rows]
+
+
+def _params_challenge(session: Session, job_id: str, step: int) -> ChallengeRow | None:
+    """The challenge for a step's parameters, whichever keeper holds it now (an answered
+    one first, should a store from before challenges moved between keepers hold two)."""
+    rows = session.scalars(select(ChallengeRow).where(
+        ChallengeRow.job_id == job_id, ChallengeRow.step == step,
+        ChallengeRow.kind == BlobKind.params.value)).all()
+    return min(rows, key=lambda r: (r.answered_at_s is None, -r.challenge), default=None)
 
 
 def _challenge_view(row: ChallengeRow) -> ChallengeView:
