@@ -72,6 +72,8 @@ class Disputed:
         self.work = replayable(spec, self.worker, range(5), cheat=set(cheat))
         self.a.upload_records(self.job_id, RecordUpload(lease=self.lease["a-d0"],
                                                         records=tuple(self.work.records)))
+        for name, client in providers.items():  # the replay above may outlast the 1 s
+            client.heartbeat(name, Heartbeat())  # agent timeout; a real agent beats on
         self.served.app.state.rounds.once()
         if self.co.forced_errors_on:  # the plants' fetches answered, the epoch is served
             self.answer_until(lambda: self.a.proof_epochs(self.job_id), timeout_s=30.0,
@@ -128,6 +130,11 @@ def test_a_cheat_disputed_is_slashed_at_the_step_it_cheated(disputed):
     withdrawn = [e.detail["offer_id"] for e in challenger.events(job=None)
                  if e.kind == "offer_withdrawn" and "dispute" in e.detail["reason"]]
     assert withdrawn == ["a-d0"]  # the cheat's provider leaves the job; b stays
+    # ...and is barred from it: a re-posted offer must not lease it straight back.
+    (barred,) = [e for e in challenger.events(job=s.job_id, limit=1000)
+                 if e.kind == "provider_barred"]
+    assert barred.detail["provider"].lower() == s.p1.address.lower()
+    assert f"slashed in dispute {dispute}" in barred.detail["reason"]
     # The same dispute cannot be brought twice.
     assert "brought already" in refused(lambda: challenger.file_dispute(s.job_id, DisputeFiling(
         dispute=dispute, worker=s.worker, epoch=0, trajectory=s.states({CHEAT_STEP}))), 409)
