@@ -130,10 +130,12 @@ def test_a_keeper_answering_what_the_step_did_not_start_from_hands_it_to_the_oth
 
 
 @pytest.mark.parametrize("quiet", ["offline", "silent"])
-def test_a_keeper_whose_agent_goes_quiet_hands_the_challenge_to_the_other(kept, quiet):
-    """Offline: a's agent stops beating. Silent: it beats on and never answers. Either
-    way, once the agent timeout passes, the challenge is b's (b beats) and the verifier
-    is not told its holder is offline."""
+def test_a_keeper_whose_agent_goes_quiet_is_joined_by_the_other(kept, quiet):
+    """Offline: a's agent stops beating. Silent: it beats on and does not answer. Either
+    way, once the agent timeout passes, b (which beats) is asked too, the verifier is not
+    told the holder is offline, and a is still asked: a keeper only slow to answer (an
+    honest agent with a batch of challenges) must not lose the step to one that may be
+    gone. The first right answer stands, and the challenge then leaves both agents."""
     k = kept
     _file_records(k)
     number = _asked_of_a(k)
@@ -151,11 +153,13 @@ def test_a_keeper_whose_agent_goes_quiet_hands_the_challenge_to_the_other(kept, 
              if e.kind == "params_rerouted"]
     assert kinds == [quiet]
     assert [c.challenge for c in k["b"].heartbeat("agent-b", Heartbeat()).challenges] == [number]
+    assert [c.challenge for c in k["a"].heartbeat("agent-a", Heartbeat()).challenges] == [number]
     # A late answer of the keeper it left (an upload slower than the timeout) is as good,
     # once checked, as the new holder's.
     k["a" if quiet == "silent" else "b"].answer_challenge(number, k["right"])
     assert k["verifier"].challenge_file(number) == k["right"]
     assert k["b"].heartbeat("agent-b", Heartbeat()).challenges == ()
+    assert k["a"].heartbeat("agent-a", Heartbeat()).challenges == ()
 
 
 def test_asking_again_never_routes_the_challenge_back_to_a_refused_keeper(kept):

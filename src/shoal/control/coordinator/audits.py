@@ -207,8 +207,9 @@ class AuditService(ForcedErrorService, KeeperRouting):
         if refusal is not None:
             self._move_pending([move] if move else [])
             raise WrongParams(f"{refusal} ({told})")
-        with self._challenge_lock:
-            self._pending[view.agent_id].pop(challenge, None)
+        with self._challenge_lock:  # a parameters challenge may be asked of two keepers
+            for pending in self._pending.values():
+                pending.pop(challenge, None)
         self._rerouted_s.pop(challenge, None)
         return view
 

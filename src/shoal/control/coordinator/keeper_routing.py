@@ -2,10 +2,12 @@
 
 A step's parameters are kept by two of its workers (`params_keepers`) so that one
 cannot decide alone whether the step can be audited. A challenge for them is one
-challenge per step, held by one keeper's agent at a time: a keeper whose answer is
-refused (keeper_checks.py), or whose agent is offline or silent past the agent
-timeout, hands it to the step's other keeper, under the same number (the verifier
-polling it just keeps waiting). A refused keeper is never asked for the step again.
+challenge per step, under one number (the verifier polling it just keeps waiting). A
+keeper whose answer is refused (keeper_checks.py) hands it to the step's other keeper
+and is never asked for the step again. A keeper whose agent is offline, or silent past
+the agent timeout, is joined by the other keeper: both are asked, and the first right
+answer stands. Taking the challenge from a keeper that is only slow (an honest agent
+answering a batch of challenges) would hand the step to a keeper that may be gone.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ class Asked:
 
 
 # A moved challenge: the agent it leaves, the challenge (naming the agent it goes to),
-# and whether that agent is asked (not when nobody is left to ask).
-Move = tuple[str, ChallengeRow, bool]
+# whether that agent is asked (not when nobody is left to ask), and whether the agent it
+# leaves is still asked too (a silent keeper may be only slow; a refused one is not).
+Move = tuple[str, ChallengeRow, bool, bool]
 
 
 class KeeperRouting:
@@ -175,16 +178,17 @@ class KeeperRouting:
         # A keeper on the liar's own agent reads the same file (params/STEP.pt): last.
         target = self._free(session, row, sorted(fresh, key=lambda k: k.agent_id == agent_id))
         if target is None:  # nobody left to ask: it stays unanswered, and leaves the liar
-            return "no other keeper of the step is left to ask", (row.agent_id, row, False)
+            return "no other keeper of the step is left to ask", (row.agent_id, row, False, False)
         return (f"challenge {row.challenge} is now asked of the step's other keeper, "
                 f"{target.worker}"), self._route(session, row, target, now, "refused")
 
     # ------------------------------------------------------------ silence
     def _reroute_silent(self, job_id: str, only: set[int] | None) -> None:
-        """Hand each unanswered parameters challenge whose agent is offline, or silent past
-        the agent timeout since it was asked, to another keeper whose agent is online,
-        before a verifier reads it as `holder_offline` and gives up on the step. Judged
-        at most once a heartbeat per challenge: verifiers poll often."""
+        """Ask another keeper whose agent is online for each unanswered parameters
+        challenge whose agent is offline, or silent past the agent timeout since it was
+        asked, before a verifier reads it as `holder_offline` and gives up on the step.
+        The silent keeper is still asked (it may be only slow): the first right answer
+        stands. Judged at most once a heartbeat per challenge: verifiers poll often."""
         now = self.now_s()
         horizon = now - self.settings.agent_timeout_s
         with Session(self.engine) as session:
@@ -239,12 +243,13 @@ class KeeperRouting:
                     to=keeper.worker, agent_id=keeper.agent_id, why=why)
         row.worker, row.agent_id, row.requested_at_s = keeper.worker, keeper.agent_id, now
         session.flush()
-        return left, row, True
+        return left, row, True, why != "refused"
 
     def _move_pending(self, moves: list[Move]) -> None:
         """After the store took the moves: the agents' heartbeats carry them."""
         with self._challenge_lock:
-            for left, row, asked in moves:
-                self._pending[left].pop(row.challenge, None)
+            for left, row, asked, still in moves:
+                if not still:
+                    self._pending[left].pop(row.challenge, None)
                 if asked:
                     self._pending[row.agent_id][row.challenge] = self._view(row)
