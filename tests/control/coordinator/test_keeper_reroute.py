@@ -17,12 +17,12 @@ from eth_account import Account
 from shoal.control.coordinator import Coordinator
 from shoal.jobs.gpt_replay import gpt_replayer
 from shoal.spec.audit import BlobKind, ChallengeRequest, RecordUpload
-from shoal.spec.coordinator import Grant, Heartbeat, JobSubmission, OfferTerms, Registration, Role
+from shoal.spec.coordinator import Grant, Heartbeat, Role
 from shoal.spec.jobfile import parse_job
 from shoal.train.hashing import param_sha256
 from shoal.train.proof_store import ProofStore
-from tests.control.coordinator.conftest import Served, make_settings, provider_with_agent
-from tests.control.coordinator.test_proofs import PRICE, PROOF_JOB, publish, record, refused
+from tests.control.coordinator.conftest import Served, make_settings
+from tests.control.coordinator.test_proofs import PROOF_JOB, leased_pair, record, refused
 
 STEP = 2
 SPEC = parse_job(tomllib.loads(PROOF_JOB), source="test")
@@ -59,21 +59,12 @@ def kept(store_url, operator, tmp_path):
     two), whose records of steps 0-4 all claim the model's first parameters."""
     co = Coordinator(make_settings(store_url, operator), replayer=gpt_replayer)
     served = Served(co)
-    a, b, submitter, verifier = (served.client(Account.create()) for _ in range(4))
-    for client, agent in ((a, "agent-a"), (b, "agent-b")):
-        provider_with_agent(client, agent)
-        client.post_offer(OfferTerms(offer_id=f"dev-{agent[-1]}", agent_id=agent,
-                                     price_wei_per_s=PRICE))
-    submitter.register(Registration(role="submitter", name="alice"))
-    job = submitter.submit(JobSubmission(name="tiny", job_file=PROOF_JOB, workers=2,
-                                         max_price_wei_per_s=PRICE, budget_wei=10**12))
-    served.app.state.rounds.once()
-    leases = {lease.offer_id[-1]: lease.lease for lease in submitter.job(job.job_id).leases}
+    a, b, job_id, leases = leased_pair(served)
+    verifier = served.client(Account.create())
     workers = {n: f"agent-{n}-l{leases[n]}-a0-w0" for n in "ab"}
-    publish(co, job.job_id, [workers["a"], workers["b"]], "start")
     served.client(operator).request("POST", "/v1/grants", Grant(
         address=verifier.account.address, role=Role.verifier, name="vera"))
-    yield dict(co=co, served=served, a=a, b=b, verifier=verifier, job_id=job.job_id,
+    yield dict(co=co, served=served, a=a, b=b, verifier=verifier, job_id=job_id,
                workers=workers, leases=leases, tmp=tmp_path,
                right=_params_file(tmp_path, "honest", TRUE_STATE))
     served.stop()

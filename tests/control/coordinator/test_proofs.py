@@ -98,6 +98,14 @@ def market(served: Served, operator):
 def pair(served: Served):
     """A two-worker proof job, formed by its host as epoch 0: agent-a's worker (provider A)
     rank 0 and agent-b's (provider B) rank 1, each computing 4 of a step's 8 samples."""
+    a, b, job_id, leases = leased_pair(served)
+    return served, a, b, job_id, leases
+
+
+def leased_pair(served: Served):
+    """Providers A and B (agents agent-a, agent-b) leased to a two-worker proof job, which
+    its host formed as epoch 0 (agent-a's worker rank 0): A's and B's clients, the job's
+    id and its leases by agent letter."""
     a, b, submitter = (served.client(Account.create()) for _ in range(3))
     for client, agent in ((a, "agent-a"), (b, "agent-b")):
         provider_with_agent(client, agent)
@@ -111,7 +119,7 @@ def pair(served: Served):
     assert sorted(leases) == ["a", "b"]
     publish(served.app.state.coordinator, job.job_id,
             [f"agent-a-l{leases['a']}-a0-w0", f"agent-b-l{leases['b']}-a0-w0"], "start")
-    return served, a, b, job.job_id, leases
+    return a, b, job.job_id, leases
 
 
 def test_one_lease_uploading_a_step_far_ahead_does_not_root_its_peers_epochs(pair):
