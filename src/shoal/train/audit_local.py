@@ -325,10 +325,17 @@ def load_agreed(store: ProofStore, replayer: Replayer, step: int,
     except (RuntimeError, KeyError):
         return None
     sha256 = param_sha256(replayer.model)
-    counts = collections.Counter(claims)
-    top = max(counts.values())
-    agreed = counts[sha256] == top and sum(n == top for n in counts.values()) == 1
-    return sha256 if agreed else None
+    return sha256 if sha256 == majority_claim(claims) else None
+
+
+def majority_claim(claims: list[str]) -> str | None:
+    """The state more of a step's records claim to start from than any other, or None
+    (no claims, or a tie: one claim against another decides nothing). The coordinator
+    checks a keeper's answer by the same rule, so it refuses nothing a verifier takes."""
+    ranked = collections.Counter(claims).most_common(2)
+    if not ranked or (len(ranked) == 2 and ranked[0][1] == ranked[1][1]):
+        return None
+    return ranked[0][0]
 
 
 def _stated_problem(record: WorkRecord, of_step: list[WorkRecord],

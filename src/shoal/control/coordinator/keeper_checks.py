@@ -10,7 +10,6 @@ here first, it is refused and the other keeper is asked (keeper_routing.py).
 from __future__ import annotations
 
 import io
-from collections import Counter
 from collections.abc import Iterable
 
 import torch
@@ -18,6 +17,7 @@ import torch
 from shoal.control.coordinator.errors import Conflict
 from shoal.proof.epochs import final_lineage
 from shoal.spec.proof import WorkRecord
+from shoal.train.audit_local import majority_claim
 from shoal.train.hashing import param_sha256
 
 
@@ -29,11 +29,7 @@ def expected_params_sha256(records: Iterable[WorkRecord]) -> str | None:
     """What the step's final lineage claims it started from, if one claim has more records
     than any other: the tie rule of `load_agreed`, so the coordinator refuses no file a
     verifier would take. A tie (or no record) is no expectation."""
-    counts = Counter(r.params_sha256 for r in final_lineage(records))
-    if not counts:
-        return None
-    (claim, top), *rest = counts.most_common()
-    return None if rest and rest[0][1] == top else claim
+    return majority_claim([r.params_sha256 for r in final_lineage(records)])
 
 
 def read_params(data: bytes, step: int) -> dict[str, torch.Tensor]:
