@@ -105,7 +105,11 @@ class Chain:
         """Move chain time forward by `seconds` and mine a block; returns the new time."""
         self._require_dev("time travel")
         if self._tester is not None:
-            target = self.now() + seconds
+            # From the pending block's time, not the latest's: the pending one follows the
+            # wall clock, and after a quiet spell longer than `seconds` the latest block's
+            # time plus `seconds` would lie behind it (eth-tester refuses to go back).
+            pending = int(self._tester.get_block_by_number("pending")["timestamp"])
+            target = max(self.now(), pending) + seconds
             self._tester.time_travel(target)
             return target
         self.w3.provider.make_request("evm_increaseTime", [seconds])

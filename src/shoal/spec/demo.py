@@ -93,7 +93,8 @@ class DemoReport(Frozen):
     membership: tuple[MembershipChange, ...] = ()
     verdicts: dict[str, int] = Field(default_factory=dict)  # kind -> count (every verifier's)
     rechecked: int = 0  # verdicts the whistleblower re-audited
-    verifier_slashes: tuple[SlashReport, ...] = ()  # verifiers shown to have signed a wrong valid
+    # Verifiers that lost stake: a wrong `valid`, a false accusation, a plant signed valid.
+    verifier_slashes: tuple[SlashReport, ...] = ()
 
 
 # -- scenarios: who provides, who cheats, and what happens when ------------------

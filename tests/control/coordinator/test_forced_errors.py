@@ -226,6 +226,33 @@ def test_a_lazy_verifier_is_caught_on_a_plant_and_the_honest_and_the_provider_ar
     assert not offer.withdrawn
 
 
+def test_withheld_filed_before_the_agent_could_answer_catches_no_plant(forced):
+    """The lazy verifier's other way: ask for every file and, before the agent's next
+    beat, file `withheld` on all of it. Before, a `withheld` counted as catching a plant
+    (a share of the missers' stake) with nothing replayed; it says nothing of a plant's
+    content, so it now abstains. Filed after the answers, it is refused outright."""
+    s = forced
+    planted = s.planted_steps()
+    s.serve_epoch()
+    s.lazy.raise_challenges(s.job_id, [ChallengeRequest(worker=s.worker, step=step)
+                                       for step in range(5)])
+    s.file(s.lazy, dict.fromkeys(range(5), VerdictKind.withheld))
+    s.file(s.honest, replay_verdicts(s, s.honest))  # the agent answers at this beat
+    refused(lambda: s.file(s.lazy, {0: VerdictKind.withheld}), 409)
+    s.co.referee.wait()
+    s.co.settlement, s.co.referee.account = s.settlement, s.referee
+    s.co.end_job(s.submitter.account.address, s.job_id, JobStatus.finished)
+    s.a.heartbeat("agent-a", Heartbeat())
+    s.served.app.state.rounds.once()
+    assert s.events("forced_errors_revealed")
+    rulings = {(v.verdict.verifier, v.verdict.step): v.ruling for v in s.lazy.verdicts(s.job_id)}
+    for step in planted:
+        assert rulings[(s.lazy.account.address, step)] == "plant_abstained"
+        assert rulings[(s.honest.account.address, step)] == "plant_caught"
+    assert not s.events("forced_error_missed")  # nobody signed a plant valid
+    assert not s.events("worker_slashed")  # nor was the provider's real work held against it
+
+
 def test_a_verifier_cannot_tell_a_plant_from_the_routes_before_it_files(forced):
     s = forced
     planted = s.planted_steps()

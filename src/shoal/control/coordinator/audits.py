@@ -25,6 +25,7 @@ from shoal.control.coordinator.keeper_checks import WrongParams
 from shoal.control.coordinator.keeper_routing import KeeperRouting
 from shoal.control.coordinator.markdown import lease_of
 from shoal.control.coordinator.plants import FETCH_BASE, LATE, ForcedErrorService
+from shoal.control.coordinator.referee import own_file_challenges, vouched_steps
 from shoal.control.store.schema import (
     AgentRow, ChallengeRow, ForcedPlanRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
@@ -32,7 +33,7 @@ from shoal.proof.epochs import final_lineage, params_keepers, window_epoch
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, VerdictFiling, VerdictView,
 )
-from shoal.spec.proof import Verdict, WorkRecord
+from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
 from shoal.train.audit_unrecorded_round import seat
 from shoal.train.files import write_whole
 
@@ -279,6 +280,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
                                     f"({verifier}); sign them with `shoal verify --key`")
                 if signed.verdict.job != name:
                     raise Conflict(f"a verdict names job '{signed.verdict.job}', not '{name}'")
+                if signed.verdict.kind is VerdictKind.withheld:
+                    _check_still_withheld(session, job_id, signed.verdict)
                 row = VerdictRow(job_id=job_id, at_s=now, verifier=verifier,
                                  worker=signed.verdict.worker, step=signed.verdict.step,
                                  kind=signed.verdict.kind.value, body=body.model_dump(mode="json"))
@@ -307,6 +310,24 @@ class AuditService(ForcedErrorService, KeeperRouting):
             rows = session.scalars(select(VerdictRow).where(VerdictRow.job_id == job_id)
                                    .order_by(VerdictRow.seq))
             return [_verdict_view(row) for row in rows]
+
+
+def _check_still_withheld(session: Session, job_id: str, verdict: Verdict) -> None:
+    """A `withheld` verdict is taken only while one of the files it says were kept back is
+    still unanswered: filed over an answer, it would be a false accusation (a slow agent
+    answered after the verifier's wait); the verifier should fetch the file and audit it."""
+    row = session.get(WorkRecordRow, (job_id, verdict.worker, verdict.step))
+    # Without a record (a DiLoCo round its worker filed none of) the files it needs may go
+    # back over earlier rounds: any of the worker's files up to the step, still unanswered,
+    # lets the verdict in (the referee then rules on exactly the round's).
+    steps = vouched_steps(WorkRecord.model_validate(row.body), verdict.step) \
+        if row is not None else range(verdict.step + 1)
+    asked = own_file_challenges(session, job_id, verdict.worker, steps)
+    if asked and all(c.answered_at_s is not None for c in asked):
+        numbers = ", ".join(str(c.challenge) for c in asked)
+        raise Conflict(f"{verdict.worker}'s files of step {verdict.step} are not withheld: "
+                       f"challenge(s) {numbers} were answered; download them "
+                       f"(/v1/challenges/N/file), audit the record again and file that verdict")
 
 
 def _params_challenge(session: Session, job_id: str, step: int) -> ChallengeRow | None:

@@ -287,8 +287,12 @@ class ForcedErrorService:
             for row in rows:
                 if (row.worker, row.step) in ready:
                     verdict = Verdict.model_validate(row.body["verdict"])
+                    # `withheld` says only that the worker's agent had not answered yet:
+                    # nothing about the planted contribution, so it catches nothing (or a
+                    # verifier could file it at once on every record and never replay).
                     row.ruling = MISSED if verdict.kind is VerdictKind.valid else \
-                        CAUGHT if verdict.guilty else ABSTAINED
+                        CAUGHT if verdict.guilty and verdict.kind is not VerdictKind.withheld \
+                        else ABSTAINED
                     said.setdefault((row.worker, row.step), []).append((row, verdict))
             for (worker, step), verdicts in said.items():
                 catcher = next((v.verifier for r, v in verdicts if r.ruling == CAUGHT), None)

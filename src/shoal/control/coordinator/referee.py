@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 UPHELD, REJECTED, UNDECIDED, PLANT = "upheld", "rejected", "undecided", "plant"
+ANSWERED_LATE = "answered_late"  # only between `withheld` and `_rule`, never stored
 # A verifier that accused falsely loses this much stake (wei), part of it to the accused;
 # one that signed `valid` on work a replay shows wrong loses as much, part of it to the
 # verifier (or whistleblower) whose verdict was upheld.
@@ -111,9 +112,10 @@ class Referee:
             if row is None or row.ruling is not None:
                 return Ruled(row.ruling if row else UNDECIDED)
             verdict = Verdict.model_validate(row.body["verdict"])
+            filed_at_s = row.at_s
             record_row = session.get(WorkRecordRow, (job_id, verdict.worker, verdict.step))
         record = WorkRecord.model_validate(record_row.body) if record_row else None
-        vouched = _vouched(record) if record else range(verdict.step, verdict.step + 1)
+        vouched = vouched_steps(record, verdict.step)
         if any(co.is_plant(job_id, verdict.worker, step) for step in vouched):
             # A planted record is the operator's: its verdicts are scored at the reveal
             # (plants.py), and a replay of the worker's real record must not rule on them
@@ -125,35 +127,48 @@ class Referee:
             # A record the step's final lineage does not take shields nothing: a worker
             # could file one under another epoch it is a member of, and have the
             # replay of that record reject a true verdict on the share it really sent.
-            ruling, why, provider = self.unrecorded(job_id, verdict, records)
+            ruling, why, provider = self.unrecorded(job_id, verdict, records, filed_at_s)
         elif verdict.kind is VerdictKind.withheld:
-            ruling, why = self.withheld(job_id, verdict, record_row.agent_id, vouched)
+            ruling, why = self.withheld(job_id, verdict, record_row.agent_id, vouched,
+                                        filed_at_s=filed_at_s)
+            if ruling == ANSWERED_LATE:
+                # Answered after the verifier gave up and filed: neither withholding nor a
+                # false accusation by itself. What the file shows decides: a cheat that
+                # answers late to dodge its audit is still caught.
+                ruling, replayed, _ = self.replay(job_id, record, records)
+                if ruling == REJECTED:
+                    ruling = UNDECIDED
+                    why = f"{why}; the referee's replay matches the commitment: nobody is at fault"
+                else:
+                    why = f"{why}; {replayed}"
         else:
             ruling, why, _ = self.replay(job_id, record, records)
         self._enforce(job_id, seq, verdict, ruling, why, provider)
         return Ruled(ruling, why, verdict.worker, verdict.step, verdict.verifier)
 
     def withheld(self, job_id: str, verdict: Verdict, agent_id: str,
-                 steps: range | None = None) -> tuple[str, str]:
+                 steps: range | None = None, filed_at_s: float | None = None) -> tuple[str, str]:
         """Withheld stands only if the agent was alive and beating while it did not answer:
         a provider whose machine died is not a cheat, it just loses what it cannot show.
         `steps`: the worker's steps whose files the record's audit needs (its own, or
-        under DiLoCo a round's end: its round's)."""
+        under DiLoCo a round's end: its round's). `filed_at_s`: when the verdict was
+        filed; a challenge answered after that gives ANSWERED_LATE (the caller replays)."""
         steps = steps or range(verdict.step, verdict.step + 1)
         co = self.coordinator
         with Session(co.engine) as session:
-            # The worker's own files of the step: its contribution, and under DiLoCo the
-            # state its step started from.
-            asked = session.scalars(select(ChallengeRow).where(
-                ChallengeRow.job_id == job_id, ChallengeRow.worker == verdict.worker,
-                ChallengeRow.step >= steps.start, ChallengeRow.step < steps.stop,
-                ChallengeRow.kind.in_([BlobKind.reveal.value, BlobKind.local.value]))).all()
+            asked = own_file_challenges(session, job_id, verdict.worker, steps)
             agent = session.get(AgentRow, agent_id)
         unanswered = [c for c in asked if c.answered_at_s is None]
         if not asked:
             return REJECTED, "nobody challenged that record: nothing was withheld"
         if not unanswered:
-            return REJECTED, "the challenge was answered"
+            last = max(c.answered_at_s for c in asked)
+            if filed_at_s is not None and last >= filed_at_s:
+                # The verifier waited and filed with the file still missing; an honest
+                # verifier must not pay for an agent that answered after it gave up.
+                return ANSWERED_LATE, (f"answered {last - filed_at_s:.1f} s after the verdict "
+                                       "was filed")
+            return REJECTED, "the challenge was answered before the verdict was filed"
         challenge = min(unanswered, key=lambda c: c.requested_at_s)
         if agent is not None and agent.last_seen_s > challenge.requested_at_s + self.withheld_grace_s:
             return UPHELD, f"agent beat {agent.last_seen_s - challenge.requested_at_s:.1f} s after " \
@@ -205,12 +220,12 @@ class Referee:
             return UPHELD, f"the referee's replay found {found.kind.value}", found
         return REJECTED, "the referee's replay matches the commitment", found
 
-    def unrecorded(self, job_id: str, verdict: Verdict, records: list[WorkRecord]
-                   ) -> tuple[str, str, str | None]:
+    def unrecorded(self, job_id: str, verdict: Verdict, records: list[WorkRecord],
+                   filed_at_s: float | None = None) -> tuple[str, str, str | None]:
         """A verdict on a worker with no record of the step: its share, if it held a seat
         in the step and filed nothing in the step's final lineage, is replayed as the
         verifier did (`shoal.train.audit_unrecorded`). `records`: the step's proof
-        epoch's. (ruling, why, its provider)."""
+        epoch's; `filed_at_s`: when the verdict was filed. (ruling, why, its provider)."""
         from shoal.spec.proof import hyper_digest
         from shoal.train.audit import Auditor
         from shoal.train.audit_unrecorded import unrecorded_shares
@@ -262,7 +277,15 @@ class Referee:
         if found.guilty:
             return UPHELD, f"the referee's replay found {found.kind.value}: {found.detail}", \
                 provider
-        return REJECTED, "the referee's replay matches what the worker declared", provider
+        why = "the referee's replay matches what the worker declared"
+        if verdict.kind is VerdictKind.withheld and filed_at_s is not None:
+            # Withheld, and the files are here now: a false accusation only if they were in
+            # before the verdict was filed (else the agent answered after the verifier gave up).
+            ruling, when = self.withheld(job_id, verdict, offer.agent_id if offer else "",
+                                         self._round_steps(job_id, verdict), filed_at_s)
+            if ruling == ANSWERED_LATE:
+                return UNDECIDED, f"{when}; {why}: nobody is at fault", provider
+        return REJECTED, why, provider
 
     def _round_steps(self, job_id: str, verdict: Verdict) -> range:
         """The steps whose kept states judging a record-less DiLoCo round reads: its own,
@@ -344,6 +367,21 @@ class Referee:
             log.error("the contract refused the ruling: %s", error)
             return {"chain_error": str(error)}
         return {"tx": outcome.tx_hash}
+
+
+def own_file_challenges(session: Session, job_id: str, worker: str,
+                        steps: range) -> list[ChallengeRow]:
+    """The challenges of a worker's own files at `steps`: its contributions, and under
+    DiLoCo the states its steps started from (what a `withheld` verdict says it kept back)."""
+    return list(session.scalars(select(ChallengeRow).where(
+        ChallengeRow.job_id == job_id, ChallengeRow.worker == worker,
+        ChallengeRow.step >= steps.start, ChallengeRow.step < steps.stop,
+        ChallengeRow.kind.in_([BlobKind.reveal.value, BlobKind.local.value]))).all())
+
+
+def vouched_steps(record: WorkRecord | None, step: int) -> range:
+    """The worker's steps a verdict on its record at `step` vouches for (see `_vouched`)."""
+    return _vouched(record) if record is not None else range(step, step + 1)
 
 
 def _vouched(record: WorkRecord) -> range:

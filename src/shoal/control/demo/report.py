@@ -17,6 +17,9 @@ import json
 import statistics
 from pathlib import Path
 
+from shoal.control.coordinator.referee import (
+    FALSE_ACCUSATION_PENALTY_WEI, LAZY_VERDICT_PENALTY_WEI,
+)
 from shoal.control.demo.runner import Demo
 from shoal.control.elastic_report import coverage, lineage, redone_steps
 from shoal.control.recovery import recovery_s
@@ -77,11 +80,7 @@ def build_report(demo: Demo) -> DemoReport:
     for v in co.verdicts(job_id):
         verdicts[v.verdict.kind.value] = verdicts.get(v.verdict.kind.value, 0) + 1
         rechecked += v.verdict.verifier.lower() == demo.whistleblower.address.lower()
-    verifier_slashes = tuple(
-        SlashReport(provider="verifier", address=str(e.detail.get("verifier")),
-                    amount_wei=10**15 if e.detail.get("tx") else 0, tx=e.detail.get("tx"),
-                    why=f"signed valid on {e.detail.get('worker')} step {e.detail.get('step')}")
-        for e in events if e.kind == "verifier_slashed")
+    verifier_slashes = tuple(_verifier_slash(e) for e in events if e.kind in VERIFIER_PENALTIES)
     return DemoReport(
         scenario=demo.scenario.name, job_id=job_id, chain_job=demo.chain_job,
         started_at=started, wall_s=round(wall, 2), steps=len(steps),
@@ -117,6 +116,27 @@ def _fault(provider: str, kind: str, t: float, started: float, records: list[Ste
                        recovery_s=None if recovery is None else round(recovery, 3),
                        steps_lost=len(redone), detail=detail,
                        after_end=recovery is None and after < END_STEPS)
+
+
+# Events of a verifier losing stake: a `valid` a replay showed wrong, a false accusation
+# (only with a transaction: an accusation is rejected, and the accuser pays, on chain), a
+# planted record signed `valid`.
+VERIFIER_PENALTIES = {
+    "verifier_slashed": "signed valid on {worker} step {step}",
+    "verdict_rejected": "accused {worker} step {step} falsely: {why}",
+    "forced_error_missed": "signed valid on a planted record ({worker} step {step})",
+}
+
+
+def _verifier_slash(event) -> SlashReport:  # noqa: ANN001 - an EventView
+    d = event.detail
+    tx = d.get("tx")
+    penalty = FALSE_ACCUSATION_PENALTY_WEI if event.kind == "verdict_rejected" \
+        else LAZY_VERDICT_PENALTY_WEI
+    return SlashReport(provider="verifier", address=str(d.get("verifier")),
+                       amount_wei=penalty if tx else 0, tx=tx,
+                       why=VERIFIER_PENALTIES[event.kind].format(
+                           worker=d.get("worker"), step=d.get("step"), why=d.get("why")))
 
 
 def _slashed_wei(chain, provider: str) -> int:  # noqa: ANN001 - DemoChain

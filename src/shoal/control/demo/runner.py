@@ -183,25 +183,45 @@ class Demo:
             if done:
                 s.started_t = s.started_t or done[0].t
                 s.committed = done[-1].step + 1
-            for event in [e for e in pending if self._due(e)]:
-                pending.remove(event)
-                self._fire(event, keys)
-                s.fired.append(FiredEvent(event, time.time()))
+            # The job's host sees each commit at once; the agents' progress reports come
+            # in batches, and a loaded machine can delay them by tens of seconds.
+            reached = self.coordinator.host_reached(s.job_id)
+            if s.started_t is not None and reached is not None:
+                s.committed = max(s.committed, reached + 1)
+            # In order, one at a time: a fault lands on a job that has recovered from the
+            # one before (see `_due`), as the schedule means it to.
+            while pending and self._due(pending[0]) and job.status not in ENDED:
+                self._fire_logged(pending.pop(0), keys)
             self.options.tick(self)
             if job.status in ENDED:
                 if job.status is not JobStatus.finished:
                     raise ControlError(f"the demo job {job.status.value}; see "
                                        f"{self.run_dir / 'logs'} and `shoal events {s.job_id}`")
+                for event in pending:  # the job outran them: still carried out, and the
+                    self._fire_logged(event, keys)  # report marks them after the end
                 return
             time.sleep(0.5)
+
+    def _fire_logged(self, event: ScenarioEvent, keys: Path) -> None:
+        self._fire(event, keys)
+        self.state.fired.append(FiredEvent(event, time.time()))
 
     def _due(self, event: ScenarioEvent) -> bool:
         s = self.state
         if s.started_t is None:
             return False
+        if event.kind is not EventKind.join and not self._at_strength():
+            # A machine lost while the last one's replacement is still starting (20 s or
+            # more on a loaded machine) could take the job's last live state with it.
+            return False
         if event.at_step is not None:
             return s.committed >= max(1, round(event.at_step * self.step_scale))
         return time.time() >= s.started_t + event.at_s
+
+    def _at_strength(self) -> bool:
+        """Whether the job's newest membership has the scenario's number of workers."""
+        epochs = self.coordinator.membership(self.state.job_id)
+        return bool(epochs) and len(epochs[-1].members) >= self.scenario.workers
 
     def _fire(self, event: ScenarioEvent, keys: Path) -> None:
         provider = next(p for p in self.scenario.providers if p.name == event.provider)

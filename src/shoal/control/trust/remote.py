@@ -29,6 +29,7 @@ from pathlib import Path
 from eth_account.signers.local import LocalAccount
 
 from shoal.control.client import CoordinatorClient, CoordinatorRefused
+from shoal.control.errors import ControlError
 from shoal.control.trust.needed import params_requests, record_files
 from shoal.control.trust.verdicts import sign_verdict
 from shoal.control.trust.verifier import EpochAudit, Verifier
@@ -46,6 +47,7 @@ from shoal.train.audit_unrecorded_round import record_less_rounds
 from shoal.train.proof_store import ProofStore
 
 log = logging.getLogger(__name__)
+FILING_ATTEMPTS = 3  # a filing refused for a file answered meanwhile is audited again
 
 
 class RemoteAudits:
@@ -100,7 +102,20 @@ class RemoteAudits:
             chosen = self.verifier.chosen(epoch, ordered, self.roots[epoch], rate=self.rate,
                                           every=self.every)
         result = self.replay(epoch, records, chosen)
-        self._file(result)
+        filed: list[Verdict] = []
+        unfiled = result.verdicts
+        for _ in range(FILING_ATTEMPTS):
+            unfiled = self._answered_since(epoch, records, chosen, unfiled)
+            left = self._file(unfiled)
+            filed += unfiled[: len(unfiled) - len(left)]
+            unfiled = left
+            if not unfiled:
+                break
+        else:
+            raise ControlError(f"job {self.job_id} epoch {epoch}: the coordinator refused "
+                               f"{len(unfiled)} verdict(s) {FILING_ATTEMPTS} times, each for a "
+                               "file answered meanwhile; run `shoal verify` again")
+        result.verdicts = filed
         self.done.add(epoch)
         on_audit(result)
         return result
@@ -134,6 +149,31 @@ class RemoteAudits:
         result.verdicts = [_not_asked(v) if v.kind is VerdictKind.withheld
                            and v.worker in self._too_late else v for v in result.verdicts]
         return result
+
+    def _answered_since(self, epoch: int, records: list[WorkRecord], chosen: list[WorkRecord],
+                        verdicts: list[Verdict]) -> list[Verdict]:
+        """`verdicts`, with each `withheld` one whose worker's files were answered after the
+        wait ended audited again on them: an agent that answers late withheld nothing,
+        and filing `withheld` over its answer would be a false accusation."""
+        withheld = {(v.worker, v.step) for v in verdicts if v.kind is VerdictKind.withheld}
+        if not withheld:
+            return verdicts
+        workers, last = {w for w, _ in withheld}, max(step for _, step in withheld)
+        # A worker's own files up to the step (under DiLoCo a round's end reads its round's).
+        fresh = [c for c in self.client.challenges(self.job_id)
+                 if c.answered_at_s is not None and c.kind is not BlobKind.params
+                 and c.worker in workers and c.step <= last and not self._saved(c)]
+        if not fresh:
+            return verdicts
+        for view in fresh:
+            self._save(view)
+        redo = [r for r in chosen if (r.worker, r.step) in withheld]
+        shares = {key for key in withheld if not any((r.worker, r.step) == key for r in redo)}
+        again = self.verifier.audit_epoch(epoch, records, chosen=redo, judged=shares)
+        renewed = {(v.worker, v.step): _not_asked(v) if v.kind is VerdictKind.withheld
+                   and v.worker in self._too_late else v for v in again.verdicts}
+        return [renewed.get((v.worker, v.step), v) if v.kind is VerdictKind.withheld else v
+                for v in verdicts]
 
     def _served_records(self, upto: int) -> list[WorkRecord]:
         """The records of every epoch up to `upto` that the coordinator serves (rooted)."""
@@ -210,13 +250,18 @@ class RemoteAudits:
                             item.worker, item.step, refused.detail)
         return found
 
-    def _save(self, view: ChallengeView) -> None:
+    def _path(self, view: ChallengeView) -> Path:
         if view.kind is BlobKind.params:
-            path = self.store.params_path(view.step)
-        elif view.kind is BlobKind.local:
-            path = self.store.local_path(view.worker, view.step)
-        else:
-            path = self.store.reveal_path(view.worker, view.step)
+            return self.store.params_path(view.step)
+        if view.kind is BlobKind.local:
+            return self.store.local_path(view.worker, view.step)
+        return self.store.reveal_path(view.worker, view.step)
+
+    def _saved(self, view: ChallengeView) -> bool:
+        return self._path(view).exists()
+
+    def _save(self, view: ChallengeView) -> None:
+        path = self._path(view)
         if path.exists():
             return
         data = self.client.challenge_file(view.challenge)
@@ -225,12 +270,21 @@ class RemoteAudits:
         partial.write_bytes(data)
         partial.replace(path)
 
-    def _file(self, result: EpochAudit) -> None:
-        signed = [sign_verdict(v, self.account) for v in result.verdicts]
-        bodies = [SignedVerdictBody(verdict=s.verdict, signature=s.signature) for s in signed]
-        for i in range(0, len(bodies), MAX_VERDICTS_PER_FILING):
-            self.client.file_verdicts(self.job_id, VerdictFiling(
-                verdicts=tuple(bodies[i : i + MAX_VERDICTS_PER_FILING])))
+    def _file(self, verdicts: list[Verdict]) -> list[Verdict]:
+        """File `verdicts`, a batch at a time; those left unfiled when the coordinator
+        refuses a batch for a `withheld` whose file came in between the re-check and the
+        filing (409: the batch changed nothing), else []."""
+        for i in range(0, len(verdicts), MAX_VERDICTS_PER_FILING):
+            batch = [sign_verdict(v, self.account) for v in verdicts[i : i + MAX_VERDICTS_PER_FILING]]
+            try:
+                self.client.file_verdicts(self.job_id, VerdictFiling(verdicts=tuple(
+                    SignedVerdictBody(verdict=s.verdict, signature=s.signature) for s in batch)))
+            except CoordinatorRefused as refused:
+                if refused.status != 409:
+                    raise
+                log.info("job %s: %s; auditing again", self.job_id, refused.detail)
+                return verdicts[i:]
+        return []
 
 
 def _not_asked(verdict: Verdict) -> Verdict:
