@@ -434,9 +434,12 @@ def test_a_step_redone_after_a_restore_supersedes_the_abandoned_lineage(market):
     assert not [e for e in verifier.events(job=job_id) if e.kind == "worker_slashed"]
 
 
-def test_a_verifier_that_signed_valid_on_work_shown_wrong_is_penalised(market, operator):
+@pytest.mark.parametrize("said", [VerdictKind.valid, VerdictKind.unavailable])
+def test_a_verifier_that_signed_valid_on_work_shown_wrong_is_penalised(market, operator, said):
     """A whistleblower's guilty verdict on a record another verifier called valid is upheld:
-    the worker's provider is slashed and the lazy verifier is named for its penalty."""
+    the worker's provider is slashed and the lazy verifier is named for its penalty. One
+    that said `unavailable` (no parameters to replay from when it looked) concluded
+    nothing and loses nothing: the demo's honest verifier was slashed so, twice."""
     served, a, b, lazy, job_id, lease = market
     coordinator = served.app.state.coordinator
     coordinator.referee.withheld_grace_s = 0.3
@@ -454,7 +457,7 @@ def test_a_verifier_that_signed_valid_on_work_shown_wrong_is_penalised(market, o
         return client.file_verdicts(job_id, VerdictFiling(verdicts=(SignedVerdictBody(
             verdict=signed.verdict, signature=signed.signature),)))
 
-    file(lazy, VerdictKind.valid)
+    file(lazy, said)
     whistle.raise_challenges(job_id, [ChallengeRequest(worker=worker, step=4)])
     time.sleep(0.4)
     a.heartbeat("agent-a", Heartbeat())  # alive, and not answering
@@ -462,7 +465,11 @@ def test_a_verifier_that_signed_valid_on_work_shown_wrong_is_penalised(market, o
     coordinator.referee.wait()
     events = whistle.events(job=job_id)
     assert [e.detail["provider"] for e in events if e.kind == "worker_slashed"] == [a.account.address]
-    (penalty,) = [e for e in events if e.kind == "verifier_slashed"]
+    penalties = [e for e in events if e.kind == "verifier_slashed"]
+    if said is VerdictKind.unavailable:
+        assert penalties == []
+        return
+    (penalty,) = penalties
     assert penalty.detail["verifier"] == lazy.account.address
     assert penalty.detail["shown_by"] == whistle.account.address
 

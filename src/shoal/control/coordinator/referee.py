@@ -337,7 +337,10 @@ class Referee:
         for view in co.verdicts(job_id):
             v = view.verdict
             key = (job_id, v.verifier, v.worker, v.step)
-            if (v.worker, v.step) != (upheld.worker, upheld.step) or v.guilty \
+            # Only a `valid` was wrong: `unavailable` (no parameters to replay from, when it
+            # looked) concluded nothing, and a guilty kind agrees with the upheld one.
+            if (v.worker, v.step) != (upheld.worker, upheld.step) \
+                    or v.kind is not VerdictKind.valid \
                     or v.verifier.lower() == upheld.verifier.lower() or key in self._lazy_seen:
                 continue
             self._lazy_seen.add(key)
