@@ -123,6 +123,11 @@ class Auditor:
         return verdict(VerdictKind.valid, "replay is bit-identical" if identical else "",
                        distance=distance)
 
+    def forget_loaded(self) -> None:
+        """Load a step's parameters afresh at its next audit: a file that was missing
+        (an unanswered challenge) may be in the store now."""
+        self._loaded_step = None
+
     def _unless_undecided(self, found: Finding | None) -> Finding | None:
         """`found`, unless it is only that the step's records disagree on what the worker
         declared: that is kept as the verdict should nothing worse turn up, and the checks

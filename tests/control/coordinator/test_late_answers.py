@@ -8,14 +8,18 @@ Each on the embedded chain, with the job's real model replayed by the referee.""
 
 from __future__ import annotations
 
+import tomllib
+
 import pytest
 
 from shoal.control.trust.verdicts import sign_verdict
 from shoal.spec.audit import BlobKind, ChallengeRequest, SignedVerdictBody, VerdictFiling
 from shoal.spec.coordinator import Grant, Role
 from shoal.spec.proof import Verdict, VerdictKind
+from shoal.spec.jobfile import parse_job
+from tests.control.coordinator.refereed import remote_verifier
 from tests.control.coordinator.test_disputes import CHEAT_STEP, Disputed
-from tests.control.coordinator.test_proofs import refused
+from tests.control.coordinator.test_proofs import PROOF_JOB, refused
 
 HONEST_STEP = 1
 
@@ -98,3 +102,28 @@ def test_withheld_is_refused_over_a_file_already_answered(late):
     # Nobody asked for step 2's contribution: `withheld` there is taken, and rejected.
     (filed,) = s.vera.file_verdicts(s.job_id, _withheld(s, 2))
     assert s.co.referee.rule(s.job_id, filed.seq) == "rejected"
+
+
+def test_a_verifier_audits_again_what_was_answered_after_its_wait(late, tmp_path):
+    """The agent is silent through the verifier's whole wait and answers before it files:
+    the verifier audits those records again on the late files, so it files what a replay
+    shows (the cheat caught, the honest steps valid), not `withheld` or `unavailable`."""
+    s = late
+    spec = parse_job(tomllib.loads(PROOF_JOB), source="test")
+    audits = remote_verifier(s.served, s.job_id, spec, s.vera_key, tmp_path / "vera",
+                             answer_wait_s=0.5)
+    assert audits.pending_epochs() == [0]
+    waited = audits.replay
+
+    def replay_then_answer(*args, **kwargs):
+        result = waited(*args, **kwargs)
+        assert {v.kind for v in result.verdicts} <= {VerdictKind.unavailable,
+                                                     VerdictKind.withheld}
+        s.answer_until(lambda: _answered(s))  # after the wait, before the filing
+        return result
+
+    audits.replay = replay_then_answer
+    audits.audit(0)
+    filed = {v.verdict.step: v.verdict.kind for v in s.vera.verdicts(s.job_id)}
+    assert filed == {0: VerdictKind.valid, 1: VerdictKind.valid, 2: VerdictKind.valid,
+                     CHEAT_STEP: VerdictKind.wrong_contribution, 4: VerdictKind.valid}

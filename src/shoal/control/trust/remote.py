@@ -152,27 +152,34 @@ class RemoteAudits:
 
     def _answered_since(self, epoch: int, records: list[WorkRecord], chosen: list[WorkRecord],
                         verdicts: list[Verdict]) -> list[Verdict]:
-        """`verdicts`, with each `withheld` one whose worker's files were answered after the
-        wait ended audited again on them: an agent that answers late withheld nothing,
-        and filing `withheld` over its answer would be a false accusation."""
-        withheld = {(v.worker, v.step) for v in verdicts if v.kind is VerdictKind.withheld}
-        if not withheld:
+        """`verdicts`, with each `withheld` or `unavailable` one whose files were answered
+        after the wait ended audited again on them: an agent that answers late withheld
+        nothing (filing `withheld` over its answer would be a false accusation), and a
+        step's parameters that came late make it auditable after all."""
+        waiting = (VerdictKind.withheld, VerdictKind.unavailable)
+        redo_keys = {(v.worker, v.step) for v in verdicts if v.kind in waiting}
+        if not redo_keys:
             return verdicts
-        workers, last = {w for w, _ in withheld}, max(step for _, step in withheld)
-        # A worker's own files up to the step (under DiLoCo a round's end reads its round's).
+        workers = {w for w, _ in redo_keys}
+        first, last = min(s for _, s in redo_keys), max(s for _, s in redo_keys)
+        # A worker's own files up to the step (under DiLoCo a round's end reads its
+        # round's), and the parameters a step (or its round) started from.
+        reach = max(1, self.job.sync.inner_steps)
         fresh = [c for c in self.client.challenges(self.job_id)
-                 if c.answered_at_s is not None and c.kind is not BlobKind.params
-                 and c.worker in workers and c.step <= last and not self._saved(c)]
+                 if c.answered_at_s is not None and c.step <= last and not self._saved(c)
+                 and (c.worker in workers if c.kind is not BlobKind.params
+                      else c.step > first - reach)]
         if not fresh:
             return verdicts
         for view in fresh:
             self._save(view)
-        redo = [r for r in chosen if (r.worker, r.step) in withheld]
-        shares = {key for key in withheld if not any((r.worker, r.step) == key for r in redo)}
+        self.verifier.auditor.forget_loaded()
+        redo = [r for r in chosen if (r.worker, r.step) in redo_keys]
+        shares = {key for key in redo_keys if not any((r.worker, r.step) == key for r in redo)}
         again = self.verifier.audit_epoch(epoch, records, chosen=redo, judged=shares)
         renewed = {(v.worker, v.step): _not_asked(v) if v.kind is VerdictKind.withheld
                    and v.worker in self._too_late else v for v in again.verdicts}
-        return [renewed.get((v.worker, v.step), v) if v.kind is VerdictKind.withheld else v
+        return [renewed.get((v.worker, v.step), v) if v.kind in waiting else v
                 for v in verdicts]
 
     def _served_records(self, upto: int) -> list[WorkRecord]:
