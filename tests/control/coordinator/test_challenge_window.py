@@ -159,7 +159,8 @@ def test_a_verifier_late_for_an_epoch_does_not_accuse_its_workers(windowed, tmp_
                              answer_wait_s=0.5)
     for step in range(5):  # fetched earlier: only the worker's own files are missing
         audits.store.save_params(step, REPLAYER.model.state_dict())
-    assert audits.pending_epochs() == [0]
+    # (Not asserted that the epoch was pending before: the window is one second, and on
+    # a loaded machine building the verifier's replayer alone can outlast it.)
     _after_window(verifier, job_id)
     with caplog.at_level(logging.WARNING, logger="shoal.control.trust.remote"):
         assert audits.pending_epochs() == []
