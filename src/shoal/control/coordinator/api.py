@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
-from starlette.routing import Match, Route
+from starlette.routing import BaseRoute, Match, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from shoal import __version__
@@ -94,14 +94,30 @@ def create_app(coordinator: Coordinator, run_rounds: bool = True) -> FastAPI:
                        file_paths=re.compile(f"{FILE_PATHS.pattern}|{CHECKPOINT_PATHS.pattern}"))
     _errors(app, metrics)
     _timing(app, metrics)
-    _routes(app)
-    proof_routes(app)
-    probe_routes(app)
-    checkpoint_routes(app)
+    app.router.routes.extend(_api_routes())
     if coordinator.settings.dashboard:
         dashboard_routes(app)
     _fast_heartbeats(app, coordinator, metrics)
     return app
+
+
+_built: list[BaseRoute] = []  # the API's routes, once built (see `_api_routes`)
+
+
+def _api_routes() -> list[BaseRoute]:
+    """The API's routes. Each reads its coordinator, metrics and round loop from the
+    serving app's state, never from where it was built, so one build serves every app
+    this process makes: building them (pydantic adapters for each route's models) takes
+    0.4 s or more, which every coordinator a test suite starts paid again."""
+    if not _built:
+        template = FastAPI(responses=PROBLEMS)
+        own = len(template.router.routes)  # its docs and OpenAPI routes are its own
+        _routes(template)
+        proof_routes(template)
+        probe_routes(template)
+        checkpoint_routes(template)
+        _built.extend(template.router.routes[own:])
+    return _built
 
 
 def _errors(app: FastAPI, metrics: CoordinatorMetrics) -> None:
