@@ -48,7 +48,7 @@ def build_report(demo: Demo) -> DemoReport:
     records = step_records(demo.run_dir)
     steps = lineage(records)
     _, skipped, duplicated = coverage(steps)
-    events = co.events(job_id, limit=1000)
+    events = job_events(co, job_id)
     progress = co.progress(job_id)
     final = json.loads((co.hosts.run_dir(job_id) / "final.json").read_text()).get("final", {})
 
@@ -95,6 +95,17 @@ def build_report(demo: Demo) -> DemoReport:
                       for e in co.proof_epochs(job_id)),
         progress=tuple(progress), membership=tuple(co.membership(job_id)), verdicts=verdicts,
         rechecked=rechecked, verifier_slashes=verifier_slashes)
+
+
+def job_events(co, job_id: str | None) -> list:  # noqa: ANN001 - a Coordinator; its Events
+    """Every event of the job, oldest first. A quick demo records some 900 and the full
+    one several thousand: the settlement and the verifiers' penalties come last, and a
+    first page alone would leave them out of the report."""
+    events, after = [], 0
+    while page := co.events(job_id, after=after, limit=1000):
+        events += page
+        after = page[-1].seq
+    return events
 
 
 def _store_chain_agree(demo: Demo, events) -> bool:  # noqa: ANN001
