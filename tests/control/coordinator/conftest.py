@@ -45,7 +45,8 @@ def make_settings(store_url: str, operator=None, **overrides) -> CoordinatorSett
     values = dict(store_url=store_url, audience="shoal-test", heartbeat_s=0.2,
                   data_dir=tempfile.mkdtemp(prefix="shoal-coordinator-"),
                   agent_timeout_s=1.0, clear_interval_s=0.1, notice_period_s=2.0,
-                  forced_error_rate=0.0)  # tests of forced errors turn them on
+                  forced_error_rate=0.0,  # tests of forced errors turn them on
+                  records_grace_s=0.0)  # epochs left behind root at once (test_records_grace)
     if operator is not None:
         values["operators"] = (operator.address,)
     return CoordinatorSettings(**{**values, **overrides})

@@ -72,6 +72,9 @@ class ProofService:
     def _proof_init(self) -> None:
         self._specs: dict[str, JobSpec] = {}
         self._final_seen: dict[str, float] = {}  # job -> when its host's final word was first read
+        # (job, epoch) -> when the job was first seen to have left the epoch behind with
+        # records missing (in memory: after a restart the grace only starts again).
+        self._behind_seen: dict[tuple[str, int], float] = {}
         self._published = PublishedEpochs(self.hosts.run_dir)
 
     def proof_dir(self, job_id: str) -> Path:
@@ -243,11 +246,13 @@ class ProofService:
             # filing steps ahead under an old epoch that seated only them would otherwise
             # complete it before their peers of the next epoch could file.
             ran = final or host is None or host >= steps.stop - 1
-            left_behind = behind // per_epoch >= epoch + ROOT_AFTER_EPOCHS
+            now = self.now_s()
+            left_behind = behind // per_epoch >= epoch + ROOT_AFTER_EPOCHS and \
+                self._waited_for_records(job.job_id, epoch, now)
             if not (complete and ran or left_behind or final) or not records:
                 break
+            self._behind_seen.pop((job.job_id, epoch), None)
             tree, ordered = epoch_tree(records)
-            now = self.now_s()
             row = ProofEpochRow(job_id=job.job_id, epoch=epoch, root="0x" + tree.root.hex(),
                                 records=len(ordered), complete=complete, rooted_at_s=now)
             session.add(row)
@@ -263,6 +268,12 @@ class ProofService:
             out.append(_epoch_view(row))
             epoch += 1
         return out
+
+    def _waited_for_records(self, job_id: str, epoch: int, now: float) -> bool:
+        """Whether an epoch the job left behind has waited `records_grace_s` since that
+        was first seen, for the records of its members still on their way."""
+        since = self._behind_seen.setdefault((job_id, epoch), now)
+        return now - since >= self.settings.records_grace_s
 
     def _anchor(self, session: Session, job: JobRow, row: ProofEpochRow) -> None:
         if self.settlement is None or job.chain_job is None:

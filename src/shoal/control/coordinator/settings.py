@@ -46,6 +46,11 @@ class CoordinatorSettings(BaseSettings):
     # A running lease whose worker stays out of the job's membership this long is ended
     # (attendance.py): long enough for a worker to start, join and receive the state.
     member_grace_s: float = Field(120.0, gt=0)
+    # A proof epoch the job has left behind (ROOT_AFTER_EPOCHS on) with a member's records
+    # still missing waits this long for them before it is rooted without them: an agent on
+    # a loaded machine sends records late, and one refused after the root costs its
+    # provider the pay for those steps. (A lost worker's never come; it waits no longer.)
+    records_grace_s: float = Field(30.0, ge=0)
     # An agent's network probe (probe.py) gives up this long after it opened.
     probe_deadline_s: float = Field(15.0, gt=0, le=300)
     # Agents must pass a probe to register (None: once bound beyond loopback).
