@@ -11,8 +11,14 @@ demo: $(VENV)/.installed
 	rm -rf runs/demo
 	$(VENV)/bin/shoal demo --run-dir runs/demo --report runs/demo-report.json
 
+# The suite in two parts. First everything that neither times itself nor races real
+# processes against deadlines, TEST_JOBS tests at a time (pytest-xdist); then the
+# end-to-end tests (`slow`), one at a time, on an otherwise quiet machine: they fence
+# stalled workers and time out lost agents, and a neighbour's load is not a fault.
+TEST_JOBS ?= 2
 test: $(VENV)/.installed-test
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not slow or parallel_ok" -n $(TEST_JOBS)
+	$(PY) -m pytest -m "slow and not parallel_ok"
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test

@@ -48,6 +48,7 @@ def test_empty_corpus(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_ok  # one process at a time, each run to its end: nothing races a deadline
 def test_checkpoint_guards(tmp_path, cli_env):
     job = tmp_path / "job.toml"
     job.write_text(tiny_job_toml(tmp_path / "ckpt", steps=6))

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.harness.installs import one_installer
+
 BROWSER, DRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 INSTALL_HINT = ("Debian's Chromium not found (/usr/bin/chromium, /usr/bin/chromedriver); install "
                 "it with: apt-get install -y --no-install-recommends chromium chromium-driver")
@@ -22,13 +24,15 @@ def find_chromium() -> tuple[Path, Path]:
     """Debian's browser and its matching driver, installing the packages if we can."""
     if not (BROWSER.is_file() and DRIVER.is_file()) and os.geteuid() == 0 \
             and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium",
-                   "chromium-driver"]
-        # A fresh image has no package lists; only then is the slow update worth it.
-        if subprocess.run(install, env=env, capture_output=True).returncode != 0:
-            subprocess.run(["apt-get", "update"], env=env, capture_output=True)
-            subprocess.run(install, env=env, capture_output=True)
+        with one_installer("apt"):
+            if not (BROWSER.is_file() and DRIVER.is_file()):  # another test may have, meanwhile
+                env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+                install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium",
+                           "chromium-driver"]
+                # A fresh image has no package lists; only then is the slow update worth it.
+                if subprocess.run(install, env=env, capture_output=True).returncode != 0:
+                    subprocess.run(["apt-get", "update"], env=env, capture_output=True)
+                    subprocess.run(install, env=env, capture_output=True)
     if not (BROWSER.is_file() and DRIVER.is_file()):
         raise RuntimeError(INSTALL_HINT)
     return BROWSER, DRIVER

@@ -17,6 +17,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests.harness.installs import one_installer
+
 PG_ROOT = Path("/usr/lib/postgresql")
 USER = "shoal"
 INSTALL_HINT = ("PostgreSQL server binaries not found under /usr/lib/postgresql/<version>/bin; "
@@ -32,12 +34,14 @@ def _candidates() -> list[Path]:
 def find_postgres_bin() -> Path:
     """The newest Debian PostgreSQL bin dir, installing the package if we can."""
     if not _candidates() and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"]
-        # A fresh image has no package lists; only then is the slow update worth it.
-        if subprocess.run(install, env=env, capture_output=True).returncode != 0:
-            subprocess.run(["apt-get", "update"], env=env, capture_output=True)
-            subprocess.run(install, env=env, capture_output=True)
+        with one_installer("apt"):
+            if not _candidates():  # another test may have, meanwhile
+                env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+                install = ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"]
+                # A fresh image has no package lists; only then is the slow update worth it.
+                if subprocess.run(install, env=env, capture_output=True).returncode != 0:
+                    subprocess.run(["apt-get", "update"], env=env, capture_output=True)
+                    subprocess.run(install, env=env, capture_output=True)
     if not (found := _candidates()):
         raise RuntimeError(INSTALL_HINT)
     return found[0]

@@ -24,6 +24,7 @@ from eth_account.signers.local import LocalAccount
 
 from shoal.ledger import Chain, ContractRevert, Ledger
 from shoal.spec.ledger import LedgerConfig, TxOutcome
+from tests.harness.installs import one_installer
 
 HARDHAT_DIR = Path(__file__).resolve().parent / "hardhat"
 NODE_START_TIMEOUT_S = 90.0
@@ -108,11 +109,12 @@ def hardhat_binary() -> Path:
     if not (shutil.which("node") and shutil.which("npm")):
         pytest.skip("node and npm are not installed; the JSON-RPC tests need Node 20 + npm")
     hardhat = HARDHAT_DIR / "node_modules" / ".bin" / "hardhat"
-    if not hardhat.exists():
-        subprocess.run(
-            ["npm", "ci", "--no-audit", "--no-fund"], cwd=HARDHAT_DIR, check=True,
-            timeout=NPM_CI_TIMEOUT_S,
-        )
+    with one_installer("hardhat"):  # looked at under the lock: an install may be half done
+        if not hardhat.exists():
+            subprocess.run(
+                ["npm", "ci", "--no-audit", "--no-fund"], cwd=HARDHAT_DIR, check=True,
+                timeout=NPM_CI_TIMEOUT_S,
+            )
     return hardhat
 
 

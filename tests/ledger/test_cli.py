@@ -38,6 +38,7 @@ def test_inspecting_needs_a_node():
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_ok  # commands against a node, nothing timed
 def test_inspect_a_contract_on_a_real_node(hardhat_url):
     deployed = _run("chain", "deploy", "--rpc", hardhat_url, "--fee-bps", "100")
     assert deployed.returncode == 0, deployed.stderr
@@ -59,6 +60,7 @@ def test_inspect_a_contract_on_a_real_node(hardhat_url):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_ok  # commands against a node, nothing timed
 def test_a_submitter_and_a_provider_send_their_own_transactions(hardhat_url, tmp_path):
     address = _run("chain", "deploy", "--rpc", hardhat_url).stdout.strip()
     accounts = Chain.rpc(hardhat_url).dev_accounts()

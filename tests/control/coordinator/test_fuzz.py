@@ -60,6 +60,7 @@ def fuzz_schema(served: Served, operator):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_ok  # answers are checked, never timed
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # PostgreSQL: the store tests
 @pytest.mark.parametrize("mode", list(schemathesis.GenerationMode), ids=lambda m: m.value)
 def test_no_operation_answers_5xx(served, fuzz_schema, mode):
