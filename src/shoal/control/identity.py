@@ -27,6 +27,11 @@ NONCE = "x-shoal-nonce"
 TIMESTAMP = "x-shoal-timestamp"  # integer milliseconds since the epoch
 SIGNATURE = "x-shoal-signature"
 HEADERS = (ADDRESS, NONCE, TIMESTAMP, SIGNATURE)
+# The hex SHA-256 of the body, which the signed message holds anyway: sent beside it, it
+# lets the coordinator check who signed before it reads a body (a file of up to
+# `max_file_bytes`), and refuse a stranger's without buffering it.
+BODY_SHA256 = "x-shoal-body-sha256"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 _NONCE = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 _ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
@@ -49,8 +54,13 @@ class Signer:
 def request_message(audience: str, method: str, target: str, body: bytes,
                     nonce: str, timestamp_ms: int) -> str:
     """The text a caller signs: the coordinator, the request line, the body's hash, nonce, time."""
-    digest = hashlib.sha256(body).hexdigest()
-    return "\n".join(("shoal-request-v1", audience, method.upper(), target, digest,
+    return _message(audience, method, target, hashlib.sha256(body).hexdigest(), nonce,
+                    timestamp_ms)
+
+
+def _message(audience: str, method: str, target: str, body_sha256: str, nonce: str,
+             timestamp_ms: int) -> str:
+    return "\n".join(("shoal-request-v1", audience, method.upper(), target, body_sha256,
                       nonce, str(timestamp_ms)))
 
 
@@ -59,10 +69,11 @@ def sign_request(account: LocalAccount, audience: str, method: str, target: str,
     """Headers that make a request count as `account`'s (a fresh random nonce each time)."""
     nonce = secrets.token_urlsafe(18)
     timestamp_ms = int((time.time() if now_s is None else now_s) * 1000)
-    message = request_message(audience, method, target, body, nonce, timestamp_ms)
+    digest = hashlib.sha256(body).hexdigest()
+    message = _message(audience, method, target, digest, nonce, timestamp_ms)
     signed = account.sign_message(encode_defunct(text=message))
     return {ADDRESS: account.address, NONCE: nonce, TIMESTAMP: str(timestamp_ms),
-            SIGNATURE: "0x" + bytes(signed.signature).hex()}
+            SIGNATURE: "0x" + bytes(signed.signature).hex(), BODY_SHA256: digest}
 
 
 def verify_request(headers: dict[str, str], audience: str, method: str, target: str,
@@ -72,6 +83,28 @@ def verify_request(headers: dict[str, str], audience: str, method: str, target: 
     The nonce is only checked for form here; that it was never used before
     is the store's to say (it remembers nonces for the skew window).
     """
+    digest = hashlib.sha256(body).hexdigest()
+    declared = headers.get(BODY_SHA256)
+    if declared is not None and declared.lower() != digest:
+        raise Unauthenticated(f"the body is not the one {BODY_SHA256} names: it was changed "
+                              "on the way, or the header was computed on another body")
+    return _verify(headers, audience, method, target, digest, now_s, max_skew_s)
+
+
+def verify_signed_headers(headers: dict[str, str], audience: str, method: str, target: str,
+                          now_s: float, max_skew_s: float) -> Signer:
+    """The signer of a request whose body is not read yet, taking the body's hash from
+    its `BODY_SHA256` header; `verify_request` on the body, once read, checks it is that
+    one. Lets a large body be refused unread unless a known party signed it."""
+    declared = headers.get(BODY_SHA256, "")
+    if not _SHA256.match(declared.lower()):
+        raise Unauthenticated(f"a body this large must be announced: send {BODY_SHA256}, the "
+                              "hex SHA-256 of the body, with the signed headers")
+    return _verify(headers, audience, method, target, declared.lower(), now_s, max_skew_s)
+
+
+def _verify(headers: dict[str, str], audience: str, method: str, target: str,
+            body_sha256: str, now_s: float, max_skew_s: float) -> Signer:
     missing = [name for name in HEADERS if not headers.get(name)]
     if missing:
         raise Unauthenticated(f"unsigned request: missing header(s) {', '.join(missing)}")
@@ -92,7 +125,7 @@ def verify_request(headers: dict[str, str], audience: str, method: str, target: 
     signature = headers[SIGNATURE]
     if not _SIGNATURE.match(signature):
         raise Unauthenticated(f"{SIGNATURE} must be a 65-byte hex signature")
-    message = request_message(audience, method, target, body, nonce, timestamp_ms)
+    message = _message(audience, method, target, body_sha256, nonce, timestamp_ms)
     try:
         signer = Account.recover_message(encode_defunct(text=message), signature=signature)
     except Exception:  # noqa: BLE001 - any malformed signature is the caller's fault alike

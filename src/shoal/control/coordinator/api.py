@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import Message, Receive, Scope, Send
 
@@ -25,7 +26,7 @@ from shoal import __version__
 from shoal.control.coordinator.api_checkpoints import CHECKPOINT_PATHS, checkpoint_routes
 from shoal.control.coordinator.api_probe import probe_routes
 from shoal.control.coordinator.api_proofs import FILE_PATHS, proof_routes
-from shoal.control.coordinator.auth import coordinator_of, signed, signed_beat
+from shoal.control.coordinator.auth import coordinator_of, signed, signed_beat, target_of
 from shoal.control.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.control.coordinator.limits import BodyLimit
 from shoal.control.coordinator.metrics import CoordinatorMetrics, TimedRequests, state_gauges
@@ -91,7 +92,8 @@ def create_app(coordinator: Coordinator, run_rounds: bool = True) -> FastAPI:
     app.state.coordinator, app.state.metrics, app.state.rounds = coordinator, metrics, rounds
     app.add_middleware(BodyLimit, max_bytes=coordinator.settings.max_body_bytes,
                        file_bytes=coordinator.settings.max_file_bytes,
-                       file_paths=re.compile(f"{FILE_PATHS.pattern}|{CHECKPOINT_PATHS.pattern}"))
+                       file_paths=re.compile(f"{FILE_PATHS.pattern}|{CHECKPOINT_PATHS.pattern}"),
+                       admit=_file_admission(coordinator, metrics))
     _errors(app, metrics)
     _timing(app, metrics)
     app.router.routes.extend(_api_routes())
@@ -127,6 +129,31 @@ def _errors(app: FastAPI, metrics: CoordinatorMetrics) -> None:
             return JSONResponse({"detail": str(error)}, status_code=status)
 
         app.add_exception_handler(family, handler)
+
+
+def _file_admission(coordinator: Coordinator, metrics: CoordinatorMetrics):
+    """BodyLimit's check of a large file's signed headers, answered as the API answers
+    an error (file_admission.py)."""
+
+    def check(scope: Scope) -> tuple[int, str] | None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            coordinator.admit_file(headers, scope["method"], scope["path"], target_of(scope),
+                                   scope.get("query_string", b"").decode("latin-1"))
+        except Exception as error:  # noqa: BLE001 - mapped as the API's handlers map it
+            for family, status, reason in STATUS:
+                if isinstance(error, family):
+                    metrics.refused.labels(reason).inc()
+                    return status, str(error)
+            raise
+        return None
+
+    async def admit(scope: Scope) -> tuple[int, str] | None:
+        if coordinator.engine.dialect.name == "sqlite":  # as `signed` does: see auth.py
+            return check(scope)
+        return await run_in_threadpool(check, scope)
+
+    return admit
 
 
 def _timing(app: FastAPI, metrics: CoordinatorMetrics) -> None:

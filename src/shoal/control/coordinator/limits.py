@@ -1,12 +1,19 @@
 """A cap on request bodies, enforced while they stream in: a client that
-sends more than `max_bytes` gets 413 before the body is held in memory."""
+sends more than `max_bytes` gets 413 before the body is held in memory. A
+file path takes up to `file_bytes`, but a body over `max_bytes` there is
+read only once `admit` has said who may send it (file_admission.py)."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+# Checks a large file's signed headers before its body is read: returns None to admit
+# it, or (status, detail) to refuse it unread.
+Admit = Callable[[Scope], Awaitable[tuple[int, str] | None]]
 
 
 class BodyTooLarge(Exception):
@@ -15,11 +22,13 @@ class BodyTooLarge(Exception):
 
 class BodyLimit:
     def __init__(self, app: ASGIApp, max_bytes: int, file_bytes: int | None = None,
-                 file_paths: re.Pattern[str] | None = None) -> None:
+                 file_paths: re.Pattern[str] | None = None, admit: Admit | None = None) -> None:
         """Bodies to paths matching `file_paths` (files a worker wrote, such as a revealed
-        gradient) may be up to `file_bytes`; every other body up to `max_bytes`."""
+        gradient) may be up to `file_bytes`, once `admit` lets one over `max_bytes` in;
+        every other body up to `max_bytes`."""
         self.app, self.max_bytes = app, max_bytes
         self.file_bytes, self.file_paths = file_bytes or max_bytes, file_paths
+        self.admit = admit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -32,6 +41,12 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await self._refuse(send, limit)
             return
+        if limit > self.max_bytes and self.admit is not None and (
+                declared is None or int(declared) > self.max_bytes):
+            refused = await self.admit(scope)  # before a byte of the body is read
+            if refused is not None:
+                await self._answer(send, *refused)
+                return
         seen = 0
         started = False
 
@@ -56,8 +71,11 @@ class BodyLimit:
                 await self._refuse(send, limit)
 
     async def _refuse(self, send: Send, limit: int) -> None:
-        body = json.dumps({"detail": f"request body over {limit} bytes"}).encode()
-        await send({"type": "http.response.start", "status": 413,
+        await self._answer(send, 413, f"request body over {limit} bytes")
+
+    async def _answer(self, send: Send, status: int, detail: str) -> None:
+        body = json.dumps({"detail": detail}).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

@@ -10,7 +10,8 @@ jobs' membership (attendance.py), settlement on a chain (chain_jobs.py), work
 records and proof epochs (proofs.py), challenges and verdicts (audits.py),
 bonded challengers' disputes (disputes.py),
 job progress (progress.py), checkpoints carried between machines
-(checkpoints.py), agents' network probes (probe.py) and plans of each job's
+(checkpoints.py), who may send a large file before it is read (file_admission.py),
+agents' network probes (probe.py) and plans of each job's
 members (planning.py) are mixed in.
 """
 
@@ -33,6 +34,7 @@ from shoal.control.coordinator.chain_jobs import ChainSettlement
 from shoal.control.coordinator.checkpoints import CheckpointCarry
 from shoal.control.coordinator.disputes import DisputeService
 from shoal.control.coordinator.errors import Conflict, Forbidden, Gone, NotFound
+from shoal.control.coordinator.file_admission import FileAdmission
 from shoal.control.coordinator.job_hosts import JobHosts
 from shoal.control.coordinator.jobs import JobLifecycle
 from shoal.control.coordinator.participants import Participants
@@ -65,7 +67,7 @@ _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
                   ChainSettlement, ProofService, AuditService, DisputeService, JobProgress,
-                  CheckpointCarry, NetworkProbing, JobPlanning, LeaseAttendance):
+                  CheckpointCarry, FileAdmission, NetworkProbing, JobPlanning, LeaseAttendance):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
