@@ -22,9 +22,9 @@ LARGE = 1024 * 1024  # over max_body_bytes (256 KiB), under max_file_bytes
 
 
 @pytest.fixture
-def challenged(served: Served, operator):
-    """A proof job leased to agent-a's provider, whose worker filed steps 0-5; a
-    verifier challenged step 1. Returns (served, provider, job_id, challenge, lease)."""
+def filed(served: Served, operator):
+    """A proof job leased to agent-a's provider, whose worker filed steps 0-5, and a
+    verifier. Returns (served, provider, verifier, job_id, worker, lease)."""
     from shoal.spec.audit import RecordUpload
 
     a, submitter, verifier = (served.client(Account.create()) for _ in range(3))
@@ -42,8 +42,15 @@ def challenged(served: Served, operator):
     a.upload_records(job.job_id, RecordUpload(lease=lease.lease, records=tuple(
         record(worker, s) for s in range(6))))
     served.app.state.rounds.once()
-    (challenge,) = verifier.raise_challenges(job.job_id, [ChallengeRequest(worker=worker, step=1)])
-    return served, a, job.job_id, challenge.challenge, lease.lease
+    return served, a, verifier, job.job_id, worker, lease.lease
+
+
+@pytest.fixture
+def challenged(filed):
+    """`filed`, with step 1 challenged. Returns (served, provider, job_id, challenge, lease)."""
+    served, a, verifier, job_id, worker, lease = filed
+    (challenge,) = verifier.raise_challenges(job_id, [ChallengeRequest(worker=worker, step=1)])
+    return served, a, job_id, challenge.challenge, lease
 
 
 def drive(served: Served, account, path: str, body: bytes, *, query: str = "",

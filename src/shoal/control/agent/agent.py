@@ -54,16 +54,22 @@ class Agent:
         self.client, self.config = client, config
         self.workers = LeaseWorkers(config.agent_id, config.work_dir, config.slowdown,
                                     config.grace_s, adversary=config.adversary)
-        # Uploads and challenge answers run on a thread and a connection of their own: a
-        # beat held up behind them would get the agent reaped and its leases replaced.
+        # Uploads run on a thread and a connection of their own: a beat held up behind
+        # them would get the agent reaped and its leases replaced. Challenge answers run
+        # on a third: behind a checkpoint carry (the coordinator verifies it before it
+        # replies) or a backlog of records, an answer waited past verifiers' patience.
         relay_client = CoordinatorClient(client.url, client.account)
-        self.proofs = ProofRelay(relay_client, config.work_dir, config.agent_id)
+        answer_client = CoordinatorClient(client.url, client.account)
+        self.proofs = ProofRelay(relay_client, config.work_dir, config.agent_id, answer_client)
         self.progress = ProgressRelay(relay_client, config.work_dir)
         self.carry = CheckpointRelay(relay_client, config.work_dir)
         self._relay_lock = threading.Lock()
         self._challenges: tuple = ()
         self._beat_at_s: float | None = None  # the coordinator's time of the newest reply
         self._relay = threading.Thread(target=self._relay_loop, name="agent-relay", daemon=True)
+        self._answerer = threading.Thread(target=self._answer_loop, name="agent-answers",
+                                          daemon=True)
+        self._new_beat = threading.Event()  # a beat brought challenges: answer them now
         self.stopping = threading.Event()
         self.offer_ids = [f"{config.agent_id}-d{i}" for i in range(config.devices)]
         self.accepted: set[int] = set()  # leases whose chain terms were signed
@@ -98,6 +104,7 @@ class Agent:
         period_s = self.client.info().heartbeat_s
         offline_since: float | None = None
         self._relay.start()
+        self._answerer.start()
         while not self.stopping.is_set():
             started = time.monotonic()
             try:
@@ -111,6 +118,7 @@ class Agent:
                 self.workers.follow(reply.assignments, reply.stop)
                 with self._relay_lock:
                     self._challenges, self._beat_at_s = reply.challenges, reply.at_s
+                self._new_beat.set()
             except ControlError as error:
                 if offline_since is None:
                     offline_since = time.monotonic()
@@ -155,33 +163,49 @@ class Agent:
             self.post_offers()
 
     def _relay_loop(self) -> None:
-        """Send new work records and step progress, answer challenges and carry checkpoints,
-        once a beat."""
+        """Send new work records and step progress and carry checkpoints, once a beat."""
         period_s = self.client.info().heartbeat_s
         while not self.stopping.wait(period_s):
             self._relay_once()
 
     def _relay_once(self) -> None:
-        with self._relay_lock:
-            challenges, beat_at_s = self._challenges, self._beat_at_s
         workers = dict(self.workers.workers)
         try:
             self.proofs.upload({w.job for w in workers.values()})
             self.progress.upload({n: w.job for n, w in workers.items()})
+        except ControlError as error:
+            log.warning("sending work records failed (%s); trying again", error)
+        # After the records: a checkpoint is checked against its step's records.
+        self.carry.sync({n: (w.job, self.workers.job_file(n)) for n, w in workers.items()})
+
+    def _answer_loop(self) -> None:
+        """Answer the challenges of each beat as it comes (and at least once a period)."""
+        period_s = self.client.info().heartbeat_s
+        while not self.stopping.is_set():
+            self._new_beat.wait(period_s)
+            self._new_beat.clear()
+            if not self.stopping.is_set():
+                self._answer_once()
+
+    def _answer_once(self) -> None:
+        with self._relay_lock:
+            challenges, beat_at_s = self._challenges, self._beat_at_s
+        try:
             if self.proofs.answer(challenges) and beat_at_s is not None:
                 # Every challenge taken up to that beat is answered: the files of windows
                 # closed well before it may go (ended jobs' too).
                 self.proofs.prune(beat_at_s)
         except ControlError as error:
-            log.warning("sending work records or answers failed (%s); trying again", error)
-        # After the records: a checkpoint is checked against its step's records.
-        self.carry.sync({n: (w.job, self.workers.job_file(n)) for n, w in workers.items()})
+            log.warning("answering challenges failed (%s); trying again", error)
 
     def _leave(self) -> None:
         self.workers.stop_all()
-        if self._relay.is_alive():
-            self._relay.join(timeout=30)
+        self._new_beat.set()  # the answerer sees `stopping` at once
+        for thread in (self._relay, self._answerer):
+            if thread.is_alive():
+                thread.join(timeout=30)
         self._relay_once()  # what the workers wrote as they left: their last records and steps
+        self._answer_once()
         for offer_id in self.offer_ids:
             try:
                 self.client.withdraw_offer(offer_id)

@@ -49,8 +49,12 @@ def proof_dir(work_dir: Path, job_id: str) -> Path:
 
 
 class ProofRelay:
-    def __init__(self, client: CoordinatorClient, work_dir: Path, agent_id: str) -> None:
+    def __init__(self, client: CoordinatorClient, work_dir: Path, agent_id: str,
+                 answer_client: CoordinatorClient | None = None) -> None:
+        """`answer_client`: the connection answers and pruning use (`client` by default):
+        the agent answers on a thread of its own, so that no upload holds an answer up."""
         self.client, self.work_dir, self.agent_id = client, work_dir, agent_id
+        self.answer_client = answer_client or client
         self._tail = Tail()
         self._answered: set[int] = set()
         self._lease = re.compile(re.escape(agent_id) + r"-l([0-9]+)-")
@@ -118,7 +122,7 @@ class ProofRelay:
                 self._answered.add(challenge.challenge)  # asking again will not make it appear
                 continue
             try:
-                self.client.answer_challenge(challenge.challenge, path.read_bytes())
+                self.answer_client.answer_challenge(challenge.challenge, path.read_bytes())
             except CoordinatorRefused as refused:
                 log.warning("challenge %d: answer refused: %s", challenge.challenge, refused.detail)
             except ControlError as error:
@@ -169,11 +173,11 @@ class ProofRelay:
         """The first step whose files an audit may still ask for: its window (that of its
         epoch, or under DiLoCo its round's end's) is not closed by the margin."""
         if job_id not in self._specs:
-            self._specs[job_id] = parse_job(tomllib.loads(self.client.job_file(job_id)),
+            self._specs[job_id] = parse_job(tomllib.loads(self.answer_client.job_file(job_id)),
                                             "job_file")
         spec = self._specs[job_id]
         closed = 0
-        for view in sorted(self.client.proof_epochs(job_id), key=lambda v: v.epoch):
+        for view in sorted(self.answer_client.proof_epochs(job_id), key=lambda v: v.epoch):
             if view.epoch != closed or view.challenges_close_at_s is None or \
                     view.challenges_close_at_s + self.prune_margin_s > answered_through_s:
                 break
