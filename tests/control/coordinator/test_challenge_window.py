@@ -15,13 +15,15 @@ from eth_account import Account
 from shoal.control.agent.proofs import ProofRelay, proof_dir
 from shoal.jobs.gpt_replay import gpt_replayer
 from shoal.spec import hyper_digest, parse_job
-from shoal.spec.audit import BlobKind, ChallengeRequest, RecordUpload
-from shoal.spec.coordinator import Grant, Heartbeat, JobSubmission, OfferTerms, Registration, Role
+from shoal.spec.audit import BlobKind, ChallengeRequest
+from shoal.spec.coordinator import Heartbeat, JobSubmission, Registration
 from shoal.spec.proof import Verdict, VerdictKind
 from shoal.train.hashing import param_sha256
-from tests.control.coordinator.conftest import Served, provider_with_agent, ruled_on
+from tests.control.coordinator.conftest import Served, ruled_on
 from tests.control.coordinator.refereed import remote_verifier
-from tests.control.coordinator.test_proofs import PRICE, PROOF_JOB, publish, record, refused
+from tests.control.coordinator.test_proofs import (
+    PRICE, PROOF_JOB, filed_proof_job, refused,
+)
 
 KEEP_S = 1.0
 WINDOWED_JOB = PROOF_JOB + f"keep_s = {KEEP_S}\n"  # the [proof] section is the file's last
@@ -33,26 +35,12 @@ REPLAYER = gpt_replayer(SPEC)
 def windowed(served: Served, operator):
     """A proof job with a one-second window, leased to agent-a; its worker filed the
     records of steps 0-5, and epoch 0 (steps 0-4) is rooted, so served, now."""
-    a, submitter, verifier = (served.client(Account.create()) for _ in range(3))
-    provider_with_agent(a, "agent-a")
-    a.post_offer(OfferTerms(offer_id="dev-a", agent_id="agent-a", price_wei_per_s=PRICE))
-    submitter.register(Registration(role="submitter", name="alice"))
-    job = submitter.submit(JobSubmission(name="tiny", job_file=WINDOWED_JOB, workers=1,
-                                         max_price_wei_per_s=PRICE, budget_wei=10**12))
-    served.app.state.rounds.once()
-    (lease,) = submitter.job(job.job_id).leases
-    worker = f"agent-a-l{lease.lease}-a0-w0"
-    publish(served.app.state.coordinator, job.job_id, [worker], "start")
-    served.client(operator).request("POST", "/v1/grants", Grant(
-        address=verifier.account.address, role=Role.verifier, name="vera"))
     # Records as the worker would file them: under the job's hyperparameters, each step
     # claiming to start from the model's first parameters.
     claims = {"hyper_sha256": hyper_digest(SPEC.hyperparameters()),
               "params_sha256": param_sha256(REPLAYER.model)}
-    a.upload_records(job.job_id, RecordUpload(lease=lease.lease, records=tuple(
-        record(worker, s).model_copy(update=claims) for s in range(6))))
-    served.app.state.rounds.once()
-    return served, a, verifier, job.job_id, worker
+    a, verifier, job_id, worker, _ = filed_proof_job(served, operator, WINDOWED_JOB, claims)
+    return served, a, verifier, job_id, worker
 
 
 def _after_window(client, job_id: str) -> None:

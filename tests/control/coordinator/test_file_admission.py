@@ -14,9 +14,9 @@ from eth_account import Account
 
 from shoal.control.identity import BODY_SHA256, Signer, sign_request
 from shoal.spec.audit import ChallengeRequest
-from shoal.spec.coordinator import Grant, JobSubmission, OfferTerms, Registration, Role
+from shoal.spec.coordinator import Registration
 from tests.control.coordinator.conftest import Served, provider_with_agent
-from tests.control.coordinator.test_proofs import PRICE, PROOF_JOB, publish, record
+from tests.control.coordinator.test_proofs import PROOF_JOB, filed_proof_job
 
 LARGE = 1024 * 1024  # over max_body_bytes (256 KiB), under max_file_bytes
 
@@ -25,24 +25,8 @@ LARGE = 1024 * 1024  # over max_body_bytes (256 KiB), under max_file_bytes
 def filed(served: Served, operator):
     """A proof job leased to agent-a's provider, whose worker filed steps 0-5, and a
     verifier. Returns (served, provider, verifier, job_id, worker, lease)."""
-    from shoal.spec.audit import RecordUpload
-
-    a, submitter, verifier = (served.client(Account.create()) for _ in range(3))
-    provider_with_agent(a, "agent-a")
-    a.post_offer(OfferTerms(offer_id="dev-a", agent_id="agent-a", price_wei_per_s=PRICE))
-    submitter.register(Registration(role="submitter", name="alice"))
-    job = submitter.submit(JobSubmission(name="tiny", job_file=PROOF_JOB, workers=1,
-                                         max_price_wei_per_s=PRICE, budget_wei=10**12))
-    served.app.state.rounds.once()
-    (lease,) = submitter.job(job.job_id).leases
-    worker = f"agent-a-l{lease.lease}-a0-w0"
-    publish(served.app.state.coordinator, job.job_id, [worker], "start")
-    served.client(operator).request("POST", "/v1/grants", Grant(
-        address=verifier.account.address, role=Role.verifier, name="vera"))
-    a.upload_records(job.job_id, RecordUpload(lease=lease.lease, records=tuple(
-        record(worker, s) for s in range(6))))
-    served.app.state.rounds.once()
-    return served, a, verifier, job.job_id, worker, lease.lease
+    a, verifier, job_id, worker, lease = filed_proof_job(served, operator, PROOF_JOB)
+    return served, a, verifier, job_id, worker, lease
 
 
 @pytest.fixture

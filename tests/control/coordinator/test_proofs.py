@@ -58,6 +58,28 @@ def publish(coordinator, job_id: str, members: list[str], reason: str) -> int:
     return epoch
 
 
+def filed_proof_job(served: Served, operator, job_file: str, claims: dict | None = None):
+    """A proof job leased to agent-a's provider, whose worker filed the records of steps
+    0-5 (with `claims` over record()'s), and a granted verifier; epoch 0 is rooted.
+    Returns (provider client, verifier client, job_id, worker, lease number)."""
+    a, submitter, verifier = (served.client(Account.create()) for _ in range(3))
+    provider_with_agent(a, "agent-a")
+    a.post_offer(OfferTerms(offer_id="dev-a", agent_id="agent-a", price_wei_per_s=PRICE))
+    submitter.register(Registration(role="submitter", name="alice"))
+    job = submitter.submit(JobSubmission(name="tiny", job_file=job_file, workers=1,
+                                         max_price_wei_per_s=PRICE, budget_wei=10**12))
+    served.app.state.rounds.once()
+    (lease,) = submitter.job(job.job_id).leases
+    worker = f"agent-a-l{lease.lease}-a0-w0"
+    publish(served.app.state.coordinator, job.job_id, [worker], "start")
+    served.client(operator).request("POST", "/v1/grants", Grant(
+        address=verifier.account.address, role=Role.verifier, name="vera"))
+    a.upload_records(job.job_id, RecordUpload(lease=lease.lease, records=tuple(
+        record(worker, s).model_copy(update=claims or {}) for s in range(6))))
+    served.app.state.rounds.once()
+    return a, verifier, job.job_id, worker, lease.lease
+
+
 def host_reached(coordinator, job_id: str, step: int) -> None:
     """The job's host saw every member commit `step` (its reached.json, as it writes it)."""
     run_dir = coordinator.hosts.run_dir(job_id)

@@ -26,7 +26,7 @@ from shoal.control.coordinator.checkpoints import UPLOAD_GRACE_S
 from shoal.control.coordinator.errors import Forbidden, NotFound
 from shoal.control.coordinator.plants import FETCH_BASE
 from shoal.control.identity import Signer, Unauthenticated, verify_signed_headers
-from shoal.control.store.schema import AgentRow, NonceRow, PlantRow
+from shoal.control.store.schema import NonceRow
 from shoal.spec.coordinator import Role
 
 _ANSWER = re.compile(r"/v1/challenges/([0-9]{1,20})/answer")
@@ -67,12 +67,6 @@ class FileAdmission:
         if not 1 <= challenge <= 2**62:  # the route's own bounds
             raise NotFound(f"no challenge {challenge}")
         if challenge >= FETCH_BASE:  # a forced error's fetch: the agent it was asked of
-            plant = session.get(PlantRow, challenge - FETCH_BASE) \
-                if challenge - FETCH_BASE < 2**31 else None
-            if plant is None:
-                raise NotFound(f"no challenge {challenge}")
-            agent = session.get(AgentRow, plant.agent_id)
-            if agent is None or agent.provider != provider:
-                raise Forbidden(f"challenge {challenge} is for agent '{plant.agent_id}', not yours")
-            return
-        self._answerable(session, provider, challenge)
+            self.plant_fetch(session, provider, challenge)
+        else:
+            self._answerable(session, provider, challenge)

@@ -230,17 +230,24 @@ class ForcedErrorService:
         return self.proof_dir(job_id) / "plants" / worker / f"{step:09d}.pt"
 
     # ------------------------------------------------------------ the agents' answers
+    @staticmethod
+    def plant_fetch(session: Session, provider: str, challenge: int) -> PlantRow:
+        """The plant whose honest file `challenge` (at or past FETCH_BASE) asks `provider`
+        for; NotFound, or Forbidden when it was asked of another provider's agent."""
+        # Past a 32-bit key no plant exists (and PostgreSQL would refuse the lookup).
+        row = session.get(PlantRow, challenge - FETCH_BASE) \
+            if challenge - FETCH_BASE < 2**31 else None
+        if row is None:
+            raise NotFound(f"no challenge {challenge}")
+        agent = session.get(AgentRow, row.agent_id)
+        if agent is None or agent.provider != provider:
+            raise Forbidden(f"challenge {challenge} is for agent '{row.agent_id}', not yours")
+        return row
+
     def answer_plant(self, provider: str, challenge: int, data: bytes) -> ChallengeView:
         with self._change() as session:
             now = self.now_s()
-            # Past a 32-bit key no plant exists (and PostgreSQL would refuse the lookup).
-            row = session.get(PlantRow, challenge - FETCH_BASE) \
-                if challenge - FETCH_BASE < 2**31 else None
-            if row is None:
-                raise NotFound(f"no challenge {challenge}")
-            agent = session.get(AgentRow, row.agent_id)
-            if agent is None or agent.provider != provider:
-                raise Forbidden(f"challenge {challenge} is for agent '{row.agent_id}', not yours")
+            row = self.plant_fetch(session, provider, challenge)
             if row.state != FETCHING:
                 raise Conflict(f"challenge {challenge} was answered already; an answer is final")
             write_whole(self.proof_dir(row.job_id) / "reveal" / row.worker / f"{row.step:09d}.pt", data)
