@@ -39,10 +39,11 @@ def challenged(filed):
 
 def drive(served: Served, account, path: str, body: bytes, *, query: str = "",
           announce: bytes | None = None, drop_announcement: bool = False,
-          headers: dict[str, str] | None = None) -> tuple[int, str, int]:
+          headers: dict[str, str] | None = None, length: bool | int = True
+          ) -> tuple[int, str, int]:
     """PUT `body` to `path` straight into the app, signed by `account` (signed for, and
     announcing, `announce` instead if given); returns (status, detail, body bytes the
-    app read)."""
+    app read). `length`: the content-length stated (True: the body's, False: none)."""
     target = f"{path}?{query}" if query else path
     signed = headers or sign_request(account, "shoal-test", "PUT", target,
                                      body if announce is None else announce)
@@ -52,8 +53,9 @@ def drive(served: Served, account, path: str, body: bytes, *, query: str = "",
              "method": "PUT", "scheme": "http", "path": path, "raw_path": path.encode(),
              "query_string": query.encode(), "root_path": "", "client": ("127.0.0.1", 1),
              "server": ("127.0.0.1", served.port),
-             "headers": [(b"content-type", b"application/octet-stream"),
-                         (b"content-length", str(len(body)).encode())]
+             "headers": [(b"content-type", b"application/octet-stream")]
+             + ([(b"content-length", str(len(body) if length is True else length).encode())]
+                if length is not False else [])
              + [(k.encode(), v.encode()) for k, v in signed.items()]}
     read, sent = 0, []
     chunks = [body[i:i + 65536] for i in range(0, len(body), 65536)]
@@ -136,6 +138,25 @@ def test_only_a_lease_of_the_job_may_send_a_large_checkpoint(challenged):
     # here it is no checkpoint at all).
     got, detail, read = drive(served, a.account, path, b"x" * LARGE, query=f"lease={lease}")
     assert read == LARGE and got == 422 and "not a checkpoint" in detail, detail
+
+
+def test_a_body_of_unstated_length_is_admitted_as_a_large_one(challenged):
+    served, a, job_id, challenge, _ = challenged
+    path = f"/v1/challenges/{challenge}/answer"
+    got, _, read = drive(served, Account.create(), path, b"x" * LARGE, length=False)
+    assert (got, read) == (403, 0)  # streamed (chunked) from a stranger: refused unread
+    got, _, read = drive(served, a.account, path, b"x" * LARGE, length=False)
+    assert (got, read) == (200, LARGE)
+    assert not unanswered(served, job_id, challenge)
+
+
+def test_a_body_declared_small_is_held_to_the_small_limit(challenged):
+    served, _, job_id, challenge, _ = challenged
+    path = f"/v1/challenges/{challenge}/answer"
+    # A length the server might not hold the client to: the body is still counted.
+    got, _, read = drive(served, Account.create(), path, b"x" * LARGE, length=100)
+    assert got == 413 and read <= 256 * 1024 + 65536
+    assert unanswered(served, job_id, challenge)
 
 
 def test_small_bodies_go_through_the_usual_checks(challenged):

@@ -64,6 +64,7 @@ class Agent:
         self.progress = ProgressRelay(relay_client, config.work_dir)
         self.carry = CheckpointRelay(relay_client, config.work_dir)
         self._relay_lock = threading.Lock()
+        self._period_s = 1.0  # the coordinator's heartbeat period, read when run() starts
         self._challenges: tuple = ()
         self._beat_at_s: float | None = None  # the coordinator's time of the newest reply
         self._relay = threading.Thread(target=self._relay_loop, name="agent-relay", daemon=True)
@@ -101,7 +102,7 @@ class Agent:
 
     def run(self) -> None:
         """Beat until stopped; then the workers leave and the offers are withdrawn."""
-        period_s = self.client.info().heartbeat_s
+        period_s = self._period_s = self.client.info().heartbeat_s
         offline_since: float | None = None
         self._relay.start()
         self._answerer.start()
@@ -164,8 +165,7 @@ class Agent:
 
     def _relay_loop(self) -> None:
         """Send new work records and step progress and carry checkpoints, once a beat."""
-        period_s = self.client.info().heartbeat_s
-        while not self.stopping.wait(period_s):
+        while not self.stopping.wait(self._period_s):
             self._relay_once()
 
     def _relay_once(self) -> None:
@@ -180,9 +180,8 @@ class Agent:
 
     def _answer_loop(self) -> None:
         """Answer the challenges of each beat as it comes (and at least once a period)."""
-        period_s = self.client.info().heartbeat_s
         while not self.stopping.is_set():
-            self._new_beat.wait(period_s)
+            self._new_beat.wait(self._period_s)
             self._new_beat.clear()
             if not self.stopping.is_set():
                 self._answer_once()

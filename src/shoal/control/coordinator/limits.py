@@ -41,12 +41,14 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await self._refuse(send, limit)
             return
-        if limit > self.max_bytes and self.admit is not None and (
-                declared is None or int(declared) > self.max_bytes):
-            refused = await self.admit(scope)  # before a byte of the body is read
-            if refused is not None:
-                await self._answer(send, *refused)
-                return
+        if limit > self.max_bytes and self.admit is not None:
+            if declared is None or int(declared) > self.max_bytes:
+                refused = await self.admit(scope)  # before a byte of the body is read
+                if refused is not None:
+                    await self._answer(send, *refused)
+                    return
+            else:  # declared small: held to that, whatever the server lets through
+                limit = self.max_bytes
         seen = 0
         started = False
 
