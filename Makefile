@@ -15,10 +15,13 @@ demo: $(VENV)/.installed
 # processes against deadlines, TEST_JOBS tests at a time (pytest-xdist); then the
 # end-to-end tests (`slow`), one at a time, on an otherwise quiet machine: they fence
 # stalled workers and time out lost agents, and a neighbour's load is not a fault.
+# Both parts always run (a failure in the first still shows the second's); either failing
+# fails the target.
 TEST_JOBS ?= 2
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -m "not slow or parallel_ok" -n $(TEST_JOBS)
-	$(PY) -m pytest -m "slow and not parallel_ok"
+	$(PY) -m pytest -m "not slow or parallel_ok" -n $(TEST_JOBS); first=$$?; \
+	$(PY) -m pytest -m "slow and not parallel_ok"; second=$$?; \
+	[ $$first -eq 0 ] && [ $$second -eq 0 ]
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
