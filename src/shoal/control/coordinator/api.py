@@ -23,11 +23,12 @@ from starlette.routing import BaseRoute, Match, Route
 from starlette.types import Message, Receive, Scope, Send
 
 from shoal import __version__
-from shoal.control.coordinator.api_checkpoints import CHECKPOINT_PATHS, checkpoint_routes
+from shoal.control.coordinator.api_checkpoints import checkpoint_routes
 from shoal.control.coordinator.api_probe import probe_routes
-from shoal.control.coordinator.api_proofs import FILE_PATHS, proof_routes
+from shoal.control.coordinator.api_proofs import proof_routes
 from shoal.control.coordinator.auth import coordinator_of, signed, signed_beat, target_of
 from shoal.control.coordinator.errors import Conflict, Forbidden, Gone, NotFound
+from shoal.control.coordinator.file_admission import FILE_UPLOADS
 from shoal.control.coordinator.limits import BodyLimit
 from shoal.control.coordinator.metrics import CoordinatorMetrics, TimedRequests, state_gauges
 from shoal.control.coordinator.rounds import RoundLoop
@@ -92,7 +93,7 @@ def create_app(coordinator: Coordinator, run_rounds: bool = True) -> FastAPI:
     app.state.coordinator, app.state.metrics, app.state.rounds = coordinator, metrics, rounds
     app.add_middleware(BodyLimit, max_bytes=coordinator.settings.max_body_bytes,
                        file_bytes=coordinator.settings.max_file_bytes,
-                       file_paths=re.compile(f"{FILE_PATHS.pattern}|{CHECKPOINT_PATHS.pattern}"),
+                       file_paths=FILE_UPLOADS,
                        admit=_file_admission(coordinator, metrics))
     _errors(app, metrics)
     _timing(app, metrics)

@@ -5,7 +5,6 @@ the submitter may fetch its job's model. Who may send or read is decided in
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Path, Query, Response
@@ -23,8 +22,7 @@ StepPath = Annotated[int, Path(ge=0, le=2**62)]
 Co = Annotated[Coordinator, Depends(coordinator_of)]
 ProviderSigner = Annotated[Signer, Depends(signed(Role.provider))]
 AnySigner = Annotated[Signer, Depends(signed())]
-# Checkpoint bodies are files: the body limit lets them through up to max_file_bytes.
-CHECKPOINT_PATHS = re.compile(r"/v1/jobs/[^/]+/checkpoints/[0-9]+")
+# Checkpoint bodies are files (their path is in file_admission.FILE_UPLOADS).
 FILE_BODY = {"requestBody": {"required": True, "content": {
     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
 

@@ -6,7 +6,6 @@ members, epochs, records, challenged files and verdicts."""
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Path, Query, Response
@@ -29,8 +28,7 @@ Co = Annotated[Coordinator, Depends(coordinator_of)]
 ProviderSigner = Annotated[Signer, Depends(signed(Role.provider))]
 VerifierSigner = Annotated[Signer, Depends(signed(Role.verifier, Role.operator))]
 AnySigner = Annotated[Signer, Depends(signed())]  # a dispute's bond on chain is its standing
-# Where bodies are files, not JSON: the body limit lets these through up to max_file_bytes.
-FILE_PATHS = re.compile(r"/v1/challenges/[0-9]+/answer")
+# The answer's body is a file, not JSON (its path is in file_admission.FILE_UPLOADS).
 FILE_BODY = {"requestBody": {"required": True, "content": {
     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
 

@@ -19,18 +19,20 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qs
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.checkpoints import UPLOAD_GRACE_S
 from shoal.control.coordinator.errors import Forbidden, NotFound
 from shoal.control.coordinator.plants import FETCH_BASE
 from shoal.control.identity import Signer, Unauthenticated, verify_signed_headers
-from shoal.control.store.schema import NonceRow
+from shoal.control.store import beats
 from shoal.spec.coordinator import Role
 
 _ANSWER = re.compile(r"/v1/challenges/([0-9]{1,20})/answer")
 _CHECKPOINT = re.compile(r"/v1/jobs/([^/]+)/checkpoints/[0-9]+")
+# The paths whose bodies are files, not JSON: the body limit lets these through up to
+# max_file_bytes, past max_body_bytes only once `admit_file` has said who may send them.
+FILE_UPLOADS = re.compile(f"{_ANSWER.pattern}|{_CHECKPOINT.pattern}")
 
 
 class FileAdmission:
@@ -41,15 +43,14 @@ class FileAdmission:
         settings = self.settings
         signer = verify_signed_headers(headers, settings.audience, method, target,
                                        self.now_s(), settings.max_skew_s)
-        with Session(self.engine) as session:
-            used = session.scalar(select(NonceRow.nonce).where(
-                NonceRow.address == signer.address, NonceRow.nonce == signer.nonce))
-            if used is not None:
+        with self.engine.connect() as connection:
+            if beats.nonce_seen(connection, signer.address, signer.nonce):
                 raise Unauthenticated("this nonce was already used: a replayed request is "
                                       "refused; sign the request again")
-            if self.role_of(signer.address) is not Role.provider:
-                raise Forbidden(f"{signer.address} is not a provider: only the provider "
-                                "whose worker wrote a file may send it")
+        if self.role_of(signer.address) is not Role.provider:
+            raise Forbidden(f"{signer.address} is not a provider: only the provider "
+                            "whose worker wrote a file may send it")
+        with Session(self.engine) as session:
             if (answer := _ANSWER.fullmatch(path)) is not None:
                 self._may_answer(session, signer.address, int(answer[1]))
             elif (checkpoint := _CHECKPOINT.fullmatch(path)) is not None:

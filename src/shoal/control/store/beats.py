@@ -50,6 +50,12 @@ def record_nonce(connection: Connection, address: str, nonce: str, seen_at_s: fl
     connection.execute(_RECORD_NONCE, {"address": address, "nonce": nonce, "seen_at_s": seen_at_s})
 
 
+def nonce_seen(connection: Connection, address: str, nonce: str) -> bool:
+    """Whether this address used this nonce before (read only: `record_nonce` takes it)."""
+    return connection.execute(_SEEN_NONCES, {"addresses": [address], "nonces": [nonce]}
+                              ).first() is not None
+
+
 def role_of(connection: Connection, address: str) -> str | None:
     return connection.scalar(_ROLE, {"address": address})
 
