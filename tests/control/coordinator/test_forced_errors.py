@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from shoal.control.coordinator import Coordinator
 from shoal.control.coordinator import plants as plants_module
 from shoal.control.coordinator.plants import FETCH_BASE
-from shoal.control.coordinator.referee import LAZY_VERDICT_PENALTY_WEI
+from shoal.control.coordinator.penalties import LAZY_VERDICT_PENALTY_WEI
 from shoal.control.coordinator.settlement import Settlement
 from shoal.control.store.schema import JobRow
 from shoal.control.trust.verdicts import sign_verdict

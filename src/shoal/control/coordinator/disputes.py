@@ -237,7 +237,7 @@ class DisputeService:
             self._event(session, self.now_s(), COORDINATOR, f"dispute_{ruling}", job_id,
                         dispute=dispute, worker=row.worker, step=step, provider=provider,
                         challenger=row.challenger, why=why, chain=held or chain_state, **note)
-        if ruling == UPHELD and self.referee.first_slash(job_id, provider):
+        if ruling == UPHELD and self.referee.penalties.first_slash(job_id, provider):
             self.bar_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
             self.drop_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
         log.warning("job %s: dispute %d on %s %s at step %s: %s", job_id, dispute, row.worker,
@@ -258,7 +258,7 @@ class DisputeService:
         state = ledger.dispute(dispute).state
         if state is not DisputeState.open:
             return {}, state.name, ""
-        note = referee.transact(lambda: ledger.resolve_dispute(
+        note = referee.penalties.transact(lambda: ledger.resolve_dispute(
             referee.account, dispute, upheld=ruling == UPHELD))
         if "tx" in note:
             return note, ledger.dispute(dispute).state.name, ""
@@ -269,7 +269,7 @@ class DisputeService:
         if ruling == UPHELD:
             # A slash always goes through: it closes the lease's open disputes (bonds
             # back) and rewards the challenger named here.
-            note = referee.transact(lambda: ledger.slash(referee.account, chain_job, provider,
+            note = referee.penalties.transact(lambda: ledger.slash(referee.account, chain_job, provider,
                                                          challenger))
             return note, ledger.dispute(dispute).state.name if "tx" in note else None, \
                 "an earlier dispute on the lease is open: slashed directly"

@@ -319,7 +319,7 @@ class ForcedErrorService:
                        catcher: str | None) -> None:
         # The stake goes in part to a verifier that caught the same plant, else the operator.
         to = catcher or (self.settlement.operator.address if self.settlement else None)
-        note = self.referee.penalise_missed_plant(verifier, to) if to else {}
+        note = self.referee.penalties.penalise_missed_plant(verifier, to) if to else {}
         with self._change() as session:
             self._event(session, self.now_s(), COORDINATOR, "forced_error_missed", job_id,
                         verdict=seq, verifier=verifier, worker=worker, step=step, **note)

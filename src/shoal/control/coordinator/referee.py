@@ -1,9 +1,9 @@
 """The referee at the coordinator: a guilty verdict filed by a verifier is
 ruled on by re-executing that one step (Verde's refereed delegation), on
 the files the verifier itself was given, and the ruling moves money
-through the contract: an upheld verdict slashes the worker's provider
-(its lease unpaid, its collateral to the whistleblower and the submitter),
-a rejected one costs the accusing verifier part of its stake.
+through the contract (penalties.py): an upheld verdict slashes the worker's
+provider (its lease unpaid, its collateral to the whistleblower and the
+submitter), a rejected one costs the accusing verifier part of its stake.
 
 Rulings run on a thread of their own: a replay takes a second or more and
 the API must not wait for it. Without a referee key the coordinator only
@@ -24,13 +24,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator.markdown import lease_of
+from shoal.control.coordinator.penalties import REJECTED, UPHELD, Penalties
 from shoal.control.store.schema import (
-    AgentRow, ChallengeRow, JobRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
+    AgentRow, ChallengeRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
-from shoal.ledger import LedgerError
 from shoal.proof.epochs import final_lineage
 from shoal.spec.audit import BlobKind
-from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.job import JobSpec
 from shoal.spec.plan import SyncMode
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
@@ -42,13 +41,8 @@ if TYPE_CHECKING:
     from shoal.train.replay import Replayer
 
 log = logging.getLogger(__name__)
-UPHELD, REJECTED, UNDECIDED, PLANT = "upheld", "rejected", "undecided", "plant"
+UNDECIDED, PLANT = "undecided", "plant"
 ANSWERED_LATE = "answered_late"  # only between `withheld` and `_rule`, never stored
-# A verifier that accused falsely loses this much stake (wei), part of it to the accused;
-# one that signed `valid` on work a replay shows wrong loses as much, part of it to the
-# verifier (or whistleblower) whose verdict was upheld.
-FALSE_ACCUSATION_PENALTY_WEI = 10**15
-LAZY_VERDICT_PENALTY_WEI = 10**15
 # Jobs whose record-less DiLoCo rounds the referee keeps an auditor for (each holds a
 # replica of the job's model and the round starts it loaded).
 ROUND_AUDITORS_KEPT = 4
@@ -60,22 +54,23 @@ class Referee:
                  withheld_grace_s: float = 30.0) -> None:
         """`account`: the contract's referee key (None: rulings are recorded, not enforced);
         `replayer`: builds a job's replayer (None: only withheld verdicts can be ruled on)."""
-        self.coordinator, self.account, self.replayer = coordinator, account, replayer
+        self.coordinator, self.replayer = coordinator, replayer
+        self.penalties = Penalties(coordinator, account)  # what each ruling costs whom
         self.withheld_grace_s = withheld_grace_s
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="shoal-referee")
-        self._slashed: set[tuple[str, str]] = set()  # (job, provider) slashed already
-        self._lazy_seen: set[tuple[str, str, str, int]] = set()  # (job, verifier, worker, step)
         self._round_auditors: dict[str, Auditor] = {}  # DiLoCo jobs' record-less rounds
+
+    @property
+    def account(self) -> LocalAccount | None:
+        """The contract's referee key (None: rulings are recorded, not enforced)."""
+        return self.penalties.account
+
+    @account.setter
+    def account(self, account: LocalAccount | None) -> None:
+        self.penalties.account = account
 
     def rule_later(self, job_id: str, verdicts: list[int]) -> None:
         self._executor.submit(self._rule_all, job_id, verdicts)
-
-    def first_slash(self, job_id: str, provider: str) -> bool:
-        """Whether `provider` is slashed in `job_id` for the first time (then noted)."""
-        if (job_id, provider) in self._slashed:
-            return False
-        self._slashed.add((job_id, provider))
-        return True
 
     def later(self, ruling: Callable[[], object]) -> None:
         """Run `ruling` on the referee's thread, after what is queued (a dispute's)."""
@@ -143,7 +138,7 @@ class Referee:
                     why = f"{why}; {replayed}"
         else:
             ruling, why, _ = self.replay(job_id, record, records)
-        self._enforce(job_id, seq, verdict, ruling, why, provider)
+        self.penalties.enforce(job_id, seq, verdict, ruling, why, provider)
         return Ruled(ruling, why, verdict.worker, verdict.step, verdict.verifier)
 
     def withheld(self, job_id: str, verdict: Verdict, agent_id: str,
@@ -295,82 +290,6 @@ class Referee:
             lineage[record.step].append(record)
         spans = record_less_rounds(verdict.worker, verdict.step, lineage)
         return range(spans[0].start if spans else verdict.step, verdict.step + 1)
-
-    def _enforce(self, job_id: str, seq: int, verdict: Verdict, ruling: str, why: str,
-                 provider: str | None) -> None:
-        co = self.coordinator
-        chain_note: dict[str, str] = {}
-        with Session(co.engine) as session:
-            job = session.get(JobRow, job_id)
-        chain_job = job.chain_job if job is not None else None
-        enforce = self.account is not None and co.settlement is not None and chain_job is not None
-        kind = {UPHELD: "verdict_upheld", REJECTED: "verdict_rejected"}.get(ruling,
-                                                                           "verdict_undecided")
-        if ruling == UPHELD and provider is not None and (job_id, provider) not in self._slashed \
-                and not (enforce and co.settlement.ledger.lease(chain_job, provider).slashed):
-            self._slashed.add((job_id, provider))
-            kind = "worker_slashed"  # the first upheld verdict; later ones are on record only
-            if enforce:
-                chain_note = self.transact(lambda: co.settlement.ledger.slash(
-                    self.account, chain_job, provider, verdict.verifier))
-            co.bar_provider(job_id, provider, reason=f"slashed: {why}")
-            co.drop_provider(job_id, provider, reason=f"slashed: {why}")
-        if ruling == UPHELD:
-            self._lazy_verifiers(job_id, verdict, enforce, chain_job)
-        elif ruling == REJECTED and enforce:
-            chain_note = self.transact(lambda: co.settlement.ledger.slash_verifier(
-                self.account, verdict.verifier, FALSE_ACCUSATION_PENALTY_WEI,
-                provider or co.settlement.operator.address))
-        with co._change() as session:
-            session.get(VerdictRow, seq).ruling = ruling
-            co._event(session, co.now_s(), COORDINATOR, kind, job_id, verdict=seq,
-                      worker=verdict.worker, step=verdict.step, verifier=verdict.verifier,
-                      provider=provider, why=why, **chain_note)
-        if kind == "worker_slashed":
-            log.warning("job %s: provider %s slashed for %s's step %d: %s", job_id, provider,
-                        verdict.worker, verdict.step, why)
-
-    def _lazy_verifiers(self, job_id: str, upheld: Verdict, enforce: bool,
-                        chain_job: int | None) -> None:
-        """Verifiers that signed `valid` on the record whose guilty verdict stands."""
-        co = self.coordinator
-        for view in co.verdicts(job_id):
-            v = view.verdict
-            key = (job_id, v.verifier, v.worker, v.step)
-            # Only a `valid` was wrong: `unavailable` (no parameters to replay from, when it
-            # looked) concluded nothing, and a guilty kind agrees with the upheld one.
-            if (v.worker, v.step) != (upheld.worker, upheld.step) \
-                    or v.kind is not VerdictKind.valid \
-                    or v.verifier.lower() == upheld.verifier.lower() or key in self._lazy_seen:
-                continue
-            self._lazy_seen.add(key)
-            note = self.transact(lambda: co.settlement.ledger.slash_verifier(
-                self.account, v.verifier, LAZY_VERDICT_PENALTY_WEI, upheld.verifier)) \
-                if enforce else {}
-            with co._change() as session:
-                co._event(session, co.now_s(), COORDINATOR, "verifier_slashed", job_id,
-                          verifier=v.verifier, worker=v.worker, step=v.step,
-                          shown_by=upheld.verifier, **note)
-            log.warning("job %s: verifier %s signed valid on %s step %d, shown wrong by %s",
-                        job_id, v.verifier, v.worker, v.step, upheld.verifier)
-
-    def penalise_missed_plant(self, verifier: str, to: str) -> dict[str, str]:
-        """A verifier signed `valid` on a forced error: it loses stake, part of it to `to`."""
-        co = self.coordinator
-        if self.account is None or co.settlement is None:
-            return {}
-        return self.transact(lambda: co.settlement.ledger.slash_verifier(
-            self.account, verifier, LAZY_VERDICT_PENALTY_WEI, to))
-
-    @staticmethod
-    def transact(send) -> dict[str, str]:  # noqa: ANN001 - a thunk sending one transaction
-        try:
-            outcome = send()
-        except LedgerError as error:
-            log.error("the contract refused the ruling: %s", error)
-            return {"chain_error": str(error)}
-        return {"tx": outcome.tx_hash}
-
 
 def own_file_challenges(session: Session, job_id: str, worker: str,
                         steps: range) -> list[ChallengeRow]:

@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from shoal.control.coordinator.referee import (
+from shoal.control.coordinator.penalties import (
     FALSE_ACCUSATION_PENALTY_WEI, LAZY_VERDICT_PENALTY_WEI,
 )
 from shoal.control.demo.runner import Demo
