@@ -12,6 +12,7 @@ import hashlib
 import pytest
 from eth_account import Account
 
+from shoal.control.coordinator.plants import FETCH_BASE
 from shoal.control.identity import BODY_SHA256, Signer, sign_request
 from shoal.spec.audit import ChallengeRequest
 from shoal.spec.coordinator import Registration
@@ -121,8 +122,10 @@ def test_a_replayed_or_answered_large_upload_is_refused_unread(challenged):
     a.answer_challenge(challenge, b"the file")
     got, detail, read = drive(served, a.account, path, b"x" * LARGE)
     assert (got, read) == (409, 0) and "answered already" in detail
-    got, _, read = drive(served, a.account, "/v1/challenges/999999/answer", b"x" * LARGE)
-    assert (got, read) == (404, 0)
+    # Challenges that do not exist, a forced error's fetch (past FETCH_BASE) among them.
+    for number in (999999, FETCH_BASE + 1, 2**63):
+        got, _, read = drive(served, a.account, f"/v1/challenges/{number}/answer", b"x" * LARGE)
+        assert (got, read) == (404, 0), number
 
 
 def test_only_a_lease_of_the_job_may_send_a_large_checkpoint(challenged):
