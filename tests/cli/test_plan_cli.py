@@ -26,7 +26,7 @@ def test_json_on_an_example_cluster():
     assert len(out["stages"]) == out["pp"] and all(len(s) == out["dp"] for s in out["stages"])
     assert out["step_time_s"] < out["random_step_time_s"]
     assert out["mode"] in ("allreduce", "diloco")
-    assert out["codec"] in ("none", "int8", "topk", "powersgd")
+    assert out["codec"] in ("none", "int8", "topk", "powersgd", "sparseloco")
     # Staleness only where the runtime takes it: DiLoCo, uncompressed.
     assert out["slt"] == 0 or (out["mode"], out["codec"]) == ("diloco", "none")
 

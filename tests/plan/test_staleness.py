@@ -46,10 +46,19 @@ def test_one_slow_region_gets_a_longer_round_before_staleness():
     assert (result.mode, result.inner_steps, result.codec, result.slt) == (
         SyncMode.diloco, 20, Codec.none, 0)
     assert result.step_time_s == pytest.approx(2.0 + 0.35)
-    # With rounds of 10 steps at most, only staleness hides the link: at slt = 1 the
-    # exchange runs beside the next round's 10 x 2.0 s of compute and nobody waits.
-    short = plan(slow, MODEL, SearchConfig(
-        only_shapes=((8, 1),), cost=CostConfig(sync=SyncConfig(inner_steps=(10,)))))
+    # With rounds of 10 steps at most, SparseLoCo's bytes (2e8 x (1/64 + 1/1024) / 2 a
+    # member) cross in 7 x 1.66e6 / 1.25e8 = 0.093 s, and with the latencies 2.19 s: 0.219 s
+    # a step, within budget, so it comes before staleness.
+    ten = SyncConfig(inner_steps=(10,))
+    sparse = plan(slow, MODEL, SearchConfig(only_shapes=((8, 1),), cost=CostConfig(sync=ten)))
+    assert (sparse.mode, sparse.inner_steps, sparse.codec, sparse.slt) == (
+        SyncMode.diloco, 10, Codec.sparseloco, 0)
+    assert sparse.step_time_s == pytest.approx(2.0 + (7 * 2e8 * (1 / 64 + 1 / 1024) / 2 / 1.25e8
+                                                      + 14 * 0.3 / 2) / 10)
+    # On a budget of 10% (0.2 s) only staleness hides the link: at slt = 1 the exchange
+    # runs beside the next round's 10 x 2.0 s of compute and nobody waits.
+    short = plan(slow, MODEL, SearchConfig(only_shapes=((8, 1),), cost=CostConfig(
+        sync=SyncConfig(inner_steps=(10,), exchange_budget=0.1))))
     assert (short.mode, short.inner_steps, short.codec, short.slt) == (
         SyncMode.diloco, 10, Codec.none, 1)
     assert short.breakdown.exchange_s == 0.0

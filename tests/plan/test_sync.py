@@ -46,13 +46,18 @@ def test_moderate_network_int8():
 def test_slow_network_goes_local():
     # 10 s plain. DiLoCo with 50 inner steps is the first to fit 0.2 s (width 16 gives
     # PowerSGD no more than int8's factor), staleness on offer or not: a longer round
-    # comes before a stale one. With rounds of at most 20 steps, 10 inner steps at slt 1
-    # do: the round's 10 s of exchange runs beside the next round's 10 x 1 s of compute.
+    # comes before a stale one. With rounds of at most 20 steps, SparseLoCo at 10 (a byte
+    # per 64 values of 2 bytes and a 4-byte scale per 4,096: 1e9 x (1/64 + 1/1024) / 2
+    # bytes to the one peer, 0.083 s over 10 steps) comes before staleness; where its
+    # residual does not fit, 10 inner steps at slt 1 do: the round's 10 s of exchange runs
+    # beside the next round's 10 x 1 s of compute.
     for config in (NO_SLT, CONFIG):
         assert _choice(1e8, config=config) == (SyncMode.diloco, 50, Codec.none, 0,
                                                pytest.approx(0.2))
-    assert _choice(1e8, config=SHORT) == (SyncMode.diloco, 10, Codec.none, 1,
-                                          pytest.approx(0.0))
+    assert _choice(1e8, config=SHORT) == (SyncMode.diloco, 10, Codec.sparseloco, 0,
+                                          pytest.approx(1e9 * (1 / 64 + 1 / 1024) / 2 / 1e8 / 10))
+    assert _choice(1e8, held=(DILOCO_BYTES + RESIDUAL_BYTES,), config=SHORT) == (
+        SyncMode.diloco, 10, Codec.none, 1, pytest.approx(0.0))
 
 
 def test_wide_model_prefers_powersgd_to_local_steps():
@@ -63,7 +68,7 @@ def test_wide_model_prefers_powersgd_to_local_steps():
 def test_hopeless_network_takes_the_cheapest():
     mode, inner, codec, _, _ = _choice(1e3)
     assert mode is SyncMode.diloco and inner == max(CONFIG.inner_steps)
-    assert codec in (Codec.topk, Codec.powersgd)
+    assert codec is Codec.sparseloco  # 0.83% of the bytes: top-k 1% sends 2%
 
 
 def test_topk_all_gathers_so_it_grows_with_replicas():
@@ -96,15 +101,19 @@ def test_options_that_memory_cannot_hold_are_skipped():
     assert (mode, codec, per_step) == (SyncMode.allreduce, Codec.int8, pytest.approx(4.0))
     # Staleness comes after every round length: on offer, the choice is the same.
     assert _choice(1.25e8)[:3] == (SyncMode.diloco, 20, Codec.int8)
-    # With rounds of 10 steps at most, DiLoCo 10 at slt 1 hides the 8 s; where its round
-    # in flight does not fit (20 B/param), slt 2 does too but holds two (28); neither:
-    # on to the last rungs, DiLoCo 10 with top-k (1% of the values and their indices).
+    # With rounds of 10 steps at most, SparseLoCo at 10 fits; where a codec's residual does
+    # not (12 B/param), DiLoCo 10 at slt 1 hides the 8 s; where its round in flight does
+    # not fit either (20 B/param), slt 2 does too but holds two (28); none of them: nothing
+    # fits the budget, so the fastest held, DiLoCo 10 uncompressed (8 s / 10).
     ten = SyncConfig(inner_steps=(10,))
+    residual = DILOCO_BYTES + RESIDUAL_BYTES
     slt1, slt2 = (DILOCO_BYTES + START_BYTES + IN_FLIGHT_BYTES * k for k in (1, 2))
-    assert _choice(1.25e8, config=ten)[:4] == (SyncMode.diloco, 10, Codec.none, 1)
-    assert _choice(1.25e8, held=(slt1,), config=ten)[:4] == (SyncMode.diloco, 10, Codec.none, 2)
-    assert _choice(1.25e8, held=(slt1, slt2), config=ten)[:4] == (
-        SyncMode.diloco, 10, Codec.topk, 0)
+    assert _choice(1.25e8, config=ten)[:4] == (SyncMode.diloco, 10, Codec.sparseloco, 0)
+    assert _choice(1.25e8, held=(residual,), config=ten)[:4] == (SyncMode.diloco, 10, Codec.none, 1)
+    assert _choice(1.25e8, held=(residual, slt1), config=ten)[:4] == (
+        SyncMode.diloco, 10, Codec.none, 2)
+    assert _choice(1.25e8, held=(residual, slt1, slt2), config=ten) == (
+        SyncMode.diloco, 10, Codec.none, 0, pytest.approx(0.8))
 
 
 def test_staleness_hides_latency_k_rounds_deep():

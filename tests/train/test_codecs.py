@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from shoal.spec.job import SyncSpec
-from shoal.train.codecs import Int8Codec, PowerSGDCodec, TopKCodec, make_codec
+from shoal.train.codecs import Int8Codec, PowerSGDCodec, SparseLoCoCodec, TopKCodec, make_codec
 from shoal.train.codecs.int8 import dequantize, quantize
 from shoal.train.codecs.powersgd import orthonormalize
+from shoal.train.codecs.sparseloco import decode, encode
 from tests.train.test_aggregate import _groups, _let_die
 
 SHAPES = [torch.Size([24, 16]), torch.Size([16]), torch.Size([8, 3, 4]), torch.Size([5])]
@@ -33,7 +34,8 @@ class Alone:
 
 
 def _codecs():
-    return [Int8Codec(SHAPES), TopKCodec(SHAPES, 0.05), PowerSGDCodec(SHAPES, 2)]
+    return [Int8Codec(SHAPES), TopKCodec(SHAPES, 0.05), PowerSGDCodec(SHAPES, 2),
+            SparseLoCoCodec(SHAPES)]
 
 
 @pytest.mark.parametrize("codec", _codecs(), ids=lambda c: c.name)
@@ -57,7 +59,8 @@ def test_unbiased_over_steps(codec):
     one_shot = codec.exchange(g, Alone(), lambda: False)
     codec.discard()
     bias_once = float((one_shot - g).norm())
-    total, steps = torch.zeros(NUMEL), 400
+    # SparseLoCo sends 1 value in 64 a step: its residual settles at tens of steps' worth.
+    total, steps = torch.zeros(NUMEL), 2000 if codec.name == "sparseloco" else 400
     for _ in range(steps):
         total += codec.exchange(g, Alone(), lambda: False)
         codec.commit()
@@ -101,6 +104,26 @@ def test_topk_sends_the_largest_entries():
     assert codec.bytes_sent == 0  # alone: nothing goes on the wire
 
 
+def test_sparseloco_sends_each_blocks_largest_value_in_one_byte():
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(7))
+    x[130] = -40.0  # the largest of block 2, and of everything: it sets group 0's scale
+    codes, scales = encode(x)
+    assert codes.dtype == torch.uint8 and codes.numel() == 79  # ceil(5000 / 64) blocks
+    assert scales.numel() == 2 and scales[0] == 20.0  # 64 blocks a scale: half the largest
+    sent = decode(codes, scales, x.numel())
+    blocks = torch.nn.functional.pad(x, (0, -5000 % 64)).view(-1, 64)
+    kept = torch.nn.functional.pad(sent, (0, -5000 % 64)).view(-1, 64)
+    assert bool(((kept != 0).sum(dim=1) == 1).all())
+    largest = blocks.abs().argmax(dim=1)
+    assert torch.equal(kept.abs().argmax(dim=1), largest)
+    assert torch.equal(kept.gather(1, largest[:, None]).sign(), blocks.gather(1, largest[:, None]).sign())
+    assert sent[130] == -40.0
+    assert set(sent[sent != 0].abs().unique().tolist()) <= {20.0, 40.0, float(scales[1]),
+                                                            2 * float(scales[1])}
+    # The wire: a byte a block and 4 a scale, times the 2 peers a member sends to.
+    assert SparseLoCoCodec([x.shape]).message_bytes([codes, scales], world=3) == 2 * (79 + 8)
+
+
 def test_powersgd_is_exact_for_low_rank_matrices_and_vectors():
     generator = torch.Generator().manual_seed(5)
     low = torch.randn(24, 2, generator=generator) @ torch.randn(2, 16, generator=generator)
@@ -121,11 +144,12 @@ def test_orthonormalize_gives_orthonormal_columns():
 
 def test_make_codec_names_match_the_planner():
     assert make_codec(SyncSpec(), SHAPES) is None
-    for name, kind in (("int8", Int8Codec), ("topk", TopKCodec), ("powersgd", PowerSGDCodec)):
+    for name, kind in (("int8", Int8Codec), ("topk", TopKCodec), ("powersgd", PowerSGDCodec),
+                       ("sparseloco", SparseLoCoCodec)):
         assert isinstance(make_codec(SyncSpec(codec=name), SHAPES), kind)
 
 
-@pytest.mark.parametrize("name", ["int8", "topk", "powersgd"])
+@pytest.mark.parametrize("name", ["int8", "topk", "powersgd", "sparseloco"])
 def test_every_rank_decodes_the_same_bits(name):
     world, out = 3, {}
     groups = _groups(world)
@@ -150,7 +174,7 @@ def test_every_rank_decodes_the_same_bits(name):
     assert all(c.bytes_sent > 0 for c in codecs)
 
 
-@pytest.mark.parametrize("name", ["int8", "topk"])
+@pytest.mark.parametrize("name", ["int8", "topk", "sparseloco"])
 def test_a_background_exchange_gives_the_bits_of_a_blocking_one(name):
     """`start`, an all-gather, then `finish` (how DiLoCo with slt sends a round) sums
     and stages exactly what `exchange` does."""

@@ -22,6 +22,12 @@ import numpy as np
 from shoal.spec.plan import Codec, ModelProfile, SyncMode
 
 INDEX_BYTES = 4  # top-k sends an int32 index with each kept value
+# SparseLoCo (shoal.train.codecs.sparseloco): one byte per block of 64 values and a float32
+# scale per 64 blocks.
+SPARSELOCO_BYTES_PER_VALUE = 1 / 64 + 4 / 4096
+# Codecs whose messages are all-gathered (members keep different entries, or sums would
+# overflow) rather than summed along a ring.
+GATHERED = frozenset({Codec.topk, Codec.int8, Codec.sparseloco})
 # Device memory per parameter beside the model's own state, as the runtime keeps it:
 DILOCO_BYTES = 8.0  # theta_outer and the outer momentum, float32 (shoal.train.diloco)
 RESIDUAL_BYTES = 4.0  # a codec's error-feedback residual, float32 (shoal.train.codecs.base)
@@ -59,6 +65,11 @@ class SyncConfig:
     # (tests/train/test_slt.py, bench/slt.py: H = 10, 3 workers), int8 0.003 over no
     # codec; but 0.27 nats at H = 20 with 4 workers of 8 samples a step (bench/wan.py).
     staleness: tuple[int, ...] = (1, 2)
+    # A SparseLoCo round of H inner steps ranks with uncompressed rounds of this many times
+    # H. Measured on the tiny GPT (4 workers of 8 samples, 300 steps, outer averaging
+    # without momentum): SparseLoCo at H = 10 ended 2.36 nats, uncompressed H = 10 2.15,
+    # H = 20 2.20; DiLoCo's default H = 50 with int8 2.34 (bench/wan.py).
+    sparse_round_cost: int = 5
 
     def __post_init__(self) -> None:
         if any(not 1 <= k <= MAX_SLT for k in self.staleness):
@@ -67,6 +78,8 @@ class SyncConfig:
             raise ValueError("exchange_budget must be in (0, 10]")
         if not self.inner_steps or min(self.inner_steps) < 2:
             raise ValueError("inner_steps must list DiLoCo step counts of at least 2")
+        if self.sparse_round_cost < 1:
+            raise ValueError("sparse_round_cost must be at least 1")
         if not 0.0 < self.topk_fraction < 1.0 or self.powersgd_rank < 1:
             raise ValueError("topk_fraction must be in (0, 1) and powersgd_rank at least 1")
 
@@ -78,8 +91,16 @@ def ladder(config: SyncConfig) -> tuple[SyncOption, ...]:
     # Staleness comes after every H without it: a longer round cost far less than a stale
     # one (bench/wan.py, 4 workers: DiLoCo H = 50 with int8 ended at 2.337, H = 20 at 2.323,
     # H = 20 at slt = 1 at 2.597), so slt is for links no round length hides.
-    local = [option for h in sorted(config.inner_steps) for option in (
-        SyncOption(SyncMode.diloco, h, Codec.none), SyncOption(SyncMode.diloco, h, Codec.int8))]
+    # Local rounds by how much they cost in quality: uncompressed and int8 (which cost
+    # nothing measurable) at each H, and SparseLoCo's byte per 64 values at H where
+    # uncompressed rounds of `sparse_round_cost` x H stand (a tie goes to the uncompressed).
+    local = sorted(
+        [SyncOption(SyncMode.diloco, h, codec) for h in config.inner_steps
+         for codec in (Codec.none, Codec.int8)]
+        + [SyncOption(SyncMode.diloco, h, Codec.sparseloco) for h in config.inner_steps],
+        key=lambda o: (o.inner_steps * (config.sparse_round_cost if o.codec is Codec.sparseloco
+                                        else 1), o.codec is Codec.sparseloco,
+                       o.codec is Codec.int8))
     stale = [SyncOption(SyncMode.diloco, h, Codec.none, k)
              for h in sorted(config.inner_steps) for k in sorted(config.staleness)]
     most = max(config.inner_steps)
@@ -111,6 +132,8 @@ def wire_ratio(codec: Codec, model: ModelProfile, config: SyncConfig) -> float:
         return min(1.0, 2.0 * config.powersgd_rank / model.width)
     if codec is Codec.topk:
         return min(1.0, config.topk_fraction * (grad + INDEX_BYTES) / grad)
+    if codec is Codec.sparseloco:  # a byte per block, a float32 scale per group of blocks
+        return min(1.0, SPARSELOCO_BYTES_PER_VALUE / grad)
     return 1.0
 
 
@@ -137,7 +160,7 @@ def exchange_parts(codec: Codec, grad_bytes: np.ndarray, bandwidth: np.ndarray,
         zero = np.zeros(np.broadcast(grad_bytes, bandwidth).shape)
         return zero, zero
     sent = grad_bytes * ratio
-    if codec in (Codec.topk, Codec.int8):
+    if codec in GATHERED:
         on_link, waiting = (dp - 1) * sent / bandwidth, (dp - 1) * latency_s
     else:
         rounds = 2 if codec is Codec.powersgd else 1

@@ -110,7 +110,7 @@ class SyncSpec(Frozen):
     # DiLoCo (Douillard et al. 2023): inner optimizer steps between outer steps (H).
     inner_steps: int = Field(1, ge=1, le=100_000)
     # The outer optimizer over averaged pseudo-gradients: SGD with Nesterov momentum
-    # (DiLoCo's 0.7 and 0.9).
+    # (DiLoCo's 0.7 and 0.9; with codec "sparseloco", SparseLoCo's 1.0 and none, see below).
     outer_lr: float = Field(0.7, gt=0.0, le=10.0)
     outer_momentum: float = Field(0.9, ge=0.0, lt=1.0)
     # What is exchanged (gradients every step, or pseudo-gradients at outer steps) is
@@ -122,6 +122,18 @@ class SyncSpec(Frozen):
     # the background and applied exactly `slt` outer steps later, so a slow link stalls
     # nobody; 0 waits for the average at the outer step (shoal.train.staleness).
     slt: int = Field(0, ge=0, le=16)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sparseloco_outer_defaults(cls, data: object) -> object:
+        """SparseLoCo (Sarfi et al. 2025) averages without outer momentum at lr 1: its
+        error feedback already carries what earlier rounds did not send, and momentum on
+        top of it overshoots (on the tiny GPT, 4 workers, H = 10, 300 steps, uncompressed:
+        plain averaging ended 2.15 nats, DiLoCo's 0.7 with Nesterov 0.9 2.38). Settings
+        the job gives are kept."""
+        if isinstance(data, dict) and data.get("codec") == Codec.sparseloco:  # a str enum
+            data = {"outer_lr": 1.0, "outer_momentum": 0.0, **data}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> SyncSpec:

@@ -145,6 +145,7 @@ class Codec(str, enum.Enum):
     int8 = "int8"
     topk = "topk"
     powersgd = "powersgd"
+    sparseloco = "sparseloco"  # top-1 of each 64 values in one byte, decaying feedback
 
 
 class StepBreakdown(Frozen):

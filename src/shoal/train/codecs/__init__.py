@@ -1,4 +1,5 @@
-"""Compressed exchange with error feedback: int8 quantization, top-k and PowerSGD.
+"""Compressed exchange with error feedback: int8 quantization, top-k, PowerSGD and
+SparseLoCo's one byte per 64 values.
 
 Used for every-step gradients and for DiLoCo's pseudo-gradients alike; the
 names are the planner's (`shoal.spec.plan.Codec`).
@@ -15,6 +16,7 @@ from shoal.spec.plan import Codec as CodecName
 from shoal.train.codecs.base import Codec, Collectives
 from shoal.train.codecs.int8 import Int8Codec
 from shoal.train.codecs.powersgd import PowerSGDCodec
+from shoal.train.codecs.sparseloco import SparseLoCoCodec
 from shoal.train.codecs.topk import TopKCodec
 
 
@@ -26,7 +28,9 @@ def make_codec(spec: SyncSpec, shapes: Sequence[torch.Size]) -> Codec | None:
         return TopKCodec(shapes, spec.topk_fraction)
     if spec.codec is CodecName.powersgd:
         return PowerSGDCodec(shapes, spec.powersgd_rank)
+    if spec.codec is CodecName.sparseloco:
+        return SparseLoCoCodec(shapes)
     return None
 
 
-__all__ = ["Codec", "Collectives", "Int8Codec", "PowerSGDCodec", "TopKCodec", "make_codec"]
+__all__ = ["Codec", "Collectives", "Int8Codec", "PowerSGDCodec", "SparseLoCoCodec", "TopKCodec", "make_codec"]
