@@ -211,3 +211,47 @@ def _on_ranks(world: int, run, groups) -> None:
     for t in threads:
         t.join()
     _let_die(groups)
+
+
+@pytest.mark.parametrize("name", ["int8", "topk", "sparseloco"])
+def test_scalars_ride_in_the_same_all_gather(name):
+    """`exchange_with` (DiLoCo's outer step over a slow link: one collective, not two)
+    gives the sum and residual `exchange` gives, the scalars summed in rank order, the
+    same bits on every rank, in one all-gather."""
+    world, results = 3, {}
+    groups = _groups(world)
+    gathers = []
+    for group in groups:
+        original = group.all_gather
+
+        def counted(tensors, should_cancel, original=original):
+            gathers.append(len(tensors))
+            return original(tensors, should_cancel)
+
+        group.all_gather = counted
+
+    def run(rank: int) -> None:
+        g = torch.randn(NUMEL, generator=torch.Generator().manual_seed(20 + rank))
+        scalars = torch.tensor([0.1 * (rank + 1), float(rank + 5), -3.0])
+        plain = make_codec(SyncSpec(codec=name, topk_fraction=0.1), SHAPES)
+        riding = make_codec(SyncSpec(codec=name, topk_fraction=0.1), SHAPES)
+        out = []
+        for _ in range(2):  # the second step carries the first's residual
+            a = plain.exchange(g, groups[rank], lambda: False)
+            plain.commit()
+            b, summed = riding.exchange_with(g, scalars, groups[rank], lambda: False)
+            riding.commit()
+            out.append((a, b, summed, plain.residual, riding.residual))
+        results[rank] = (out, riding.bytes_sent - plain.bytes_sent)
+
+    _on_ranks(world, run, groups)
+    assert len(results) == world
+    assert gathers.count(1) == 2 * world  # exchange_with: one tensor, one gather a step
+    expected = torch.tensor([0.1, 5.0, -3.0]) + torch.tensor([0.2, 6.0, -3.0]) \
+        + torch.tensor([0.30000001192092896, 7.0, -3.0])
+    for out, extra_bytes in results.values():
+        assert extra_bytes == 2 * 2 * 12  # the scalars' 12 bytes to 2 peers, twice
+        for a, b, summed, ra, rb in out:
+            assert torch.equal(a, b) and torch.equal(ra, rb)
+            assert torch.equal(summed, expected)
+    assert torch.equal(results[0][0][1][1], results[2][0][1][1])

@@ -43,7 +43,7 @@ import torch
 from shoal.spec.job import SyncSpec
 from shoal.train import inject
 from shoal.train.codecs import make_codec
-from shoal.train.codecs.base import ShouldCancel, ring_all_reduce_bytes
+from shoal.train.codecs.base import GatheredCodec, ShouldCancel, ring_all_reduce_bytes
 from shoal.train.errors import TrainError
 from shoal.train.exchange import GradientExchange
 from shoal.train.fingerprint import fingerprint
@@ -182,7 +182,9 @@ class DiLoCo:
         tail = self.exchange.scalar_tail()
         self._count_sent = self.proof.sent_count(mine) if self.proof is not None else mine
         scalars = torch.cat([tail, torch.tensor([float(self._count_sent)])])
-        if self.codec is not None:
+        if isinstance(self.codec, GatheredCodec):  # one all-gather, the scalars in it
+            summed, scalars = self.codec.exchange_with(delta, scalars, group, should_cancel)
+        elif self.codec is not None:
             summed = self.codec.exchange(delta, group, should_cancel)
             group.all_reduce([scalars], should_cancel)
             self._plain_bytes += ring_all_reduce_bytes(scalars.nbytes, group.world)
