@@ -29,6 +29,7 @@ the forwarders' CPU seconds in each run. The planner is given the same rates
 and latencies.
 
     .venv/bin/python -m bench.wan [--steps 300] [--fast-mbit 1000] [--fast-latency-ms 0.5] [--target 2.6]
+                                  [--min-rounds 6]
 
 Needs root. Prints progress to stderr and, as its last line, one JSON object.
 """
@@ -128,8 +129,8 @@ def tiny_profile(job):
 
 def planned(job, tflops: float, wan: Wan, max_inner: int):
     """The planner's mode and codec for 4 devices on `wan`'s links. Data parallel only
-    (the runtime has no pipeline execution yet), and DiLoCo rounds no longer than a
-    sixth of the run (the default ladder goes to H = 500, more than the whole run)."""
+    (the runtime has no pipeline execution yet), and DiLoCo rounds no longer than
+    `max_inner` (the default ladder goes to H = 500, more than the whole run)."""
     from shoal.plan import CostConfig, SearchConfig, SyncConfig, plan
 
     devices = tuple(Device(name=f"h{i}", tflops=tflops, memory_gb=4.0) for i in range(WORKERS))
@@ -202,6 +203,9 @@ def main() -> None:
     parser.add_argument("--slowdown-factor", type=float, default=100.0)
     parser.add_argument("--target", type=float, default=2.6, help="validation loss, nats/byte")
     parser.add_argument("--eval-interval", type=int, default=10)
+    parser.add_argument("--min-rounds", type=int, default=6,
+                        help="DiLoCo rounds the run must hold at least (caps the planner's H; "
+                             "30 makes it choose SparseLoCo at H = 10 on the slow network)")
     args = parser.parse_args()
     ensure_tools()
     base = load_job(JOB, overrides={"steps": args.steps, "eval_interval": args.eval_interval})
@@ -209,7 +213,8 @@ def main() -> None:
     wans = {"fast": Wan(args.fast_mbit, args.fast_latency_ms, MTU["fast"]),
             "slow": Wan(args.fast_mbit / args.slowdown_factor,
                         args.fast_latency_ms * args.slowdown_factor, MTU["slow"])}
-    plans = {name: planned(base, tflops, wan, args.steps // 6) for name, wan in wans.items()}
+    plans = {name: planned(base, tflops, wan, args.steps // args.min_rounds)
+             for name, wan in wans.items()}
     log(f"device {tflops * 1e3:.2f} GFLOP/s; plans: "
         + ", ".join(f"{k} {sync_of(p)} ({p.step_time_s:.3f} s/step)" for k, p in plans.items()))
     runs: dict[str, dict] = {}
@@ -227,6 +232,7 @@ def main() -> None:
     fast_t, slow_t = time_to(runs["fast"], args.target), time_to(runs["slow"], args.target)
     result = {
         "workers": WORKERS, "steps": args.steps, "target_val_loss": args.target,
+        "min_rounds": args.min_rounds,
         "fast": {**wans["fast"].settings(), **sync_of(plans["fast"]), "time_to_target_s": fast_t,
                  "val_loss": _r(runs["fast"]["report"]["val_loss"])},
         "slow": {**wans["slow"].settings(), **sync_of(plans["slow"]), "time_to_target_s": slow_t,
