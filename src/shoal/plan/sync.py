@@ -66,9 +66,10 @@ class SyncConfig:
     # codec; but 0.27 nats at H = 20 with 4 workers of 8 samples a step (bench/wan.py).
     staleness: tuple[int, ...] = (1, 2)
     # A SparseLoCo round of H inner steps ranks with uncompressed rounds of this many times
-    # H. Measured on the tiny GPT (4 workers of 8 samples, 300 steps, outer averaging
-    # without momentum): SparseLoCo at H = 10 ended 2.36 nats, uncompressed H = 10 2.15,
-    # H = 20 2.20; DiLoCo's default H = 50 with int8 2.34 (bench/wan.py).
+    # H. Measured on the tiny GPT (bench/local_rounds.py: 4 workers of 8 samples, 300
+    # steps; every-step 1.992): SparseLoCo at H = 10 ended 2.354 nats, DiLoCo's default
+    # outer step at H = 50 with int8 2.338 (bench/wan.py's hosts: 2.354 and 2.338 too);
+    # with plain averaging, uncompressed H = 10 2.152, H = 20 2.202, int8 H = 50 2.240.
     sparse_round_cost: int = 5
 
     def __post_init__(self) -> None:
