@@ -145,7 +145,8 @@ def main() -> None:
         loss, sent = local_rounds(job, data, order, val, args.workers, sync)
         results.append({"inner_steps": int(h), "codec": codec, "outer_lr": float(lr),
                         "outer_momentum": float(mu), "val_loss": round(loss, 4),
-                        "gap": round(loss - plain, 4), "bytes_ratio": float(f"{sent / plain_bytes:.3g}")})
+                        "gap": round(loss - plain, 4),
+                        "bytes_ratio": float(f"{sent / plain_bytes:.3g}")})
         log(f"{run}: {loss:.4f} (gap {loss - plain:+.4f}, bytes 1/{plain_bytes / sent:.0f}, "
             f"{time.perf_counter() - started:.0f} s)")
     print(json.dumps({"job": JOB, "steps": args.steps, "workers": args.workers,

@@ -116,7 +116,8 @@ def test_sparseloco_sends_each_blocks_largest_value_in_one_byte():
     assert bool(((kept != 0).sum(dim=1) == 1).all())
     largest = blocks.abs().argmax(dim=1)
     assert torch.equal(kept.abs().argmax(dim=1), largest)
-    assert torch.equal(kept.gather(1, largest[:, None]).sign(), blocks.gather(1, largest[:, None]).sign())
+    assert torch.equal(kept.gather(1, largest[:, None]).sign(),
+                       blocks.gather(1, largest[:, None]).sign())
     assert sent[130] == -40.0
     assert set(sent[sent != 0].abs().unique().tolist()) <= {20.0, 40.0, float(scales[1]),
                                                             2 * float(scales[1])}

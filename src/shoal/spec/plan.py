@@ -145,7 +145,7 @@ class Codec(str, enum.Enum):
     int8 = "int8"
     topk = "topk"
     powersgd = "powersgd"
-    sparseloco = "sparseloco"  # top-1 of each 64 values in one byte, decaying feedback
+    sparseloco = "sparseloco"  # the largest of each 64 values, in one byte
 
 
 class StepBreakdown(Frozen):

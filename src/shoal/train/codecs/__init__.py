@@ -33,4 +33,5 @@ def make_codec(spec: SyncSpec, shapes: Sequence[torch.Size]) -> Codec | None:
     return None
 
 
-__all__ = ["Codec", "Collectives", "Int8Codec", "PowerSGDCodec", "SparseLoCoCodec", "TopKCodec", "make_codec"]
+__all__ = ["Codec", "Collectives", "Int8Codec", "PowerSGDCodec", "SparseLoCoCodec", "TopKCodec",
+           "make_codec"]

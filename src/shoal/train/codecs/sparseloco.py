@@ -3,10 +3,10 @@ each block of 64 values the one of largest magnitude, sent as one byte (its
 position in the block, 6 bits, and a 2-bit level), plus a float32 scale per
 group of 64 blocks: 1/64 of the values in 1/241 of float32's bytes, for
 DiLoCo's pseudo-gradients over slow links. What is not sent waits in the
-error-feedback residual, whole (SparseLoCo lets it fade by 0.95 a round: in
-30 rounds that cost a one-layer GPT 0.3 nats, tests/train/test_sync_elastic.py's
-job, and gained the tiny GPT 0.02 in a scratch run, so it is kept whole). The outer step then averages, without
-momentum (SparseLoCo's lr 1; see SyncSpec).
+error-feedback residual, whole: SparseLoCo lets it fade by 0.95 a round, which
+in 30 rounds cost a one-layer GPT 0.3 nats (tests/train/test_sync_elastic.py's
+job) and gained the tiny GPT 0.02 in a scratch run. The outer step then
+averages, without momentum (SparseLoCo's lr 1; see SyncSpec).
 
 Levels are sign x {1, 2} x scale, the scale half the group's largest kept
 magnitude: every kept value is sent as something (a kept zero would come out
