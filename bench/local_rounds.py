@@ -28,6 +28,7 @@ import sys
 import time
 
 import torch
+from torch.nn.utils import parameters_to_vector
 
 from shoal.jobs.corpus import load_corpus
 from shoal.jobs.gpt_worker import CorpusWindows
@@ -51,10 +52,13 @@ def log(message: str) -> None:
 
 
 def flat(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    """The parameters in DiLoCo's order, as one new vector."""
+    return parameters_to_vector(model.parameters()).detach()  # a new tensor (torch.cat)
 
 
 def load_flat(model: torch.nn.Module, values: torch.Tensor) -> None:
+    """Copies `values` into the parameters (torch's vector_to_parameters would make them
+    views of it: every replica would then share theta_outer's storage)."""
     at = 0
     with torch.no_grad():
         for p in model.parameters():
@@ -88,7 +92,8 @@ def local_rounds(job, data, order, val, workers: int, sync: SyncSpec) -> tuple[f
     base = GPT(job.model)
     replicas = [copy.deepcopy(base) for _ in range(workers)]
     optimizers = [build_optimizer(m, job.optimizer) for m in replicas]
-    outer, momentum = flat(base), torch.zeros_like(flat(base))
+    outer = flat(base)
+    momentum = torch.zeros_like(outer)
     codecs = [make_codec(sync, [p.shape for p in base.parameters()]) for _ in range(workers)]
     share, sent = job.global_batch // workers, 0
     for s in range(job.steps):

@@ -95,13 +95,10 @@ def ladder(config: SyncConfig) -> tuple[SyncOption, ...]:
     # Local rounds by how much they cost in quality: uncompressed and int8 (which cost
     # nothing measurable) at each H, and SparseLoCo's byte per 64 values at H where
     # uncompressed rounds of `sparse_round_cost` x H stand (a tie goes to the uncompressed).
-    local = sorted(
-        [SyncOption(SyncMode.diloco, h, codec) for h in config.inner_steps
-         for codec in (Codec.none, Codec.int8)]
-        + [SyncOption(SyncMode.diloco, h, Codec.sparseloco) for h in config.inner_steps],
-        key=lambda o: (o.inner_steps * (config.sparse_round_cost if o.codec is Codec.sparseloco
-                                        else 1), o.codec is Codec.sparseloco,
-                       o.codec is Codec.int8))
+    codecs = (Codec.none, Codec.int8, Codec.sparseloco)  # on a tie, in this order
+    cost = {Codec.none: 1, Codec.int8: 1, Codec.sparseloco: config.sparse_round_cost}
+    local = sorted((SyncOption(SyncMode.diloco, h, c) for h in config.inner_steps for c in codecs),
+                   key=lambda o: (o.inner_steps * cost[o.codec], codecs.index(o.codec)))
     stale = [SyncOption(SyncMode.diloco, h, Codec.none, k)
              for h in sorted(config.inner_steps) for k in sorted(config.staleness)]
     most = max(config.inner_steps)

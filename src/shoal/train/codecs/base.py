@@ -137,21 +137,15 @@ class GatheredCodec(Codec):
         messages and scalars travel as one buffer, since on a slow link each collective
         costs its round trips (bench/wan.py, 4 hosts 100 ms apart: ~0.9 s for a ring
         all-reduce of a few scalars, ~1 s for each all-gather)."""
-        with torch.no_grad():
-            corrected = self._corrected(contribution)
-            messages, mine = self._encode(corrected)
-            parts = [*messages, scalars.float()]
-            packed = pack(parts)
-            self.bytes_sent += self.message_bytes([packed], group.world)
-            (rows,) = group.all_gather([packed], should_cancel)
-            per_rank = [unpack(row, parts) for row in rows]  # rank order
-            total = self._decode([[r[i] for r in per_rank] for i in range(len(messages))],
-                                 corrected.numel())
-            summed = torch.zeros_like(parts[-1])
-            for r in per_rank:
-                summed += r[-1]
-            self._staged = corrected - mine
-        return total, summed
+        parts = [*self.start(contribution), scalars.float()]
+        packed = pack(parts)
+        self.bytes_sent += self.message_bytes([packed], group.world)
+        (rows,) = group.all_gather([packed], should_cancel)
+        per_rank = [unpack(row, parts) for row in rows]  # rank order
+        summed = torch.zeros_like(parts[-1])
+        for r in per_rank:
+            summed += r[-1]
+        return self.finish([[r[i] for r in per_rank] for i in range(len(parts) - 1)]), summed
 
     def start(self, contribution: torch.Tensor) -> list[torch.Tensor]:
         """This member's messages for `contribution` (plus the residual), to all-gather;
