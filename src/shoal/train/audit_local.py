@@ -67,6 +67,11 @@ class LocalAudit:
         self.records = records
         self._rounds: dict[int, tuple[str, torch.Tensor] | None] = {}
         self._fresh_sha256: str | None = None
+        # (worker, round start) -> inner steps replayed from their kept starts here (a
+        # round's walk hashes where each started), and the steps whose starts a walk
+        # went through without hashing (an inner step audited later binds its own).
+        self._replayed: dict[tuple[str, int], set[int]] = collections.defaultdict(set)
+        self._unbound: dict[tuple[str, int], set[int]] = collections.defaultdict(set)
 
     def audit(self, record: WorkRecord, judge: Callable[[list[torch.Tensor]], Finding | None]
               ) -> Finding:
@@ -75,46 +80,185 @@ class LocalAudit:
         claim = record.local
         assert claim is not None
         everyone = self.records()
-        outer = self.round_start_params(claim.round_start, everyone)
-        if outer is None:
+        # theta_outer is the state most of the round's first-step records claim (one
+        # writer cannot forge it). Its values come from the first kept start checked
+        # against that claim (`_kept_start`), or else the keepers' snapshot.
+        outer_sha256 = majority_claim([r.params_sha256 for r in everyone
+                                       if r.step == claim.round_start])
+        if outer_sha256 is None:
             return (VerdictKind.unavailable,
                     f"no agreed parameters for the round starting at step {claim.round_start}", None)
-        outer_sha256, outer_flat = outer
         mine = [r for r in everyone if r.worker == record.worker]
+        before = _round_before(record, mine)
+        key = (record.worker, claim.round_start)
         if claim.outer:
             # The round's end vouches for the whole round: a worker could break one
             # inner step's chain (a forged optimizer state steers every later update)
             # and let every other step replay exactly. Each earlier step's optimizer
             # update is re-taken on its committed gradient (cheap: no forward or
-            # backward pass); gradients themselves are replayed where sampled.
-            # Where a step ends bit for bit as claimed, the next starts from that state
-            # as it is (no file read, no start check left: the chain holds there).
-            carried = None
-            before = _round_before(record, mine)
-            steps = {r.step for r in before}
-            peers: dict[int, list[WorkRecord]] = collections.defaultdict(list)
-            for r in everyone:
-                if r.step in steps:
-                    peers[r.step].append(r)
-            for earlier in before:
-                # Its samples weigh its step's gradient and the round's pseudo-gradient:
-                # each must be the job's seeds and the rank's slice, sampled or not.
-                found = _stated_problem(earlier, peers[earlier.step], self.replayer.seeds)
-                if found is None:
-                    found, carried, _ = self._step(earlier, mine, everyone, outer_sha256, None,
-                                                   carried)
-                if found is not None:
-                    kind, detail, distance = found
-                    return kind, f"step {earlier.step} of its round: {detail}", distance
+            # backward pass); gradients themselves are replayed where sampled. First
+            # in one pass that hashes only where a claim is needed (`_walk`); where
+            # that does not end bit for bit as claimed, step by step (`_chain`).
+            walked = self._walk(before + [record], mine, everyone, outer_sha256, judge)
+            if walked is not None:
+                return self._outer_problem(record, mine, everyone, outer_sha256, walked[-1])
+            found, carried = self._chain(before, mine, everyone, outer_sha256)
+            if found is not None:
+                return found
             found, _, revealed = self._step(record, mine, everyone, outer_sha256, judge, carried)
-        else:
-            found, _, revealed = self._step(record, mine, everyone, outer_sha256, judge, None)
-        if found is not None:
-            return found
-        if claim.outer:
-            return self._outer_problem(record, mine, everyone, outer_sha256, outer_flat,
-                                       revealed[-1])
-        return VerdictKind.valid, "", 0.0
+            if found is not None:
+                return found
+            return self._outer_problem(record, mine, everyone, outer_sha256, revealed[-1])
+        if record.step in self._unbound[key]:
+            # A walk of this round went through this step's start without hashing it:
+            # the state replayed below (the kept one, as claimed) must be where the
+            # worker's committed steps before it lead.
+            if self._walk(before, mine, everyone, outer_sha256, None) is None:
+                found, _ = self._chain(before, mine, everyone, outer_sha256)
+                if found is not None:
+                    return found
+        self._replayed[key].add(record.step)
+        found, _, revealed = self._step(record, mine, everyone, outer_sha256, judge, None)
+        return found if found is not None else (VerdictKind.valid, "", 0.0)
+
+    def _chain(self, before: list[WorkRecord], mine: list[WorkRecord],
+               everyone: list[WorkRecord], outer_sha256: str
+               ) -> tuple[Finding | None, Carried | None]:
+        """Re-take `before` (a worker's steps of a round, in order) step by step: each
+        step's end hashed against its claim, and where one differs in its last bits,
+        measured against the kept state that starts there (`_end_problem`), the next
+        going on from that. The first finding, and where the last step ended if bit for
+        bit as claimed."""
+        carried = None
+        steps = {r.step for r in before}
+        peers: dict[int, list[WorkRecord]] = collections.defaultdict(list)
+        for r in everyone:
+            if r.step in steps:
+                peers[r.step].append(r)
+        for earlier in before:
+            # Its samples weigh its step's gradient and the round's pseudo-gradient:
+            # each must be the job's seeds and the rank's slice, sampled or not.
+            found = _stated_problem(earlier, peers[earlier.step], self.replayer.seeds)
+            if found is None:
+                # Where a step ends bit for bit as claimed, the next starts from that
+                # state as it is (no file read, no start check left: the chain holds).
+                found, carried, _ = self._step(earlier, mine, everyone, outer_sha256, None,
+                                               carried)
+            if found is not None:
+                kind, detail, distance = found
+                return (kind, f"step {earlier.step} of its round: {detail}", distance), None
+        return None, carried
+
+    def _walk(self, chain: list[WorkRecord], mine: list[WorkRecord],
+              everyone: list[WorkRecord], outer_sha256: str,
+              judge: Callable[[list[torch.Tensor]], Finding | None] | None
+              ) -> list[torch.Tensor] | None:
+        """Re-take `chain` (a worker's steps of a round, in order) in one pass, from its
+        first step's kept and checked start, on the committed gradients, the optimizer
+        keeping its state from step to step; `judge` replays the last step's gradient
+        at the state the walk reached. Returns the last step's revealed contribution
+        when every check passed and every hash taken matched its claim; None when
+        anything did not (the caller then audits step by step, which says what and
+        where).
+
+        It hashes a step's end only where a claim is needed: the chain's last (which
+        pins every step before it: the walk's state there is the committed gradients'
+        work from a checked start, and the worker's own is that only if it took those
+        steps from that start), one a later step of the chain does not start from, one
+        another record starts from (a joiner, a restart: their audits trust the claim),
+        and the start of an inner step replayed from its kept state here (that state is
+        then the chain's). Any other step's claimed end is a name only the next step's
+        claimed start repeats. A step whose start is left unhashed is remembered: an
+        audit of it later walks to it first."""
+        if not chain:
+            return []
+        key = (chain[0].worker, chain[0].local.round_start)
+        replayed = self._replayed[key]
+        steps = {r.step for r in chain}
+        peers: dict[int, list[WorkRecord]] = collections.defaultdict(list)
+        params_from: collections.Counter = collections.Counter()
+        state_from: collections.Counter = collections.Counter()
+        for r in everyone:
+            if r.step in steps:
+                peers[r.step].append(r)
+            if r.local is not None:
+                params_from[r.params_sha256] += 1
+                state_from[r.local.state_sha256] += 1
+        # The seeds and slice of each step before the audited one (the record's own, its
+        # audit checked first), as step by step.
+        earlier = chain[:-1] if judge is not None else chain
+        if any(_stated_problem(r, peers[r.step], self.replayer.seeds) for r in earlier):
+            return None
+        unbound = set()
+        revealed: list[torch.Tensor] = []
+        for i, step in enumerate(chain):
+            claim = step.local
+            start, end = _start(step), _end(step)
+            if i == 0 or start != _end(chain[i - 1]):
+                found, kept = self._kept_start(step, mine, everyone, outer_sha256)
+                if found is not None:
+                    return None
+                self.replayer.hold(None, kept[1])  # the check loaded the parameters
+            try:
+                revealed = self.store.load_reveal(step.worker, step.step)
+            except UnreadableFile:
+                return None
+            if revealed is None or contribution_sha256(step.job, step.worker, step.step,
+                                                       revealed) != step.contribution_sha256:
+                return None
+            gradients = revealed[:-1] if claim.outer else revealed
+            if judge is not None and i == len(chain) - 1 and judge(gradients) is not None:
+                return None
+            if claim.applied:
+                try:
+                    self.replayer.local_step(step, None, None, gradients)
+                except (RuntimeError, KeyError, ValueError, IndexError):
+                    return None
+            successor = chain[i + 1] if i + 1 < len(chain) else None
+            named_elsewhere = (
+                params_from[end[0]] - (successor is not None and _start(successor)[0] == end[0])
+                > 0 or state_from[end[1]] - (successor is not None and
+                                             _start(successor)[1] == end[1]) > 0)
+            if successor is None or _start(successor) != end or named_elsewhere or \
+                    successor.step in replayed:
+                ended = (param_sha256(self.replayer.model),
+                         optimizer_state_sha256(self.replayer.local_state()))
+                if ended != end:
+                    return None
+            else:
+                unbound.add(successor.step)
+        self._unbound[key] |= unbound
+        return revealed
+
+    def _kept_start(self, record: WorkRecord, mine: list[WorkRecord],
+                    everyone: list[WorkRecord], outer_sha256: str
+                    ) -> tuple[Finding | None, tuple[dict, dict] | None]:
+        """The state the step started from as its worker kept it, checked: the committed
+        one, and one its chain or the round's start allows (`_start_problem`)."""
+        try:
+            kept = self.store.load_local(record.worker, record.step)
+        except UnreadableFile as error:
+            return (VerdictKind.bad_commitment, f"the kept start state is not a state: {error}",
+                    None), None
+        if kept is None:
+            return (VerdictKind.withheld, "the state the step started from is not kept", None), None
+        params, state = kept
+        try:  # the worker wrote it: a state shaped for another model is not the committed one
+            self.replayer.load(params)
+        except (RuntimeError, KeyError, ValueError):
+            return (VerdictKind.bad_commitment, "the kept start state is not the committed one",
+                    None), None
+        if param_sha256(self.replayer.model) != record.params_sha256 or \
+                optimizer_state_sha256(state) != record.local.state_sha256:
+            return (VerdictKind.bad_commitment, "the kept start state is not the committed one",
+                    None), None
+        broken = self._start_problem(record, mine, everyone, outer_sha256)
+        if broken:
+            return (VerdictKind.wrong_params, broken, None), None
+        if record.params_sha256 == outer_sha256 and record.local.round_start not in self._rounds:
+            self._rounds[record.local.round_start] = (outer_sha256,
+                                                      self.replayer.flat_params().clone())
+        return None, kept
 
     def _step(self, record: WorkRecord, mine: list[WorkRecord], everyone: list[WorkRecord],
               outer_sha256: str, judge: Callable[[list[torch.Tensor]], Finding | None] | None,
@@ -130,26 +274,10 @@ class LocalAudit:
         if carried_here:
             params, state = self.replayer.model.state_dict(), carried.state  # the model holds it
         else:
-            try:
-                kept = self.store.load_local(record.worker, record.step)
-            except UnreadableFile as error:
-                return (VerdictKind.bad_commitment, f"the kept start state is not a state: {error}",
-                        None), None, []
-            if kept is None:
-                return (VerdictKind.withheld, "the state the step started from is not kept", None), None, []
+            found, kept = self._kept_start(record, mine, everyone, outer_sha256)
+            if found is not None:
+                return found, None, []
             params, state = kept
-            try:  # the worker wrote it: a state shaped for another model is not the committed one
-                self.replayer.load(params)
-            except (RuntimeError, KeyError, ValueError):
-                return (VerdictKind.bad_commitment, "the kept start state is not the committed one",
-                        None), None, []
-            if param_sha256(self.replayer.model) != record.params_sha256 or \
-                    optimizer_state_sha256(state) != claim.state_sha256:
-                return (VerdictKind.bad_commitment, "the kept start state is not the committed one",
-                        None), None, []
-            broken = self._start_problem(record, mine, everyone, outer_sha256)
-            if broken:
-                return (VerdictKind.wrong_params, broken, None), None, []
         try:
             revealed = self.store.load_reveal(record.worker, record.step)
         except UnreadableFile as error:
@@ -291,10 +419,19 @@ class LocalAudit:
 
     def _outer_problem(self, record: WorkRecord, mine: list[WorkRecord],
                        everyone: list[WorkRecord], outer_sha256: str,
-                       outer_flat: torch.Tensor, pseudo: torch.Tensor) -> Finding:
+                       pseudo: torch.Tensor) -> Finding:
         """The round's end (the model holds where its last step ended): is the committed
         `pseudo`-gradient (theta_outer − that) weighted by the samples its records show?"""
         claim = record.local
+        outer = self._rounds.get(claim.round_start)
+        if outer is None or outer[0] != outer_sha256:  # no kept start at it was read here
+            end = {k: v.clone() for k, v in self.replayer.model.state_dict().items()}
+            outer = self.round_start_params(claim.round_start, everyone)
+            self.replayer.load(end)
+            if outer is None:
+                return (VerdictKind.unavailable, "no agreed parameters for the round starting "
+                        f"at step {claim.round_start}", None)
+        outer_flat = outer[1]
         samples, expected = _round_counts(record, mine, everyone, outer_sha256)
         if (claim.round_samples, claim.round_expected) != (samples, expected):
             return (VerdictKind.wrong_samples,
@@ -349,6 +486,16 @@ def _stated_problem(record: WorkRecord, of_step: list[WorkRecord],
     step_records = [r for r in of_step if r.membership_epoch == record.membership_epoch]
     found = slice_problem(record, step_records, seeds)
     return None if found is None or found[0] is VerdictKind.unavailable else found
+
+
+def _start(record: WorkRecord) -> tuple[str, str]:
+    """The (parameters, optimizer state) a DiLoCo step claims to start from."""
+    return record.params_sha256, record.local.state_sha256
+
+
+def _end(record: WorkRecord) -> tuple[str, str]:
+    """The (parameters, optimizer state) a DiLoCo step claims to end at."""
+    return record.local.end_params_sha256, record.local.end_state_sha256
 
 
 def _round_before(record: WorkRecord, mine: list[WorkRecord]) -> list[WorkRecord]:

@@ -1,7 +1,7 @@
 """Where a job's proof-of-learning material lives on disk, and reading it back.
 
     DIR/records/WORKER.jsonl        one WorkRecord per committed step (kept)
-    DIR/params/STEP.pt              the parameters step STEP started from
+    DIR/params/STEP.pt              the parameters step STEP started from (packed)
     DIR/reveal/WORKER/STEP.pt       what WORKER contributed to step STEP
     DIR/local/WORKER/STEP.pt        under DiLoCo: WORKER's own parameters and optimizer
                                     state when step STEP started
@@ -53,6 +53,7 @@ class ProofStore:
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
         self._cache: dict[Path, tuple[tuple[int, int], list[WorkRecord]]] = {}
+        self._merged: tuple | None = None
 
     def records_path(self, worker: str) -> Path:
         return self.dir / "records" / f"{worker}.jsonl"
@@ -77,7 +78,7 @@ class ProofStore:
     def save_params(self, step: int, state: dict[str, torch.Tensor]) -> None:
         """The parameters `step` starts from; written at every attempt of the step (the
         same values, unless the step is redone after a restore: then the newest stand)."""
-        _save_atomic({k: v.detach().cpu() for k, v in state.items()}, self.params_path(step))
+        _save_atomic(pack(state), self.params_path(step))
 
     def save_reveal(self, worker: str, step: int, tensors: list[torch.Tensor]) -> None:
         _save_atomic([t.detach().cpu().clone() for t in tensors], self.reveal_path(worker, step))
@@ -133,11 +134,20 @@ class ProofStore:
     def records(self, worker: str | None = None) -> list[WorkRecord]:
         """Every record (of one worker, or all); for a step recorded twice by a worker (a
         step redone after a restore), the last one stands."""
+        parsed = [self._parsed(self.records_path(name))
+                  for name in ([worker] if worker else self.workers())]
+        # Merged and sorted again only once a file changed: a DiLoCo audit reads every
+        # record of the job for each record it audits.
+        key = (worker, tuple(id(p) for p in parsed))
+        if self._merged is not None and self._merged[0] == key:
+            return list(self._merged[1])
         latest: dict[tuple[str, int], WorkRecord] = {}
-        for name in ([worker] if worker else self.workers()):
-            for record in self._parsed(self.records_path(name)):
+        for records in parsed:
+            for record in records:
                 latest[(record.worker, record.step)] = record
-        return sorted(latest.values(), key=lambda r: (r.step, r.worker))
+        merged = sorted(latest.values(), key=lambda r: (r.step, r.worker))
+        self._merged = (key, merged, parsed)  # the lists kept alive: their ids stay theirs
+        return list(merged)
 
     def _parsed(self, path: Path) -> list[WorkRecord]:
         """A records file's records, parsed again only once it changed (files only grow:
@@ -165,10 +175,7 @@ class ProofStore:
             loaded = _load_untrusted(path)
         except UnreadableFile:
             return None
-        if not isinstance(loaded, dict) or not all(
-                isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()):
-            return None
-        return loaded
+        return params_from(loaded)
 
     def load_reveal(self, worker: str, step: int) -> list[torch.Tensor] | None:
         """What WORKER revealed for STEP, or None if it kept nothing. A file that is not a
@@ -198,6 +205,23 @@ class ProofStore:
         if stray:
             raise UnreadableFile(f"{worker}'s state for step {step} holds stray entries")
         return params, state
+
+
+def params_from(loaded: object) -> dict[str, torch.Tensor] | None:
+    """The named tensors of a loaded parameters file, or None if it is not one. Packed
+    (`save_params`: the safe loader's cost is per tensor, and an every-step audit loads
+    a snapshot per step), or a plain state dict as files were written before."""
+    if isinstance(loaded, dict) and isinstance(loaded.get("flat"), dict):
+        try:
+            loaded, stray = unpack(loaded)
+        except PackError:
+            return None
+        if stray:
+            return None
+    if not isinstance(loaded, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()):
+        return None
+    return loaded
 
 
 class UnreadableFile(Exception):

@@ -59,6 +59,7 @@ class Replayer:
         self.seeds = seeds
         self._orders: dict[int, DataOrder] = {}
         self._optimizer: torch.optim.Optimizer | None = None
+        self._stepped = False  # has `local_step` left a state in the optimizer
         self._step_exchange: GradientExchange | None = None  # local_step's gradient buffer
         # The loss report of the last `contribution`: (sum, samples), as a worker's loop
         # reports it to the guard.
@@ -93,24 +94,24 @@ class Replayer:
         return self.inner.build(self.model).state_dict()["state"]
 
     def local_step(self, record: WorkRecord, params: dict[str, torch.Tensor] | None,
-                   optimizer_state: dict, gradients: list[torch.Tensor]) -> dict:
+                   optimizer_state: dict | None, gradients: list[torch.Tensor]) -> dict:
         """Where an honest worker's own step ends (DiLoCo): from `params` (None: those
-        the model holds) and `optimizer_state`, on `gradients` as committed (weighted by
-        the step's global batch), the job's optimizer takes the step as `DiLoCo` does:
-        the mean gradient over the worker's samples, clipped, at the step's learning
-        rate. Returns the optimizer's new state; the model holds the new parameters.
-        (A round's end audit re-takes a chain of steps, each from where the last ended:
-        there the model holds the start already.)"""
-        if self.inner is None:
-            raise ValueError("this replayer has no inner optimizer (the job is not DiLoCo)")
+        the model holds) and `optimizer_state` (None: the one the last step here left),
+        on `gradients` as committed (weighted by the step's global batch), the job's
+        optimizer takes the step as `DiLoCo` does: the mean gradient over the worker's
+        samples, clipped, at the step's learning rate. Returns the optimizer's new state
+        (its live tensors: the next step here moves them); the model holds the new
+        parameters. (A round's end audit re-takes a chain of steps, each from where the
+        last ended: there the model and the optimizer hold the start already, and loading
+        the state again each step was most of a re-take's cost.)"""
+        self._build()
         if params is not None:
             self.model.load_state_dict(params)
-        if self._optimizer is None:  # one, on this model, with the job's hyperparameters
-            self._optimizer = self.inner.build(self.model)
-            self._groups = self._optimizer.state_dict()["param_groups"]
-            self._step_exchange = GradientExchange(list(self.model.parameters()), groups=1)
         optimizer = self._optimizer
-        optimizer.load_state_dict({"state": optimizer_state, "param_groups": self._groups})
+        if optimizer_state is not None:
+            optimizer.load_state_dict({"state": optimizer_state, "param_groups": self._groups})
+        elif not self._stepped:
+            raise ValueError("no optimizer state to go on from: the first step needs one")
         for group in optimizer.param_groups:
             group["lr"] = self.inner.lr(record.step)
         exchange = self._step_exchange
@@ -122,7 +123,32 @@ class Replayer:
             torch.nn.utils.clip_grad_norm_(exchange.params, self.inner.grad_clip)
         optimizer.step()
         exchange.clear()
+        self._stepped = True
         return optimizer.state_dict()["state"]
+
+    def hold(self, params: dict[str, torch.Tensor] | None, optimizer_state: dict) -> None:
+        """Put a worker's state in the model (None: it holds it already) and the
+        optimizer, for `local_step` to go on from (with None for both) without taking a
+        step here."""
+        if params is not None:
+            self.model.load_state_dict(params)
+        self._build()
+        self._optimizer.load_state_dict({"state": optimizer_state, "param_groups": self._groups})
+        self._stepped = True
+
+    def local_state(self) -> dict:
+        """The optimizer state the last `local_step` (or `hold`) left, live."""
+        if not self._stepped:
+            raise ValueError("no local step was taken here yet")
+        return self._optimizer.state_dict()["state"]
+
+    def _build(self) -> None:
+        if self.inner is None:
+            raise ValueError("this replayer has no inner optimizer (the job is not DiLoCo)")
+        if self._optimizer is None:  # one, on this model, with the job's hyperparameters
+            self._optimizer = self.inner.build(self.model)
+            self._groups = self._optimizer.state_dict()["param_groups"]
+            self._step_exchange = GradientExchange(list(self.model.parameters()), groups=1)
 
     def flat_params(self) -> torch.Tensor:
         """The trainable parameters as one flat vector (DiLoCo's order)."""

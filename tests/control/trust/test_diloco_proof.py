@@ -213,6 +213,15 @@ def verdict_on(proven: ProvenJob, worker: str, step: int):
     return verifier.audit_epoch(0, records, chosen=[target]).verdicts[0]
 
 
+def audit_in_order(proven: ProvenJob, worker: str, steps: list[int]) -> dict:
+    """One auditor's verdicts on `worker`'s records of `steps`, audited in that order."""
+    records = proven.store.records()
+    verifier = Verifier(proven.auditor(), proven.job.proof, salt=b"f" * 16,
+                        total_steps=proven.job.steps)
+    return {step: verifier.audit_one(next(r for r in records if (r.worker, r.step) ==
+                                          (worker, step)), records) for step in steps}
+
+
 def start_round_from(forger: ProvenJob, step: int, state: dict):
     """w1 keeps and claims `state` as the optimizer state its round's step `step` started
     from; the verdict on that step."""
@@ -280,11 +289,22 @@ def test_a_claimed_end_the_optimizer_does_not_reach_is_refused(forger):
     found = verdict_on(forger, "w1", step)
     assert found.kind is VerdictKind.wrong_contribution
     assert "does not end where" in found.detail
-    # The round's end vouches for its round: auditing it alone finds the break too.
+    # Here only the names moved (the files beyond are the honest run's): the round's
+    # committed steps from its checked start still end where its end claims, so its
+    # end alone passes. The moved state is what step `nxt` claims to start from, and
+    # an audit of that step finds it, whichever of the two is audited first; audited
+    # after it, the round's end finds the break too (the state `nxt` was replayed at
+    # must be the chain's).
     end = next(r.step for r in forger.store.records("w1") if r.local.outer and r.step > step)
-    found = verdict_on(forger, "w1", end)
-    assert found.kind is VerdictKind.wrong_contribution
-    assert found.detail.startswith(f"step {step} of its round:")
+    assert verdict_on(forger, "w1", end).kind is VerdictKind.valid
+    verdicts = audit_in_order(forger, "w1", [end, nxt])
+    assert verdicts[end].kind is VerdictKind.valid
+    assert verdicts[nxt].kind is VerdictKind.wrong_contribution, verdicts[nxt]
+    assert verdicts[nxt].detail.startswith(f"step {step} of its round:"), verdicts[nxt]
+    verdicts = audit_in_order(forger, "w1", [nxt, end])
+    assert verdicts[nxt].kind is VerdictKind.wrong_contribution, verdicts[nxt]
+    assert verdicts[end].kind is VerdictKind.wrong_contribution, verdicts[end]
+    assert verdicts[end].detail.startswith(f"step {step} of its round:")
 
 
 def test_only_a_rounds_end_is_ever_planted(honest_diloco):

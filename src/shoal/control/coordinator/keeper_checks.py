@@ -19,6 +19,7 @@ from shoal.proof.epochs import final_lineage
 from shoal.spec.proof import WorkRecord
 from shoal.train.audit_local import majority_claim
 from shoal.train.hashing import param_sha256
+from shoal.train.proof_store import params_from
 
 
 class WrongParams(Conflict):
@@ -41,8 +42,8 @@ def read_params(data: bytes, step: int) -> dict[str, torch.Tensor]:
         raise WrongParams(f"the answer is not a parameters file a worker wrote (it does not "
                           f"load: {error})"[:300] + f"; send the proof store's params/"
                           f"{step:09d}.pt as kept") from None
-    if not isinstance(state, dict) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+    state = params_from(state)
+    if state is None:
         raise WrongParams(f"the answer is not a state of named tensors; send the proof "
                           f"store's params/{step:09d}.pt as kept")
     return state
