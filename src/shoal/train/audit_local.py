@@ -21,15 +21,21 @@ commits the weighted pseudo-gradient sent. The audit checks, cheapest first:
    round_samples / round_expected, within the tolerance, and those counts
    are the ones the worker's records of the round show.
 
-The audit of a round's last step also re-takes checks 1, 2 and 4 for every
-earlier step of the worker's round (optimizer updates only, no forward or
-backward pass): a break anywhere in the chain, such as Adam moments forged
-mid-round to steer every later update while each step replays exactly,
-fails the round's end. The sampler puts each worker's round-end records
-first, each with one of the worker's inner steps (`shoal.proof.sampling`):
-the re-take applies committed gradients without replaying them, and a
-gradient itself (check 3) is replayed where it is sampled, as in every-step
-jobs.
+The audit of any step also re-takes the worker's earlier steps of its round
+(optimizer updates only, no forward or backward pass), from the round's
+checked start on the committed gradients, and replays the step's own gradient
+at the state that chain reached: a break anywhere in the chain, such as Adam
+moments forged mid-round to steer every later update while each step replays
+exactly, fails the round's end, and a gradient computed at a state of the
+worker's choosing (kept and named as its start) fails its step. The re-take
+first runs in one pass that hashes only the claims something relies on (the
+audited step's end, a state another record starts from); where it does not
+end bit for bit as claimed, it is redone step by step from the kept states,
+checks 1, 2 and 4 at each step, which says where and lets honest rounding
+through. The sampler puts each worker's round-end records first, each with
+one of the worker's inner steps (`shoal.proof.sampling`): the re-take applies
+committed gradients without replaying them, and a gradient itself (check 3)
+is replayed where it is sampled, as in every-step jobs.
 """
 
 from __future__ import annotations
@@ -67,11 +73,6 @@ class LocalAudit:
         self.records = records
         self._rounds: dict[int, tuple[str, torch.Tensor] | None] = {}
         self._fresh_sha256: str | None = None
-        # (worker, round start) -> inner steps replayed from their kept starts here (a
-        # round's walk hashes where each started), and the steps whose starts a walk
-        # went through without hashing (an inner step audited later binds its own).
-        self._replayed: dict[tuple[str, int], set[int]] = collections.defaultdict(set)
-        self._unbound: dict[tuple[str, int], set[int]] = collections.defaultdict(set)
 
     def audit(self, record: WorkRecord, judge: Callable[[list[torch.Tensor]], Finding | None]
               ) -> Finding:
@@ -89,37 +90,28 @@ class LocalAudit:
             return (VerdictKind.unavailable,
                     f"no agreed parameters for the round starting at step {claim.round_start}", None)
         mine = [r for r in everyone if r.worker == record.worker]
+        # A step is audited with the worker's steps of its round before it: a worker
+        # could break the chain (a forged optimizer state steers every later update)
+        # and let every step replay exactly, or compute a gradient at a state of its
+        # choosing and name that state as its step's start. Each earlier step's
+        # optimizer update is re-taken on its committed gradient (cheap: no forward or
+        # backward pass), and the step's own gradient replayed where that chain leads.
+        # First in one pass that hashes only where a claim is needed (`_walk`); where
+        # that does not end bit for bit as claimed, step by step from the kept states
+        # (`_chain`, `_step`), which says what and where, within the tolerance. Each
+        # verdict depends on its record's round alone, not on what else was audited.
         before = _round_before(record, mine)
-        key = (record.worker, claim.round_start)
-        if claim.outer:
-            # The round's end vouches for the whole round: a worker could break one
-            # inner step's chain (a forged optimizer state steers every later update)
-            # and let every other step replay exactly. Each earlier step's optimizer
-            # update is re-taken on its committed gradient (cheap: no forward or
-            # backward pass); gradients themselves are replayed where sampled. First
-            # in one pass that hashes only where a claim is needed (`_walk`); where
-            # that does not end bit for bit as claimed, step by step (`_chain`).
-            walked = self._walk(before + [record], mine, everyone, outer_sha256, judge)
-            if walked is not None:
-                return self._outer_problem(record, mine, everyone, outer_sha256, walked[-1])
+        walked = self._walk(before + [record], mine, everyone, outer_sha256, judge)
+        if walked is None:
             found, carried = self._chain(before, mine, everyone, outer_sha256)
             if found is not None:
                 return found
-            found, _, revealed = self._step(record, mine, everyone, outer_sha256, judge, carried)
+            found, _, walked = self._step(record, mine, everyone, outer_sha256, judge, carried)
             if found is not None:
                 return found
-            return self._outer_problem(record, mine, everyone, outer_sha256, revealed[-1])
-        if record.step in self._unbound[key]:
-            # A walk of this round went through this step's start without hashing it:
-            # the state replayed below (the kept one, as claimed) must be where the
-            # worker's committed steps before it lead.
-            if self._walk(before, mine, everyone, outer_sha256, None) is None:
-                found, _ = self._chain(before, mine, everyone, outer_sha256)
-                if found is not None:
-                    return found
-        self._replayed[key].add(record.step)
-        found, _, revealed = self._step(record, mine, everyone, outer_sha256, judge, None)
-        return found if found is not None else (VerdictKind.valid, "", 0.0)
+        if claim.outer:
+            return self._outer_problem(record, mine, everyone, outer_sha256, walked[-1])
+        return VerdictKind.valid, "", 0.0
 
     def _chain(self, before: list[WorkRecord], mine: list[WorkRecord],
                everyone: list[WorkRecord], outer_sha256: str
@@ -151,7 +143,7 @@ class LocalAudit:
 
     def _walk(self, chain: list[WorkRecord], mine: list[WorkRecord],
               everyone: list[WorkRecord], outer_sha256: str,
-              judge: Callable[[list[torch.Tensor]], Finding | None] | None
+              judge: Callable[[list[torch.Tensor]], Finding | None]
               ) -> list[torch.Tensor] | None:
         """Re-take `chain` (a worker's steps of a round, in order) in one pass, from its
         first step's kept and checked start, on the committed gradients, the optimizer
@@ -164,16 +156,13 @@ class LocalAudit:
         It hashes a step's end only where a claim is needed: the chain's last (which
         pins every step before it: the walk's state there is the committed gradients'
         work from a checked start, and the worker's own is that only if it took those
-        steps from that start), one a later step of the chain does not start from, one
-        another record starts from (a joiner, a restart: their audits trust the claim),
-        and the start of an inner step replayed from its kept state here (that state is
-        then the chain's). Any other step's claimed end is a name only the next step's
-        claimed start repeats. A step whose start is left unhashed is remembered: an
-        audit of it later walks to it first."""
-        if not chain:
-            return []
-        key = (chain[0].worker, chain[0].local.round_start)
-        replayed = self._replayed[key]
+        steps from that start), one a later step of the chain does not start from, and
+        one another record starts from (a joiner, a restart: their audits trust the
+        claim). Any other step's claimed end is a name only the next step's claimed
+        start repeats, and nothing reads a state by it without re-taking the chain to
+        it first: an audit of that next step walks there (its own gradient is replayed
+        at the walk's state, not at a kept file), and the step-by-step fallback
+        measures every claimed end against the re-taken one."""
         steps = {r.step for r in chain}
         peers: dict[int, list[WorkRecord]] = collections.defaultdict(list)
         params_from: collections.Counter = collections.Counter()
@@ -186,10 +175,8 @@ class LocalAudit:
                 state_from[r.local.state_sha256] += 1
         # The seeds and slice of each step before the audited one (the record's own, its
         # audit checked first), as step by step.
-        earlier = chain[:-1] if judge is not None else chain
-        if any(_stated_problem(r, peers[r.step], self.replayer.seeds) for r in earlier):
+        if any(_stated_problem(r, peers[r.step], self.replayer.seeds) for r in chain[:-1]):
             return None
-        unbound = set()
         revealed: list[torch.Tensor] = []
         for i, step in enumerate(chain):
             claim = step.local
@@ -198,7 +185,10 @@ class LocalAudit:
                 found, kept = self._kept_start(step, mine, everyone, outer_sha256)
                 if found is not None:
                     return None
-                self.replayer.hold(None, kept[1])  # the check loaded the parameters
+                try:  # the check loaded the parameters; a forged state may not fit
+                    self.replayer.hold(None, kept[1])
+                except (RuntimeError, KeyError, ValueError, IndexError, TypeError):
+                    return None
             try:
                 revealed = self.store.load_reveal(step.worker, step.step)
             except UnreadableFile:
@@ -207,7 +197,7 @@ class LocalAudit:
                                                        revealed) != step.contribution_sha256:
                 return None
             gradients = revealed[:-1] if claim.outer else revealed
-            if judge is not None and i == len(chain) - 1 and judge(gradients) is not None:
+            if i == len(chain) - 1 and judge(gradients) is not None:
                 return None
             if claim.applied:
                 try:
@@ -219,15 +209,11 @@ class LocalAudit:
                 params_from[end[0]] - (successor is not None and _start(successor)[0] == end[0])
                 > 0 or state_from[end[1]] - (successor is not None and
                                              _start(successor)[1] == end[1]) > 0)
-            if successor is None or _start(successor) != end or named_elsewhere or \
-                    successor.step in replayed:
+            if successor is None or _start(successor) != end or named_elsewhere:
                 ended = (param_sha256(self.replayer.model),
                          optimizer_state_sha256(self.replayer.local_state()))
                 if ended != end:
                     return None
-            else:
-                unbound.add(successor.step)
-        self._unbound[key] |= unbound
         return revealed
 
     def _kept_start(self, record: WorkRecord, mine: list[WorkRecord],

@@ -7,6 +7,7 @@ reached, a pseudo-gradient weighted by samples it did not compute) fail."""
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -17,6 +18,7 @@ from shoal.proof.verdicts import guilty_workers
 from shoal.spec.proof import VerdictKind
 from shoal.train.adversary import BUILT_IN, EVERY_STEP_ONLY
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
+from shoal.train.proof_store import contribution_norm, contribution_sha256
 from shoal.train.work_records import step_rng_seed
 from tests.control.trust.conftest import ProvenJob, rewrite_record, run_members, run_proven_job
 
@@ -289,22 +291,49 @@ def test_a_claimed_end_the_optimizer_does_not_reach_is_refused(forger):
     found = verdict_on(forger, "w1", step)
     assert found.kind is VerdictKind.wrong_contribution
     assert "does not end where" in found.detail
-    # Here only the names moved (the files beyond are the honest run's): the round's
-    # committed steps from its checked start still end where its end claims, so its
-    # end alone passes. The moved state is what step `nxt` claims to start from, and
-    # an audit of that step finds it, whichever of the two is audited first; audited
-    # after it, the round's end finds the break too (the state `nxt` was replayed at
-    # must be the chain's).
+    # Here only a name moved (the files beyond are the honest run's): the round's
+    # committed steps from its checked start still end where its end claims, and step
+    # `nxt`'s gradient is the one the chain's state gives, so both pass; each verdict
+    # is its record's round's alone, whatever else was audited first.
     end = next(r.step for r in forger.store.records("w1") if r.local.outer and r.step > step)
-    assert verdict_on(forger, "w1", end).kind is VerdictKind.valid
-    verdicts = audit_in_order(forger, "w1", [end, nxt])
-    assert verdicts[end].kind is VerdictKind.valid
-    assert verdicts[nxt].kind is VerdictKind.wrong_contribution, verdicts[nxt]
-    assert verdicts[nxt].detail.startswith(f"step {step} of its round:"), verdicts[nxt]
-    verdicts = audit_in_order(forger, "w1", [nxt, end])
-    assert verdicts[nxt].kind is VerdictKind.wrong_contribution, verdicts[nxt]
-    assert verdicts[end].kind is VerdictKind.wrong_contribution, verdicts[end]
-    assert verdicts[end].detail.startswith(f"step {step} of its round:")
+    for order in ([step, nxt, end], [end, nxt, step]):
+        verdicts = audit_in_order(forger, "w1", order)
+        assert verdicts[step].kind is VerdictKind.wrong_contribution, verdicts[step]
+        assert verdicts[nxt].kind is VerdictKind.valid, verdicts[nxt]
+        assert verdicts[end].kind is VerdictKind.valid, verdicts[end]
+
+
+def test_a_gradient_computed_at_a_state_of_its_own_choosing_is_caught_at_its_step(forger):
+    """w1 computes step 6's gradient at a state of its choosing, keeps that state as the
+    step's start and names it so (its step 5 claims to end there): the kept file, the
+    names and the replay from the file all agree. The step's audit re-takes the round
+    from its checked start and replays there, and the step-by-step fallback finds where
+    the names left the chain. (Before, a lone audit of step 6 replayed at the kept file
+    and passed.)"""
+    step = 6
+    auditor = forger.auditor()
+    replayer = auditor.replayer
+    mine = {r.step: r for r in forger.store.records("w1")}
+    params, state = forger.store.load_local("w1", step)
+    chosen = {k: v + 0.01 if v.is_floating_point() else v for k, v in params.items()}
+    replayer.load(chosen)
+    chosen_sha256 = param_sha256(replayer.model)
+    gradient = replayer.contribution(mine[step])
+    new_state = replayer.local_step(mine[step], chosen, copy.deepcopy(state), gradient)
+    end = (param_sha256(replayer.model), optimizer_state_sha256(new_state))
+    forger.store.save_local("w1", step, chosen, state)
+    forger.store.save_reveal("w1", step, gradient)
+    rewrite_record(forger.store, mine[step - 1].model_copy(update={"local": mine[step - 1].local.model_copy(
+        update={"end_params_sha256": chosen_sha256})}))
+    rewrite_record(forger.store, mine[step].model_copy(update={
+        "params_sha256": chosen_sha256,
+        "contribution_sha256": contribution_sha256(mine[step].job, "w1", step, gradient),
+        "contribution_norm": contribution_norm(gradient),
+        "local": mine[step].local.model_copy(update={"end_params_sha256": end[0],
+                                                     "end_state_sha256": end[1]})}))
+    found = verdict_on(forger, "w1", step)
+    assert found.kind is VerdictKind.wrong_contribution, found
+    assert found.detail.startswith(f"step {step - 1} of its round:"), found.detail
 
 
 def test_only_a_rounds_end_is_ever_planted(honest_diloco):
@@ -412,6 +441,20 @@ def test_a_remote_audit_asks_for_the_kept_start_of_a_peer_that_began_where_a_ste
     assert ("w1", 4, "local") in asked(4)
     assert ("w1", 9, "local") in asked(9)
     assert not any(worker == "w1" for worker, _, _ in record_files([end], records)[0])
+
+
+def test_a_remote_audit_of_an_inner_step_asks_for_its_round_up_to_it(honest_diloco):
+    """An inner step's audit re-takes the worker's round from its start and replays the
+    step there: a remote verifier must fetch those files, or it would call an honest
+    worker's step `withheld`."""
+    from shoal.control.trust.needed import record_files
+
+    records = honest_diloco.store.records()
+    inner = next(r for r in records if (r.worker, r.step) == ("w1", 6))
+    assert inner.local.round_start == 4 and not inner.local.outer
+    asked = {(c.worker, c.step, c.kind.value) for c in record_files([inner], records)[0]}
+    assert {("w1", step, kind) for step in (4, 5) for kind in ("local", "reveal")} <= asked
+    assert {("w1", 6, "local"), ("w1", 6, "reveal")} <= asked
 
 
 def forge_round_end_claim(forger: ProvenJob, worker: str, step: int) -> str:

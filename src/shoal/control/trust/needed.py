@@ -6,9 +6,10 @@ Every-step: each record's revealed contribution, and the parameters its step
 started from. Under DiLoCo also the worker's own kept states: where its step
 started and where its next one did (a last-bit difference in where the step
 ended is measured against it, or, where it did not go on from there, against
-the kept starts of peers that did), and for a round's end the files of every
-earlier step of the worker's round (the round's end vouches for the whole
-round); the parameters are those of the round's start (theta_outer).
+the kept starts of peers that did), and the files of every earlier step of the
+worker's round (an audit re-takes the round up to its step, and a round's end
+vouches for the whole round); the parameters are those of the round's start
+(theta_outer).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def record_files(chosen: Iterable[WorkRecord], records: list[WorkRecord]
             starts.add(r.step)
             continue
         starts.add(r.local.round_start)
-        first = r.local.round_start if r.local.outer else r.step
+        first = r.local.round_start  # any step's audit re-takes its round up to it
         wanted += [ChallengeRequest(worker=r.worker, step=step, kind=kind)
                    for step in range(first, r.step) if (r.worker, step) in held
                    for kind in (BlobKind.local, BlobKind.reveal)]
