@@ -56,6 +56,10 @@ from shoal.train.replay import JobSeeds, Replayer, relative_distance
 # (kind, detail, distance) of a failed check, or None when the record passes.
 Finding = tuple[VerdictKind, str, float | None]
 
+# The states a walk reached that a later audit of the same worker's round may go on
+# from (an inner step's audit, then its round end's), at most this many bytes of them.
+REACHED_BYTES = 256 * 2**20
+
 
 @dataclass(frozen=True)
 class Carried:
@@ -73,6 +77,10 @@ class LocalAudit:
         self.records = records
         self._rounds: dict[int, tuple[str, torch.Tensor] | None] = {}
         self._fresh_sha256: str | None = None
+        # The end of a chain a walk re-took and found bit for bit as claimed, by what
+        # that chain was (`_chain_key`): a later walk of the same round goes on from it
+        # instead of re-taking the same steps (the same bits: a cache, not a trust).
+        self._reached: dict[tuple, tuple[dict, dict, int]] = {}
 
     def audit(self, record: WorkRecord, judge: Callable[[list[torch.Tensor]], Finding | None]
               ) -> Finding:
@@ -178,10 +186,13 @@ class LocalAudit:
         if any(_stated_problem(r, peers[r.step], self.replayer.seeds) for r in chain[:-1]):
             return None
         revealed: list[torch.Tensor] = []
+        resume = self._resume(chain, len(everyone))
         for i, step in enumerate(chain):
             claim = step.local
             start, end = _start(step), _end(step)
-            if i == 0 or start != _end(chain[i - 1]):
+            if i < resume:
+                continue  # an earlier walk took these steps; the replayer holds its end
+            if i > resume and start != _end(chain[i - 1]) or i == resume == 0:
                 found, kept = self._kept_start(step, mine, everyone, outer_sha256)
                 if found is not None:
                     return None
@@ -214,7 +225,38 @@ class LocalAudit:
                          optimizer_state_sha256(self.replayer.local_state()))
                 if ended != end:
                     return None
+        if not chain[-1].local.outer:  # a round's end: no longer chain goes on from it
+            self._remember(chain, len(everyone))
         return revealed
+
+    def _resume(self, chain: list[WorkRecord], records: int) -> int:
+        """How many of `chain`'s steps an earlier walk took, ending bit for bit where the
+        last of them claims and the next starts (the replayer then holds that state), or
+        0. Only over the same records: which claims the walk hashed depends on them."""
+        for k in range(len(chain) - 1, 0, -1):
+            reached = self._reached.get(_chain_key(chain[:k]))
+            if reached is not None and reached[2] == records and \
+                    _start(chain[k]) == _end(chain[k - 1]):
+                params, state, _ = reached
+                self.replayer.hold(params, {i: {n: v.clone() if isinstance(v, torch.Tensor)
+                                                else v for n, v in slots.items()}
+                                            for i, slots in state.items()})
+                return k
+        return 0
+
+    def _remember(self, chain: list[WorkRecord], records: int) -> None:
+        """Keep the state the walk of `chain` ended at (within `REACHED_BYTES`)."""
+        params = {k: v.detach().clone() for k, v in self.replayer.model.state_dict().items()}
+        state = {i: {n: v.detach().clone() if isinstance(v, torch.Tensor) else v
+                     for n, v in slots.items()}
+                 for i, slots in self.replayer.local_state().items()}
+        size = _nbytes(params) + sum(_nbytes(slots) for slots in state.values())
+        if size > REACHED_BYTES:
+            return
+        self._reached[_chain_key(chain)] = (params, state, records)
+        while sum(_nbytes(p) + sum(_nbytes(x) for x in s.values())
+                  for p, s, _ in self._reached.values()) > REACHED_BYTES:
+            del self._reached[next(iter(self._reached))]  # the oldest
 
     def _kept_start(self, record: WorkRecord, mine: list[WorkRecord],
                     everyone: list[WorkRecord], outer_sha256: str
@@ -472,6 +514,18 @@ def _stated_problem(record: WorkRecord, of_step: list[WorkRecord],
     step_records = [r for r in of_step if r.membership_epoch == record.membership_epoch]
     found = slice_problem(record, step_records, seeds)
     return None if found is None or found[0] is VerdictKind.unavailable else found
+
+
+def _chain_key(chain: list[WorkRecord]) -> tuple:
+    """What a re-taken chain was: each step's worker, step, committed gradient, start and
+    end claims (a record filed again differently is another chain)."""
+    return tuple((r.worker, r.step, r.contribution_sha256, r.local.applied, _start(r), _end(r))
+                 for r in chain)
+
+
+def _nbytes(tensors: dict) -> int:
+    return sum(v.numel() * v.element_size() for v in tensors.values()
+               if isinstance(v, torch.Tensor))
 
 
 def _start(record: WorkRecord) -> tuple[str, str]:

@@ -303,6 +303,26 @@ def test_a_claimed_end_the_optimizer_does_not_reach_is_refused(forger):
         assert verdicts[end].kind is VerdictKind.valid, verdicts[end]
 
 
+def test_a_round_end_goes_on_from_where_its_inner_steps_audit_reached(honest_diloco):
+    """An inner step's audit and its round end's re-take the same steps: the second goes
+    on from the state the first reached (bit for bit the claimed one), reading no kept
+    state again, and says what a fresh audit of it says."""
+    records = honest_diloco.store.records()
+    auditor = honest_diloco.auditor()
+    loads = []
+    load_local = auditor.store.load_local
+    auditor.store.load_local = lambda worker, step: loads.append(step) or load_local(worker, step)
+    verifier = Verifier(auditor, honest_diloco.job.proof, salt=b"f" * 16,
+                        total_steps=honest_diloco.job.steps)
+    pick = {r.step: r for r in records if r.worker == "w1"}
+    assert verifier.audit_one(pick[6], records).kind is VerdictKind.valid
+    assert loads == [4]  # the round's checked start; steps 4 and 5 re-taken from it
+    loads.clear()
+    assert verifier.audit_one(pick[7], records).kind is VerdictKind.valid
+    assert loads == []
+    assert verdict_on(honest_diloco, "w1", 7).kind is VerdictKind.valid
+
+
 def test_a_gradient_computed_at_a_state_of_its_own_choosing_is_caught_at_its_step(forger):
     """w1 computes step 6's gradient at a state of its choosing, keeps that state as the
     step's start and names it so (its step 5 claims to end there): the kept file, the
