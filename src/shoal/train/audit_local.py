@@ -49,16 +49,11 @@ import torch
 from shoal.spec.proof import VerdictKind, WorkRecord
 from shoal.train.audit_sent import sent_problem
 from shoal.train.audit_slice import seeds_problem, slice_problem
+from shoal.train.audit_walk import Finding, RoundWalk, opened_reveal
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
-from shoal.train.proof_store import ProofStore, UnreadableFile, contribution_sha256
+from shoal.train.proof_store import ProofStore, UnreadableFile
 from shoal.train.replay import JobSeeds, Replayer, relative_distance
 
-# (kind, detail, distance) of a failed check, or None when the record passes.
-Finding = tuple[VerdictKind, str, float | None]
-
-# The states a walk reached that a later audit of the same worker's round may go on
-# from (an inner step's audit, then its round end's), at most this many bytes of them.
-REACHED_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -77,10 +72,7 @@ class LocalAudit:
         self.records = records
         self._rounds: dict[int, tuple[str, torch.Tensor] | None] = {}
         self._fresh_sha256: str | None = None
-        # The end of a chain a walk re-took and found bit for bit as claimed, by what
-        # that chain was (`_chain_key`): a later walk of the same round goes on from it
-        # instead of re-taking the same steps (the same bits: a cache, not a trust).
-        self._reached: dict[tuple, tuple[dict, dict, int]] = {}
+        self._walk = RoundWalk(store, replayer)
 
     def audit(self, record: WorkRecord, judge: Callable[[list[torch.Tensor]], Finding | None]
               ) -> Finding:
@@ -104,12 +96,16 @@ class LocalAudit:
         # choosing and name that state as its step's start. Each earlier step's
         # optimizer update is re-taken on its committed gradient (cheap: no forward or
         # backward pass), and the step's own gradient replayed where that chain leads.
-        # First in one pass that hashes only where a claim is needed (`_walk`); where
-        # that does not end bit for bit as claimed, step by step from the kept states
-        # (`_chain`, `_step`), which says what and where, within the tolerance. Each
-        # verdict depends on its record's round alone, not on what else was audited.
+        # First in one pass that hashes only where a claim is needed (`audit_walk`);
+        # where that does not end bit for bit as claimed, step by step from the kept
+        # states (`_chain`, `_step`), which says what and where, within the tolerance.
+        # Each verdict depends on its record's round alone, not on what else was audited.
         before = _round_before(record, mine)
-        walked = self._walk(before + [record], mine, everyone, outer_sha256, judge)
+        walked = None
+        if not self._stated_problems(before, everyone):
+            walked = self._walk.walk(
+                before + [record], everyone,
+                lambda step: self._kept_start(step, mine, everyone, outer_sha256), judge)
         if walked is None:
             found, carried = self._chain(before, mine, everyone, outer_sha256)
             if found is not None:
@@ -130,15 +126,9 @@ class LocalAudit:
         going on from that. The first finding, and where the last step ended if bit for
         bit as claimed."""
         carried = None
-        steps = {r.step for r in before}
-        peers: dict[int, list[WorkRecord]] = collections.defaultdict(list)
-        for r in everyone:
-            if r.step in steps:
-                peers[r.step].append(r)
+        stated = self._stated_problems(before, everyone)
         for earlier in before:
-            # Its samples weigh its step's gradient and the round's pseudo-gradient:
-            # each must be the job's seeds and the rank's slice, sampled or not.
-            found = _stated_problem(earlier, peers[earlier.step], self.replayer.seeds)
+            found = stated.get(earlier.step)
             if found is None:
                 # Where a step ends bit for bit as claimed, the next starts from that
                 # state as it is (no file read, no start check left: the chain holds).
@@ -149,114 +139,19 @@ class LocalAudit:
                 return (kind, f"step {earlier.step} of its round: {detail}", distance), None
         return None, carried
 
-    def _walk(self, chain: list[WorkRecord], mine: list[WorkRecord],
-              everyone: list[WorkRecord], outer_sha256: str,
-              judge: Callable[[list[torch.Tensor]], Finding | None]
-              ) -> list[torch.Tensor] | None:
-        """Re-take `chain` (a worker's steps of a round, in order) in one pass, from its
-        first step's kept and checked start, on the committed gradients, the optimizer
-        keeping its state from step to step; `judge` replays the last step's gradient
-        at the state the walk reached. Returns the last step's revealed contribution
-        when every check passed and every hash taken matched its claim; None when
-        anything did not (the caller then audits step by step, which says what and
-        where).
-
-        It hashes a step's end only where a claim is needed: the chain's last (which
-        pins every step before it: the walk's state there is the committed gradients'
-        work from a checked start, and the worker's own is that only if it took those
-        steps from that start), one a later step of the chain does not start from, and
-        one another record starts from (a joiner, a restart: their audits trust the
-        claim). Any other step's claimed end is a name only the next step's claimed
-        start repeats, and nothing reads a state by it without re-taking the chain to
-        it first: an audit of that next step walks there (its own gradient is replayed
-        at the walk's state, not at a kept file), and the step-by-step fallback
-        measures every claimed end against the re-taken one."""
-        steps = {r.step for r in chain}
+    def _stated_problems(self, before: list[WorkRecord], everyone: list[WorkRecord]
+                         ) -> dict[int, Finding]:
+        """What is wrong with the seeds and slice of each step before the audited one (its
+        own, its audit checked first), by step: its samples weigh its step's gradient and
+        the round's pseudo-gradient, so each must be the job's seeds and the rank's
+        slice, sampled or not."""
+        steps = {r.step for r in before}
         peers: dict[int, list[WorkRecord]] = collections.defaultdict(list)
-        params_from: collections.Counter = collections.Counter()
-        state_from: collections.Counter = collections.Counter()
         for r in everyone:
             if r.step in steps:
                 peers[r.step].append(r)
-            if r.local is not None:
-                params_from[r.params_sha256] += 1
-                state_from[r.local.state_sha256] += 1
-        # The seeds and slice of each step before the audited one (the record's own, its
-        # audit checked first), as step by step.
-        if any(_stated_problem(r, peers[r.step], self.replayer.seeds) for r in chain[:-1]):
-            return None
-        revealed: list[torch.Tensor] = []
-        resume = self._resume(chain, len(everyone))
-        for i, step in enumerate(chain):
-            claim = step.local
-            start, end = _start(step), _end(step)
-            if i < resume:
-                continue  # an earlier walk took these steps; the replayer holds its end
-            if i > resume and start != _end(chain[i - 1]) or i == resume == 0:
-                found, kept = self._kept_start(step, mine, everyone, outer_sha256)
-                if found is not None:
-                    return None
-                try:  # the check loaded the parameters; a forged state may not fit
-                    self.replayer.hold(None, kept[1])
-                except (RuntimeError, KeyError, ValueError, IndexError, TypeError):
-                    return None
-            try:
-                revealed = self.store.load_reveal(step.worker, step.step)
-            except UnreadableFile:
-                return None
-            if revealed is None or contribution_sha256(step.job, step.worker, step.step,
-                                                       revealed) != step.contribution_sha256:
-                return None
-            gradients = revealed[:-1] if claim.outer else revealed
-            if i == len(chain) - 1 and judge(gradients) is not None:
-                return None
-            if claim.applied:
-                try:
-                    self.replayer.local_step(step, None, None, gradients)
-                except (RuntimeError, KeyError, ValueError, IndexError):
-                    return None
-            successor = chain[i + 1] if i + 1 < len(chain) else None
-            named_elsewhere = (
-                params_from[end[0]] - (successor is not None and _start(successor)[0] == end[0])
-                > 0 or state_from[end[1]] - (successor is not None and
-                                             _start(successor)[1] == end[1]) > 0)
-            if successor is None or _start(successor) != end or named_elsewhere:
-                ended = (param_sha256(self.replayer.model),
-                         optimizer_state_sha256(self.replayer.local_state()))
-                if ended != end:
-                    return None
-        if not chain[-1].local.outer:  # a round's end: no longer chain goes on from it
-            self._remember(chain, len(everyone))
-        return revealed
-
-    def _resume(self, chain: list[WorkRecord], records: int) -> int:
-        """How many of `chain`'s steps an earlier walk took, ending bit for bit where the
-        last of them claims and the next starts (the replayer then holds that state), or
-        0. Only over the same records: which claims the walk hashed depends on them."""
-        for k in range(len(chain) - 1, 0, -1):
-            reached = self._reached.get(_chain_key(chain[:k]))
-            if reached is not None and reached[2] == records and \
-                    _start(chain[k]) == _end(chain[k - 1]):
-                params, state, _ = reached
-                self.replayer.hold(params, {i: {n: v.clone() if isinstance(v, torch.Tensor)
-                                                else v for n, v in slots.items()}
-                                            for i, slots in state.items()})
-                return k
-        return 0
-
-    def _remember(self, chain: list[WorkRecord], records: int) -> None:
-        """Keep the state the walk of `chain` ended at (within `REACHED_BYTES`)."""
-        params = {k: v.detach().clone() for k, v in self.replayer.model.state_dict().items()}
-        state = {i: {n: v.detach().clone() if isinstance(v, torch.Tensor) else v
-                     for n, v in slots.items()}
-                 for i, slots in self.replayer.local_state().items()}
-        size = _nbytes(params) + sum(_nbytes(slots) for slots in state.values())
-        if size > REACHED_BYTES:
-            return
-        self._reached[_chain_key(chain)] = (params, state, records)
-        while sum(_nbytes(p) + sum(_nbytes(x) for x in s.values())
-                  for p, s, _ in self._reached.values()) > REACHED_BYTES:
-            del self._reached[next(iter(self._reached))]  # the oldest
+        found = {r.step: _stated_problem(r, peers[r.step], self.replayer.seeds) for r in before}
+        return {step: problem for step, problem in found.items() if problem is not None}
 
     def _kept_start(self, record: WorkRecord, mine: list[WorkRecord],
                     everyone: list[WorkRecord], outer_sha256: str
@@ -306,17 +201,9 @@ class LocalAudit:
             if found is not None:
                 return found, None, []
             params, state = kept
-        try:
-            revealed = self.store.load_reveal(record.worker, record.step)
-        except UnreadableFile as error:
-            return (VerdictKind.bad_commitment, f"the revealed file is not a contribution: {error}",
-                    None), None, []
-        if revealed is None:
-            return (VerdictKind.withheld, "no contribution revealed for this step", None), None, []
-        if contribution_sha256(record.job, record.worker, record.step, revealed) != \
-                record.contribution_sha256:
-            return (VerdictKind.bad_commitment, "the revealed contribution is not the committed one",
-                    None), None, revealed
+        found, revealed = opened_reveal(self.store, record)
+        if found is not None:
+            return found, None, revealed
         gradients = revealed[:-1] if claim.outer else revealed
         if judge is not None:
             found = judge(gradients)  # from the model's state (the replay moves only .grad)
@@ -514,28 +401,6 @@ def _stated_problem(record: WorkRecord, of_step: list[WorkRecord],
     step_records = [r for r in of_step if r.membership_epoch == record.membership_epoch]
     found = slice_problem(record, step_records, seeds)
     return None if found is None or found[0] is VerdictKind.unavailable else found
-
-
-def _chain_key(chain: list[WorkRecord]) -> tuple:
-    """What a re-taken chain was: each step's worker, step, committed gradient, start and
-    end claims (a record filed again differently is another chain)."""
-    return tuple((r.worker, r.step, r.contribution_sha256, r.local.applied, _start(r), _end(r))
-                 for r in chain)
-
-
-def _nbytes(tensors: dict) -> int:
-    return sum(v.numel() * v.element_size() for v in tensors.values()
-               if isinstance(v, torch.Tensor))
-
-
-def _start(record: WorkRecord) -> tuple[str, str]:
-    """The (parameters, optimizer state) a DiLoCo step claims to start from."""
-    return record.params_sha256, record.local.state_sha256
-
-
-def _end(record: WorkRecord) -> tuple[str, str]:
-    """The (parameters, optimizer state) a DiLoCo step claims to end at."""
-    return record.local.end_params_sha256, record.local.end_state_sha256
 
 
 def _round_before(record: WorkRecord, mine: list[WorkRecord]) -> list[WorkRecord]:
