@@ -41,7 +41,7 @@ is replayed where it is sampled, as in every-step jobs.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +51,7 @@ from shoal.train.audit_sent import sent_problem
 from shoal.train.audit_slice import seeds_problem, slice_problem
 from shoal.train.audit_walk import Finding, RoundWalk, opened_reveal
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
+from shoal.train.known_records import KnownRecords
 from shoal.train.proof_store import ProofStore, UnreadableFile
 from shoal.train.replay import JobSeeds, Replayer, relative_distance
 
@@ -73,6 +74,12 @@ class LocalAudit:
         self._rounds: dict[int, tuple[str, torch.Tensor] | None] = {}
         self._fresh_sha256: str | None = None
         self._walk = RoundWalk(store, replayer)
+        self._known: KnownRecords | None = None
+
+    def known(self) -> KnownRecords:
+        """Every record of the job so far, indexed (again only once they changed)."""
+        self._known = KnownRecords.of(self.records(), self._known)
+        return self._known
 
     def audit(self, record: WorkRecord, judge: Callable[[list[torch.Tensor]], Finding | None]
               ) -> Finding:
@@ -80,16 +87,16 @@ class LocalAudit:
         revealed one (the every-step audit's hash-or-tolerance rule)."""
         claim = record.local
         assert claim is not None
-        everyone = self.records()
+        everyone = self.known()
         # theta_outer is the state most of the round's first-step records claim (one
         # writer cannot forge it). Its values come from the first kept start checked
         # against that claim (`_kept_start`), or else the keepers' snapshot.
-        outer_sha256 = majority_claim([r.params_sha256 for r in everyone
-                                       if r.step == claim.round_start])
+        outer_sha256 = majority_claim([r.params_sha256
+                                       for r in everyone.of_step(claim.round_start)])
         if outer_sha256 is None:
             return (VerdictKind.unavailable,
                     f"no agreed parameters for the round starting at step {claim.round_start}", None)
-        mine = [r for r in everyone if r.worker == record.worker]
+        mine = everyone.of_worker(record.worker)
         # A step is audited with the worker's steps of its round before it: a worker
         # could break the chain (a forged optimizer state steers every later update)
         # and let every step replay exactly, or compute a gradient at a state of its
@@ -118,7 +125,7 @@ class LocalAudit:
         return VerdictKind.valid, "", 0.0
 
     def _chain(self, before: list[WorkRecord], mine: list[WorkRecord],
-               everyone: list[WorkRecord], outer_sha256: str
+               everyone: KnownRecords, outer_sha256: str
                ) -> tuple[Finding | None, Carried | None]:
         """Re-take `before` (a worker's steps of a round, in order) step by step: each
         step's end hashed against its claim, and where one differs in its last bits,
@@ -139,22 +146,18 @@ class LocalAudit:
                 return (kind, f"step {earlier.step} of its round: {detail}", distance), None
         return None, carried
 
-    def _stated_problems(self, before: list[WorkRecord], everyone: list[WorkRecord]
+    def _stated_problems(self, before: list[WorkRecord], everyone: KnownRecords
                          ) -> dict[int, Finding]:
         """What is wrong with the seeds and slice of each step before the audited one (its
         own, its audit checked first), by step: its samples weigh its step's gradient and
         the round's pseudo-gradient, so each must be the job's seeds and the rank's
         slice, sampled or not."""
-        steps = {r.step for r in before}
-        peers: dict[int, list[WorkRecord]] = collections.defaultdict(list)
-        for r in everyone:
-            if r.step in steps:
-                peers[r.step].append(r)
-        found = {r.step: _stated_problem(r, peers[r.step], self.replayer.seeds) for r in before}
+        found = {r.step: _stated_problem(r, everyone.of_step(r.step), self.replayer.seeds)
+                 for r in before}
         return {step: problem for step, problem in found.items() if problem is not None}
 
     def _kept_start(self, record: WorkRecord, mine: list[WorkRecord],
-                    everyone: list[WorkRecord], outer_sha256: str
+                    everyone: KnownRecords, outer_sha256: str
                     ) -> tuple[Finding | None, tuple[dict, dict] | None]:
         """The state the step started from as its worker kept it, checked: the committed
         one, and one its chain or the round's start allows (`_start_problem`)."""
@@ -183,7 +186,7 @@ class LocalAudit:
                                                       self.replayer.flat_params().clone())
         return None, kept
 
-    def _step(self, record: WorkRecord, mine: list[WorkRecord], everyone: list[WorkRecord],
+    def _step(self, record: WorkRecord, mine: list[WorkRecord], everyone: KnownRecords,
               outer_sha256: str, judge: Callable[[list[torch.Tensor]], Finding | None] | None,
               carried: Carried | None) -> tuple[Finding | None, Carried | None, list[torch.Tensor]]:
         """One step of a worker's chain: its kept start, where it started, its committed
@@ -226,7 +229,7 @@ class LocalAudit:
 
     # -- the checks ------------------------------------------------------------------
 
-    def round_start_params(self, round_start: int, everyone: list[WorkRecord]
+    def round_start_params(self, round_start: int, everyone: KnownRecords
                ) -> tuple[str, torch.Tensor] | None:
         """theta_outer of a round: the keepers' snapshot, if it is what most of the
         round's first-step records claim (one writer cannot forge it). Kept once found;
@@ -234,14 +237,14 @@ class LocalAudit:
         if round_start in self._rounds:
             return self._rounds[round_start]
         sha256 = load_agreed(self.store, self.replayer, round_start,
-                             [r.params_sha256 for r in everyone if r.step == round_start])
+                             [r.params_sha256 for r in everyone.of_step(round_start)])
         if sha256 is None:
             return None
         self._rounds[round_start] = (sha256, self.replayer.flat_params().clone())
         return self._rounds[round_start]
 
     def _start_problem(self, record: WorkRecord, mine: list[WorkRecord],
-                       everyone: list[WorkRecord], outer_sha256: str) -> str:
+                       everyone: KnownRecords, outer_sha256: str) -> str:
         """Why the step's start is not one the worker's chain of steps reached, or ""."""
         claim = record.local
         start = (record.params_sha256, claim.state_sha256)
@@ -271,23 +274,22 @@ class LocalAudit:
                 if not restart else "the optimizer state it started from is not one a step "
                 "just before or a round's end left")
 
-    def may_start_from(self, state_sha256: str, step: int, everyone: list[WorkRecord], *,
+    def may_start_from(self, state_sha256: str, step: int, everyone: KnownRecords, *,
                        restart: bool) -> bool:
         """May a step at theta_outer start from this optimizer state: a fresh one, one a
         record of the step just before ended with, or (a `restart` inside a round) one
         any earlier round's end left?"""
         if state_sha256 == self.fresh_state_sha256():
             return True
-        return any(r.local is not None and r.local.end_state_sha256 == state_sha256
-                   and (r.step == step - 1 or (restart and r.local.outer and r.step < step))
-                   for r in everyone)
+        return any(r.step == step - 1 or (restart and r.local.outer and r.step < step)
+                   for r in everyone.ending_at(state_sha256))
 
     def fresh_state_sha256(self) -> str:
         if self._fresh_sha256 is None:
             self._fresh_sha256 = optimizer_state_sha256(self.replayer.fresh_optimizer_state())
         return self._fresh_sha256
 
-    def _end_problem(self, record: WorkRecord, everyone: list[WorkRecord], start: dict,
+    def _end_problem(self, record: WorkRecord, everyone: KnownRecords, start: dict,
                      new_state: dict) -> Finding | None:
         """Does the optimizer step end where the record claims? Bit for bit, or within
         the tolerance of the claimed end as kept for a later step: the worker's own next
@@ -333,7 +335,7 @@ class LocalAudit:
                 "starts there is kept to measure by how much", None)
 
     def _outer_problem(self, record: WorkRecord, mine: list[WorkRecord],
-                       everyone: list[WorkRecord], outer_sha256: str,
+                       everyone: KnownRecords, outer_sha256: str,
                        pseudo: torch.Tensor) -> Finding:
         """The round's end (the model holds where its last step ended): is the committed
         `pseudo`-gradient (theta_outer − that) weighted by the samples its records show?"""
@@ -357,7 +359,7 @@ class LocalAudit:
         if distance > self.tolerance:
             return VerdictKind.wrong_contribution, "the pseudo-gradient is not the round's", distance
         # ... and it is what the worker put in the outer exchange, with that count.
-        found = sent_problem(record, [r for r in everyone if r.step == record.step], [pseudo],
+        found = sent_problem(record, everyone.of_step(record.step), [pseudo],
                              self.tolerance, count=claim.round_samples)
         return found if found is not None else (VerdictKind.valid, "", distance)
 
@@ -409,7 +411,7 @@ def _round_before(record: WorkRecord, mine: list[WorkRecord]) -> list[WorkRecord
                    and r.local.round_start == record.local.round_start), key=lambda r: r.step)
 
 
-def _round_counts(record: WorkRecord, mine: list[WorkRecord], everyone: list[WorkRecord],
+def _round_counts(record: WorkRecord, mine: list[WorkRecord], everyone: KnownRecords,
                   outer_sha256: str) -> tuple[int, int]:
     """(samples behind this worker's pseudo-gradient, samples of the round's steps) as
     `DiLoCo` counts them: a step back at theta_outer after the round's start (a
@@ -419,13 +421,14 @@ def _round_counts(record: WorkRecord, mine: list[WorkRecord], everyone: list[Wor
     own says (a peer's record cannot move it)."""
     claim = record.local
 
-    def of_round(records: list[WorkRecord]) -> list[WorkRecord]:
+    def of_round(records: Iterable[WorkRecord]) -> list[WorkRecord]:
         return [r for r in records if r.local is not None and r.local.round_start ==
                 claim.round_start and claim.round_start <= r.step <= record.step]
 
     own = {r.step: r for r in of_round(mine)}
     others: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    for r in of_round(everyone):
+    for r in of_round(r for step in range(claim.round_start, record.step + 1)
+                      for r in everyone.of_step(step)):
         others[r.step][(r.global_batch, r.local.outer)] += 1
     samples = expected = 0
     for step in range(claim.round_start, record.step + 1):
@@ -447,7 +450,7 @@ def _round_counts(record: WorkRecord, mine: list[WorkRecord], everyone: list[Wor
     return samples, expected
 
 
-def next_kept_starts(record: WorkRecord, everyone: list[WorkRecord]) -> list[WorkRecord]:
+def next_kept_starts(record: WorkRecord, everyone: Iterable[WorkRecord]) -> list[WorkRecord]:
     """The later records that start where `record` claims its step ended, in the order
     an audit measures against them: the worker's own next (at the claimed parameters and
     optimizer state; after a round's end, the state alone, the parameters going to the

@@ -43,6 +43,7 @@ from shoal.train.audit_local import Finding, LocalAudit, state_tensors
 from shoal.train.audit_sent import Declaration, declared_distance, loss_problem
 from shoal.train.audit_unrecorded import UNRECORDED, Members, Unrecorded, stand_in
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
+from shoal.train.known_records import KnownRecords
 from shoal.train.proof_store import ProofStore, UnreadableFile
 from shoal.train.replay import Replayer, relative_distance
 
@@ -87,9 +88,9 @@ class UnrecordedRounds:
         """The finding on `share`: the end of a DiLoCo round (a voted step) whose worker
         filed no record there. `step_records`: the step's final lineage."""
         assert share.worker is not None, "only a share whose worker is known is judged"
-        everyone = self.local.records()
+        everyone = self.local.known()
         lineage: dict[int, list[WorkRecord]] = collections.defaultdict(list)
-        for record in final_lineage(everyone):
+        for record in final_lineage(everyone.all):
             lineage[record.step].append(record)
         lineage[share.step] = list(step_records)
         found = self._round(share.worker, share.step, lineage, everyone, MAX_ROUNDS_BACK)
@@ -118,7 +119,7 @@ class UnrecordedRounds:
     # -- one round -----------------------------------------------------------------
 
     def _round(self, worker: str, end: int, lineage: dict[int, list[WorkRecord]],
-               everyone: list[WorkRecord], depth: int) -> RoundEnd | Finding:
+               everyone: KnownRecords, depth: int) -> RoundEnd | Finding:
         """Replay `worker`'s round that ends at step `end` from its kept states."""
         ends = [r for r in lineage.get(end, []) if r.local is not None]
         if not ends:
@@ -187,7 +188,7 @@ class UnrecordedRounds:
         return RoundEnd(last.end_state, pseudo, samples, record)
 
     def _start_problem(self, worker: str, step: int, first: int, state: dict,
-                       lineage: dict[int, list[WorkRecord]], everyone: list[WorkRecord], *,
+                       lineage: dict[int, list[WorkRecord]], everyone: KnownRecords, *,
                        restart: bool, depth: int) -> Finding | None:
         """None if the optimizer `state` a start at theta_outer shows is one the worker
         may start from there (`LocalAudit.may_start_from`, or where its record-less

@@ -21,13 +21,13 @@ bits, a cache, not a trust.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 
 import torch
 
 from shoal.spec.proof import VerdictKind, WorkRecord
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
+from shoal.train.known_records import KnownRecords
 from shoal.train.proof_store import ProofStore, UnreadableFile, contribution_sha256
 from shoal.train.replay import Replayer
 
@@ -46,7 +46,7 @@ class RoundWalk:
         # chain (`_chain_key`) -> (parameters, optimizer state, records seen, bytes)
         self._reached: dict[tuple, tuple[dict, dict, int, int]] = {}
 
-    def walk(self, chain: list[WorkRecord], everyone: list[WorkRecord], kept_start: KeptStart,
+    def walk(self, chain: list[WorkRecord], everyone: KnownRecords, kept_start: KeptStart,
              judge: Callable[[list[torch.Tensor]], Finding | None]) -> list[torch.Tensor] | None:
         """Re-take `chain` (a worker's steps of a round, in order, their seeds and slices
         checked); `judge` replays the last step's gradient at the state reached. The last
@@ -130,21 +130,14 @@ def opened_reveal(store: ProofStore, record: WorkRecord
     return None, revealed
 
 
-def _claimed_starts(everyone: list[WorkRecord]
+def _claimed_starts(everyone: KnownRecords
                     ) -> Callable[[tuple[str, str], WorkRecord | None], bool]:
     """Does a record other than `successor` start from this claimed end (its parameters
     or its optimizer state)?"""
-    params_from: collections.Counter = collections.Counter()
-    state_from: collections.Counter = collections.Counter()
-    for r in everyone:
-        if r.local is not None:
-            params_from[r.params_sha256] += 1
-            state_from[r.local.state_sha256] += 1
-
     def relied_on(end: tuple[str, str], successor: WorkRecord | None) -> bool:
         then = _start(successor) if successor is not None else (None, None)
-        return params_from[end[0]] > (then[0] == end[0]) or \
-            state_from[end[1]] > (then[1] == end[1])
+        params_from, state_from = everyone.starting_from(*end)
+        return params_from > (then[0] == end[0]) or state_from > (then[1] == end[1])
 
     return relied_on
 

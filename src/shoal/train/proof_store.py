@@ -1,16 +1,17 @@
 """Where a job's proof-of-learning material lives on disk, and reading it back.
 
     DIR/records/WORKER.jsonl        one WorkRecord per committed step (kept)
-    DIR/params/STEP.pt              the parameters step STEP started from (packed)
+    DIR/params/STEP.pt              the parameters step STEP started from
     DIR/reveal/WORKER/STEP.pt       what WORKER contributed to step STEP
     DIR/local/WORKER/STEP.pt        under DiLoCo: WORKER's own parameters and optimizer
                                     state when step STEP started
 
 Parameters and contributions are kept for the challenge window only
 (`keep_epochs` proof epochs behind the newest, and at least `keep_s` seconds),
-so the disk a job needs is bounded; records are small and kept for the job's life. Tensors are read
-back with `weights_only=True`: a verifier loads files that workers wrote,
-and a pickle from a stranger must never run code.
+so the disk a job needs is bounded; records are small and kept for the job's life. The
+tensor files are safetensors (`shoal.train.kept_files`, which says why; the `.pt` names
+stay, as files written before are torch archives and are still read): a verifier loads
+files that workers wrote, and a file from a stranger must never run code.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from pathlib import Path
 import torch
 
 from shoal.spec.proof import WorkRecord
-from shoal.train.packing import PackError, pack, pack_optimizer_state, unpack, unpack_optimizer_state
+from shoal.train.kept_files import (UnreadableFile, local_bytes, local_from, params_bytes,
+                                    params_from, reveal_bytes, reveal_from)
+
+__all__ = ["ProofStore", "UnreadableFile", "contribution_norm", "contribution_sha256"]
 
 COMMITMENT_DOMAIN = b"shoal-contribution-v1"
 
@@ -78,16 +82,15 @@ class ProofStore:
     def save_params(self, step: int, state: dict[str, torch.Tensor]) -> None:
         """The parameters `step` starts from; written at every attempt of the step (the
         same values, unless the step is redone after a restore: then the newest stand)."""
-        _save_atomic(pack(state), self.params_path(step))
+        _write_atomic(params_bytes(state), self.params_path(step))
 
     def save_reveal(self, worker: str, step: int, tensors: list[torch.Tensor]) -> None:
-        _save_atomic([t.detach().cpu().clone() for t in tensors], self.reveal_path(worker, step))
+        _write_atomic(reveal_bytes(tensors), self.reveal_path(worker, step))
 
     def save_local(self, worker: str, step: int, params: dict[str, torch.Tensor],
                    optimizer_state: dict) -> None:
         """Under DiLoCo, the state WORKER's own step `step` starts from (its replica's)."""
-        _save_atomic({"params": pack(params), "optimizer": pack_optimizer_state(optimizer_state)},
-                      self.local_path(worker, step))
+        _write_atomic(local_bytes(params, optimizer_state), self.local_path(worker, step))
 
     def prune(self, worker: str, keep_from_step: int, keep_s: float = 0.0) -> None:
         """Drop this worker's reveals and local states (and, for everyone, parameters)
@@ -168,78 +171,46 @@ class ProofStore:
         """The parameters step STEP started from, or None: not kept, or a file that is
         not a state of named tensors (a keeper's file is checked against the step's
         claims by whoever loads it)."""
-        path = self.params_path(step)
-        if not path.exists():
+        data = _read(self.params_path(step))
+        if data is None:
             return None
         try:
-            loaded = _load_untrusted(path)
+            return params_from(data)
         except UnreadableFile:
             return None
-        return params_from(loaded)
 
     def load_reveal(self, worker: str, step: int) -> list[torch.Tensor] | None:
         """What WORKER revealed for STEP, or None if it kept nothing. A file that is not a
         list of tensors raises `UnreadableFile`: its writer's broken commitment."""
-        path = self.reveal_path(worker, step)
-        if not path.exists():
+        data = _read(self.reveal_path(worker, step))
+        if data is None:
             return None
-        loaded = _load_untrusted(path)
-        if not isinstance(loaded, list) or not all(isinstance(t, torch.Tensor) for t in loaded):
-            raise UnreadableFile(f"{worker}'s file for step {step} is not a list of tensors")
-        return loaded
+        try:
+            return reveal_from(data)
+        except UnreadableFile as error:
+            raise UnreadableFile(f"{worker}'s file for step {step}: {error}") from None
 
     def load_local(self, worker: str, step: int) -> tuple[dict, dict] | None:
         """(parameters, optimizer state) of WORKER's step under DiLoCo, or None if it kept
-        nothing. A file that does not unpack raises `UnreadableFile`."""
-        path = self.local_path(worker, step)
-        if not path.exists():
+        nothing. A file that is not a kept state raises `UnreadableFile`."""
+        data = _read(self.local_path(worker, step))
+        if data is None:
             return None
-        loaded = _load_untrusted(path)
-        if not isinstance(loaded, dict):
-            raise UnreadableFile(f"{worker}'s state for step {step} is not a packed state")
-        try:  # the worker under audit wrote it: a file that does not unpack is not its state
-            params, stray = unpack(loaded.get("params"))
-            state = unpack_optimizer_state(loaded.get("optimizer"))
-        except PackError as error:
-            raise UnreadableFile(f"{worker}'s state for step {step} does not unpack: {error}") from None
-        if stray:
-            raise UnreadableFile(f"{worker}'s state for step {step} holds stray entries")
-        return params, state
-
-
-def params_from(loaded: object) -> dict[str, torch.Tensor] | None:
-    """The named tensors of a loaded parameters file, or None if it is not one. Packed
-    (`save_params`: the safe loader's cost is per tensor, and an every-step audit loads
-    a snapshot per step), or a plain state dict as files were written before."""
-    if isinstance(loaded, dict) and isinstance(loaded.get("flat"), dict):
         try:
-            loaded, stray = unpack(loaded)
-        except PackError:
-            return None
-        if stray:
-            return None
-    if not isinstance(loaded, dict) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()):
-        return None
-    return loaded
+            return local_from(data)
+        except UnreadableFile as error:
+            raise UnreadableFile(f"{worker}'s state for step {step}: {error}") from None
 
 
-class UnreadableFile(Exception):
-    """A kept file that exists but is not what its kind holds (its writer's fault: a
-    verifier calls the commitment it stands for broken, never crashes on it)."""
-
-
-def _load_untrusted(path: Path) -> object:
-    """A file a worker wrote, by the `weights_only` loader: whatever a malformed file
-    makes torch raise (bad magic, a truncated zip, a refused pickle op) is `UnreadableFile`."""
+def _read(path: Path) -> bytes | None:
     try:
-        return torch.load(path, weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any malformed file, by any writer
-        raise UnreadableFile(f"{path.name} does not load: {error}"[:300]) from None
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
 
 
-def _save_atomic(value: object, path: Path) -> None:
+def _write_atomic(data: bytes, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(value, temporary)
+    temporary.write_bytes(data)
     os.replace(temporary, path)

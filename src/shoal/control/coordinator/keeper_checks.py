@@ -9,7 +9,6 @@ here first, it is refused and the other keeper is asked (keeper_routing.py).
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable
 
 import torch
@@ -19,7 +18,7 @@ from shoal.proof.epochs import final_lineage
 from shoal.spec.proof import WorkRecord
 from shoal.train.audit_local import majority_claim
 from shoal.train.hashing import param_sha256
-from shoal.train.proof_store import params_from
+from shoal.train.kept_files import UnreadableFile, params_from
 
 
 class WrongParams(Conflict):
@@ -34,19 +33,13 @@ def expected_params_sha256(records: Iterable[WorkRecord]) -> str | None:
 
 
 def read_params(data: bytes, step: int) -> dict[str, torch.Tensor]:
-    """The answer as a state of named tensors, by the `weights_only` loader (as the proof
-    store reads it: a pickle from a stranger never runs code)."""
+    """The answer as a state of named tensors, read as the proof store reads it (a file
+    from a stranger never runs code)."""
     try:
-        state = torch.load(io.BytesIO(data), weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any malformed file, by any writer
-        raise WrongParams(f"the answer is not a parameters file a worker wrote (it does not "
-                          f"load: {error})"[:300] + f"; send the proof store's params/"
-                          f"{step:09d}.pt as kept") from None
-    state = params_from(state)
-    if state is None:
-        raise WrongParams(f"the answer is not a state of named tensors; send the proof "
-                          f"store's params/{step:09d}.pt as kept")
-    return state
+        return params_from(data)
+    except UnreadableFile as error:
+        raise WrongParams(f"the answer is not a parameters file a worker wrote ({error}); "
+                          f"send the proof store's params/{step:09d}.pt as kept"[:400]) from None
 
 
 def check_params(state: dict[str, torch.Tensor], model: torch.nn.Module, expected: str,

@@ -1,5 +1,7 @@
 """A forced error's file: a worker's revealed contribution, scaled by a factor drawn
-from the operator's secret, saved the way the worker saved the real one.
+from the operator's secret, saved the way the worker saved the real one (a safetensors
+file's header names only the tensors' shapes and dtypes, which scaling keeps: the
+plant's is the real one's, byte for byte).
 
 Scaling keeps every cheap property a verifier might screen with (shapes, dtype,
 the zero pattern of sparse gradients such as an embedding's, the direction, the
@@ -42,16 +44,15 @@ def planted_reveal(data: bytes, record: WorkRecord, secret: bytes,
     worker's file cannot make a sound plant: it does not load, does not open the record's
     commitment (then the record is served as it is, and a replay finds the cheat), or
     scaling would not move it past the tolerance (low-precision values)."""
-    import torch
-
+    from shoal.train.kept_files import UnreadableFile, reveal_from
     from shoal.train.proof_store import contribution_norm, contribution_sha256
     from shoal.train.replay import relative_distance
 
     try:
-        real = torch.load(io.BytesIO(data), weights_only=True)
-    except Exception:  # noqa: BLE001 - any unreadable file: no plant, the record stays real
+        real = reveal_from(data)
+    except UnreadableFile:  # no plant: the record stays real
         return None
-    if not isinstance(real, list) or not real or not all(isinstance(t, torch.Tensor) for t in real):
+    if not real:
         return None
     opened = contribution_sha256(record.job, record.worker, record.step, real)
     if opened != record.contribution_sha256:
@@ -104,10 +105,16 @@ def with_plants(records: list[WorkRecord], plants: dict[tuple[str, int], WorkRec
 
 
 def _saved_like(original: bytes, tensors: list) -> bytes:
-    """`tensors` saved as the worker saved `original`: torch names the archive's folder
-    after the file it writes (the worker's temporary name, with its pid), so the plant
-    is written under that same name, or the folder alone would tell it apart."""
+    """`tensors` saved as the worker saved `original`. A torch archive (files written
+    before safetensors) names its folder after the file it writes (the worker's
+    temporary name, with its pid), so the plant is written under that same name, or the
+    folder alone would tell it apart."""
     import torch
+
+    from shoal.train.kept_files import is_legacy, reveal_bytes
+
+    if not is_legacy(original):
+        return reveal_bytes(tensors)
 
     try:
         names = zipfile.ZipFile(io.BytesIO(original)).namelist()

@@ -1,0 +1,186 @@
+"""The bytes of the tensor files a worker keeps for audits: its revealed contributions,
+the parameters a step started from, and under DiLoCo its own replica's state.
+
+They are safetensors files: a JSON header and the tensors' bytes, read by a parser
+built for files from strangers (no code runs, every offset is checked), in one copy.
+A verifier reads a round's worth of them for each DiLoCo audit, and `torch.load`
+with `weights_only=True` cost ~1.5 ms a reveal and ~3.5 ms a kept state here, where
+this reads either in ~0.2 ms. Files written before (torch zip archives of plain or
+packed tensors, `shoal.train.packing`) are still read, by the `weights_only` loader.
+
+Whatever a file holds that is not its kind raises `UnreadableFile`: its writer's
+broken commitment, never a verifier's crash.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as _load_safetensors
+from safetensors.torch import save as _save_safetensors
+
+from shoal.train.packing import PackError, unpack, unpack_optimizer_state
+
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archives (files written before safetensors)
+_SCALARS = "scalars"  # a local state's non-tensor optimizer slots, as JSON in the header
+
+
+class UnreadableFile(Exception):
+    """A kept file that exists but is not what its kind holds (its writer's fault: a
+    verifier calls the commitment it stands for broken, never crashes on it)."""
+
+
+# -- writing (workers) --------------------------------------------------------------
+
+def reveal_bytes(tensors: list[torch.Tensor]) -> bytes:
+    """A contribution (a list of tensors), in order."""
+    return _encode({str(i): t for i, t in enumerate(tensors)})
+
+
+def params_bytes(state: dict[str, torch.Tensor]) -> bytes:
+    """A model's named parameters and buffers."""
+    return _encode({f"params/{name}": t for name, t in state.items()})
+
+
+def local_bytes(params: dict[str, torch.Tensor], optimizer_state: dict) -> bytes:
+    """A DiLoCo worker's replica: its parameters and its optimizer's per-parameter state."""
+    tensors = {f"params/{name}": t for name, t in params.items()}
+    scalars: dict[str, float | int] = {}
+    for index, slots in optimizer_state.items():
+        for slot, value in slots.items():
+            key = f"optimizer/{index}/{slot}"
+            if isinstance(value, torch.Tensor):
+                tensors[key] = value
+            else:
+                scalars[key] = value
+    return _encode(tensors, {_SCALARS: json.dumps(scalars)} if scalars else None)
+
+
+def _encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    # Each its own copy: safetensors refuses tensors that share storage (tied weights,
+    # views of one gradient buffer), and the caller's may move on after this returns.
+    owned = {k: t.detach().cpu().contiguous().clone() for k, t in tensors.items()}
+    return _save_safetensors(owned, metadata)
+
+
+# -- reading (verifiers) ------------------------------------------------------------
+
+def is_legacy(data: bytes) -> bool:
+    """Is this a torch archive (a file written before safetensors)?"""
+    return data[:4] == _ZIP_MAGIC
+
+
+def reveal_from(data: bytes) -> list[torch.Tensor]:
+    """A revealed contribution."""
+    if is_legacy(data):
+        loaded = _legacy(data)
+        if not isinstance(loaded, list) or not all(isinstance(t, torch.Tensor) for t in loaded):
+            raise UnreadableFile("the file is not a list of tensors")
+        return loaded
+    tensors, metadata = _decode(data)
+    if metadata:
+        raise UnreadableFile("a revealed contribution holds no metadata")
+    if set(tensors) != {str(i) for i in range(len(tensors))}:
+        raise UnreadableFile("the file is not a list of tensors (its names are not 0..n-1)")
+    return [tensors[str(i)] for i in range(len(tensors))]
+
+
+def params_from(data: bytes) -> dict[str, torch.Tensor]:
+    """The named tensors a step started from."""
+    if is_legacy(data):
+        state = legacy_params(_legacy(data))
+        if state is None:
+            raise UnreadableFile("the file is not a state of named tensors")
+        return state
+    tensors, metadata = _decode(data)
+    if metadata:
+        raise UnreadableFile("a parameters file holds no metadata")
+    return _under("params/", tensors, "a parameters file")
+
+
+def local_from(data: bytes) -> tuple[dict[str, torch.Tensor], dict]:
+    """(parameters, optimizer state) of a DiLoCo worker's replica."""
+    if is_legacy(data):
+        loaded = _legacy(data)
+        if not isinstance(loaded, dict):
+            raise UnreadableFile("the file is not a packed state")
+        try:
+            params, stray = unpack(loaded.get("params"))
+            state = unpack_optimizer_state(loaded.get("optimizer"))
+        except PackError as error:
+            raise UnreadableFile(f"the state does not unpack: {error}") from None
+        if stray:
+            raise UnreadableFile("the state holds stray entries")
+        return params, state
+    tensors, metadata = _decode(data)
+    if set(metadata) - {_SCALARS}:
+        raise UnreadableFile("a kept state's metadata holds more than its scalars")
+    params = _under("params/", {k: v for k, v in tensors.items() if k.startswith("params/")},
+                    "a kept state")
+    state: dict[int, dict] = {}
+    slots: dict[str, object] = {k: v for k, v in tensors.items() if k.startswith("optimizer/")}
+    if len(params) + len(slots) != len(tensors):
+        raise UnreadableFile("a kept state holds tensors that are neither parameters nor "
+                             "optimizer state")
+    try:
+        scalars = json.loads(metadata.get(_SCALARS, "{}"))
+    except json.JSONDecodeError:
+        raise UnreadableFile("a kept state's scalars are not JSON") from None
+    if not isinstance(scalars, dict) or not all(
+            isinstance(k, str) and k.startswith("optimizer/") and isinstance(v, (int, float))
+            and not isinstance(v, bool) and math.isfinite(v) for k, v in scalars.items()):
+        raise UnreadableFile("a kept state's scalars are malformed")
+    for key, value in [*slots.items(), *scalars.items()]:
+        index, _, slot = key.removeprefix("optimizer/").partition("/")
+        if not index.isdigit() or not slot or slot in state.get(int(index), {}):
+            raise UnreadableFile(f"optimizer state key {key!r} is malformed")
+        state.setdefault(int(index), {})[slot] = value
+    return params, state
+
+
+def legacy_params(loaded: object) -> dict[str, torch.Tensor] | None:
+    """The named tensors of a loaded torch archive of parameters, or None if it is not
+    one: packed (`shoal.train.packing`), or a plain state dict as the first were written."""
+    if isinstance(loaded, dict) and isinstance(loaded.get("flat"), dict):
+        try:
+            loaded, stray = unpack(loaded)
+        except PackError:
+            return None
+        if stray:
+            return None
+    if not isinstance(loaded, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()):
+        return None
+    return loaded
+
+
+def _decode(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    try:
+        tensors = _load_safetensors(data)
+        size = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + size])
+    except (SafetensorError, ValueError, UnicodeDecodeError) as error:
+        raise UnreadableFile(f"not a tensor file: {error}"[:300]) from None
+    metadata = header.get("__metadata__") or {}
+    if not isinstance(metadata, dict):
+        raise UnreadableFile("the file's metadata is malformed")
+    return tensors, metadata
+
+
+def _under(prefix: str, tensors: dict[str, torch.Tensor], kind: str) -> dict[str, torch.Tensor]:
+    if not all(k.startswith(prefix) and len(k) > len(prefix) for k in tensors):
+        raise UnreadableFile(f"{kind} names a tensor outside {prefix!r}")
+    return {k.removeprefix(prefix): v for k, v in tensors.items()}
+
+
+def _legacy(data: bytes) -> object:
+    """A torch archive by the `weights_only` loader: whatever a malformed one makes torch
+    raise (a truncated zip, a refused pickle op) is `UnreadableFile`."""
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any malformed file, by any writer
+        raise UnreadableFile(f"it does not load: {error}"[:300]) from None
