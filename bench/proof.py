@@ -32,7 +32,8 @@ Prints one JSON line:
   costs the workers (their sketches at every voted step) over the same
   training compute: a cost of recording work, not of verifying it.
 Targets: every adversary caught in >= 99% of epochs at `overhead` <= 0.05, zero
-false positives.
+false positives. `--overhead-only` runs the honest job alone (no detection
+figures): to see what the overhead does at another epoch length or batch.
 
 `unrecorded` (poisons its part and files no record) is judged from what its
 peers' records say it declared, which needs the run's published membership
@@ -189,6 +190,9 @@ def main() -> None:
                         help="times the honest job's audit and training compute are timed")
     parser.add_argument("--pol-every", type=int, default=10,
                         help="PoL reference: one replayed update in this many")
+    parser.add_argument("--overhead-only", action="store_true",
+                        help="run the honest job alone: overhead and false positives, no "
+                             "adversaries (detection is then empty)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the same threads as each worker: a like-for-like cost
     left_out = EVERY_STEP_ONLY if args.sync == "diloco" else DILOCO_ONLY
@@ -220,7 +224,7 @@ def main() -> None:
             honest_audits += len(epoch)
         audits += sum(len(e) for e in epochs)  # one sample's
         records += seen
-        for i, group in enumerate(groups):
+        for i, group in enumerate(groups if not args.overhead_only else []):
             path, _ = run_job(Path(tmp) / f"cheats{i}", len(group) + 1,
                               {k + 1: name for k, name in enumerate(group)}, args)
             epochs, seen, _ = audit(path, every=False)

@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as _load_safetensors
 from safetensors.torch import save as _save_safetensors
 
-from shoal.train.packing import PackError, unpack, unpack_optimizer_state
+from shoal.train.packing import PackError, optimizer_entries, unpack, unpack_optimizer_state
 
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archives (files written before safetensors)
 _SCALARS = "scalars"  # a local state's non-tensor optimizer slots, as JSON in the header
@@ -48,15 +48,8 @@ def params_bytes(state: dict[str, torch.Tensor]) -> bytes:
 
 def local_bytes(params: dict[str, torch.Tensor], optimizer_state: dict) -> bytes:
     """A DiLoCo worker's replica: its parameters and its optimizer's per-parameter state."""
-    tensors = {f"params/{name}": t for name, t in params.items()}
-    scalars: dict[str, float | int] = {}
-    for index, slots in optimizer_state.items():
-        for slot, value in slots.items():
-            key = f"optimizer/{index}/{slot}"
-            if isinstance(value, torch.Tensor):
-                tensors[key] = value
-            else:
-                scalars[key] = value
+    slots, scalars = optimizer_entries(optimizer_state, prefix="optimizer/")
+    tensors = {**{f"params/{name}": t for name, t in params.items()}, **slots}
     return _encode(tensors, {_SCALARS: json.dumps(scalars)} if scalars else None)
 
 

@@ -71,17 +71,24 @@ def unpack(packed: object) -> tuple[dict[str, torch.Tensor], dict[str, float | i
     return out, scalars
 
 
-def pack_optimizer_state(state: dict) -> dict:
-    """An optimizer's per-parameter state ({index: {name: value}}), packed."""
+def optimizer_entries(state: dict, prefix: str = "") -> tuple[dict[str, torch.Tensor],
+                                                             dict[str, float | int]]:
+    """An optimizer's per-parameter state ({index: {name: value}}) as flat entries named
+    `{prefix}{index}/{name}`: (its tensors, its other values)."""
     tensors, scalars = {}, {}
     for index, slots in state.items():
         for name, value in slots.items():
-            key = f"{index}/{name}"
+            key = f"{prefix}{index}/{name}"
             if isinstance(value, torch.Tensor):
                 tensors[key] = value
             else:
                 scalars[key] = value
-    return pack(tensors, scalars)
+    return tensors, scalars
+
+
+def pack_optimizer_state(state: dict) -> dict:
+    """An optimizer's per-parameter state ({index: {name: value}}), packed."""
+    return pack(*optimizer_entries(state))
 
 
 def unpack_optimizer_state(packed: object) -> dict:
