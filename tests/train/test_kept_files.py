@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save
 
 from shoal.train.kept_files import (UnreadableFile, local_bytes, local_from, params_bytes,
-                                    params_from, reveal_bytes, reveal_from)
+                                    params_from, reveal_bytes, reveal_from, reveal_like)
 from shoal.train.packing import pack, pack_optimizer_state
 from shoal.train.proof_store import ProofStore
 
@@ -49,6 +49,17 @@ def test_a_reveal_keeps_its_order_and_a_kept_state_its_optimizer_slots():
     assert set(got_state) == {0, 1} and got_state[1]["count"] == 7
     assert all(_equal({k: v for k, v in got_state[i].items() if k != "count"},
                       {k: v for k, v in state[i].items() if k != "count"}) for i in state)
+
+
+def test_a_file_like_another_takes_only_tensors_of_its_shapes_and_dtypes():
+    original = reveal_bytes([torch.ones(2, 2), torch.zeros(3)])
+    like = reveal_like(original, [torch.full((2, 2), 2.0), torch.ones(3)])
+    assert len(like) == len(original) and like[:16] == original[:16]
+    assert [t.tolist() for t in reveal_from(like)] == [[[2.0, 2.0], [2.0, 2.0]], [1.0, 1.0, 1.0]]
+    for wrong in ([torch.ones(4), torch.ones(3)], [torch.ones(2, 2).double(), torch.ones(3)],
+                  [torch.ones(2, 2)]):
+        with pytest.raises(ValueError, match="same shapes and dtypes"):
+            reveal_like(original, wrong)
 
 
 def test_files_written_before_safetensors_still_read(tmp_path):

@@ -8,9 +8,7 @@ guilty verdict taken to the referee to slash the provider whose real record it i
 from __future__ import annotations
 
 import hashlib
-import io
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -34,6 +32,7 @@ from shoal.spec.coordinator import (
 )
 from shoal.spec.ledger import LedgerConfig
 from shoal.spec.proof import Verdict, VerdictKind
+from shoal.train.kept_files import reveal_bytes, reveal_from
 from shoal.train.proof_store import contribution_norm, contribution_sha256
 from shoal.train.replay import relative_distance
 from tests.control.coordinator.conftest import Served, make_settings, provider_with_agent
@@ -64,8 +63,14 @@ def contribution(worker: str, step: int) -> list[torch.Tensor]:
     return [embedding, torch.randn(4, generator=generator)]
 
 
-def worker_file(tensors: list[torch.Tensor], step: int, tmp: Path) -> bytes:
-    """The file as a worker writes it (ProofStore: a temporary name with its pid)."""
+def worker_file(tensors: list[torch.Tensor]) -> bytes:
+    """The file as a worker writes it (`ProofStore.save_reveal`)."""
+    return reveal_bytes(tensors)
+
+
+def legacy_worker_file(tensors: list[torch.Tensor], step: int, tmp: Path) -> bytes:
+    """The file as a worker wrote it before safetensors: a torch archive under a
+    temporary name with its pid (torch names the archive's folder after it)."""
     path = tmp / f".{step:09d}.pt.4242.tmp"
     torch.save([t.clone() for t in tensors], path)
     return path.read_bytes()
@@ -112,7 +117,7 @@ def forced(store_url, operator, monkeypatch, tmp_path, chain):
         "contribution_sha256": contribution_sha256("tiny", worker, s, contribution(worker, s)),
         "contribution_norm": contribution_norm(contribution(worker, s))}) for s in range(5)]
     a.upload_records(job_id, RecordUpload(lease=lease.lease, records=tuple(records)))
-    files = {s: worker_file(contribution(worker, s), s, tmp_path) for s in range(5)}
+    files = {s: worker_file(contribution(worker, s)) for s in range(5)}
     yield Setup(served, coordinator, clock, a, submitter, lazy, honest, job_id, worker,
                 records, files, ledger, Settlement(ledger, chain_operator), referee)
     served.stop()
@@ -169,7 +174,7 @@ def replay_verdicts(s: Setup, client) -> dict[int, VerdictKind]:
     served = {r.step: r for r in client.work_records(s.job_id, 0)}
     kinds = {}
     for step, data in s.answer(client, range(5)).items():
-        revealed = torch.load(io.BytesIO(data), weights_only=True)
+        revealed = reveal_from(data)
         opened = contribution_sha256("tiny", s.worker, step, revealed)
         assert opened == served[step].contribution_sha256
         distance = relative_distance(contribution(s.worker, step), revealed)
@@ -290,13 +295,11 @@ def test_a_verifier_cannot_tell_a_plant_from_the_routes_before_it_files(forced):
         {k for k, v in real_view.model_dump().items() if v is None}
     for step, data in files.items():
         assert hashlib.sha256(data).hexdigest() == answered[step].sha256
-        # Laid out as the worker wrote it: the archive's folder names the worker's file.
-        assert [n.split("/", 1)[1] for n in zipfile.ZipFile(io.BytesIO(data)).namelist()] == \
-            [n.split("/", 1)[1] for n in zipfile.ZipFile(io.BytesIO(s.files[step])).namelist()]
-        assert {n.split("/")[0] for n in zipfile.ZipFile(io.BytesIO(data)).namelist()} == \
-            {f".{step:09d}.pt.4242"}
+        # Laid out as the worker wrote it: its header, byte for byte.
+        size = int.from_bytes(data[:8], "little")
+        assert data[:8 + size] == s.files[step][:8 + size]
         assert len(data) == len(s.files[step])
-    plant = torch.load(io.BytesIO(files[one_plant]), weights_only=True)
+    plant = reveal_from(files[one_plant])
     real = contribution(s.worker, one_plant)
     assert torch.equal(plant[0] == 0, real[0] == 0)  # the sparse rows stay sparse
     assert relative_distance(real, plant) > 3e-3  # yet a replay shows it wrong

@@ -105,16 +105,18 @@ def with_plants(records: list[WorkRecord], plants: dict[tuple[str, int], WorkRec
 
 
 def _saved_like(original: bytes, tensors: list) -> bytes:
-    """`tensors` saved as the worker saved `original`. A torch archive (files written
-    before safetensors) names its folder after the file it writes (the worker's
-    temporary name, with its pid), so the plant is written under that same name, or the
-    folder alone would tell it apart."""
+    """`tensors` saved as the worker saved `original`: a safetensors file with its
+    header kept byte for byte (`reveal_like`: a worker may lay its file out in any of
+    the forms the parser takes, and mark it so for a colluding verifier). A torch
+    archive (files written before safetensors) names its folder after the file it
+    writes (the worker's temporary name, with its pid), so the plant is written under
+    that same name, or the folder alone would tell it apart."""
     import torch
 
-    from shoal.train.kept_files import is_legacy, reveal_bytes
+    from shoal.train.kept_files import is_legacy, reveal_like
 
     if not is_legacy(original):
-        return reveal_bytes(tensors)
+        return reveal_like(original, tensors)
 
     try:
         names = zipfile.ZipFile(io.BytesIO(original)).namelist()
