@@ -5,7 +5,7 @@ They are safetensors files: a JSON header and the tensors' bytes, read by a pars
 built for files from strangers (no code runs, every offset is checked), in one copy.
 A verifier reads a round's worth of them for each DiLoCo audit, and `torch.load`
 with `weights_only=True` cost ~1.5 ms a reveal and ~3.5 ms a kept state here, where
-this reads either in ~0.2 ms. Files written before (torch zip archives of plain or
+this reads them in ~0.3 and ~0.5 ms (most of it the read itself). Files written before (torch zip archives of plain or
 packed tensors, `shoal.train.packing`) are still read, by the `weights_only` loader.
 
 Whatever a file holds that is not its kind raises `UnreadableFile`: its writer's
