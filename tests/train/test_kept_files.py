@@ -10,8 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save
 
-from shoal.train.kept_files import (UnreadableFile, local_bytes, local_from, params_bytes,
-                                    params_from, reveal_bytes, reveal_from, reveal_like)
+from shoal.train.kept_files import (UnreadableFile, kept_file_bound, local_bytes, local_from,
+                                    params_bytes, params_from, reveal_bytes, reveal_from,
+                                    reveal_like)
 from shoal.train.packing import pack, pack_optimizer_state
 from shoal.train.proof_store import ProofStore
 
@@ -152,3 +153,29 @@ def test_a_store_calls_a_forged_reveal_unreadable_and_a_forged_snapshot_absent(t
     store.params_path(3).parent.mkdir(parents=True)
     store.params_path(3).write_bytes(b"garbage")
     assert store.load_params(3) is None and store.load_reveal("w0", 4) is None
+
+
+def test_a_file_past_the_models_bound_is_not_read(tmp_path):
+    from shoal.jobs.model import GPT  # the job's model, as a verifier builds it
+    from shoal.spec.job import ModelSpec
+
+    model = GPT(ModelSpec(layers=1, heads=2, width=32, context=32))
+    optimizer = torch.optim.AdamW(model.parameters(), amsgrad=True)
+    model(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
+    optimizer.step()
+    bound = kept_file_bound(model)
+    honest = local_bytes(model.state_dict(), optimizer.state_dict()["state"])
+    assert len(honest) * 2 < bound  # an honest kept state, AMSGrad's third moment and all
+
+    store = ProofStore(tmp_path)
+    store.limit_file_bytes(bound)
+    store.save_local("w0", 1, model.state_dict(), optimizer.state_dict()["state"])
+    assert store.load_local("w0", 1) is not None
+    for path in (store.reveal_path("w0", 2), store.local_path("w0", 2), store.params_path(2)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(reveal_bytes([torch.zeros(bound // 4)]))  # past the bound
+    with pytest.raises(UnreadableFile, match="more than"):
+        store.load_reveal("w0", 2)
+    with pytest.raises(UnreadableFile, match="more than"):
+        store.load_local("w0", 2)
+    assert store.load_params(2) is None

@@ -24,6 +24,7 @@ from shoal.train.audit_sent import loss_problem, sent_problem
 from shoal.train.audit_slice import seeds_problem, slice_problem
 from shoal.train.audit_unrecorded import Members, Unrecorded, judge_unrecorded, stand_in
 from shoal.train.audit_unrecorded_round import UnrecordedRounds
+from shoal.train.kept_files import kept_file_bound
 from shoal.train.proof_store import ProofStore, UnreadableFile, contribution_sha256
 from shoal.train.replay import Replayer, relative_distance
 
@@ -46,6 +47,7 @@ class Auditor:
         """`records`: every record of the job so far (a DiLoCo audit follows a worker's
         chain of steps back to its round's start); the store's own by default."""
         self.store, self.replayer = store, replayer
+        store.limit_file_bytes(kept_file_bound(replayer.model))
         self.hyper_sha256, self.tolerance, self.verifier = hyper_sha256, tolerance, verifier
         self._loaded_step: int | None = None
         self._loaded_ok = False

@@ -82,6 +82,17 @@ def _encode(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = 
 
 # -- reading (verifiers) ------------------------------------------------------------
 
+def kept_file_bound(model: torch.nn.Module) -> int:
+    """The most bytes a kept file of this model's job may hold: a verifier reads no more
+    of one (a worker could make its file as large as a disk, and each is read whole).
+    With room to spare: the model's values six times over at 8 bytes each (a reveal
+    holds a gradient and a pseudo-gradient; a kept state the parameters and the
+    optimizer's slots, AdamW's two moments, AMSGrad's third), and 16 KiB of header
+    for each tensor of four such sets."""
+    tensors = list(model.state_dict().values())
+    return 6 * 8 * sum(t.numel() for t in tensors) + 16 * 1024 * (4 * len(tensors) + 1)
+
+
 def is_legacy(data: bytes) -> bool:
     """Is this a torch archive (a file written before safetensors)?"""
     return data[:4] == _ZIP_MAGIC

@@ -58,6 +58,12 @@ class ProofStore:
         self.dir = Path(directory)
         self._cache: dict[Path, tuple[tuple[int, int], list[WorkRecord]]] = {}
         self._merged: tuple | None = None
+        self._max_file_bytes: int | None = None
+
+    def limit_file_bytes(self, limit: int) -> None:
+        """Read no kept file past `limit` bytes (`kept_files.kept_file_bound`): a larger
+        one is unreadable, its writer's fault."""
+        self._max_file_bytes = limit
 
     def records_path(self, worker: str) -> Path:
         return self.dir / "records" / f"{worker}.jsonl"
@@ -171,42 +177,46 @@ class ProofStore:
         """The parameters step STEP started from, or None: not kept, or a file that is
         not a state of named tensors (a keeper's file is checked against the step's
         claims by whoever loads it)."""
-        data = _read(self.params_path(step))
-        if data is None:
-            return None
         try:
-            return params_from(data)
+            data = _read(self.params_path(step), self._max_file_bytes)
+            return params_from(data) if data is not None else None
         except UnreadableFile:
             return None
 
     def load_reveal(self, worker: str, step: int) -> list[torch.Tensor] | None:
         """What WORKER revealed for STEP, or None if it kept nothing. A file that is not a
         list of tensors raises `UnreadableFile`: its writer's broken commitment."""
-        data = _read(self.reveal_path(worker, step))
-        if data is None:
-            return None
         try:
-            return reveal_from(data)
+            data = _read(self.reveal_path(worker, step), self._max_file_bytes)
+            return reveal_from(data) if data is not None else None
         except UnreadableFile as error:
             raise UnreadableFile(f"{worker}'s file for step {step}: {error}") from None
 
     def load_local(self, worker: str, step: int) -> tuple[dict, dict] | None:
         """(parameters, optimizer state) of WORKER's step under DiLoCo, or None if it kept
         nothing. A file that is not a kept state raises `UnreadableFile`."""
-        data = _read(self.local_path(worker, step))
-        if data is None:
-            return None
         try:
-            return local_from(data)
+            data = _read(self.local_path(worker, step), self._max_file_bytes)
+            return local_from(data) if data is not None else None
         except UnreadableFile as error:
             raise UnreadableFile(f"{worker}'s state for step {step}: {error}") from None
 
 
-def _read(path: Path) -> bytes | None:
+def _read(path: Path, limit: int | None) -> bytes | None:
+    """The file's bytes, None if there is none, `UnreadableFile` past `limit` (read no
+    further: the file may grow while it is read)."""
     try:
-        return path.read_bytes()
+        with path.open("rb") as file:
+            if limit is None:
+                data = file.read()
+            else:  # sized by the file (read(n) sets n bytes aside first), capped by limit
+                data = file.read(min(os.fstat(file.fileno()).st_size, limit) + 1)
     except FileNotFoundError:
         return None
+    if limit is not None and len(data) > limit:
+        raise UnreadableFile(f"{path.name} holds more than {limit} bytes, more than any "
+                             "kept file of this job's model")
+    return data
 
 
 def _write_atomic(data: bytes, path: Path) -> None:

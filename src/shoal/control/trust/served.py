@@ -59,6 +59,9 @@ class ServedStore:
         plant = self._plants.get((worker, step))
         return [t.clone() for t in plant[1]] if plant else self.store.load_reveal(worker, step)
 
+    def limit_file_bytes(self, limit: int) -> None:
+        self.store.limit_file_bytes(limit)
+
     def load_params(self, step: int) -> dict[str, torch.Tensor] | None:
         return self.store.load_params(step)
 
