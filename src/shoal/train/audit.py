@@ -47,6 +47,8 @@ class Auditor:
         """`records`: every record of the job so far (a DiLoCo audit follows a worker's
         chain of steps back to its round's start); the store's own by default."""
         self.store, self.replayer = store, replayer
+        # The store reads no file past what this job's model could need (a worker could
+        # make its file as large as a disk): set here, where the model is known.
         store.limit_file_bytes(kept_file_bound(replayer.model))
         self.hyper_sha256, self.tolerance, self.verifier = hyper_sha256, tolerance, verifier
         self._loaded_step: int | None = None

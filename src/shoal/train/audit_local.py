@@ -108,13 +108,14 @@ class LocalAudit:
         # states (`_chain`, `_step`), which says what and where, within the tolerance.
         # Each verdict depends on its record's round alone, not on what else was audited.
         before = _round_before(record, mine)
+        stated = self._stated_problems(before, everyone)
         walked = None
-        if not self._stated_problems(before, everyone):
+        if not stated:
             walked = self._walk.walk(
                 before + [record], everyone,
                 lambda step: self._kept_start(step, mine, everyone, outer_sha256), judge)
         if walked is None:
-            found, carried = self._chain(before, mine, everyone, outer_sha256)
+            found, carried = self._chain(before, stated, mine, everyone, outer_sha256)
             if found is not None:
                 return found
             found, _, walked = self._step(record, mine, everyone, outer_sha256, judge, carried)
@@ -124,16 +125,16 @@ class LocalAudit:
             return self._outer_problem(record, mine, everyone, outer_sha256, walked[-1])
         return VerdictKind.valid, "", 0.0
 
-    def _chain(self, before: list[WorkRecord], mine: list[WorkRecord],
-               everyone: KnownRecords, outer_sha256: str
+    def _chain(self, before: list[WorkRecord], stated: dict[int, Finding],
+               mine: list[WorkRecord], everyone: KnownRecords, outer_sha256: str
                ) -> tuple[Finding | None, Carried | None]:
-        """Re-take `before` (a worker's steps of a round, in order) step by step: each
+        """Re-take `before` (a worker's steps of a round, in order; `stated`: what
+        `_stated_problems` found in them) step by step: each
         step's end hashed against its claim, and where one differs in its last bits,
         measured against the kept state that starts there (`_end_problem`), the next
         going on from that. The first finding, and where the last step ended if bit for
         bit as claimed."""
         carried = None
-        stated = self._stated_problems(before, everyone)
         for earlier in before:
             found = stated.get(earlier.step)
             if found is None:

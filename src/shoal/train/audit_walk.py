@@ -43,8 +43,9 @@ REACHED_BYTES = 256 * 2**20
 class RoundWalk:
     def __init__(self, store: ProofStore, replayer: Replayer) -> None:
         self.store, self.replayer = store, replayer
-        # chain (`_chain_key`) -> (parameters, optimizer state, records seen, bytes)
-        self._reached: dict[tuple, tuple[dict, dict, int, int]] = {}
+        # chain (`_chain_key`) -> (parameters, optimizer state, the records it was
+        # walked over, bytes)
+        self._reached: dict[tuple, tuple[dict, dict, KnownRecords, int]] = {}
 
     def walk(self, chain: list[WorkRecord], everyone: KnownRecords, kept_start: KeptStart,
              judge: Callable[[list[torch.Tensor]], Finding | None]) -> list[torch.Tensor] | None:
@@ -53,9 +54,8 @@ class RoundWalk:
         step's revealed contribution when every check passed and every hash taken matched
         its claim; None when anything did not (the caller then audits step by step, which
         says what and where)."""
-        relied_on = _claimed_starts(everyone)
         revealed: list[torch.Tensor] = []
-        resume = self._resume(chain, len(everyone))
+        resume = self._resume(chain, everyone)
         for i, step in enumerate(chain[resume:], start=resume):
             # From a kept start at the chain's first step and at a restart; else the
             # replayer holds where the last step (or an earlier walk) ended.
@@ -80,35 +80,37 @@ class RoundWalk:
                     return None
             successor = chain[i + 1] if i + 1 < len(chain) else None
             if successor is None or _start(successor) != _end(step) or \
-                    relied_on(_end(step), successor):
+                    _relied_on(everyone, _end(step), successor):
                 ended = (param_sha256(self.replayer.model),
                          optimizer_state_sha256(self.replayer.local_state()))
                 if ended != _end(step):
                     return None
         if not chain[-1].local.outer:  # a round's end: no longer chain goes on from it
-            self._remember(chain, len(everyone))
+            self._remember(chain, everyone)
         return revealed
 
-    def _resume(self, chain: list[WorkRecord], records: int) -> int:
+    def _resume(self, chain: list[WorkRecord], everyone: KnownRecords) -> int:
         """How many of `chain`'s steps an earlier walk took, ending bit for bit where the
         last of them claims and the next starts (the replayer then holds that state), or
-        0. Only over the same records: which claims the walk hashed depends on them."""
+        0. Only over the same records (the same index: `KnownRecords.of` keeps it while
+        they are the same objects), as which claims the walk hashed depends on them: as
+        many records, one filed again otherwise, could start from a claim it skipped."""
         for k in range(len(chain) - 1, 0, -1):
             reached = self._reached.get(_chain_key(chain[:k]))
-            if reached is not None and reached[2] == records and \
+            if reached is not None and reached[2] is everyone and \
                     _start(chain[k]) == _end(chain[k - 1]):
                 self.replayer.hold(reached[0], _copied(reached[1]))
                 return k
         return 0
 
-    def _remember(self, chain: list[WorkRecord], records: int) -> None:
+    def _remember(self, chain: list[WorkRecord], everyone: KnownRecords) -> None:
         """Keep the state the walk of `chain` ended at (within `REACHED_BYTES`)."""
         params = {k: v.detach().clone() for k, v in self.replayer.model.state_dict().items()}
         state = _copied(self.replayer.local_state())
         size = _nbytes(params) + sum(_nbytes(slots) for slots in state.values())
         if size > REACHED_BYTES:
             return
-        self._reached[_chain_key(chain)] = (params, state, records, size)
+        self._reached[_chain_key(chain)] = (params, state, everyone, size)
         while sum(entry[3] for entry in self._reached.values()) > REACHED_BYTES:
             del self._reached[next(iter(self._reached))]  # the oldest
 
@@ -130,16 +132,13 @@ def opened_reveal(store: ProofStore, record: WorkRecord
     return None, revealed
 
 
-def _claimed_starts(everyone: KnownRecords
-                    ) -> Callable[[tuple[str, str], WorkRecord | None], bool]:
+def _relied_on(everyone: KnownRecords, end: tuple[str, str],
+               successor: WorkRecord | None) -> bool:
     """Does a record other than `successor` start from this claimed end (its parameters
     or its optimizer state)?"""
-    def relied_on(end: tuple[str, str], successor: WorkRecord | None) -> bool:
-        then = _start(successor) if successor is not None else (None, None)
-        params_from, state_from = everyone.starting_from(*end)
-        return params_from > (then[0] == end[0]) or state_from > (then[1] == end[1])
-
-    return relied_on
+    then = _start(successor) if successor is not None else (None, None)
+    params_from, state_from = everyone.starting_from(*end)
+    return params_from > (then[0] == end[0]) or state_from > (then[1] == end[1])
 
 
 def _chain_key(chain: list[WorkRecord]) -> tuple:
