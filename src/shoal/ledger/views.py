@@ -117,6 +117,10 @@ class LedgerReader:
         """Wei the account may withdraw: earnings, refunds, fees, rewards, bonds, released stake."""
         return int(self._read("accounts", Web3.to_checksum_address(account))) >> CREDIT_SHIFT
 
+    def dispute_count(self) -> int:
+        """How many disputes were ever opened (ids run from 1)."""
+        return int(self._read("dispute_count"))
+
     def dispute(self, dispute: int) -> Dispute:
         job, provider, challenger, bond, opened_at, state = self._read("disputes", dispute)
         if state == 0:

@@ -326,6 +326,42 @@ def test_a_false_accusation_behind_an_unruled_dispute_still_costs_its_bond(tmp_p
         s.close()
 
 
+def test_a_dispute_nobody_files_is_rejected_unheard_and_the_one_behind_it_then_decided(tmp_path):
+    """Mallory opens a dispute on p1's lease and never files it, then files a false one
+    behind it: the contract decides a lease's disputes oldest first, so the false one's
+    ruling waits, and p1's pay with it, until the unfiled one expires (days). Past the
+    grace the referee rejects the unfiled one unheard (its bond to the treasury); the
+    ruling behind it reaches the chain next round; a filing past the grace is refused."""
+    grace_s = 600
+    s = Disputed(tmp_path, unfiled_dispute_grace_s=grace_s)
+    try:
+        unfiled = s.ledger.open_dispute(s.mallory, s.chain_job, s.p1.address, BOND).returned
+        false = s.ledger.open_dispute(s.mallory, s.chain_job, s.p1.address, BOND).returned
+        mallory = s.served.client(s.mallory)
+        mallory.file_dispute(s.job_id, DisputeFiling(dispute=false, worker=s.worker, epoch=0,
+                                                     trajectory=s.states({1})))
+        s.answer_until(lambda: s.ruled(false))
+        assert (s.ruled(false).ruling, s.ruled(false).chain_state) == ("rejected", "behind")
+        s.ledger.chain.advance_time(grace_s + 1)
+        for _ in range(2):  # the unfiled one rejected; then the ruling behind it enforced
+            s.served.app.state.rounds.once()
+        assert s.ledger.dispute(unfiled).state is DisputeState.rejected
+        assert s.ledger.dispute(false).state is DisputeState.rejected
+        assert s.ruled(false).chain_state == "rejected"
+        assert not s.ledger.lease(s.chain_job, s.p1.address).disputed
+        assert "rejected on chain" in refused(lambda: mallory.file_dispute(
+            s.job_id, DisputeFiling(dispute=unfiled, worker=s.worker, epoch=0,
+                                    trajectory=s.states({CHEAT_STEP}))), 409)
+        # Filed late, even before the referee got to it: refused, not heard.
+        late = s.ledger.open_dispute(s.mallory, s.chain_job, s.p1.address, BOND).returned
+        s.ledger.chain.advance_time(grace_s + 1)
+        assert "rejects it unheard" in refused(lambda: mallory.file_dispute(
+            s.job_id, DisputeFiling(dispute=late, worker=s.worker, epoch=0,
+                                    trajectory=s.states({CHEAT_STEP}))), 409)
+    finally:
+        s.close()
+
+
 def _challenge(s: Disputed):
     """The challenger's side as `shoal dispute` runs it, on a thread while agent a
     answers: replay every record of the worker's epoch through the coordinator, and

@@ -1,8 +1,9 @@
 """Attacks on how the coordinator uses the settlement contract (the embedded EVM):
 one escrow backing two jobs, a fee the escrow cannot cover, a settlement that
 fails once and is never tried again, an under-staked provider taken as accepted,
-and a submitter reclaiming the escrow of a job still running. Each ends with the
-attacker no better off and the honest providers paid for what they did."""
+a submitter reclaiming the escrow of a job still running, and disputes opened on
+chain and never brought to the referee, to freeze a provider's pay. Each ends with
+the attacker no better off and the honest providers paid for what they did."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import pytest
 from shoal.control.agent import Agent, AgentConfig
 from shoal.control.client import CoordinatorRefused
 from shoal.control.coordinator import Coordinator, chain_jobs
+from shoal.control.coordinator.errors import Conflict
 from shoal.control.coordinator.settlement import Settlement
 from shoal.ledger import Chain, ContractRevert, Ledger
 from shoal.ledger.errors import ChainUnavailable
 from shoal.spec.coordinator import Heartbeat, JobStatus, JobSubmission, OfferTerms, Registration
-from shoal.spec.ledger import LedgerConfig
+from shoal.spec.ledger import DisputeState, LedgerConfig
 from tests.control.coordinator.conftest import TINY_JOB, Served, make_settings, provider_with_agent
 from tests.control.coordinator.test_proofs import publish
 
@@ -29,16 +31,21 @@ MIN_STAKE = 10**15
 class Stage:
     """A coordinator settling on a fresh embedded chain; alice submits, p1 and p2 provide."""
 
-    def __init__(self, tmp_path, settings: dict | None = None, **config) -> None:
+    def __init__(self, tmp_path, settings: dict | None = None, referee: bool = False,
+                 **config) -> None:
+        """`referee`: the coordinator holds the contract's referee key."""
         self.chain = Chain.embedded()
-        owner, operator, referee, self.alice, self.p1, self.p2 = self.chain.dev_accounts()[:6]
-        self.ledger = Ledger.deploy(self.chain, owner, operator.address, referee.address,
+        self.owner, operator, referee_key, self.alice, self.p1, self.p2, self.mallory = \
+            self.chain.dev_accounts()[:7]
+        self.ledger = Ledger.deploy(self.chain, self.owner, operator.address,
+                                    referee_key.address,
                                     LedgerConfig(min_stake_wei=MIN_STAKE, **config))
         self.skipped_s = 0.0  # the coordinator's clock runs this far ahead of the wall's
         self.coordinator = Coordinator(make_settings(f"sqlite:///{tmp_path}/store.db",
                                                      **(settings or {})),
                                        clock=lambda: time.time() + self.skipped_s,
-                                       settlement=Settlement(self.ledger, operator))
+                                       settlement=Settlement(self.ledger, operator),
+                                       referee_key=referee_key if referee else None)
         self.served = Served(self.coordinator)
         self.submitter = self.served.client(self.alice)
         self.submitter.register(Registration(role="submitter", name="alice"))
@@ -99,8 +106,8 @@ class Stage:
 def stage(tmp_path):
     made = []
 
-    def make(settings: dict | None = None, **config) -> Stage:
-        made.append(Stage(tmp_path, settings, **config))
+    def make(settings: dict | None = None, referee: bool = False, **config) -> Stage:
+        made.append(Stage(tmp_path, settings, referee, **config))
         return made[-1]
 
     yield make
@@ -293,3 +300,54 @@ def test_a_job_whose_chain_job_was_reclaimed_ends(stage):
     assert all(lease.ends_at_s is not None for lease in ended.leases)
     assert s.events(job.job_id, "chain_job_closed") and not s.events(job.job_id,
                                                                     "settlement_failed")
+
+
+def test_disputes_opened_and_never_brought_to_the_referee_are_rejected_unheard(stage):
+    """Mallory opens every dispute the contract allows on p1's lease and files none: each
+    froze p1's pay until the contract's dispute timeout (days) for gas, its bond back
+    then, and kept any honest challenger off the lease. Past the coordinator's grace its
+    referee rejects them unheard: the bonds go to the treasury, the lease is free, and a
+    late filing is refused. A dispute still inside the grace, or on a chain job this
+    coordinator does not run, is left alone."""
+    grace_s = 600
+    s = stage(settings={"unfiled_dispute_grace_s": grace_s}, referee=True)
+    chain_job = s.ledger.create_job(s.alice, 2 * PRICE, BUDGET).returned
+    job = s.working(s.providers(), chain_job)
+    bond = s.ledger.config().min_bond_wei
+    opened = []
+    while True:  # as many as the contract lets one lease have open
+        try:
+            opened.append(s.ledger.open_dispute(s.mallory, chain_job, s.p1.address,
+                                                bond).returned)
+        except ContractRevert as refused:
+            assert "too many open disputes" in str(refused)
+            break
+    assert len(opened) == 8
+    treasury = s.ledger.credit_of(s.owner.address)
+    s.chain.advance_time(grace_s // 2)
+    s.rounds()
+    assert all(s.ledger.dispute(d).state is DisputeState.open for d in opened)
+    s.chain.advance_time(grace_s // 2 + 1)
+    s.rounds()
+    assert [s.ledger.dispute(d).state for d in opened] == [DisputeState.rejected] * 8
+    assert s.ledger.credit_of(s.owner.address) == treasury + 8 * bond
+    assert s.ledger.credit_of(s.mallory.address) == 0
+    assert not s.ledger.lease(chain_job, s.p1.address).disputed
+    dismissed = s.events(job.job_id, "dispute_dismissed")
+    assert sorted(e.detail["dispute"] for e in dismissed) == opened
+    # The lease takes an honest challenger's dispute again, which waits its own grace.
+    honest = s.ledger.open_dispute(s.p2, chain_job, s.p1.address, bond).returned
+    s.rounds()
+    assert s.ledger.dispute(honest).state is DisputeState.open
+    # A filing past the grace is refused before anything is read of it.
+    with pytest.raises(Conflict, match="rejects it unheard"):
+        s.coordinator.check_filing_in_time(s.ledger.dispute(opened[0]))
+    # A chain job this coordinator does not run is not its to judge.
+    elsewhere = s.ledger.create_job(s.alice, 2 * PRICE, BUDGET).returned
+    s.ledger.open_lease(s.coordinator.settlement.operator, elsewhere, s.p1.address, PRICE, 3600)
+    s.ledger.accept(s.p1, elsewhere)
+    foreign = s.ledger.open_dispute(s.mallory, elsewhere, s.p1.address, bond).returned
+    s.chain.advance_time(grace_s + 1)
+    s.rounds()
+    assert s.ledger.dispute(foreign).state is DisputeState.open
+    assert s.ledger.dispute(honest).state is DisputeState.rejected  # filed by nobody either

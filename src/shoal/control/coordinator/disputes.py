@@ -59,7 +59,7 @@ class Deferred(Exception):
 
 class DisputeService:
     """Uses the Coordinator's `engine`, `settlement`, `referee`, `now_s`, `_change`,
-    `_event`, `drop_provider`; ForcedErrorService's `served_epochs`, `served_records` and
+    `_event`, `drop_provider`; UnfiledDisputes' `check_filing_in_time`; ForcedErrorService's `served_epochs`, `served_records` and
     `is_plant`; AuditService's `raise_challenges` and `challenges`."""
 
     fetch_wait_s = FETCH_WAIT_S
@@ -111,6 +111,7 @@ class DisputeService:
         with self._change() as session:  # under the coordinator's lock: one filing wins
             if session.get(DisputeRow, filing.dispute) is not None:
                 raise Conflict(f"dispute {filing.dispute} was brought already")
+            self.check_filing_in_time(opened)  # or rejected unheard (`unfiled_disputes`)
             now = self.now_s()
             row = DisputeRow(dispute=filing.dispute, job_id=job_id, worker=filing.worker,
                              epoch=filing.epoch, challenger=opened.challenger, provider=provider,

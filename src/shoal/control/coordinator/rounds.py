@@ -1,7 +1,7 @@
 """The coordinator's own loop: a market round, lost agents reaped, chain jobs
 tended (failed settlements retried, live ones kept active), jobs whose
-membership changed re-planned, old nonces forgotten, every
-`clear_interval_s`, on a thread of its own."""
+membership changed re-planned, disputes nobody filed rejected, old nonces
+forgotten, every `clear_interval_s`, on a thread of its own."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ class RoundLoop:
         self.coordinator.root_epochs()
         self.coordinator.plant_forced_errors()
         self.coordinator.enforce_rulings()
+        self.coordinator.dismiss_unfiled_disputes()
         self.metrics.rounds.inc()
         self.metrics.leases.inc(sum(len(f.new_leases) for f in clearing.fills))
         self.metrics.notices.inc(len(clearing.notices))

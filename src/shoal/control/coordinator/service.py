@@ -33,6 +33,7 @@ from shoal.control.coordinator.audits import AuditService
 from shoal.control.coordinator.chain_jobs import ChainSettlement
 from shoal.control.coordinator.checkpoints import CheckpointCarry
 from shoal.control.coordinator.disputes import DisputeService
+from shoal.control.coordinator.unfiled_disputes import UnfiledDisputes
 from shoal.control.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.control.coordinator.file_admission import FileAdmission
 from shoal.control.coordinator.job_hosts import JobHosts
@@ -66,7 +67,8 @@ _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
 class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
-                  ChainSettlement, ProofService, AuditService, DisputeService, JobProgress,
+                  ChainSettlement, ProofService, AuditService, DisputeService, UnfiledDisputes,
+                  JobProgress,
                   CheckpointCarry, FileAdmission, NetworkProbing, JobPlanning, LeaseAttendance):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
@@ -100,6 +102,7 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
         self._attendance_init()
         self.referee = Referee(self, referee_key, replayer)
         self._disputes_init()
+        self._unfiled_init()
         self.started_s = self.now_s()
 
     # ------------------------------------------------------------ time and transactions

@@ -69,6 +69,10 @@ class CoordinatorSettings(BaseSettings):
     # After a job ends, how long verifiers have to file on its last epoch before the plan's
     # secret (which records were planted) is revealed and missed plants are penalised.
     forced_error_window_s: float = Field(600.0, ge=0)
+    # An on-chain dispute on one of our jobs that nobody brings here this long after its
+    # opening is rejected unheard (bond to the treasury): it would freeze the accused
+    # provider's pay until the contract's dispute timeout (unfiled_disputes.py).
+    unfiled_dispute_grace_s: float = Field(3600.0, gt=0)
 
     @property
     def rendezvous_address(self) -> str:
