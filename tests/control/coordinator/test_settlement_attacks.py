@@ -308,7 +308,8 @@ def test_disputes_opened_and_never_brought_to_the_referee_are_rejected_unheard(s
     then, and kept any honest challenger off the lease. Past the coordinator's grace its
     referee rejects them unheard: the bonds go to the treasury, the lease is free, and a
     late filing is refused. A dispute still inside the grace, or on a chain job this
-    coordinator does not run, is left alone."""
+    coordinator does not run, is left alone; one opened while the coordinator was down
+    gets its whole grace once it is back."""
     grace_s = 600
     s = stage(settings={"unfiled_dispute_grace_s": grace_s}, referee=True)
     chain_job = s.ledger.create_job(s.alice, 2 * PRICE, BUDGET).returned
@@ -351,3 +352,14 @@ def test_disputes_opened_and_never_brought_to_the_referee_are_rejected_unheard(s
     s.rounds()
     assert s.ledger.dispute(foreign).state is DisputeState.open
     assert s.ledger.dispute(honest).state is DisputeState.rejected  # filed by nobody either
+    # One opened while the coordinator was down (nobody could file it) has its whole grace
+    # once it is back, for a filing as for the referee.
+    while_down = s.ledger.open_dispute(s.p2, chain_job, s.p1.address, bond).returned
+    s.chain.advance_time(grace_s + 1)
+    s.coordinator._unfiled_init()  # what a starting coordinator remembers of disputes
+    s.rounds()
+    s.coordinator.check_filing_in_time(s.ledger.dispute(while_down))  # not refused
+    assert s.ledger.dispute(while_down).state is DisputeState.open
+    s.chain.advance_time(grace_s + 1)
+    s.rounds()
+    assert s.ledger.dispute(while_down).state is DisputeState.rejected

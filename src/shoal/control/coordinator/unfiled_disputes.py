@@ -11,6 +11,9 @@ the lease. The referee now rejects a dispute on one of its jobs that nobody
 filed within `unfiled_dispute_grace_s` of its opening: the contract sends the
 bond to the treasury, as for any false accusation. A filing after the grace is
 refused, so a challenger learns at once, not from its lost bond, that it is late.
+The grace runs from the opening or from when this coordinator started reading
+the chain, whichever is later: a dispute opened while it was down (nobody could
+file it) gets the whole grace after it is back.
 
 Disputes are read by id, from the first this coordinator has not finished with:
 after a restart, every dispute of the contract is read once again.
@@ -38,17 +41,30 @@ class UnfiledDisputes:
 
     def _unfiled_init(self) -> None:
         self._next_dispute = 1  # the first dispute id not read yet
+        self._reading_since: int | None = None  # chain time of our first read of disputes
         self._watched: dict[int, Dispute] = {}  # open, on our jobs, not filed (yet)
         self._dismissed: set[int] = set()  # rejected unheard (or being): never filed now
 
     def check_filing_in_time(self, opened: Dispute) -> None:
-        """Refuse a filing of a dispute opened longer ago than the grace (Conflict)."""
-        late_s = self.settlement.ledger.chain.now() - opened.opened_at
+        """Refuse (Conflict) a filing of a dispute that could have been filed here for
+        longer than the grace: since its opening, or since this coordinator started."""
+        late_s = self._waited_s(opened, self._chain_now())
         grace = self.settings.unfiled_dispute_grace_s
         if opened.dispute in self._dismissed or late_s > grace:
-            raise Conflict(f"dispute {opened.dispute} was opened {late_s} s ago on chain: a "
-                           f"dispute is brought within {grace:g} s of opening it, or the "
-                           "referee rejects it unheard (its bond to the treasury)")
+            raise Conflict(f"dispute {opened.dispute} waited {late_s} s on chain: a dispute "
+                           f"is brought within {grace:g} s of opening it, or the referee "
+                           "rejects it unheard (its bond to the treasury)")
+
+    def _chain_now(self) -> int:
+        """Chain time; the first read is when this coordinator began to take filings."""
+        now = self.settlement.ledger.chain.now()
+        if self._reading_since is None:
+            self._reading_since = now
+        return now
+
+    def _waited_s(self, opened: Dispute, now: int) -> int:
+        """Chain seconds `opened` could have been filed here for."""
+        return now - max(opened.opened_at, self._reading_since)
 
     def dismiss_unfiled_disputes(self) -> None:
         """Once a round: reject, oldest first, each open dispute on one of our jobs that
@@ -62,19 +78,19 @@ class UnfiledDisputes:
             ours = {chain_job: job_id for chain_job, job_id in session.execute(
                 select(JobRow.chain_job, JobRow.job_id).where(JobRow.chain_job.is_not(None)))}
         try:
+            now = self._chain_now()
             count = ledger.dispute_count()
             for dispute in range(self._next_dispute, count + 1):
                 opened = ledger.dispute(dispute)
                 if opened.state is DisputeState.open and opened.job in ours:
                     self._watched[dispute] = opened
             self._next_dispute = count + 1
-            now = ledger.chain.now()
         except LedgerError as error:  # the node is down: next round
             log.error("reading the contract's disputes failed: %s", error)
             return
         grace = self.settings.unfiled_dispute_grace_s
         for dispute, opened in sorted(self._watched.items()):
-            if now - opened.opened_at <= grace:
+            if self._waited_s(opened, now) <= grace:
                 continue
             if not self._dismiss(ours[opened.job], opened):
                 continue
