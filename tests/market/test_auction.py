@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import random
 
@@ -102,3 +103,50 @@ def test_preemption_takes_only_lower_priority_spot_leases_and_only_for_a_shortfa
         # Free fitting devices were all used before anyone was disrupted.
         assert len(chosen.free) == len([o for o in book if fits(o, b)])
     assert len(chosen.free) + len(chosen.taken) <= b.workers
+
+
+@PROPERTY
+@given(workers=st.integers(1, 6), least=st.integers(1, 6), max_price=st.integers(1, 12),
+       book=offers(), cap=st.integers(1, 3),
+       providers=st.lists(st.sampled_from("pqr"), min_size=8, max_size=8),
+       held=st.lists(st.sampled_from("pqr"), max_size=2))
+def test_a_cap_per_provider_leaves_the_cheapest_set_within_the_cap(workers, least, max_price,
+                                                                    book, cap, providers, held):
+    """The greedy choice under a cap on devices per provider, against every subset: the
+    set is within the cap (counting what the job holds) and no cheaper one is."""
+    b = bid("job", workers, min_workers=min(least, workers), max_price=max_price * 50,
+            max_devices_per_provider=cap)
+    book = [o.model_copy(update={"provider": p}) for o, p in zip(book, providers)]
+    held_by = collections.Counter(held)
+    chosen = select(b, len(held), book, held_by=held_by)
+    fitting = [o for o in book if fits(o, b)]
+
+    def within(combo) -> bool:
+        counts = held_by + collections.Counter(o.provider for o in combo)
+        return all(n <= cap for p, n in counts.items() if p in {o.provider for o in combo})
+
+    need = max(b.workers - len(held), 0)
+    size = max((k for k in range(min(need, len(fitting)) + 1)
+                if any(within(c) for c in itertools.combinations(fitting, k))), default=0)
+    if len(held) + size < b.min_workers or need == 0:
+        assert chosen.free == ()
+        return
+    best = min(sum(o.price_wei_per_s for o in c)
+               for c in itertools.combinations(fitting, size) if within(c))
+    assert len(chosen.free) == size and within(chosen.free)
+    assert sum(o.price_wei_per_s for o in chosen.free) == best
+    if size < need:
+        assert "max_devices_per_provider" in chosen.reason or \
+            len(fitting) == size, chosen.reason
+
+
+def test_preemption_takes_no_provider_past_the_cap():
+    """Two spot leases of one provider's devices could be taken; under a cap of one,
+    the job takes one of them and a device of another provider."""
+    lease_book = LeaseBook()
+    victim = bid("low", priority=0)
+    running = [_running(lease_book, victim, offer(f"h{i}", 100, provider=p))
+               for i, p in enumerate("ppq")]
+    chosen = select(bid("high", 3, priority=1, max_devices_per_provider=1), 0, [], running)
+    assert sorted(c.offer.provider for c in chosen.taken) == ["p", "q"]
+    assert chosen.status is FillStatus.partial

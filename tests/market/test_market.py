@@ -170,3 +170,41 @@ def test_errors_name_the_mistake_and_the_fix():
     with pytest.raises(MarketError, match="finite number of seconds"):
         MarketConfig(notice_period_s=float("nan"))
     assert isinstance(ClockWentBack(1.0, 2.0), MarketError)
+
+
+def test_a_providers_leases_stop_where_its_allowance_is_billed_and_it_takes_no_more():
+    """p's chain lease can book 100 s at its price: however much escrow the job has, its
+    lease stops where it has billed that (back-dated to then, in whole seconds), p is
+    not leased to the job again though its device is free, and q's lease runs on."""
+    market = market_with(offer("p-d0", 100, provider="p"), offer("q-d0", 120, provider="q"))
+    market.submit(bid("j", 2, budget=10**9), 0.0)
+    market.clear(0.0)
+    market.allow("j", "p", 100 * 100, 0.5)
+    assert market.clear(99.0).stopped == ()
+    cleared = market.clear(150.0)
+    (stopped,) = cleared.stopped
+    assert (stopped.provider, stopped.ends_at_s) == ("p", 100.0)
+    assert cleared.spent == (("j", "p"),)
+    assert market.meter("j").charges(150.0)[stopped.lease] == 100 * 100
+    assert cleared.fill("j").new_leases == ()  # p-d0 is free, and barred from j
+    assert market.clear(151.0).spent == ()  # reported once
+    running = [lease for lease in market.meter("j").leases if lease.ends_at_s is None]
+    assert [lease.provider for lease in running] == ["q"]
+    # Another job may lease p's device: the allowance is p's in j only.
+    market.submit(bid("k"), 152.0)
+    assert market.clear(152.0).fill("k").new_leases[0].offer_id == "p-d0"
+
+
+def test_an_allowance_counts_every_lease_of_the_provider_in_the_job():
+    """Spent over two leases (a pause between them), it stops the second where their sum
+    reaches it."""
+    market = market_with(offer("p-d0", 100, provider="p"))
+    market.submit(bid("j", budget=10**9), 0.0)
+    market.clear(0.0)
+    market.allow("j", "p", 100 * 100, 0.0)
+    market.pause("j", 60.0)
+    market.resume("j", 70.0)
+    market.clear(70.0)
+    (stopped,) = market.clear(200.0).stopped
+    assert stopped.ends_at_s == 110.0  # 60 s, then 40 more from 70
+    assert sum(market.meter("j").charges(200.0).values()) == 100 * 100

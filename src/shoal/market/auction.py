@@ -4,13 +4,17 @@ Pure functions over values, so the simulator can run them at scale and the
 tests can hold them against brute force. Every requirement in a bid is per
 device, so the cheapest feasible set of k devices is the k cheapest offers
 that each satisfy it; ties go to the faster device, then the smaller offer id,
-so the same book always clears the same way.
+so the same book always clears the same way. A cap on devices per provider
+keeps that true taken in the same order: the cheapest fitting offers, skipping
+those of a provider already at its cap (sets within per-provider caps form a
+partition matroid, on which the greedy choice is the cheapest).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from shoal.spec.market import Bid, DeviceLease, FillStatus, Offer, Tenancy
@@ -36,16 +40,31 @@ def rank(offer: Offer) -> tuple[int, float, str]:
     return (offer.price_wei_per_s, -offer.speed_samples_per_s, offer.offer_id)
 
 
-def cheapest(bid: Bid, offers: Iterable[Offer], count: int, ranked: bool = False) -> list[Offer]:
-    """Up to `count` offers that satisfy the bid, cheapest first.
+def cheapest(bid: Bid, offers: Iterable[Offer], count: int, ranked: bool = False,
+             held_by: Mapping[str, int] | None = None) -> list[Offer]:
+    """Up to `count` offers that satisfy the bid, cheapest first, within the bid's cap
+    on devices per provider (`held_by`: devices each provider holds for the job already).
 
     `ranked`: the offers already come in `rank` order, so the scan stops at
     the count-th fit (a clearing round ranks the free offers once for all jobs).
     """
     fitting = (o for o in offers if satisfies(o, bid))
-    if ranked:
-        return list(itertools.islice(fitting, max(count, 0)))
-    return sorted(fitting, key=rank)[:max(count, 0)]
+    if not ranked:
+        fitting = iter(sorted(fitting, key=rank))
+    capped = within_cap(bid, fitting, lambda o: o.provider, collections.Counter(held_by or {}))
+    return list(itertools.islice(capped, max(count, 0)))
+
+
+def within_cap(bid: Bid, items: Iterable, provider_of, counts: collections.Counter):
+    """`items` in order, skipping those whose provider has `max_devices_per_provider` of
+    the job's devices already (`counts`, updated as items are taken)."""
+    for item in items:
+        provider = provider_of(item)
+        if bid.max_devices_per_provider is not None and \
+                counts[provider] >= bid.max_devices_per_provider:
+            continue
+        counts[provider] += 1
+        yield item
 
 
 @dataclass(frozen=True)
@@ -82,8 +101,10 @@ def _victim_order(candidate: Preemptible) -> tuple[int, tuple[int, float, str]]:
 
 
 def select(bid: Bid, held: int, free: Sequence[Offer],
-           preemptible: Sequence[Preemptible] = (), ranked: bool = False) -> Selection:
-    """Fill the bid's shortfall over `held` leases: free offers first, then preemption.
+           preemptible: Sequence[Preemptible] = (), ranked: bool = False,
+           held_by: Mapping[str, int] | None = None) -> Selection:
+    """Fill the bid's shortfall over `held` leases (`held_by`: of them, how many each
+    provider holds): free offers first, then preemption.
 
     Preemption disrupts another job, so it only makes up what free offers
     cannot; and nothing at all is leased when even both leave the job below
@@ -92,27 +113,40 @@ def select(bid: Bid, held: int, free: Sequence[Offer],
     need = bid.workers - held
     if need <= 0:
         return Selection(FillStatus.full)
-    chosen = cheapest(bid, free, need, ranked)
+    chosen = cheapest(bid, free, need, ranked, held_by)
     short = need - len(chosen)
     taken: list[Preemptible] = []
     if short > 0:
+        counts = collections.Counter(held_by or {})
+        counts.update(o.provider for o in chosen)
         eligible = sorted((c for c in preemptible if may_preempt(bid, c)), key=_victim_order)
-        taken = eligible[:short]
+        taken = list(itertools.islice(
+            within_cap(bid, eligible, lambda c: c.offer.provider, counts), short))
     total = held + len(chosen) + len(taken)
     if total < bid.min_workers:
-        return Selection(FillStatus.unfilled, reason=shortfall_reason(bid, held, free, total))
+        return Selection(FillStatus.unfilled,
+                         reason=shortfall_reason(bid, held, free, total, held_by))
     if total < bid.workers:
-        reason = shortfall_reason(bid, held, free, total)
+        reason = shortfall_reason(bid, held, free, total, held_by)
         return Selection(FillStatus.partial, tuple(chosen), tuple(taken), reason)
     return Selection(FillStatus.full, tuple(chosen), tuple(taken))
 
 
-def shortfall_reason(bid: Bid, held: int, offers: Sequence[Offer], reachable: int) -> str:
+def shortfall_reason(bid: Bid, held: int, offers: Sequence[Offer], reachable: int,
+                     held_by: Mapping[str, int] | None = None) -> str:
     """Why a bid is short, with the change that would help most."""
     over_price = [o for o in offers
                   if o.price_wei_per_s > bid.max_price_wei_per_s and fits_device(o, bid)]
     head = (f"job '{bid.job}' can reach {reachable} of {bid.workers} workers "
             f"(minimum {bid.min_workers}; holds {held})")
+    cap = bid.max_devices_per_provider
+    if cap is not None:
+        fitting = [o for o in offers if satisfies(o, bid)]
+        capped = len(fitting) - len(cheapest(bid, fitting, len(fitting), held_by=held_by))
+        if capped:
+            return (f"{head}; {capped} more fitting offers are from providers that hold "
+                    f"{cap} of its devices already (max_devices_per_provider): wait for "
+                    "other providers' devices")
     if over_price:
         lowest = min(o.price_wei_per_s for o in over_price)
         return (f"{head}; {len(over_price)} more fitting offers ask above max_price_wei_per_s="

@@ -7,6 +7,7 @@ same leases (the simulator and the tests replay them exactly).
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass, field
 
@@ -43,6 +44,8 @@ class _Account:
     paused: bool = False
     finished: bool = False
     barred: set[str] = field(default_factory=set)  # providers removed from the job
+    # provider -> the most its leases of the job may bill in all (`allow`)
+    allowances: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Clearing:
     at_s: float
     fills: tuple[JobFill, ...]
     stopped: tuple[DeviceLease, ...] = ()
+    spent: tuple[tuple[str, str], ...] = ()  # (job, provider): allowances run out this round
 
     def fill(self, job: str) -> JobFill:
         return next(f for f in self.fills if f.job == job)
@@ -140,11 +144,28 @@ class Market:
             raise UnknownJob(job)
         account.barred.add(provider)
 
+    def allow(self, job: str, provider: str, wei: int, now_s: float) -> None:
+        """Bill `provider`'s leases of `job` at most `wei` in all: past it they stop (at the
+        time it was reached) and the provider leases nothing more to the job. What a chain
+        lease can book is fixed when its provider accepts it, and a job topped up past that
+        must not keep the provider working for pay the chain cannot book."""
+        self._tick(now_s)
+        account = self._accounts.get(job)
+        if account is None:
+            raise UnknownJob(job)
+        account.allowances[provider] = wei
+
     # ------------------------------------------------------------ the coordinator's loop
     def advance(self, now_s: float) -> list[DeviceLease]:
-        """Stop the leases of any job whose escrow is spent, at the time it was; pause it."""
+        """Stop the leases of any job whose escrow is spent, at the time it was; pause it.
+        Stop a provider's leases of a job once they billed its allowance, likewise."""
+        return self._advance(now_s)[0]
+
+    def _advance(self, now_s: float) -> tuple[list[DeviceLease], list[tuple[str, str]]]:
+        """`advance`'s stopped leases, and the (job, provider) allowances it found spent."""
         self._tick(now_s)
         stopped: list[DeviceLease] = []
+        spent: list[tuple[str, str]] = []
         for job, account in self._accounts.items():
             if account.finished:
                 continue
@@ -152,18 +173,30 @@ class Market:
             if stop_s is not None:
                 account.paused = True
                 stopped += self._release(job, stop_s)
-        return stopped
+            for provider, wei in account.allowances.items():
+                leases = tuple(lease for lease in self.book.of_job(job)
+                               if lease.provider == provider)
+                stop_s = stop_time_within(JobMeter(job, wei, leases), now_s)
+                if stop_s is None:
+                    continue
+                if provider not in account.barred:  # spent: nothing more could be booked
+                    account.barred.add(provider)
+                    spent.append((job, provider))
+                stopped += [self.book.end(lease.lease, max(stop_s, lease.start_s))
+                            for lease in leases
+                            if lease.ends_at_s is None or lease.ends_at_s > stop_s]
+        return stopped, spent
 
     def clear(self, now_s: float) -> Clearing:
         """One auction round: jobs in priority order, each the cheapest devices that fit."""
-        stopped = self.advance(now_s)
+        stopped, spent = self._advance(now_s)
         free = {o.offer_id: o for o in sorted(self.book.free_offers(now_s), key=rank)}
         preemptible = {c.lease.offer_id: c for c in self.book.preemptible(now_s)}
         fills = [self._fill(account, now_s, free, preemptible)
                  for account in sorted(self._accounts.values(),
                                        key=lambda a: (-a.bid.priority, a.bid.job))
                  if not account.finished]
-        return Clearing(now_s, tuple(fills), tuple(stopped))
+        return Clearing(now_s, tuple(fills), tuple(stopped), tuple(spent))
 
     def meter(self, job: str) -> JobMeter:
         account = self._accounts.get(job)
@@ -186,7 +219,8 @@ class Market:
         lower = [c for c in preemptible.values() if c.lease.priority < bid.priority
                  and c.offer.provider not in account.barred]
         offers = [o for o in free.values() if o.provider not in account.barred]
-        chosen = select(bid, len(held), offers, lower, ranked=True)
+        chosen = select(bid, len(held), offers, lower, ranked=True,
+                        held_by=collections.Counter(lease.provider for lease in held))
         new = [self._lease(bid, free.pop(o.offer_id), now_s) for o in chosen.free]
         notices = [self._preempt(bid, preemptible.pop(c.lease.offer_id), now_s)
                    for c in chosen.taken]

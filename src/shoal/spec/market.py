@@ -55,6 +55,11 @@ class Bid(Frozen):
     max_price_wei_per_s: PricePerSecond  # per device, never exceeded by any lease
     budget_wei: Wei  # escrowed for this job; billing stops before it is exceeded
     priority: int = Field(0, ge=-1_000_000, le=1_000_000)
+    # At most this many of the job's devices from one provider (None: no cap). A job
+    # that settles on a chain gets 1: the contract holds one lease per job and
+    # provider, booked for at most the time since it was accepted, so a second device
+    # of the provider would work unpaid.
+    max_devices_per_provider: int | None = Field(None, ge=1, le=100_000)
 
     @model_validator(mode="after")
     def _min_fits(self) -> Bid:

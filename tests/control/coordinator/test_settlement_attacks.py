@@ -363,3 +363,61 @@ def test_disputes_opened_and_never_brought_to_the_referee_are_rejected_unheard(s
     s.chain.advance_time(grace_s + 1)
     s.rounds()
     assert s.ledger.dispute(while_down).state is DisputeState.rejected
+
+
+def test_a_job_that_settles_on_chain_takes_one_device_per_provider(stage):
+    """The contract holds one lease per job and provider, booked for at most the time
+    since it was accepted: a provider's second device in the job would work unpaid. So
+    the auction leases it no second device there, and says why."""
+    s = stage()
+    chain_job = s.ledger.create_job(s.alice, 2 * PRICE, BUDGET).returned
+    clients = {}
+    for name, account in zip("ab", (s.p1, s.p2)):
+        s.ledger.stake(account, 10**18)
+        clients[name] = s.served.client(account)
+        provider_with_agent(clients[name], name, devices=2 if name == "a" else 1)
+    for device in (0, 1):  # a's two devices, the cheapest on the market
+        clients["a"].post_offer(OfferTerms(offer_id=f"a-d{device}", agent_id="a",
+                                           device=device, price_wei_per_s=PRICE // 2))
+    clients["b"].post_offer(OfferTerms(offer_id="b-d0", agent_id="b", price_wei_per_s=PRICE))
+    job = s.submitter.submit(JobSubmission(
+        name="tiny", job_file=TINY_JOB, workers=3, min_workers=2,
+        max_price_wei_per_s=2 * PRICE, budget_wei=BUDGET, chain_job=chain_job))
+    s.rounds()
+    view = s.submitter.job(job.job_id)
+    assert sorted(lease.offer_id for lease in view.leases) == ["a-d0", "b-d0"]
+    (filled,) = s.events(job.job_id, "job_filled")
+    assert filled.detail["status"] == "partial"
+    assert "max_devices_per_provider" in filled.detail["reason"]
+
+
+def test_a_job_topped_up_past_its_chain_leases_terms_stops_each_provider_where_they_end(stage):
+    """Each provider signed a chain lease that books at most its term at its price (the
+    budget then: 200 s each). Alice tops the job up to three times that and lets it run
+    on: each provider's lease stops where it billed its term, and the job takes no more of
+    it, instead of it working on for pay the chain cannot book. What was metered is what
+    the chain books."""
+    s = stage({"agent_timeout_s": 600.0})  # no agent is lost over the skip
+    budget = 2 * 100 * PRICE  # 100 s of both devices
+    settlement = s.coordinator.settlement
+    chain_job = s.ledger.create_job(s.alice, 2 * PRICE, settlement.escrow_needed(budget)).returned
+    job = s.working(s.providers(), chain_job, budget)
+    accepted = s.events(job.job_id, "chain_lease_accepted")
+    assert {e.detail["bookable_wei"] for e in accepted} == {str(200 * PRICE)}  # term 200 s
+    s.ledger.fund(s.alice, chain_job, settlement.escrow_needed(4 * 100 * PRICE))
+    s.submitter.top_up(job.job_id, 4 * 100 * PRICE)
+    s.skipped_s = 250.0  # the job runs on (requests signed now would be refused)
+    s.rounds()
+    spent = s.events(job.job_id, "provider_term_spent")
+    assert {e.detail["provider"] for e in spent} == {s.p1.address, s.p2.address}
+    meter = s.coordinator.market.meter(job.job_id)
+    for lease in meter.leases:
+        assert lease.ends_at_s is not None and lease.ends_at_s - lease.start_s <= 200.0
+    assert sum(meter.charges(s.coordinator.now_s()).values()) <= 2 * 200 * PRICE
+    s.chain.advance_time(260)
+    s.coordinator.end_job(s.alice.address, job.job_id, JobStatus.cancelled)
+    (settled,) = s.events(job.job_id, "job_settled")
+    for account in (s.p1, s.p2):
+        booked = s.ledger.lease(chain_job, account.address).verified_s
+        assert 199 <= booked == settled.detail["seconds"][account.address] <= 200
+        assert int(settled.detail["metered_wei"][account.address]) == booked * PRICE

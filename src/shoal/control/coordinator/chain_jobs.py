@@ -93,9 +93,17 @@ class ChainSettlement:
             session.add(ChainLeaseRow(job_id=job.job_id, provider=provider,
                                       price_wei_per_s=terms.price_wei_per_s, term_s=terms.term_s,
                                       accepted_at=accepted_at))
-            self._event(session, self.now_s(), provider, "chain_lease_accepted", job.job_id,
+            now = self.now_s()
+            # The chain lease books at most its term at its price, whatever top-ups come
+            # later: past that the provider's leases of the job stop (the market's
+            # allowance), rather than run on for pay the chain cannot book.
+            bookable = terms.price_wei_per_s * terms.term_s
+            self._command(session, "allow_provider", {"job": job.job_id, "provider": provider,
+                                                      "wei": str(bookable)}, now)
+            self._event(session, now, provider, "chain_lease_accepted", job.job_id,
                         chain_job=job.chain_job, price_wei_per_s=str(terms.price_wei_per_s),
-                        term_s=terms.term_s, accepted_at=accepted_at)
+                        term_s=terms.term_s, accepted_at=accepted_at,
+                        bookable_wei=str(bookable))
 
     def tend_chain_jobs(self) -> None:
         """Once a round: settle again the ended jobs whose settlement failed, and keep the

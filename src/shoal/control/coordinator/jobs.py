@@ -41,7 +41,11 @@ class JobLifecycle:
                             "anyone to ask and an agent to answer: raise it")
         self._check_chain_escrow(submitter, submission)
         job_id = f"{submission.name}-{secrets.token_hex(4)}"
-        bid = Bid(job=job_id, **submission.model_dump(exclude={"name", "job_file", "chain_job"}))
+        # On a chain, one device per provider: the contract holds one lease per job and
+        # provider, booked for at most the time since it was accepted, so a provider's
+        # second device in the job would work unpaid.
+        bid = Bid(job=job_id, max_devices_per_provider=1 if submission.chain_job else None,
+                  **submission.model_dump(exclude={"name", "job_file", "chain_job"}))
         with self._change() as session:
             self._refuse_used_chain_job(session, submission.chain_job)  # under the lock: once
             now = self.now_s()

@@ -33,6 +33,8 @@ def apply(market: Market, kind: str, payload: dict[str, Any], at_s: float) -> An
         return market.finish(payload["job"], at_s)
     if kind == "bar_provider":
         return market.bar(payload["job"], payload["provider"], at_s)
+    if kind == "allow_provider":
+        return market.allow(payload["job"], payload["provider"], int(payload["wei"]), at_s)
     if kind == "clear":
         return market.clear(at_s)
     raise ValueError(f"unknown market command {kind!r} in the journal")

@@ -285,6 +285,10 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
                 return clearing
             session.add(MarketCommandRow(at_s=now, kind="clear", payload={}))
             self._store_leases(session, clearing.stopped)
+            for job_id, provider in clearing.spent:
+                self._event(session, now, COORDINATOR, "provider_term_spent", job_id,
+                            provider=provider, reason="its leases of the job billed all its "
+                            "chain lease can book: they stop, and it takes no more of the job")
             for fill in clearing.fills:
                 self._store_leases(session, fill.new_leases)
                 self._store_leases(session, [n.lease for n in fill.notices])
