@@ -421,3 +421,29 @@ def test_a_job_topped_up_past_its_chain_leases_terms_stops_each_provider_where_t
         booked = s.ledger.lease(chain_job, account.address).verified_s
         assert 199 <= booked == settled.detail["seconds"][account.address] <= 200
         assert int(settled.detail["metered_wei"][account.address]) == booked * PRICE
+
+
+def test_a_job_paused_for_good_is_settled_and_frees_its_providers_stake(stage):
+    """Alice pauses her job and leaves it so: the coordinator kept its chain job active
+    for as long as it ran, and the providers' collateral stayed locked until settlement.
+    A job that holds no device is now kept no longer than the contract's silence timeout:
+    then it is ended and settled, and after the dispute window its providers are paid and
+    their stake is free."""
+    s = stage({"agent_timeout_s": 600.0}, silence_timeout_s=100)
+    chain_job = s.ledger.create_job(s.alice, 2 * PRICE, BUDGET).returned
+    job = s.working(s.providers(), chain_job)
+    assert s.ledger.stake_of(s.p1.address).locked_wei > 0
+    s.submitter.job_action(job.job_id, "pause")
+    s.skipped_s = 60.0  # idle, within the timeout: kept, and kept active
+    s.rounds()
+    assert s.submitter.job(job.job_id).status is JobStatus.paused
+    s.skipped_s = 160.0
+    s.rounds()
+    (ended,) = s.events(job.job_id, "job_cancelled")
+    assert "held no device" in ended.detail["reason"]
+    assert s.ledger.job(chain_job).settled_at
+    s.chain.advance_time(s.ledger.config().dispute_window_s + 1)
+    s.ledger.payout(s.alice, chain_job, [s.p1.address, s.p2.address])
+    for account in (s.p1, s.p2):
+        assert s.ledger.stake_of(account.address).locked_wei == 0
+        assert s.ledger.credit_of(account.address) > 0  # paid for the time it worked

@@ -1,8 +1,9 @@
 """The coordinator's side of settlement on a chain, mixed into `Coordinator`:
 a job is taken only against its own escrow there (one chain job backs one
 job), providers accept their chain leases by signature, a live job's chain
-job is kept from looking abandoned, and a job's end books and settles what
-the store metered, retried until the chain shows it settled
+job is kept from looking abandoned (one that holds no device, no longer than
+the contract's silence timeout), and a job's end books and settles what the
+store metered, retried until the chain shows it settled
 (shoal.control.coordinator.settlement talks to the contract)."""
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ KEEP_ACTIVE_PER_SILENCE = 4  # a live job's chain job is touched this often per 
 
 
 class ChainSettlement:
-    """Uses the Coordinator's `settlement`, `engine`, `_change` and `_event`; LeaseAttendance's
+    """Uses the Coordinator's `settlement`, `settings`, `market`, `engine`, `now_s`, `_change`,
+    `_command`, `_event` and `end_job`; LeaseAttendance's
     `attended_leases` (a lease whose worker never joined the job books nothing); ProofService's
     `record_dues` (a lease is paid the share of its owed work records it filed)."""
 
@@ -137,14 +139,32 @@ class ChainSettlement:
     def _keep_chain_jobs_active(self) -> None:
         """Work is booked only at a job's end, so while a job is live its chain job must not
         look abandoned: past the contract's silence timeout its submitter could `reclaim` the
-        whole escrow. A cheap operator transaction refreshes it well before then."""
-        every_s = self.settlement.config.silence_timeout_s / KEEP_ACTIVE_PER_SILENCE
+        whole escrow. A cheap operator transaction refreshes it well before then.
+
+        But the accepted leases' collateral stays locked until the job is settled, so a
+        job that holds no device (paused, or waiting) is kept no longer than that timeout
+        (`idle_chain_job_s`): then it is ended and settled, its providers' stake freed.
+        Else a submitter could pause a job for good and lock its providers' stake for as
+        long as this coordinator runs."""
+        silence_s = self.settlement.config.silence_timeout_s
+        every_s = silence_s / KEEP_ACTIVE_PER_SILENCE
+        idle_limit_s = self.settings.idle_chain_job_s or silence_s
+        now = self.now_s()
         with Session(self.engine) as session:
             # Waiting too: a resumed job waits for devices with its earlier work unbooked.
             live = session.execute(select(JobRow.job_id, JobRow.chain_job).where(
                 JobRow.chain_job.is_not(None),
                 JobRow.status.not_in([status.value for status in ENDED]))).all()
+            accepted = set(session.scalars(select(ChainLeaseRow.job_id).where(
+                ChainLeaseRow.job_id.in_([job_id for job_id, _ in live]))))
         for job_id, chain_job in live:
+            idle_s = self._idle_s(job_id, now)
+            if job_id in accepted and idle_s > idle_limit_s:
+                self.end_job(COORDINATOR, job_id, JobStatus.cancelled,
+                             reason=f"it held no device for {idle_s:.0f} s while its "
+                                    "providers' collateral stayed locked on chain: ended and "
+                                    "settled (submit a new job, from its checkpoint, to go on)")
+                continue
             try:
                 escrow = self.settlement.escrow(chain_job)
                 if escrow.settled_at:
@@ -156,6 +176,14 @@ class ChainSettlement:
             except (LedgerError, Conflict) as error:  # tried again next round
                 log.error("job %s: keeping chain job %d active failed: %s",
                           job_id, chain_job, error)
+
+    def _idle_s(self, job_id: str, now: float) -> float:
+        """How long the job has held no device (0 while it holds one; since its last lease
+        ended; inf if it never held one)."""
+        leases = self.market.meter(job_id).leases
+        if any(lease.ends_at_s is None or lease.ends_at_s > now for lease in leases):
+            return 0.0
+        return now - max((lease.ends_at_s for lease in leases), default=-float("inf"))
 
     def _settle(self, session: Session, job: JobRow, meter: Any, now: float) -> None:
         """Book each provider's metered wei (at its chain price, whole seconds) and settle.

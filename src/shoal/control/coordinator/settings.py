@@ -73,6 +73,10 @@ class CoordinatorSettings(BaseSettings):
     # opening is rejected unheard (bond to the treasury): it would freeze the accused
     # provider's pay until the contract's dispute timeout (unfiled_disputes.py).
     unfiled_dispute_grace_s: float = Field(3600.0, gt=0)
+    # A chain job whose providers accepted leases (their collateral locked until it is
+    # settled) and that holds no device this long is ended and settled (None: the
+    # contract's silence timeout, after which its submitter could reclaim it anyway).
+    idle_chain_job_s: float | None = Field(None, gt=0)
 
     @property
     def rendezvous_address(self) -> str:
