@@ -52,7 +52,8 @@ def submit_command(
     max_price: int = typer.Option(..., "--max-price", help="Most wei per second per device."),
     budget: int = typer.Option(..., "--budget", help="Wei escrowed for the job."),
     min_workers: int = typer.Option(1, "--min-workers", help="Fewest devices to run with."),
-    priority: int = typer.Option(0, "--priority", help="Higher may preempt lower spot leases."),
+    priority: int = typer.Option(0, "--priority", help="Higher may preempt lower spot leases; "
+                                 "above 0 up to the ceiling an operator granted you."),
     spot_only: bool = typer.Option(False, "--spot-only", help="Never lease on-demand devices."),
     region: list[str] = typer.Option([], "--region", help="Allowed region (repeatable)."),
     chain_job: int = typer.Option(None, "--chain-job", help="Your job on the settlement "
@@ -155,13 +156,18 @@ def cancel_command(job: str = typer.Argument(...), url: str = URL, key: Path = K
 
 
 def grant_command(address: str = typer.Argument(..., help="The key's 0x address."),
-                  role: str = typer.Argument(..., help="verifier or operator."),
+                  role: str = typer.Argument(..., help="verifier, operator, or submitter "
+                                             "(with --max-priority)."),
                   name: str = typer.Option("granted", "--name", help="Its name in the audit log."),
+                  max_priority: int | None = typer.Option(
+                      None, "--max-priority", help="The highest priority the key's jobs may "
+                      "take (above 0 they preempt others' spot devices)."),
                   url: str = URL, key: Path = KEY) -> None:
-    """Give a key the verifier or operator role (you must be an operator)."""
+    """Give a key a role, or a submitter a priority ceiling (you must be an operator)."""
     from shoal.spec.coordinator import Grant, Participant, Role
 
     with _client(url, key) as client:
-        view = client._post("/v1/grants", Grant(address=address, role=Role(role), name=name),
-                            Participant)
-    typer.echo(f"{view.address}: {view.role.value} ({view.name})")
+        view = client._post("/v1/grants", Grant(address=address, role=Role(role), name=name,
+                                                max_priority=max_priority), Participant)
+    typer.echo(f"{view.address}: {view.role.value} ({view.name}), max priority "
+               f"{view.max_priority}")

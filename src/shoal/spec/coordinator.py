@@ -49,14 +49,18 @@ class Participant(Frozen):
     role: Role
     name: Label
     registered_at_s: float
+    max_priority: int = 0  # the highest priority its jobs may take (a submitter's)
 
 
 class Grant(Frozen):
-    """An operator gives a role (verifier, operator) to another key."""
+    """An operator gives a role (verifier, operator) to another key, or a submitter a
+    priority ceiling: a job above priority 0 takes spot devices from others' jobs, so
+    that is granted, not taken (`max_priority`; unchanged when not given)."""
 
     address: Address
     role: Role
     name: Label
+    max_priority: int | None = Field(None, ge=-1_000_000, le=1_000_000)
 
 
 class Backend(str, enum.Enum):

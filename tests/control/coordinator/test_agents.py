@@ -11,7 +11,9 @@ import shutil
 import time
 
 import pytest
+from eth_account import Account
 
+from shoal.control.client import CoordinatorClient
 from shoal.spec.coordinator import JobStatus, JobSubmission
 from tests.conftest import free_port
 from tests.control.coordinator.e2e import (
@@ -255,15 +257,19 @@ def test_a_spot_notice_is_a_graceful_leave_and_the_preempted_job_comes_back(tmp_
     env = {**cli_env, "SHOAL_COORDINATOR_DATA_DIR": str(tmp_path / "coord"),
            "SHOAL_COORDINATOR_NOTICE_PERIOD_S": "3"}
     stack = Stack(tmp_path, env)
+    boss = Account.create()  # an operator: priorities above 0 are granted (test_signed_requests)
     try:
-        wait_healthy(url, stack.coordinator(f"sqlite:///{tmp_path}/store.db", "127.0.0.1", port))
+        wait_healthy(url, stack.coordinator(f"sqlite:///{tmp_path}/store.db", "127.0.0.1", port,
+                                            operator=boss.address))
         stack.agent("a", url, PRICE, slowdown=4.0)  # one spot device for two jobs
         alice = submitter(url, tmp_path)
         wait_for(lambda: sum(len(p.offers) for p in alice.providers()), lambda n: n == 1, 120,
                  stack, "the agent offering")
-        from shoal.spec.coordinator import Registration
+        from shoal.spec.coordinator import Grant, Registration
 
         alice.register(Registration(role="submitter", name="alice"))
+        CoordinatorClient(url, boss).request("POST", "/v1/grants", Grant(
+            address=alice.account.address, role="submitter", name="alice", max_priority=10))
 
         def submit(name, steps, priority):
             return alice.submit(JobSubmission(

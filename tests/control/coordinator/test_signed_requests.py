@@ -164,3 +164,33 @@ def _grant(address):
     from shoal.spec.coordinator import Grant
 
     return Grant(address=address, role="operator", name="me")
+
+
+def test_a_priority_above_zero_is_granted_not_taken(served, operator):
+    """A job above priority 0 takes spot devices from others' jobs, with notice. Taken
+    at will, a job of no budget at the top priority could preempt everyone again and
+    again: mallory's is refused, and the store is as it was. An operator grants her a
+    ceiling; up to it she may submit, past it not."""
+    mallory = served.client(Account.create())
+    mallory.register(Registration(role="submitter", name="mallory"))
+
+    def submission(priority: int) -> JobSubmission:
+        return JobSubmission(name="urgent", job_file=TINY_JOB, workers=1,
+                             max_price_wei_per_s=10**6, budget_wei=1, priority=priority)
+
+    before = state(served)
+    with pytest.raises(Exception) as refused:
+        mallory.submit(submission(1_000_000))
+    assert refused.value.status == 403 and "ceiling of 0" in str(refused.value)
+    assert state(served) == before
+    assert mallory.submit(submission(0)) and mallory.submit(submission(-5))
+    from shoal.spec.coordinator import Grant, Participant
+
+    boss = served.client(operator)
+    granted = boss.request("POST", "/v1/grants", Grant(
+        address=mallory.account.address, role="submitter", name="mallory", max_priority=5))
+    assert Participant.model_validate(granted).max_priority == 5
+    assert mallory.submit(submission(5)).priority == 5
+    with pytest.raises(Exception) as refused:
+        mallory.submit(submission(6))
+    assert refused.value.status == 403 and "ceiling of 5" in str(refused.value)

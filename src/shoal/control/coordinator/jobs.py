@@ -39,6 +39,7 @@ class JobLifecycle:
                             "window (how long after an epoch is served verifiers may ask for its "
                             f"files); at least {shortest:g} s ({WINDOW_BEATS} beats) is needed for "
                             "anyone to ask and an agent to answer: raise it")
+        self.check_priority(submitter, submission.priority)
         self._check_chain_escrow(submitter, submission)
         job_id = f"{submission.name}-{secrets.token_hex(4)}"
         # On a chain, one device per provider: the contract holds one lease per job and

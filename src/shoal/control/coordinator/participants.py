@@ -5,6 +5,7 @@ roles an operator grants."""
 from __future__ import annotations
 
 from eth_utils import to_checksum_address
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from shoal.control.coordinator.errors import Conflict, Forbidden
@@ -64,5 +65,24 @@ class Participants:
                                      registered_at_s=now)
                 session.add(row)
             row.role, row.name = grant.role.value, grant.name
-            self._event(session, now, operator, "granted", address=address, role=row.role)
+            if grant.max_priority is not None:
+                row.max_priority = grant.max_priority
+            self._event(session, now, operator, "granted", address=address, role=row.role,
+                        max_priority=row.max_priority or 0)
             return participant_view(row)
+
+    def check_priority(self, submitter: str, priority: int) -> None:
+        """A job above priority 0 may take spot devices from others' jobs (with notice):
+        that is an operator's grant, or anyone could preempt everyone with a job of no
+        budget, again and again. Up to the submitter's ceiling (0 unless granted)."""
+        if priority <= 0:
+            return
+        with self.engine.connect() as connection:
+            row = connection.execute(select(ParticipantRow.max_priority).where(
+                ParticipantRow.address == submitter)).first()
+        ceiling = row[0] if row is not None and row[0] is not None else 0
+        if priority > ceiling:
+            raise Forbidden(f"priority {priority} is above your ceiling of {ceiling}: a job "
+                            "above 0 takes spot devices from others' jobs, so an operator "
+                            "grants it (shoal grant ADDRESS submitter --max-priority N); "
+                            "submit at priority 0 or ask one")

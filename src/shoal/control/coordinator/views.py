@@ -12,7 +12,7 @@ from shoal.spec.market import DeviceLease, Tenancy
 
 def participant_view(row: ParticipantRow) -> Participant:
     return Participant(address=row.address, role=Role(row.role), name=row.name,
-                       registered_at_s=row.registered_at_s)
+                       registered_at_s=row.registered_at_s, max_priority=row.max_priority or 0)
 
 
 def agent_view(row: AgentRow, now_s: float, timeout_s: float) -> AgentView:

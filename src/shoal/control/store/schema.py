@@ -35,6 +35,8 @@ class ParticipantRow(Base):
     role: Mapped[str] = mapped_column(String(16))
     name: Mapped[str] = mapped_column(String(64))
     registered_at_s: Mapped[float] = mapped_column(Float)
+    # The highest priority its jobs may take: 0 unless an operator granted more.
+    max_priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class NonceRow(Base):
