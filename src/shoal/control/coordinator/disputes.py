@@ -59,8 +59,9 @@ class Deferred(Exception):
 
 class DisputeService:
     """Uses the Coordinator's `engine`, `settlement`, `referee`, `now_s`, `_change`,
-    `_event`, `drop_provider`; UnfiledDisputes' `check_filing_in_time`; ForcedErrorService's `served_epochs`, `served_records` and
-    `is_plant`; AuditService's `raise_challenges` and `challenges`."""
+    `_event`, `drop_provider`; UnfiledDisputes' `check_filing_in_time`; ForcedErrorService's
+    `served_epochs`, `served_records` and `is_plant`; AuditService's `raise_challenges` and
+    `challenges`."""
 
     fetch_wait_s = FETCH_WAIT_S
 
