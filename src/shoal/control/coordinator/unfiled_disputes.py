@@ -78,8 +78,11 @@ class UnfiledDisputes:
             ours = {chain_job: job_id for chain_job, job_id in session.execute(
                 select(JobRow.chain_job, JobRow.job_id).where(JobRow.chain_job.is_not(None)))}
         try:
-            now = self._chain_now()
             count = ledger.dispute_count()
+            if self._reading_since is not None and count < self._next_dispute and \
+                    not self._watched:
+                return  # nothing new, nothing waiting: one call a round
+            now = self._chain_now()
             for dispute in range(self._next_dispute, count + 1):
                 opened = ledger.dispute(dispute)
                 if opened.state is DisputeState.open and opened.job in ours:
