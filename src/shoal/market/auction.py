@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from shoal.spec.market import Bid, DeviceLease, FillStatus, Offer, Tenancy
+
+T = TypeVar("T")
 
 
 def satisfies(offer: Offer, bid: Bid) -> bool:
@@ -55,7 +58,8 @@ def cheapest(bid: Bid, offers: Iterable[Offer], count: int, ranked: bool = False
     return list(itertools.islice(capped, max(count, 0)))
 
 
-def within_cap(bid: Bid, items: Iterable, provider_of, counts: collections.Counter):
+def within_cap(bid: Bid, items: Iterable[T], provider_of: Callable[[T], str],
+               counts: collections.Counter) -> Iterator[T]:
     """`items` in order, skipping those whose provider has `max_devices_per_provider` of
     the job's devices already (`counts`, updated as items are taken)."""
     for item in items:

@@ -173,19 +173,31 @@ class Market:
             if stop_s is not None:
                 account.paused = True
                 stopped += self._release(job, stop_s)
-            for provider, wei in account.allowances.items():
-                leases = tuple(lease for lease in self.book.of_job(job)
-                               if lease.provider == provider)
-                stop_s = stop_time_within(JobMeter(job, wei, leases), now_s)
-                if stop_s is None:
-                    continue
-                if provider not in account.barred:  # spent: nothing more could be booked
-                    account.barred.add(provider)
-                    spent.append((job, provider))
-                stopped += [self.book.end(lease.lease, max(stop_s, lease.start_s))
-                            for lease in leases
-                            if lease.ends_at_s is None or lease.ends_at_s > stop_s]
+            if account.allowances:
+                stopped += self._spend_allowances(job, account, now_s, spent)
         return stopped, spent
+
+    def _spend_allowances(self, job: str, account: _Account, now_s: float,
+                          spent: list[tuple[str, str]]) -> list[DeviceLease]:
+        """Stop the leases of each provider of `job` whose allowance they billed, at the
+        time they did; bar it from the job (nothing more of it could be booked) and drop
+        the allowance, which has nothing left to stop. Adds (job, provider) to `spent`."""
+        by_provider: dict[str, list[DeviceLease]] = collections.defaultdict(list)
+        for lease in self.book.of_job(job):
+            by_provider[lease.provider].append(lease)
+        stopped: list[DeviceLease] = []
+        for provider, wei in list(account.allowances.items()):
+            leases = by_provider.get(provider, [])
+            stop_s = stop_time_within(JobMeter(job, wei, tuple(leases)), now_s)
+            if stop_s is None:
+                continue
+            del account.allowances[provider]
+            if provider not in account.barred:
+                account.barred.add(provider)
+                spent.append((job, provider))
+            stopped += [self.book.end(lease.lease, max(stop_s, lease.start_s))
+                        for lease in leases if lease.ends_at_s is None or lease.ends_at_s > stop_s]
+        return stopped
 
     def clear(self, now_s: float) -> Clearing:
         """One auction round: jobs in priority order, each the cheapest devices that fit."""

@@ -113,6 +113,7 @@ class ChainSettlement:
         if self.settlement is None:
             return
         self._retry_settlements()
+        self._end_idle_chain_jobs()
         self._keep_chain_jobs_active()
 
     def _retry_settlements(self) -> None:
@@ -139,32 +140,9 @@ class ChainSettlement:
     def _keep_chain_jobs_active(self) -> None:
         """Work is booked only at a job's end, so while a job is live its chain job must not
         look abandoned: past the contract's silence timeout its submitter could `reclaim` the
-        whole escrow. A cheap operator transaction refreshes it well before then.
-
-        But the accepted leases' collateral stays locked until the job is settled, so a
-        job that holds no device (paused, or waiting) is kept no longer than that timeout
-        (`idle_chain_job_s`): then it is ended and settled, its providers' stake freed.
-        Else a submitter could pause a job for good and lock its providers' stake for as
-        long as this coordinator runs."""
-        silence_s = self.settlement.config.silence_timeout_s
-        every_s = silence_s / KEEP_ACTIVE_PER_SILENCE
-        idle_limit_s = self.settings.idle_chain_job_s or silence_s
-        now = self.now_s()
-        with Session(self.engine) as session:
-            # Waiting too: a resumed job waits for devices with its earlier work unbooked.
-            live = session.execute(select(JobRow.job_id, JobRow.chain_job).where(
-                JobRow.chain_job.is_not(None),
-                JobRow.status.not_in([status.value for status in ENDED]))).all()
-            accepted = set(session.scalars(select(ChainLeaseRow.job_id).where(
-                ChainLeaseRow.job_id.in_([job_id for job_id, _ in live]))))
-        for job_id, chain_job in live:
-            idle_s = self._idle_s(job_id, now)
-            if job_id in accepted and idle_s > idle_limit_s:
-                self.end_job(COORDINATOR, job_id, JobStatus.cancelled,
-                             reason=f"it held no device for {idle_s:.0f} s while its "
-                                    "providers' collateral stayed locked on chain: ended and "
-                                    "settled (submit a new job, from its checkpoint, to go on)")
-                continue
+        whole escrow. A cheap operator transaction refreshes it well before then."""
+        every_s = self.settlement.config.silence_timeout_s / KEEP_ACTIVE_PER_SILENCE
+        for job_id, chain_job in self._live_chain_jobs():
             try:
                 escrow = self.settlement.escrow(chain_job)
                 if escrow.settled_at:
@@ -176,6 +154,35 @@ class ChainSettlement:
             except (LedgerError, Conflict) as error:  # tried again next round
                 log.error("job %s: keeping chain job %d active failed: %s",
                           job_id, chain_job, error)
+
+    def _end_idle_chain_jobs(self) -> None:
+        """The accepted leases' collateral stays locked until the job is settled, so a
+        job that holds no device (paused, or waiting) is kept alive no longer than the
+        contract's silence timeout (`idle_chain_job_s`): then it is ended and settled, its
+        providers' stake freed. Else a submitter could pause a job for good and lock its
+        providers' stake for as long as this coordinator runs."""
+        limit_s = self.settings.idle_chain_job_s or self.settlement.config.silence_timeout_s
+        now = self.now_s()
+        live = [job_id for job_id, _ in self._live_chain_jobs()]
+        with Session(self.engine) as session:
+            accepted = set(session.scalars(select(ChainLeaseRow.job_id).where(
+                ChainLeaseRow.job_id.in_(live))))
+        for job_id in live:
+            idle_s = self._idle_s(job_id, now)
+            if job_id in accepted and idle_s > limit_s:
+                self.end_job(COORDINATOR, job_id, JobStatus.cancelled,
+                             reason=f"it held no device for {idle_s:.0f} s while its "
+                                    "providers' collateral stayed locked on chain: ended and "
+                                    "settled (submit a new job, from its checkpoint, to go on)")
+
+    def _live_chain_jobs(self) -> list[tuple[str, int]]:
+        """(job, chain job) of every job not ended that settles on chain; waiting ones too:
+        a resumed job waits for devices with its earlier work unbooked."""
+        with Session(self.engine) as session:
+            return [tuple(row) for row in session.execute(
+                select(JobRow.job_id, JobRow.chain_job).where(
+                    JobRow.chain_job.is_not(None),
+                    JobRow.status.not_in([status.value for status in ENDED])))]
 
     def _idle_s(self, job_id: str, now: float) -> float:
         """How long the job has held no device (0 while it holds one; since its last lease

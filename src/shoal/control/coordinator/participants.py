@@ -80,7 +80,7 @@ class Participants:
         with self.engine.connect() as connection:
             row = connection.execute(select(ParticipantRow.max_priority).where(
                 ParticipantRow.address == submitter)).first()
-        ceiling = row[0] if row is not None and row[0] is not None else 0
+        ceiling = row[0] if row is not None else 0
         if priority > ceiling:
             raise Forbidden(f"priority {priority} is above your ceiling of {ceiling}: a job "
                             "above 0 takes spot devices from others' jobs, so an operator "

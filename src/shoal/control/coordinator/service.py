@@ -33,7 +33,6 @@ from shoal.control.coordinator.audits import AuditService
 from shoal.control.coordinator.chain_jobs import ChainSettlement
 from shoal.control.coordinator.checkpoints import CheckpointCarry
 from shoal.control.coordinator.disputes import DisputeService
-from shoal.control.coordinator.unfiled_disputes import UnfiledDisputes
 from shoal.control.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.control.coordinator.file_admission import FileAdmission
 from shoal.control.coordinator.job_hosts import JobHosts
@@ -47,6 +46,7 @@ from shoal.control.coordinator.reads import CoordinatorReads
 from shoal.control.coordinator.settings import CoordinatorSettings
 from shoal.control.coordinator.settlement import Settlement
 from shoal.control.coordinator.supervision import JobSupervision
+from shoal.control.coordinator.unfiled_disputes import UnfiledDisputes
 from shoal.control.coordinator.views import agent_view, offer_view
 from shoal.control.identity import Unauthenticated
 from shoal.control.store import beats

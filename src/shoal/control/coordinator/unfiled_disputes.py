@@ -42,7 +42,8 @@ class UnfiledDisputes:
     def _unfiled_init(self) -> None:
         self._next_dispute = 1  # the first dispute id not read yet
         self._reading_since: int | None = None  # chain time of our first read of disputes
-        self._watched: dict[int, Dispute] = {}  # open, on our jobs, not filed (yet)
+        # open, on our jobs, not filed (yet): id -> (our job, the dispute as opened)
+        self._watched: dict[int, tuple[str, Dispute]] = {}
         self._dismissed: set[int] = set()  # rejected unheard (or being): never filed now
 
     def check_filing_in_time(self, opened: Dispute) -> None:
@@ -74,30 +75,32 @@ class UnfiledDisputes:
         if self.settlement is None or self.referee.account is None:
             return
         ledger = self.settlement.ledger
-        with Session(self.engine) as session:
-            ours = {chain_job: job_id for chain_job, job_id in session.execute(
-                select(JobRow.chain_job, JobRow.job_id).where(JobRow.chain_job.is_not(None)))}
         try:
             count = ledger.dispute_count()
             if self._reading_since is not None and count < self._next_dispute and \
                     not self._watched:
                 return  # nothing new, nothing waiting: one call a round
             now = self._chain_now()
-            for dispute in range(self._next_dispute, count + 1):
-                opened = ledger.dispute(dispute)
-                if opened.state is DisputeState.open and opened.job in ours:
-                    self._watched[dispute] = opened
-            self._next_dispute = count + 1
+            if count >= self._next_dispute:
+                self._watch(range(self._next_dispute, count + 1))
+                self._next_dispute = count + 1
         except LedgerError as error:  # the node is down: next round
             log.error("reading the contract's disputes failed: %s", error)
             return
         grace = self.settings.unfiled_dispute_grace_s
-        for dispute, opened in sorted(self._watched.items()):
-            if self._waited_s(opened, now) <= grace:
-                continue
-            if not self._dismiss(ours[opened.job], opened):
-                continue
-            del self._watched[dispute]
+        for dispute, (job_id, opened) in sorted(self._watched.items()):
+            if self._waited_s(opened, now) > grace and self._dismiss(job_id, opened):
+                del self._watched[dispute]
+
+    def _watch(self, disputes: range) -> None:
+        """Watch those of `disputes` that are open on one of our jobs."""
+        with Session(self.engine) as session:
+            ours = {chain_job: job_id for chain_job, job_id in session.execute(
+                select(JobRow.chain_job, JobRow.job_id).where(JobRow.chain_job.is_not(None)))}
+        for dispute in disputes:
+            opened = self.settlement.ledger.dispute(dispute)
+            if opened.state is DisputeState.open and opened.job in ours:
+                self._watched[dispute] = (ours[opened.job], opened)
 
     def _dismiss(self, job_id: str, opened: Dispute) -> bool:
         """Reject `opened` unheard unless it was filed; True once nothing is left to do."""
