@@ -4,6 +4,7 @@ workers, which faults to rehearse, and where the run's files go."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from shoal import ShoalError
 
 if TYPE_CHECKING:
     from shoal.control.launcher import LaunchConfig
+    from shoal.spec.coordinator import RendezvousPass
 
 
 def parse_slow(values: list[str]) -> dict[int, dict[str, str]]:
@@ -68,7 +70,28 @@ class HostOptions:
 
     def config_fields(self) -> dict[str, object]:
         return {"rendezvous": self.rendezvous, "serve": self.serve, "bind": self.bind,
-                "node": self.node or "", "min_workers": self.min_workers, "grace_s": self.grace_s}
+                "node": self.node or "", "min_workers": self.min_workers, "grace_s": self.grace_s,
+                "rendezvous_pass": rendezvous_pass_from_env() if self.rendezvous else None}
+
+
+def rendezvous_pass_from_env() -> RendezvousPass | None:
+    """The pass to a gated job host, from SHOAL_RENDEZVOUS_PASS (JSON; an agent sets it
+    for the launcher of each lease): in the environment, not on a command line that every
+    user of the machine can read, and taken out of it, so the workers do not inherit it."""
+    from pydantic import ValidationError
+
+    from shoal.control.gate_keys import PASS_ENV
+    from shoal.spec.coordinator import RendezvousPass
+
+    text = os.environ.pop(PASS_ENV, None)
+    if not text:
+        return None
+    try:
+        return RendezvousPass.model_validate_json(text)
+    except ValidationError as error:
+        raise ShoalError(f"{PASS_ENV} is not a rendezvous pass ({error.error_count()} problems: "
+                         f"{error.errors()[0]['msg']}); it is set by the agent from the "
+                         "coordinator's assignment") from None
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,15 @@ def rendezvous_command(
                                            help="Least time a worker may fall behind before it is fenced."),
     linger_s: float = typer.Option(10.0, "--linger-s", min=0.0,
                                    help="Seconds to keep the store up after the job ends."),
+    gate_dir: Path | None = typer.Option(
+        None, "--gate-dir", help="Serve the store on loopback behind a TLS gate on --bind that "
+        "admits only holders of a token made from the keys in this folder (made there if "
+        "missing; what the coordinator does for market jobs)."),
 ) -> None:
     """Serve one job's rendezvous until it is done; workers join with --rendezvous HOST:PORT."""
     from shoal.control.job_host import JobHostConfig, serve_job
 
-    final = serve_job(JobHostConfig(bind, port, run_dir, min_workers, stall_deadline_s, linger_s))
+    final = serve_job(JobHostConfig(bind, port, run_dir, min_workers, stall_deadline_s, linger_s,
+                                    gate_dir))
     if "failed" in final:
         raise typer.Exit(code=1)

@@ -8,6 +8,11 @@ workers keep their rendezvous while the coordinator is down. It writes
 `host.json` (endpoint, pid) when it serves, `reached.json` (the newest step
 every member has committed) as the job goes, and `final.json` when the job is
 done or given up, then lingers so late workers can still read the store.
+
+With a gate (`gate_dir`: what the coordinator runs for a market job), the
+store listens on loopback only and the public address is a TLS gate that
+admits a lease's token holders (`shoal.control.store_gate`): strangers
+who learn the endpoint cannot write what the runtime acts on.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.control.authority import AuthorityConfig
+from shoal.control.gate_keys import GateKeys
 from shoal.control.liveness import LivenessConfig
 from shoal.control.serve import RendezvousServer
+from shoal.control.store_gate import StoreGate
 
 log = logging.getLogger(__name__)
 SPEEDS_EVERY = 20  # ticks of 0.1 s between writes of the members' measured speeds
@@ -36,21 +43,21 @@ class JobHostConfig:
     min_workers: int = 1
     stall_deadline_s: float = 1.0  # liveness floor, as `--stall-deadline-s` of the launcher
     linger_s: float = 10.0  # after the end, other hosts' workers may still read the store
+    gate_dir: Path | None = None  # the gate's keys (GateKeys): serve behind a gate
 
 
 def serve_job(config: JobHostConfig) -> dict[str, object]:
     """Serve until the job is done or given up; returns what final.json holds."""
     config.run_dir.mkdir(parents=True, exist_ok=True)
-    server = RendezvousServer(config.bind, config.port)
-    _write(config.run_dir / "host.json", {"endpoint": server.endpoint, "pid": os.getpid(),
-                                          "t0": time.time()})
+    server, gate, host = _serve(config)
+    _write(config.run_dir / "host.json", {**host, "pid": os.getpid(), "t0": time.time()})
     (config.run_dir / "launch.json").write_text(json.dumps({"t0": time.time()}))
     server.start_authority(
         AuthorityConfig(min_workers=config.min_workers,
                         liveness=LivenessConfig(floor_s=config.stall_deadline_s)),
         process_alive=lambda worker: None,  # no worker runs here; their launchers report exits
         event_log=config.run_dir / "epochs.jsonl")
-    log.info("job host on %s (run dir %s)", server.endpoint, config.run_dir)
+    log.info("job host on %s (run dir %s)", host["endpoint"], config.run_dir)
     try:
         ticks, reached = 0, read_reached(config.run_dir)
         while not server.rdzv.done():
@@ -68,7 +75,28 @@ def serve_job(config: JobHostConfig) -> dict[str, object]:
         time.sleep(config.linger_s)
         return final
     finally:
+        if gate is not None:
+            log.info("gate admitted %s", gate.admitted)
+            gate.close()
         server.close()
+
+
+def _serve(config: JobHostConfig) -> tuple[RendezvousServer, StoreGate | None, dict[str, str]]:
+    """The store, served on (bind, port), or on loopback behind a gate there; and what
+    host.json says of them: `endpoint` for the job's workers, `store` for this machine's
+    coordinator (which reads the store directly), the gate's certificate hash."""
+    if config.gate_dir is None:
+        server = RendezvousServer(config.bind, config.port)
+        return server, None, {"endpoint": server.endpoint, "store": server.endpoint}
+    keys = GateKeys.create_or_load(config.gate_dir)
+    server = RendezvousServer("127.0.0.1")
+    try:
+        gate = StoreGate(config.bind, config.port, ("127.0.0.1", server.port), keys)
+    except BaseException:
+        server.close()
+        raise
+    return server, gate, {"endpoint": f"{config.bind}:{gate.port}", "store": server.endpoint,
+                          "cert_sha256": keys.cert_sha256()}
 
 
 def _write_speeds(server: RendezvousServer, run_dir: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from shoal.control.chaos import ChaosEvent
 from shoal.control.errors import ControlError
 from shoal.control.netaddr import parse_endpoint
+from shoal.spec.coordinator import RendezvousPass
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class LaunchConfig:
     # Across hosts, every launcher names the same rendezvous and one of them serves it.
     rendezvous: str | None = None  # HOST:PORT; None: one host, served here on a free port
     serve: bool = False  # host the store and the authority (implied on one host)
+    # A market job's host serves behind a gate: what this host's launcher shows it (its
+    # workers reach the store through the launcher's tunnel).
+    rendezvous_pass: RendezvousPass | None = None
     # Where the store listens (serving) and the address this host's workers give their
     # peers. Default: 127.0.0.1 on one host; across hosts the rendezvous host when
     # serving, else the local address that reaches it.
@@ -46,6 +50,9 @@ class LaunchConfig:
             parse_endpoint(self.rendezvous)
         elif self.serve or self.node:
             raise ControlError("--serve and --node need --rendezvous HOST:PORT")
+        if self.rendezvous_pass is not None and (self.rendezvous is None or self.serve):
+            raise ControlError("a rendezvous pass is for reaching a gated host named by "
+                               "--rendezvous, not for serving one")
         if self.min_workers is not None and (self.min_workers < 1 or not self.serves):
             raise ControlError("--min-workers is for the serving host and must be at least 1")
         if self.grace_s < 0:

@@ -27,6 +27,7 @@ from shoal.control.launch_config import LaunchConfig
 from shoal.control.liveness import LivenessConfig
 from shoal.control.netaddr import interface_of, parse_endpoint, worker_address
 from shoal.control.serve import RendezvousServer
+from shoal.control.store_gate import StoreTunnel
 from shoal.control.worker_pool import WorkerPool
 from shoal.spec.elastic import ElasticReport, FaultKind
 from shoal.train.rendezvous import Rendezvous, connect
@@ -47,6 +48,7 @@ class Launcher:
         self.config = config
         config.run_dir.mkdir(parents=True, exist_ok=True)
         self.server: RendezvousServer | None = None
+        self.tunnel: StoreTunnel | None = None
         self.faults: list[FaultEvent] = []
         self._pending = list(config.chaos)
         self._sigterm = threading.Event()
@@ -76,6 +78,12 @@ class Launcher:
         if config.serve:
             self.server = RendezvousServer(config.bind or host, port)
             return self.server.rdzv, config.rendezvous
+        if config.rendezvous_pass is not None:
+            # A market job's host, behind its gate: this launcher and its workers reach the
+            # store through a tunnel here (the pass is this launcher's, not theirs to hold).
+            self.tunnel = StoreTunnel(host, port, config.rendezvous_pass)
+            self.tunnel.check()
+            return Rendezvous(connect("127.0.0.1", self.tunnel.port)), self.tunnel.endpoint
         return Rendezvous(connect(host, port)), config.rendezvous
 
     def _claim_node(self) -> str:
@@ -107,6 +115,9 @@ class Launcher:
             self.server.close()
         self.server = None
         self.rdzv = None  # type: ignore[assignment]  # the last reference closes a client
+        if self.tunnel is not None:
+            self.tunnel.close()
+        self.tunnel = None
 
     def _on_exit(self, worker: str) -> None:
         """Runs in the worker's exit watcher: every host's authority learns of it at once."""

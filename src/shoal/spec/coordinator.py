@@ -241,12 +241,24 @@ class Heartbeat(Frozen):
     running: tuple[int, ...] = Field((), max_length=64)  # lease numbers
 
 
+class RendezvousPass(Frozen):
+    """What a lease's worker shows its job host's gate (`shoal.control.store_gate`): who
+    it is, its token, and the SHA-256 of the certificate the gate must show (pinned: the
+    gate's certificate is self-signed). Only the lease's provider is told it."""
+
+    identity: str = Field(min_length=1, max_length=64)
+    token: str = Field(pattern=r"^[0-9a-f]{64}$")
+    cert_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class Assignment(Frozen):
     """What an agent must run: a worker for each open lease on its devices."""
 
     lease: DeviceLease
     job_file: str
     rendezvous: str  # HOST:PORT of the job's host: run the worker with --rendezvous
+    # How to pass the host's gate (None: a host that serves without one).
+    rendezvous_pass: RendezvousPass | None = None
     ends_at_s: float | None  # a spot notice: leave gracefully by then
     # Where the coordinator settles on a chain: sign these (POST /v1/leases/N/acceptance);
     # None once accepted, or with no chain.

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from shoal.control.agent.checkpoints import checkpoint_dir
 from shoal.control.agent.proofs import proof_dir
+from shoal.control.gate_keys import PASS_ENV
 from shoal.control.worker_process import WorkerProcess
 from shoal.spec.errors import SpecError
 from shoal.spec.jobfile import parse_job, refuse_for_providers
@@ -108,6 +109,8 @@ class LeaseWorkers:
         if self.adversary:
             command += ["--adversary", f"0={self.adversary}"]
         env = {**os.environ, "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
+        if assignment.rendezvous_pass is not None:  # the host's gate: the launcher shows it
+            env[PASS_ENV] = assignment.rendezvous_pass.model_dump_json()
         process = WorkerProcess(node, command, env, lease_dir / "worker.log",
                                 on_exit=lambda _: None)
         worker = LeaseWorker(lease.lease, lease.job, process, time.monotonic())

@@ -51,9 +51,9 @@ class _JoinsRead:
 
 
 class LeaseAttendance:
-    """Uses the Coordinator's `engine`, `settings`, `membership`, `now_s`, `_change`,
-    `_event`, `bar_provider` and `withdraw_offer`; the job host's rendezvous before a
-    job's first epoch."""
+    """Uses the Coordinator's `engine`, `settings`, `hosts`, `membership`, `now_s`,
+    `_change`, `_event`, `bar_provider` and `withdraw_offer`; the job host's store (on
+    this machine, inside its gate) before a job's first epoch."""
 
     def _attendance_init(self) -> None:
         self._joins_read: dict[str, _JoinsRead] = {}  # per job not formed yet
@@ -71,7 +71,7 @@ class LeaseAttendance:
             # Before the first epoch a worker is in the job once it asks the host to join,
             # which it can only from when the host serves: the grace runs from then too.
             serving_s = None if changes else _serving_since(session, job_id)
-            endpoint = job.rendezvous
+            endpoint = self.hosts.store_endpoint(job_id, job.rendezvous)
             leases = session.scalars(select(LeaseRow).where(LeaseRow.job_id == job_id)).all()
             out = [(lease.lease, lease.offer_id, lease.provider) for lease in leases
                    if (lease.ends_at_s is None or lease.ends_at_s > now)
@@ -128,8 +128,9 @@ class LeaseAttendance:
                 changes = self.membership(job.job_id)
                 gone = [w for w in (changes[-1].members if changes else ())
                         if _agent_of(session, job.job_id, w) in agents]
-                if gone:
-                    found.append((job.job_id, job.rendezvous, gone))
+                endpoint = self.hosts.store_endpoint(job.job_id, job.rendezvous)
+                if gone and endpoint:
+                    found.append((job.job_id, endpoint, gone))
         reported = {}
         for job_id, endpoint, workers in found:
             try:

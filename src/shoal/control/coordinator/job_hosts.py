@@ -4,6 +4,10 @@ rendezvous and membership authority (shoal.control.job_host).
 They run in sessions of their own, so a coordinator killed with SIGKILL
 leaves them serving: workers keep training, and the coordinator, back from
 its store, finds each job's host by the pid and endpoint it recorded.
+
+Each host serves behind a gate (`shoal.control.store_gate`) whose keys the
+coordinator makes in the job's run directory before the host starts: it hands
+each lease its token from them, and reads the store itself on loopback.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.control.gate_keys import GateKeys, lease_identity
 from shoal.control.job_host import read_final, read_host
+from shoal.spec.coordinator import RendezvousPass
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +31,7 @@ log = logging.getLogger(__name__)
 class HostState:
     """What a round learns of one job's host."""
 
-    rendezvous: str | None = None  # HOST:PORT once it serves
+    rendezvous: str | None = None  # HOST:PORT once it serves (its gate, for workers)
     pid: int | None = None
     final: dict[str, object] | None = None  # set once the job is done or given up
     lost: bool = False  # the process is gone and left no final word
@@ -35,17 +41,23 @@ class JobHosts:
     def __init__(self, jobs_dir: Path, bind: str, stall_deadline_s: float = 1.0) -> None:
         self.jobs_dir, self.bind, self.stall_deadline_s = jobs_dir, bind, stall_deadline_s
         self._children: dict[str, subprocess.Popen] = {}  # reaped here; adopted ones are not ours
+        self._gates: dict[str, GateKeys] = {}  # job -> its gate's keys, once its host serves
 
     def run_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
+
+    def gate_dir(self, job_id: str) -> Path:
+        return self.run_dir(job_id) / "gate"
 
     def start(self, job_id: str, min_workers: int) -> int:
         """Start the job's host; returns its pid (its endpoint shows in `state` once it serves)."""
         run_dir = self.run_dir(job_id)
         run_dir.mkdir(parents=True, exist_ok=True)
+        GateKeys.create_or_load(self.gate_dir(job_id))  # here: tokens are handed out from them
         command = [sys.executable, "-m", "shoal.cli.main", "rendezvous", "--bind", self.bind,
                    "--port", "0", "--run-dir", str(run_dir), "--min-workers", str(min_workers),
-                   "--stall-deadline-s", str(self.stall_deadline_s)]
+                   "--stall-deadline-s", str(self.stall_deadline_s),
+                   "--gate-dir", str(self.gate_dir(job_id))]
         with open(run_dir / "host.log", "ab") as out:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True,
@@ -62,6 +74,23 @@ class JobHosts:
         alive = pid is not None and self._alive(job_id, pid)
         return HostState(rendezvous=endpoint, pid=pid, final=final,
                          lost=pid is not None and not alive and final is None)
+
+    def store_endpoint(self, job_id: str, public: str | None) -> str | None:
+        """Where this machine reads the job's store: inside the gate, on loopback, as the
+        host says; else the `public` endpoint (a host that serves without a gate)."""
+        host = read_host(self.run_dir(job_id))
+        return str(host["store"]) if host and "store" in host else public
+
+    def gate_pass(self, job_id: str, lease: int) -> RendezvousPass | None:
+        """What lease `lease`'s worker shows the job's gate; None for a host that serves
+        without one (or does not serve yet)."""
+        keys = self._gates.get(job_id)
+        if keys is None:  # read once the host serves (agents beat often; files do not change)
+            host = read_host(self.run_dir(job_id))
+            if not host or "cert_sha256" not in host:
+                return None
+            keys = self._gates[job_id] = GateKeys.load(self.gate_dir(job_id))
+        return keys.gate_pass(lease_identity(lease))
 
     def stop(self, job_id: str, pid: int | None) -> None:
         """End a cancelled job's host (its workers are told to stop by their agents)."""

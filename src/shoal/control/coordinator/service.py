@@ -260,6 +260,8 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
             at_s=now,
             # A worker is assigned once its job's host serves: it has a rendezvous to join.
             assignments=tuple(Assignment(lease=lease, job_file=job_file, rendezvous=rendezvous,
+                                         rendezvous_pass=self.hosts.gate_pass(lease.job,
+                                                                              lease.lease),
                                          ends_at_s=lease.ends_at_s,
                                          acceptance=terms.get(lease.lease))
                               for lease, job_file, rendezvous in current
