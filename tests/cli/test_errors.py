@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -80,3 +81,36 @@ def test_elastic_train_resumes_from_disk_with_another_world_size(tmp_path, cli_e
     assert "restored step 20" in logs
     report = __import__("json").loads((tmp_path / "b.json").read_text())
     assert report["steps"] == 10 and report["samples_skipped"] == 0
+
+
+def test_a_rendezvous_pass_that_does_not_parse(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(tiny_job_toml(tmp_path))
+    env = {**os.environ, "SHOAL_RENDEZVOUS_PASS": '{"identity": "lease:1", "token": "xyz"}'}
+    _assert_one_line_error(_run("train", str(job), "--workers", "1", "--rendezvous",
+                                "127.0.0.1:9", env=env), "SHOAL_RENDEZVOUS_PASS is not a rendezvous pass")
+
+
+def test_a_gate_that_refuses_the_pass_is_said_at_start(tmp_path):
+    """A pass made from another gate's keys (`shoal rendezvous-pass`, as a host's operator
+    would) for a gated host: the launcher says the gate did not admit it, before any worker
+    starts, not as a store that times out later."""
+    from shoal.control.job_host import JobHostConfig, _serve
+
+    server, gate, host = _serve(JobHostConfig(bind="127.0.0.1", port=0, run_dir=tmp_path / "run",
+                                               gate_dir=tmp_path / "gate"))
+    try:
+        made = _run("rendezvous-pass", str(tmp_path / "other"), "host-b")
+        assert made.returncode == 0, made.stderr
+        job = tmp_path / "job.toml"
+        job.write_text(tiny_job_toml(tmp_path))
+        env = {**os.environ, "SHOAL_RENDEZVOUS_PASS": made.stdout.strip()}
+        _assert_one_line_error(_run("train", str(job), "--workers", "1", "--rendezvous",
+                                    host["endpoint"], "--run-dir", str(tmp_path / "w"), env=env),
+                               "another certificate")
+        made = _run("rendezvous-pass", str(tmp_path / "gate"), "host-b")  # the host's own keys
+        from shoal.spec.coordinator import RendezvousPass
+        assert RendezvousPass.model_validate_json(made.stdout).cert_sha256 == host["cert_sha256"]
+    finally:
+        gate.close()
+        server.close()

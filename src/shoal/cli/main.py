@@ -29,7 +29,7 @@ from shoal.cli.market_cmd import (
     cancel_command, events_command, grant_command, jobs_command, key_app, providers_command,
     submit_command, top_up_command,
 )
-from shoal.cli.rendezvous_cmd import rendezvous_command
+from shoal.cli.rendezvous_cmd import rendezvous_command, rendezvous_pass_command
 from shoal.cli.report_cmd import report_command
 from shoal.cli.run_cmd import run_command
 from shoal.cli.train_cmd import train_command
@@ -46,6 +46,7 @@ app.command("train")(train_command)
 app.command("run")(run_command)
 app.add_typer(chain_app, name="chain")
 app.command("rendezvous")(rendezvous_command)
+app.command("rendezvous-pass")(rendezvous_pass_command)
 app.command("coordinator")(coordinator_command)
 app.command("agent")(agent_command)
 app.command("submit")(submit_command)

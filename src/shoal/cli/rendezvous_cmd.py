@@ -29,3 +29,16 @@ def rendezvous_command(
                                     gate_dir))
     if "failed" in final:
         raise typer.Exit(code=1)
+
+
+def rendezvous_pass_command(
+    gate_dir: Path = typer.Argument(..., help="The gate's keys, as given to `shoal rendezvous "
+                                    "--gate-dir` (made there if missing)."),
+    identity: str = typer.Argument(..., help="Who the pass is for (a host's name; the "
+                                   "coordinator uses lease:N)."),
+) -> None:
+    """Print a pass to a gated rendezvous (JSON): export it as SHOAL_RENDEZVOUS_PASS on a
+    host before `shoal run --rendezvous HOST:PORT` there."""
+    from shoal.control.gate_keys import GateKeys
+
+    typer.echo(GateKeys.create_or_load(gate_dir).gate_pass(identity).model_dump_json())
