@@ -1,0 +1,109 @@
+"""What the rendezvous gate costs a job: the step time of the same two-worker job
+whose launchers reach its host directly, and through the host's TLS gate.
+
+Each run starts a job host (`shoal rendezvous`, with `--gate-dir` for the gated
+one), and two launchers as two hosts would (`shoal train JOB --workers 1
+--rendezvous HOST:PORT`, a pass from `shoal rendezvous-pass` in the gated one),
+all on this machine. The runs alternate, direct then gated, `--repeats` times.
+A step's time is the gap between consecutive commits in worker 0's step log
+(after the first 50 steps); each run gives its median.
+
+Prints one JSON line: `direct_step_ms` and `gated_step_ms` (medians over the
+runs), `added_ms` (their difference: the store's round trips of a step, each
+through two more relays: the launcher's tunnel and the host's gate), the
+runs' figures, and the job's steps. The cost per step is fixed: the tiny
+model's ~5 ms steps show it at its largest share.
+
+    .venv/bin/python bench/gate.py [--steps 300] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SHOAL = [sys.executable, "-m", "shoal.cli.main"]
+JOB = """name = "gate-bench"
+seed = 7
+steps = {steps}
+global_batch = 8
+eval_interval = 100000
+eval_batches = 1
+[model]
+layers = 1
+heads = 2
+width = 32
+context = 32
+[data]
+max_bytes = 300000
+[optimizer]
+lr = 0.003
+[checkpoint]
+dir = "{root}/ckpt"
+interval_steps = 100000
+"""
+
+
+def run(root: Path, steps: int, gated: bool) -> float:
+    """The median step time (s) of one run."""
+    root.mkdir(parents=True)
+    job = root / "job.toml"
+    job.write_text(JOB.format(steps=steps, root=root))
+    host_cmd = SHOAL + ["rendezvous", "--bind", "127.0.0.1", "--port", "0", "--run-dir",
+                        str(root / "host"), "--min-workers", "2", "--linger-s", "0"]
+    if gated:
+        host_cmd += ["--gate-dir", str(root / "gate")]
+    host = subprocess.Popen(host_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (root / "host" / "host.json").exists():
+        if time.monotonic() > deadline or host.poll() is not None:
+            sys.exit("the job host did not start")
+        time.sleep(0.1)
+    endpoint = json.loads((root / "host" / "host.json").read_text())["endpoint"]
+    launchers = []
+    for i in range(2):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        if gated:
+            env["SHOAL_RENDEZVOUS_PASS"] = subprocess.run(
+                SHOAL + ["rendezvous-pass", str(root / "gate"), f"h{i}"], check=True,
+                capture_output=True, text=True).stdout.strip()
+        launchers.append(subprocess.Popen(
+            SHOAL + ["train", str(job), "--workers", "1", "--rendezvous", endpoint, "--node",
+                     f"h{i}", "--run-dir", str(root / f"run{i}")],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    if any(launcher.wait() != 0 for launcher in launchers):
+        sys.exit(f"a launcher failed; see {root}")
+    host.wait()
+    commits = sorted(json.loads(line)["t_commit"] for path in (root / "run0").rglob("*.jsonl")
+                     for line in path.read_text().splitlines() if '"t_commit"' in line)
+    gaps = [b - a for a, b in zip(commits[50:], commits[51:])]
+    return statistics.median(gaps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    runs: dict[str, list[float]] = {"direct": [], "gated": []}
+    with tempfile.TemporaryDirectory(prefix="shoal-gate-bench-") as tmp:
+        for repeat in range(args.repeats):
+            for gated in (False, True):
+                name = "gated" if gated else "direct"
+                runs[name].append(run(Path(tmp) / f"{repeat}-{name}", args.steps, gated))
+    direct, gated = (statistics.median(runs[k]) * 1e3 for k in ("direct", "gated"))
+    print(json.dumps({"direct_step_ms": round(direct, 2), "gated_step_ms": round(gated, 2),
+                      "added_ms": round(gated - direct, 2),
+                      "runs_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in runs.items()},
+                      "steps": args.steps, "workers": 2}))
+
+
+if __name__ == "__main__":
+    main()
