@@ -5,6 +5,8 @@ job's (a man in the middle) fishing for a lease's token."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from shoal.control.gate_keys import GateKeys, lease_identity
@@ -106,3 +108,42 @@ def test_a_host_that_is_not_the_jobs_never_sees_the_leases_token(gated, tmp_path
         tunnel.close()
         impostor.close()
     assert heard == []  # no token reached it
+
+
+def test_a_lease_that_ended_is_cut_off_and_kept_out(gated):
+    """Lease 7's token is still a valid HMAC once its lease ends (preempted, barred,
+    slashed): the coordinator revokes it, the gate closes its open connection within a
+    second or two and lets no new one in; lease 8 goes on."""
+    server, gate, host, keys = gated
+    seven = StoreTunnel(*endpoint(host["endpoint"]), keys.gate_pass(lease_identity(7)))
+    eight = StoreTunnel(*endpoint(host["endpoint"]), keys.gate_pass(lease_identity(8)))
+    try:
+        rdzv = Rendezvous(connect("127.0.0.1", seven.port, timeout_s=5.0))
+        other = Rendezvous(connect("127.0.0.1", eight.port, timeout_s=5.0))
+        assert rdzv.progress() == 0
+        keys.revoke({lease_identity(7)})
+        deadline = time.monotonic() + 10
+        with pytest.raises((RuntimeError, ValueError)):  # c10d's error on a closed store
+            while time.monotonic() < deadline:
+                rdzv.report_progress(99)
+                rdzv.progress()
+                time.sleep(0.1)
+        with pytest.raises(GateRefused, match="revoked"):
+            seven.check()
+        other.report_progress(5)
+        assert other.progress() == 5  # the lease still running is not touched
+    finally:
+        seven.close()
+        eight.close()
+
+
+def test_an_unreadable_list_of_revoked_tokens_keeps_everyone_out(gated):
+    """Fail closed: a gate that cannot tell who was revoked admits nobody."""
+    _, _, host, keys = gated
+    (keys.folder / "revoked.json").write_text("not json")
+    tunnel = StoreTunnel(*endpoint(host["endpoint"]), keys.gate_pass(lease_identity(7)))
+    try:
+        with pytest.raises(GateRefused, match="revoked"):
+            tunnel.check()
+    finally:
+        tunnel.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import hmac
+import json
 import os
 import secrets
 import ssl
@@ -29,7 +30,7 @@ from shoal.control.errors import ControlError
 from shoal.spec.coordinator import RendezvousPass
 
 PASS_ENV = "SHOAL_RENDEZVOUS_PASS"  # how an agent hands its launcher the pass (JSON)
-_SECRET, _CERT, _KEY = "secret", "cert.pem", "key.pem"
+_SECRET, _CERT, _KEY, _REVOKED = "secret", "cert.pem", "key.pem", "revoked.json"
 _TOKEN_DOMAIN = b"shoal/rendezvous-gate/token\x00"
 
 
@@ -78,6 +79,23 @@ class GateKeys:
         """What `identity` shows the gate: its token, and the certificate to pin."""
         return RendezvousPass(identity=identity, token=self.token(identity),
                               cert_sha256=self.cert_sha256())
+
+    def revoke(self, identities: set[str]) -> None:
+        """Say that these identities' tokens no longer open the gate (a lease that ended:
+        its token stays a valid HMAC for ever, so the gate must be told)."""
+        _write_private(self.folder / _REVOKED, json.dumps(sorted(identities)).encode())
+
+    def revoked(self) -> frozenset[str]:
+        """The identities revoked so far (read from the folder: the coordinator writes it,
+        the gate, in another process, reads it)."""
+        try:
+            return frozenset(json.loads((self.folder / _REVOKED).read_text()))
+        except FileNotFoundError:
+            return frozenset()
+        except (OSError, ValueError, TypeError) as error:
+            raise ControlError(f"the gate's list of revoked tokens in {self.folder} is "
+                               f"unreadable ({error}); every token is refused until it is "
+                               "written again") from None
 
     def server_context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 HELLO_LIMIT = 1024  # bytes of the first line: an identity and a token
 HELLO_TIMEOUT_S = 10.0
+REVOKED_EVERY_S = 1.0  # how often the gate re-reads its revoked tokens and cuts their connections
 _ADMITTED = b"admitted\n"
 _CHUNK = 1 << 16
 
@@ -55,6 +56,10 @@ class _LoopThread:
     def run(self, coroutine: Awaitable) -> object:
         future: Future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
         return future.result()
+
+    def spawn(self, coroutine: Awaitable) -> None:
+        """Run `coroutine` in the loop until it returns or the loop closes."""
+        asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def serve(self, handler: Callable, host: str, port: int, **options: object) -> int:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -101,6 +106,11 @@ class StoreGate:
             raise ControlError(f"cannot serve the rendezvous gate on {bind}:{port} "
                                f"({error.strerror}); pick another --bind address or port") from None
         self.admitted: dict[str, int] = {}  # identity -> connections admitted (for the log)
+        self._open: dict[str, set[asyncio.StreamWriter]] = {}  # identity -> its connections
+        self._revoked: frozenset[str] | None = None  # None: unreadable, every token refused
+        self._revoked_stamp: object = ()
+        self._read_revoked()
+        self._loop.spawn(self._cut_revoked())
 
     async def _admit(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -120,6 +130,12 @@ class StoreGate:
             writer.write(b"refused: the token is not this job host's for that identity\n")
             await _close(writer)
             return
+        self._read_revoked()
+        if self._revoked is None or identity in self._revoked:
+            log.warning("rendezvous gate: %s showed the revoked token of %r; closed", peer, identity)
+            writer.write(b"refused: this identity's token is revoked (its lease ended)\n")
+            await _close(writer)
+            return
         try:
             store_reader, store_writer = await asyncio.open_connection(*self.store)
         except OSError as error:
@@ -128,7 +144,41 @@ class StoreGate:
             return
         self.admitted[identity] = self.admitted.get(identity, 0) + 1
         writer.write(_ADMITTED)
-        await _relay(reader, writer, store_reader, store_writer)
+        self._open.setdefault(identity, set()).add(writer)
+        try:
+            await _relay(reader, writer, store_reader, store_writer)
+        finally:
+            self._open[identity].discard(writer)
+
+    def _read_revoked(self) -> None:
+        """The revoked tokens, read again once their file changed (unreadable: all are)."""
+        path = self.keys.folder / "revoked.json"
+        try:
+            stat = path.stat()
+            stamp: object = (stat.st_size, stat.st_mtime_ns)
+        except FileNotFoundError:
+            stamp = None
+        if stamp == self._revoked_stamp:
+            return
+        self._revoked_stamp = stamp
+        try:
+            self._revoked = self.keys.revoked()
+        except ControlError as error:
+            log.error("rendezvous gate: %s", error)
+            self._revoked = None
+
+    async def _cut_revoked(self) -> None:
+        """Close the open connections of tokens revoked since they were admitted: a lease
+        that ended keeps no hold on the job's store."""
+        while True:
+            await asyncio.sleep(REVOKED_EVERY_S)
+            self._read_revoked()
+            for identity, writers in self._open.items():
+                if writers and (self._revoked is None or identity in self._revoked):
+                    log.warning("rendezvous gate: %r revoked; its %d connection(s) closed",
+                                identity, len(writers))
+                    for writer in list(writers):
+                        writer.close()
 
     def close(self) -> None:
         self._loop.close()

@@ -12,6 +12,7 @@ from eth_account import Account
 from sqlalchemy.orm import Session
 
 from shoal.control.coordinator import Coordinator
+from shoal.control.gate_keys import GateKeys, lease_identity
 from shoal.control.serve import RendezvousServer
 from shoal.control.store.schema import AgentRow, JobRow
 from shoal.spec.coordinator import Heartbeat, JobSubmission, OfferTerms, Registration
@@ -148,3 +149,20 @@ def test_a_provider_ended_for_staying_out_cannot_post_its_way_back_into_the_job(
         served.stop()
         co.hosts.stop_all()
         co.engine.dispose()
+
+
+def test_a_lease_that_ends_loses_its_way_into_the_jobs_store(served):
+    """s's lease ends (its offer withdrawn): its gate token, still a valid HMAC, is
+    revoked at the next look, so its worker (or anyone it gave the token) can neither keep
+    its connections to the job's store nor open new ones; a's stays good."""
+    co = served.app.state.coordinator
+    clients, alice, job = offers_and_a_job(served, {"a": PRICE, "s": PRICE})
+    served.app.state.rounds.once()
+    leases = leases_of(alice, job)
+    keys = GateKeys.create_or_load(co.hosts.gate_dir(job.job_id))  # as the host's start does
+    co.revoke_ended_leases(job.job_id)
+    assert keys.revoked() == frozenset()
+    clients["s"].withdraw_offer("s-d0")
+    co.revoke_ended_leases(job.job_id)
+    assert keys.revoked() == {lease_identity(leases["s-d0"])}
+    assert keys.admits(lease_identity(leases["a-d0"]), keys.token(lease_identity(leases["a-d0"])))

@@ -42,6 +42,7 @@ class JobHosts:
         self.jobs_dir, self.bind, self.stall_deadline_s = jobs_dir, bind, stall_deadline_s
         self._children: dict[str, subprocess.Popen] = {}  # reaped here; adopted ones are not ours
         self._gates: dict[str, GateKeys] = {}  # job -> its gate's keys, once its host serves
+        self._revoked: dict[str, set[int]] = {}  # job -> the leases whose tokens it revoked
 
     def run_dir(self, job_id: str) -> Path:
         return self.jobs_dir / job_id
@@ -91,6 +92,14 @@ class JobHosts:
                 return None
             keys = self._gates[job_id] = GateKeys.load(self.gate_dir(job_id))
         return keys.gate_pass(lease_identity(lease))
+
+    def revoke(self, job_id: str, leases: set[int]) -> None:
+        """Revoke the gate tokens of the job's `leases` (ended) if not done yet: their
+        workers' connections close and no new one is let in."""
+        if self._revoked.get(job_id) == leases or not self.gate_dir(job_id).exists():
+            return
+        GateKeys.load(self.gate_dir(job_id)).revoke({lease_identity(n) for n in leases})
+        self._revoked[job_id] = set(leases)
 
     def stop(self, job_id: str, pid: int | None) -> None:
         """End a cancelled job's host (its workers are told to stop by their agents)."""

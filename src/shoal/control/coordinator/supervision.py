@@ -46,6 +46,18 @@ class JobSupervision:
                     self._set_rendezvous(row.job_id, state.rendezvous)
                 self.hold_offers_to_speeds(row.job_id)
                 self.hold_leases_to_membership(row.job_id)
+                self.revoke_ended_leases(row.job_id)
+
+    def revoke_ended_leases(self, job_id: str) -> None:
+        """Tell the job host's gate which leases ended: their tokens stay valid HMACs, and
+        a provider ended for staying out, slashed or preempted must not keep writing the
+        job's store (its worker is stopped by its agent; one that is not is cut off)."""
+        now = self.now_s()
+        with Session(self.engine) as session:
+            ended = set(session.scalars(select(LeaseRow.lease).where(
+                LeaseRow.job_id == job_id, LeaseRow.ends_at_s.is_not(None),
+                LeaseRow.ends_at_s <= now)).all())
+        self.hosts.revoke(job_id, ended)
 
     def hold_offers_to_speeds(self, job_id: str) -> None:
         """Mark down the offers whose workers run well below what their agents claimed.
