@@ -147,3 +147,25 @@ def test_an_unreadable_list_of_revoked_tokens_keeps_everyone_out(gated):
             tunnel.check()
     finally:
         tunnel.close()
+
+
+@pytest.mark.parametrize("hello", [b"not json\n", b'{"identity": "lease:7"}\n',
+                                   '{"identity": "lease:7", "token": "\u00e9t\u00e9"}\n'.encode(),
+                                   b"x" * 70000])
+def test_a_malformed_hello_is_closed_and_the_gate_stays_up(gated, hello):
+    """Whatever a client sends first, the gate hangs up on it and serves the next one."""
+    import socket
+    import ssl
+
+    server, gate, host, keys = gated
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection(endpoint(host["endpoint"]), timeout=5) as raw, \
+            context.wrap_socket(raw) as conn:
+        conn.sendall(hello)
+        assert b"admitted" not in conn.recv(100)
+    tunnel = StoreTunnel(*endpoint(host["endpoint"]), keys.gate_pass(lease_identity(7)))
+    try:
+        tunnel.check()
+    finally:
+        tunnel.close()

@@ -118,8 +118,8 @@ class StoreGate:
             line = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT_S)
             hello = json.loads(line[:HELLO_LIMIT]) if line.endswith(b"\n") else None
             identity, token = hello["identity"], hello["token"]
-            if not (isinstance(identity, str) and isinstance(token, str)):
-                raise TypeError("identity and token are strings")
+            if not (isinstance(identity, str) and isinstance(token, str) and token.isascii()):
+                raise TypeError("identity and token are strings (a token, of hex digits)")
         except (asyncio.TimeoutError, ValueError, KeyError, TypeError, ConnectionError,
                 asyncio.LimitOverrunError):
             log.warning("rendezvous gate: %s sent no hello; closed", peer)
