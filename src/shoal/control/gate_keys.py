@@ -57,12 +57,14 @@ class GateKeys:
     def load(cls, folder: Path) -> GateKeys:
         try:
             secret = bytes.fromhex((folder / _SECRET).read_text().strip())
+            cert_pem = (folder / _CERT).read_bytes()
         except (OSError, ValueError) as error:
-            raise ControlError(f"no readable gate secret in {folder} ({error}); the job host's "
-                               "gate keys are made by the coordinator when it starts the host")
+            raise ControlError(f"no readable gate keys in {folder} ({error}); the job host's "
+                               "gate keys are made by the coordinator when it starts the host "
+                               "(or by `shoal rendezvous --gate-dir`)") from None
         if len(secret) < 32:
             raise ControlError(f"the gate secret in {folder} is shorter than 32 bytes")
-        return cls(folder, secret, (folder / _CERT).read_bytes())
+        return cls(folder, secret, cert_pem)
 
     def token(self, identity: str) -> str:
         """The token of `identity`: HMAC-SHA256 under the secret (the gate recomputes it,
