@@ -47,3 +47,21 @@ def test_a_window_of_no_seconds_prunes_by_epochs_alone(tmp_path):
     store.prune("w0", keep_from_step=4, keep_s=0.0)
     assert [s for s in range(6) if store.load_reveal("w0", s) is not None] == [4, 5]
 
+
+
+def test_a_record_being_appended_is_not_read_until_its_line_ends(tmp_path):
+    """A peer (the `copy` adversary reads its peers' newest record; a verifier may read a
+    running job's files) reads a records file while its worker appends to it: the half
+    written last line is not a record yet, not a crash, and it is read once it ends."""
+    from tests.proof.factory import record
+
+    writer, reader = ProofStore(tmp_path), ProofStore(tmp_path)
+    writer.append_record(record(0, "w0"))
+    line = record(1, "w0").model_dump_json() + "\n"
+    path = writer.records_path("w0")
+    with path.open("a") as out:
+        out.write(line[:40])
+    assert [r.step for r in reader.records("w0")] == [0]
+    with path.open("a") as out:
+        out.write(line[40:])
+    assert [r.step for r in reader.records("w0")] == [0, 1]

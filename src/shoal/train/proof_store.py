@@ -168,8 +168,13 @@ class ProofStore:
         cached = self._cache.get(path)
         if cached is not None and cached[0] == (stat.st_size, stat.st_mtime_ns):
             return cached[1]
+        text = path.read_text()
+        # Its worker may be appending a record right now: a last line without its newline
+        # is not a record yet (read whole, it would fail to parse), and it is read once
+        # it ends (the file's size changes then).
+        whole = text[: text.rfind("\n") + 1]
         records = [WorkRecord.model_validate_json(line)
-                   for line in path.read_text().splitlines() if line.strip()]
+                   for line in whole.splitlines() if line.strip()]
         self._cache[path] = ((stat.st_size, stat.st_mtime_ns), records)
         return records
 
