@@ -12,6 +12,7 @@ signed API, the token of that lease and the certificate's fingerprint; the gate
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import hmac
 import json
@@ -74,8 +75,13 @@ class GateKeys:
     def admits(self, identity: str, token: str) -> bool:
         return hmac.compare_digest(self.token(identity), token)
 
-    def cert_sha256(self) -> str:
+    @functools.cached_property
+    def _cert_sha256(self) -> str:
         return cert_sha256(self.cert_pem)
+
+    def cert_sha256(self) -> str:
+        """Of the certificate the gate shows (computed once: every heartbeat's pass names it)."""
+        return self._cert_sha256
 
     def gate_pass(self, identity: str) -> RendezvousPass:
         """What `identity` shows the gate: its token, and the certificate to pin."""

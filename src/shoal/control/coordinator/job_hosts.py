@@ -42,6 +42,7 @@ class JobHosts:
         self.jobs_dir, self.bind, self.stall_deadline_s = jobs_dir, bind, stall_deadline_s
         self._children: dict[str, subprocess.Popen] = {}  # reaped here; adopted ones are not ours
         self._gates: dict[str, GateKeys] = {}  # job -> its gate's keys, once its host serves
+        self._stores: dict[str, str] = {}  # job -> its store's loopback endpoint, once known
         self._revoked: dict[str, set[int]] = {}  # job -> the leases whose tokens it revoked
 
     def run_dir(self, job_id: str) -> Path:
@@ -79,8 +80,13 @@ class JobHosts:
     def store_endpoint(self, job_id: str, public: str | None) -> str | None:
         """Where this machine reads the job's store: inside the gate, on loopback, as the
         host says; else the `public` endpoint (a host that serves without a gate)."""
-        host = read_host(self.run_dir(job_id))
-        return str(host["store"]) if host and "store" in host else public
+        store = self._stores.get(job_id)
+        if store is None:  # a host writes it once, when it starts serving: read it once
+            host = read_host(self.run_dir(job_id))
+            if not host or "store" not in host:
+                return public
+            store = self._stores[job_id] = str(host["store"])
+        return store
 
     def gate_pass(self, job_id: str, lease: int) -> RendezvousPass | None:
         """What lease `lease`'s worker shows the job's gate; None for a host that serves
@@ -98,7 +104,8 @@ class JobHosts:
         workers' connections close and no new one is let in."""
         if self._revoked.get(job_id) == leases or not self.gate_dir(job_id).exists():
             return
-        GateKeys.load(self.gate_dir(job_id)).revoke({lease_identity(n) for n in leases})
+        keys = self._gates.get(job_id) or GateKeys.load(self.gate_dir(job_id))
+        keys.revoke({lease_identity(n) for n in leases})
         self._revoked[job_id] = set(leases)
 
     def stop(self, job_id: str, pid: int | None) -> None:
