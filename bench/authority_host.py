@@ -1,5 +1,5 @@
 """shoal's store and membership authority alone on a host of their own, for the
-namespaced benchmarks: `shoal rendezvous` (shoal.control.job_host), the way
+namespaced benchmarks: `shoal rendezvous` (shoal.elastic.job_host), the way
 torchft's lighthouse and torchrun's rendezvous store run apart from the
 trainers, so every fault hits trainers only, for every system.
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-from shoal.control.job_host import JobHostConfig, serve_job  # noqa: E402
+from shoal.elastic.job_host import JobHostConfig, serve_job  # noqa: E402
 
 
 def main() -> None:

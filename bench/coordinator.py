@@ -44,8 +44,8 @@ from pathlib import Path
 import httpx
 from eth_account import Account
 
-from shoal.control.client import CoordinatorClient
-from shoal.control.identity import sign_request
+from shoal.client.http import CoordinatorClient
+from shoal.client.identity import sign_request
 from shoal.spec.coordinator import AgentRegistration, Backend, Heartbeat, Preflight, Registration
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ BODY = Heartbeat().model_dump_json().encode()
 
 def coordinator_app():  # noqa: ANN201 - uvicorn's --factory entry, settings from the environment
     """The served app: `uvicorn --factory bench.coordinator:coordinator_app`."""
-    from shoal.control.coordinator import Coordinator, CoordinatorSettings, create_app
+    from shoal.coordinator import Coordinator, CoordinatorSettings, create_app
 
     return create_app(Coordinator(CoordinatorSettings()))
 

@@ -1,5 +1,5 @@
 """Figures of one fault, computed the same way for every system from the
-commits it logged: the survivor-rate RTO (shoal.control.recovery), the RTO
+commits it logged: the survivor-rate RTO (shoal.elastic.recovery), the RTO
 to the full world, and the time the fault cost the job.
 
 A commit is (step, t_start, t_commit, world). Only commits that advance the
@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from shoal.control.recovery import FULL_RATE, recovery_s
+from shoal.elastic.recovery import FULL_RATE, recovery_s
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Commit:
 class FaultFigures:
     t: float  # seconds from the system's start to the fault
     victim_rank: int
-    rto_s: float | None  # survivor rate: shoal.control.recovery.recovery_s
+    rto_s: float | None  # survivor rate: shoal.elastic.recovery.recovery_s
     rto_full_s: float | None  # full world at 90% of the pre-fault rate (None: never in the window)
     lost_s: float | None  # window time minus the time the pre-fault full world needs for its work
     pause_s: float | None  # time the job stood still: commit gaps over 3 pre-fault steps, summed

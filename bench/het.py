@@ -30,8 +30,8 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: see
 
 from shoal.spec import JobSpec, load_job  # noqa: E402
 from shoal.spec.elastic import StepRecord  # noqa: E402
-from shoal.control.elastic_report import lineage  # noqa: E402
-from shoal.control.launcher import LaunchConfig, Launcher  # noqa: E402
+from shoal.elastic.report import lineage  # noqa: E402
+from shoal.elastic.launcher import LaunchConfig, Launcher  # noqa: E402
 from shoal.train.step_log import read_step_logs  # noqa: E402
 
 from tests.harness.cgroups import CgroupUnavailable, CpuCap, CpuSlice, entering  # noqa: E402
@@ -138,7 +138,7 @@ def launch(settings: Settings, caps: list[CpuCap], steps: int, warmup: int,
         job = bench_job(settings, steps, scratch)
         run_dir = scratch / "run"
         config = LaunchConfig(
-            command=entering([sys.executable, "-m", "shoal.jobs.gpt_worker",
+            command=entering([sys.executable, "-m", "shoal.models.gpt_worker",
                               "--job-json", job.model_dump_json()]),
             workers=len(caps), run_dir=run_dir, timeout_s=1800.0,
             worker_env={i: cap.env() for i, cap in enumerate(caps)},

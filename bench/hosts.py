@@ -99,7 +99,7 @@ class HostFaults:
 
 def shoal_on_hosts(job_path: str, plan: FaultPlan, steps: int, detect_s: float, run_dir: Path):
     """shoal through `plan` on namespaced hosts; (report, commits, applied, launch_t)."""
-    from shoal.control.elastic_report import build_report
+    from shoal.elastic.report import build_report
     from shoal.train.rendezvous import Rendezvous, connect
     from shoal.train.step_log import read_step_logs
 
@@ -117,7 +117,7 @@ def shoal_on_hosts(job_path: str, plan: FaultPlan, steps: int, detect_s: float, 
                                "--min-workers", str(plan.workers), "--stall-deadline-s", str(detect_s)],
                               env=env, cwd=REPO, log=run_dir / "authority.out")
         _wait_for(run_dir / "launch.json", authority)
-        worker = [str(REPO / "src/shoal/jobs/gpt_worker.py"), "--", "--job-json", job.model_dump_json()]
+        worker = [str(REPO / "src/shoal/models/gpt_worker.py"), "--", "--job-json", job.model_dump_json()]
         for name, host in hosts.by_name.items():
             if name == "ctl":
                 continue

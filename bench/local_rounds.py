@@ -3,7 +3,7 @@ GPT's job (examples/tiny-gpt.toml) trained in one process, once with every-step
 averaged gradients (what every-step all-reduce computes: one optimizer on the
 global batch) and once per DiLoCo setting with `--workers` replicas stepping
 their own shares, averaged every H steps through the runtime's own outer step
-(shoal.train.diloco.outer_sgd_step) and codec (shoal.train.codecs).
+(shoal.train.sync.diloco.outer_sgd_step) and codec (shoal.train.sync.codecs).
 
 It answers what bench/wan.py cannot afford to try one emulated run at a time:
 how the final validation loss moves with H, the outer optimizer and the codec.
@@ -30,17 +30,17 @@ import time
 import torch
 from torch.nn.utils import parameters_to_vector
 
-from shoal.jobs.corpus import load_corpus
-from shoal.jobs.gpt_worker import CorpusWindows
-from shoal.jobs.model import GPT
-from shoal.jobs.optim import build_optimizer, lr_at, set_lr
-from shoal.jobs.single import evaluate
+from shoal.models.corpus import load_corpus
+from shoal.models.gpt_worker import CorpusWindows
+from shoal.models.model import GPT
+from shoal.models.optim import build_optimizer, lr_at, set_lr
+from shoal.models.single import evaluate
 from shoal.spec import load_job
 from shoal.spec.job import SyncSpec
 from shoal.spec.plan import SyncMode
-from shoal.train.codecs import make_codec
-from shoal.train.codecs.base import ring_all_gather_bytes, ring_all_reduce_bytes
-from shoal.train.diloco import outer_sgd_step
+from shoal.train.sync.codecs import make_codec
+from shoal.train.sync.codecs.base import ring_all_gather_bytes, ring_all_reduce_bytes
+from shoal.train.sync.diloco import outer_sgd_step
 from shoal.train.order import DataOrder
 
 JOB = "examples/tiny-gpt.toml"

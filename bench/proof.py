@@ -4,7 +4,7 @@ accused, and what does verification cost against the training it checks?
 Runs real elastic jobs of a small byte-level GPT with proof enabled
 (`shoal train --workers N`, work records on disk): one all-honest job of 4
 workers, and two jobs of 6 workers where workers 1-5 each run a different
-built-in adversary (every one of `shoal.train.adversary.BUILT_IN`) and w0
+built-in adversary (every one of `shoal.verify.adversary.BUILT_IN`) and w0
 stays honest. Each complete proof epoch of each job is then audited the
 way a verifier would: a sample at the job's `audit_rate` with at least
 `min_audits_per_worker` audits per worker, chosen by a salted beacon.
@@ -63,15 +63,15 @@ from pathlib import Path
 
 import torch
 
-from shoal.control.coordinator.published_epochs import PublishedEpochs
-from shoal.control.trust.verifier import Verifier
-from shoal.jobs.gpt_replay import gpt_replayer
+from shoal.coordinator.proofs.published_epochs import PublishedEpochs
+from shoal.verify.roles.verifier import Verifier
+from shoal.models.gpt_replay import gpt_replayer
 from shoal.proof.verdicts import guilty_workers
 from shoal.spec import hyper_digest, load_job
-from shoal.train import sketch
-from shoal.train.adversary import BUILT_IN, DILOCO_ONLY, EVERY_STEP_ONLY
-from shoal.train.audit import Auditor
-from shoal.train.proof_store import ProofStore
+from shoal.verify import sketch
+from shoal.verify.adversary import BUILT_IN, DILOCO_ONLY, EVERY_STEP_ONLY
+from shoal.verify.audit.record import Auditor
+from shoal.verify.proof_store import ProofStore
 
 JOB = """name = "proof-bench"
 seed = 11
@@ -162,7 +162,7 @@ def training_compute(path: Path) -> float:
 
 
 def sent_check_compute(path: Path) -> float:
-    """Seconds a job's workers spent sketching for the sent check (shoal.train.sent_check):
+    """Seconds a job's workers spent sketching for the sent check (shoal.verify.sent_check):
     at every voted step, each worker sketches its own part and the exchanged sum, here
     timed on each voted record's revealed contribution (twice, as the worker does)."""
     job = load_job(path)

@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 
 from bench.shoal_side import median, samples_per_s, scratch_dir
-from shoal.control.launcher import Launcher, LaunchConfig
-from shoal.control.elastic_report import lineage
+from shoal.elastic.launcher import Launcher, LaunchConfig
+from shoal.elastic.report import lineage
 from shoal.spec import load_job
 from shoal.spec.elastic import ElasticReport
 from shoal.spec.job import Aggregation
@@ -64,7 +64,7 @@ def train(rule: str, workers: int, steps: int, warmup: int, attacked: bool,
     with scratch_dir("shoal-robust-") as scratch:
         run_dir = Path(scratch) / "run"
         config = LaunchConfig(
-            command=[sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json",
+            command=[sys.executable, "-m", "shoal.models.gpt_worker", "--job-json",
                      job.model_dump_json()],
             workers=workers, run_dir=run_dir, timeout_s=1800,
             worker_env={VICTIM: {"SHOAL_ADVERSARY": ADVERSARY}} if attacked else {},
@@ -128,8 +128,8 @@ def _exchange_rank(store_path: str, rank: int, workers: int, reps: int, rules: l
     import torch
     import torch.distributed as dist
 
-    from shoal.jobs.model import GPT
-    from shoal.train.exchange import GradientExchange
+    from shoal.models.model import GPT
+    from shoal.train.sync.exchange import GradientExchange
     from shoal.train.group import EpochGroup
 
     torch.set_num_threads(1)  # as the launcher runs workers on this machine

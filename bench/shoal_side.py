@@ -19,9 +19,9 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: see
 
 from shoal.spec import load_job  # noqa: E402
 from shoal.spec.elastic import ElasticReport, StepRecord
-from shoal.control.chaos import parse_chaos
-from shoal.control.elastic_report import lineage
-from shoal.control.launcher import Launcher, LaunchConfig
+from shoal.elastic.chaos import parse_chaos
+from shoal.elastic.report import lineage
+from shoal.elastic.launcher import Launcher, LaunchConfig
 from shoal.train.step_log import read_step_logs
 
 from bench.fault_plan import Applied, FaultPlan, drive
@@ -35,7 +35,7 @@ def run_shoal(job_path: str, workers: int, steps: int, chaos: str = "",
     with tempfile.TemporaryDirectory(prefix="shoal-bench-") as scratch:
         run_dir = Path(scratch) / "run"
         config = LaunchConfig(
-            command=[sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json", job.model_dump_json()],
+            command=[sys.executable, "-m", "shoal.models.gpt_worker", "--job-json", job.model_dump_json()],
             workers=workers, run_dir=run_dir, chaos=parse_chaos(chaos), timeout_s=timeout_s,
             spares=spares,
             env={"SHOAL_CHECKPOINT_DIR": str(Path(scratch) / "ckpt"),
@@ -80,7 +80,7 @@ def scratch_dir(prefix: str):
 
 def shoal_detection(stall_deadline_s: float) -> dict[str, float]:
     """shoal's detection settings, as its launcher runs them."""
-    from shoal.control.liveness import LivenessConfig
+    from shoal.elastic.liveness import LivenessConfig
 
     live = LivenessConfig(floor_s=stall_deadline_s)
     return {"liveness_floor_s": live.floor_s, "liveness_step_multiple": live.step_multiple,
@@ -174,7 +174,7 @@ def shoal_under_plan(job_path: str, plan: FaultPlan, steps: int, spares: int,
     with scratch_dir("shoal-bench-") as scratch:
         run_dir = Path(scratch) / "run"
         config = LaunchConfig(
-            command=[sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json", job.model_dump_json()],
+            command=[sys.executable, "-m", "shoal.models.gpt_worker", "--job-json", job.model_dump_json()],
             workers=plan.workers, run_dir=run_dir, chaos=parse_chaos(",".join(joins)),
             timeout_s=plan.end_s * 4 + 300, spares=spares, stall_deadline_s=stall_deadline_s,
             env={"SHOAL_CHECKPOINT_DIR": str(Path(scratch) / "ckpt"),

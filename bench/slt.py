@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from bench.shoal_side import scratch_dir
-from shoal.control.launcher import LaunchConfig, Launcher
+from shoal.elastic.launcher import LaunchConfig, Launcher
 from shoal.spec import parse_job
 from shoal.train.step_log import read_step_logs
 
@@ -54,7 +54,7 @@ def train(job, delay_s: float, run_dir: Path) -> dict:
     env = {"SHOAL_REBALANCE": "0", "SHOAL_INJECT": f"exchange-delay:{delay_s}",
            "OMP_NUM_THREADS": "1"}
     config = LaunchConfig(
-        command=[sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json", job.model_dump_json()],
+        command=[sys.executable, "-m", "shoal.models.gpt_worker", "--job-json", job.model_dump_json()],
         # Fencing waits 10 s, not 1: a whole second's exchange is not a stall (the same
         # for every slt; at 1 s the reference run at slt = 0 re-formed 8 times once).
         workers=WORKERS, run_dir=run_dir, timeout_s=1800, env=env, stall_deadline_s=10.0)

@@ -104,7 +104,7 @@ def calibrate_tflops(job) -> float:
     one thread, times the share of the cores a worker gets when all four run)."""
     import torch
 
-    from shoal.jobs.model import GPT
+    from shoal.models.model import GPT
 
     torch.set_num_threads(1)
     model = GPT(job.model)

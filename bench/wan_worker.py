@@ -14,12 +14,12 @@ import time
 import torch
 
 import shoal.train
-from shoal.jobs.corpus import load_corpus
-from shoal.jobs.gpt_worker import CorpusWindows
-from shoal.jobs.model import GPT
-from shoal.jobs.optim import build_optimizer, lr_at, set_lr
-from shoal.jobs.precision import forward_precision
-from shoal.jobs.single import evaluate
+from shoal.models.corpus import load_corpus
+from shoal.models.gpt_worker import CorpusWindows
+from shoal.models.model import GPT
+from shoal.models.optim import build_optimizer, lr_at, set_lr
+from shoal.models.precision import forward_precision
+from shoal.models.single import evaluate
 from shoal.spec import JobSpec
 
 

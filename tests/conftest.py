@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import network  # noqa: F401  (the namespaced-hosts fixture)
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -13,9 +13,9 @@ import torch
 
 from shoal.spec import JobSpec
 from shoal.spec.jobfile import load_job
-from shoal.jobs.corpus import Corpus, load_corpus
-from shoal.jobs.model import GPT
-from shoal.jobs.optim import build_optimizer, lr_at, set_lr
+from shoal.models.corpus import Corpus, load_corpus
+from shoal.models.model import GPT
+from shoal.models.optim import build_optimizer, lr_at, set_lr
 from shoal.train.order import DataOrder, share_positions, split_shares
 
 

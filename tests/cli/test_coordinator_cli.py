@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port, shoal_command
-from tests.control.coordinator.conftest import TINY_JOB
+from tests.coordinator.conftest import TINY_JOB
 
 
 def start_coordinator(store: str, port: int, env) -> subprocess.Popen:

@@ -16,8 +16,8 @@ from shoal.ledger import Chain, LedgerError
 from shoal.spec.coordinator import Grant, Role
 from shoal.spec.ledger import DisputeState
 from tests.conftest import shoal_command
-from tests.control.coordinator.e2e import key_file
-from tests.control.coordinator.test_disputes import CHEAT_STEP, Disputed
+from tests.coordinator.e2e import key_file
+from tests.coordinator.test_disputes import CHEAT_STEP, Disputed
 from tests.ledger.conftest import hardhat_url  # noqa: F401  (a Hardhat node on loopback)
 
 BPS = 10_000

@@ -95,7 +95,7 @@ def test_a_gate_that_refuses_the_pass_is_said_at_start(tmp_path):
     """A pass made from another gate's keys (`shoal rendezvous-pass`, as a host's operator
     would) for a gated host: the launcher says the gate did not admit it, before any worker
     starts, not as a store that times out later."""
-    from shoal.control.job_host import JobHostConfig, _serve
+    from shoal.elastic.job_host import JobHostConfig, _serve
 
     server, gate, host = _serve(JobHostConfig(bind="127.0.0.1", port=0, run_dir=tmp_path / "run",
                                                gate_dir=tmp_path / "gate"))

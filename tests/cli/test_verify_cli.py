@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from tests.conftest import shoal_command
-from tests.control.trust.conftest import run_proven_job, write_proven_job
+from tests.verify.roles.conftest import run_proven_job, write_proven_job
 
 
 @pytest.mark.slow

@@ -90,7 +90,7 @@ def test_a_submitter_and_a_provider_send_their_own_transactions(hardhat_url, tmp
 def test_work_records_anchored_then_verified_against_the_chain(hardhat_url, tmp_path):
     """The operator anchors each proof epoch's root; a verifier checks records against
     it, and a record edited after its epoch was anchored no longer passes."""
-    from tests.control.trust.conftest import run_proven_job
+    from tests.verify.roles.conftest import run_proven_job
 
     proven = run_proven_job(tmp_path / "job", workers=2, steps=6, epoch_steps=3)
     job_file = str(tmp_path / "job" / "job.toml")

@@ -12,8 +12,8 @@ import pytest
 
 from shoal.spec import parse_job
 from shoal.spec.elastic import ElasticReport, FaultKind
-from shoal.control.chaos import parse_chaos
-from shoal.control.launcher import Launcher, LaunchConfig
+from shoal.elastic.chaos import parse_chaos
+from shoal.elastic.launcher import Launcher, LaunchConfig
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def launch(tmp_path: Path, workers: int, chaos: str, steps: int = 200, *,
            command: list[str] | None = None, spares: int = 0) -> ElasticReport:
     job = parse_job(_job(tmp_path, steps))
     config = LaunchConfig(
-        command=command or [sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json",
+        command=command or [sys.executable, "-m", "shoal.models.gpt_worker", "--job-json",
                             job.model_dump_json()],
         workers=workers, spares=spares, run_dir=tmp_path / "run", chaos=parse_chaos(chaos),
         stall_s=stall_s,
@@ -154,7 +154,7 @@ def test_linear_policy_scales_the_batch_with_the_world(tmp_path):
 
 
 def test_last_worker_leaving_leaves_its_state_on_disk(tmp_path):
-    from shoal.control.errors import ControlError
+    from shoal.errors import ControlError
 
     with pytest.raises(ControlError, match="every worker exited"):
         launch(tmp_path, 1, "leave:0@step30", steps=300)
@@ -166,7 +166,7 @@ def test_last_worker_leaving_leaves_its_state_on_disk(tmp_path):
 def test_warm_spare_joins_without_a_process_start(tmp_path):
     job = parse_job(_job(tmp_path, 600))
     config = LaunchConfig(
-        command=[sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json", job.model_dump_json()],
+        command=[sys.executable, "-m", "shoal.models.gpt_worker", "--job-json", job.model_dump_json()],
         workers=2, spares=1, run_dir=tmp_path / "run", chaos=parse_chaos("kill:1@step40,join@step41"),
         timeout_s=240, env={"SHOAL_REPLICA_CHECK": "1"},
     )

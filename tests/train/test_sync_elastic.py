@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from shoal.control.chaos import parse_chaos
-from shoal.control.launcher import Launcher, LaunchConfig
+from shoal.elastic.chaos import parse_chaos
+from shoal.elastic.launcher import Launcher, LaunchConfig
 from shoal.spec import parse_job
 from shoal.spec.elastic import ElasticReport, FaultKind
 from shoal.train.step_log import read_step_logs
@@ -38,7 +38,7 @@ def launch(tmp_path: Path, sync: dict, *, workers: int = WORKERS, steps: int = S
     if slowdown != 1.0:
         env["SHOAL_SLOWDOWN"] = str(slowdown)
     config = LaunchConfig(
-        command=[sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json", job.model_dump_json()],
+        command=[sys.executable, "-m", "shoal.models.gpt_worker", "--job-json", job.model_dump_json()],
         workers=workers, run_dir=tmp_path / "run", chaos=parse_chaos(chaos), stall_deadline_s=1.5,
         timeout_s=240, env=env)
     return Launcher(config).run()

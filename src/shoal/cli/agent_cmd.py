@@ -35,10 +35,10 @@ def agent_command(
     url: str = URL, key: Path = KEY,
 ) -> None:
     """Pre-flight this machine, offer its devices, run workers for their leases."""
-    from shoal.control.agent import Agent, AgentConfig
-    from shoal.control.client import CoordinatorClient
-    from shoal.control.errors import ControlError
-    from shoal.control.identity import load_key
+    from shoal.agent import Agent, AgentConfig
+    from shoal.client.http import CoordinatorClient
+    from shoal.errors import ControlError
+    from shoal.client.identity import load_key
     from shoal.spec.market import Tenancy
 
     if key is None:

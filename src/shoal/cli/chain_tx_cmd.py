@@ -13,7 +13,7 @@ KEY = typer.Option(..., "--key", envvar="SHOAL_KEY", help="File with your privat
 
 
 def _signed(rpc: str | None, contract: str | None, timeout_s: float, key: Path):  # noqa: ANN202
-    from shoal.control.identity import load_key
+    from shoal.client.identity import load_key
 
     return _ledger(rpc, contract, timeout_s), load_key(str(key))
 
@@ -71,7 +71,7 @@ def anchor_records_command(
     from shoal.proof.epochs import by_epoch, is_complete
     from shoal.proof.merkle import epoch_tree
     from shoal.spec import load_job
-    from shoal.train.proof_store import ProofStore
+    from shoal.verify.proof_store import ProofStore
 
     spec = load_job(job_file)
     ledger, account = _signed(rpc, contract, timeout_s, key)

@@ -41,8 +41,8 @@ def coordinator_command(
     import uvicorn
     from pydantic import ValidationError
 
-    from shoal.control.coordinator import Coordinator, CoordinatorSettings, create_app
-    from shoal.control.errors import ControlError
+    from shoal.coordinator import Coordinator, CoordinatorSettings, create_app
+    from shoal.errors import ControlError
 
     values = {"host": host, "port": port, "audience": audience, "operators": tuple(operator),
               "dashboard": dashboard}
@@ -59,7 +59,7 @@ def coordinator_command(
     except ValidationError as error:
         raise ControlError("; ".join(e["msg"] for e in error.errors())) from None
     settlement = _settlement(settings)
-    from shoal.jobs.gpt_replay import gpt_replayer
+    from shoal.models.gpt_replay import gpt_replayer
 
     coordinator = Coordinator(settings, settlement=settlement,
                               referee_key=_referee(referee_key, settlement), replayer=gpt_replayer)
@@ -82,14 +82,14 @@ def _settlement(settings):  # noqa: ANN001, ANN202 - CoordinatorSettings -> Sett
     """The contract the coordinator operates, if it settles on a chain."""
     if not settings.chain_rpc:
         return None
-    from shoal.control.coordinator.settlement import Settlement
-    from shoal.control.identity import load_key
+    from shoal.coordinator.services.settlement import Settlement
+    from shoal.client.identity import load_key
     from shoal.ledger import Chain, Ledger
 
     operator = load_key(str(settings.operator_key_file))
     ledger = Ledger.at(Chain.rpc(settings.chain_rpc), settings.ledger_contract)
     if ledger.roles()["operator"].lower() != operator.address.lower():
-        from shoal.control.errors import ControlError
+        from shoal.errors import ControlError
 
         raise ControlError(f"{operator.address} is not the operator of {ledger.address}; "
                            "the owner sets it with set_operator")
@@ -100,8 +100,8 @@ def _settlement(settings):  # noqa: ANN001, ANN202 - CoordinatorSettings -> Sett
 def _referee(path: Path | None, settlement):  # noqa: ANN001, ANN202 - -> LocalAccount | None
     if path is None:
         return None
-    from shoal.control.errors import ControlError
-    from shoal.control.identity import load_key
+    from shoal.errors import ControlError
+    from shoal.client.identity import load_key
 
     if settlement is None:
         raise ControlError("--referee-key rules on chain: give --chain-rpc, --contract and "

@@ -28,10 +28,10 @@ def demo_command(
     from rich.console import Console
     from rich.live import Live
 
-    from shoal.control.demo.live import render
-    from shoal.control.demo.report import build_report
-    from shoal.control.demo.runner import Demo, DemoOptions
-    from shoal.jobs.gpt_replay import gpt_replayer
+    from shoal.demo.live import render
+    from shoal.demo.report import build_report
+    from shoal.demo.runner import Demo, DemoOptions
+    from shoal.models.gpt_replay import gpt_replayer
 
     run_dir = run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     if run_dir.exists() and any(run_dir.iterdir()):

@@ -39,10 +39,10 @@ def dispute_command(
     (`shoal grant`); the dispute itself needs only the bond."""
     from shoal.cli.chain_cmd import _ledger
     from shoal.cli.verify_cmd import remote_auditor
-    from shoal.control.client import CoordinatorClient
-    from shoal.control.identity import load_key
-    from shoal.control.trust.challenger import challenge_worker
-    from shoal.control.trust.remote import RemoteAudits
+    from shoal.client.http import CoordinatorClient
+    from shoal.client.identity import load_key
+    from shoal.verify.roles.challenger import challenge_worker
+    from shoal.verify.roles.remote import RemoteAudits
 
     account = load_key(str(key))
     ledger = _ledger(rpc, contract, 30.0)

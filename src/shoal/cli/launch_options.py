@@ -15,7 +15,7 @@ import typer
 from shoal import ShoalError
 
 if TYPE_CHECKING:
-    from shoal.control.launcher import LaunchConfig
+    from shoal.elastic.launcher import LaunchConfig
     from shoal.spec.coordinator import RendezvousPass
 
 
@@ -80,7 +80,7 @@ def rendezvous_pass_from_env() -> RendezvousPass | None:
     user of the machine can read, and taken out of it, so the workers do not inherit it."""
     from pydantic import ValidationError
 
-    from shoal.control.gate_keys import PASS_ENV
+    from shoal.elastic.gate_keys import PASS_ENV
     from shoal.spec.coordinator import RendezvousPass
 
     text = os.environ.pop(PASS_ENV, None)
@@ -110,8 +110,8 @@ class LaunchOptions:
     hosts: HostOptions = HostOptions()
 
     def config(self, command: list[str], name: str, env: dict[str, str] | None = None) -> LaunchConfig:
-        from shoal.control.chaos import parse_chaos
-        from shoal.control.launcher import LaunchConfig
+        from shoal.elastic.chaos import parse_chaos
+        from shoal.elastic.launcher import LaunchConfig
 
         runtime = {"SHOAL_REPLICA_CHECK": str(self.replica_check_every)} if self.replica_check_every else {}
         return LaunchConfig(
@@ -124,7 +124,7 @@ class LaunchOptions:
 
 
 def launch_and_report(config: LaunchConfig, report: Path | None) -> None:
-    from shoal.control.launcher import Launcher
+    from shoal.elastic.launcher import Launcher
 
     if report is not None and not config.serves:
         raise ShoalError("--report is written by the serving host; pass it with --serve")

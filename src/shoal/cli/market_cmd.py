@@ -20,8 +20,8 @@ key_app = typer.Typer(help="Keys that sign your requests to a coordinator.", no_
 
 
 def _client(url: str, key: Path | None = None):  # noqa: ANN202
-    from shoal.control.client import CoordinatorClient
-    from shoal.control.identity import load_key
+    from shoal.client.http import CoordinatorClient
+    from shoal.client.identity import load_key
 
     return CoordinatorClient(url, load_key(str(key)) if key else None)
 
@@ -36,8 +36,8 @@ def _print(data: list, as_json: bool, table: Table) -> None:
 @key_app.command("new")
 def key_new(path: Path = typer.Argument(..., help="Where to write the key (mode 600).")) -> None:
     """Create a key file and print its address."""
-    from shoal.control.errors import ControlError
-    from shoal.control.identity import new_key
+    from shoal.errors import ControlError
+    from shoal.client.identity import new_key
 
     try:
         account = new_key(str(path))
@@ -64,8 +64,8 @@ def submit_command(
     """Submit a job with its budget and price ceiling; prints the job id."""
     from pydantic import ValidationError
 
-    from shoal.control.client import CoordinatorRefused
-    from shoal.control.errors import ControlError
+    from shoal.client.http import CoordinatorRefused
+    from shoal.errors import ControlError
     from shoal.spec.coordinator import JobSubmission, Registration
 
     if not job_file.is_file():

@@ -23,7 +23,7 @@ def rendezvous_command(
         "missing; what the coordinator does for market jobs)."),
 ) -> None:
     """Serve one job's rendezvous until it is done; workers join with --rendezvous HOST:PORT."""
-    from shoal.control.job_host import JobHostConfig, serve_job
+    from shoal.elastic.job_host import JobHostConfig, serve_job
 
     final = serve_job(JobHostConfig(bind, port, run_dir, min_workers, stall_deadline_s, linger_s,
                                     gate_dir))
@@ -39,6 +39,6 @@ def rendezvous_pass_command(
 ) -> None:
     """Print a pass to a gated rendezvous (JSON): export it as SHOAL_RENDEZVOUS_PASS on a
     host before `shoal run --rendezvous HOST:PORT` there."""
-    from shoal.control.gate_keys import GateKeys
+    from shoal.elastic.gate_keys import GateKeys
 
     typer.echo(GateKeys.create_or_load(gate_dir).gate_pass(identity).model_dump_json())

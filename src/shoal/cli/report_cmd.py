@@ -19,7 +19,7 @@ def report_command(
                                                            "(default RUN_DIR/report.html)."),
 ) -> None:
     """Render RUN_DIR/report.json (a demo's report) as an HTML page with plots."""
-    from shoal.control.dashboard.report_html import render_report
+    from shoal.coordinator.dashboard.report_html import render_report
     from shoal.spec.demo import DemoReport
 
     source = run_dir / "report.json"

@@ -42,7 +42,7 @@ def run_command(
     """
     if not script.is_file():
         raise ShoalError(f"script '{script}' not found")
-    from shoal.control.launcher import worker_command
+    from shoal.elastic.launcher import worker_command
 
     options = LaunchOptions(
         workers=workers, chaos=chaos, stall_s=stall_s, stall_deadline_s=stall_deadline_s,

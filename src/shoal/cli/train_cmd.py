@@ -66,7 +66,7 @@ def train_command(
         return
     if chaos or slow or rendezvous or adversary:
         raise typer.BadParameter("--chaos, --slow, --adversary and --rendezvous need --workers N")
-    from shoal.jobs.single import train_job  # torch loads only when training runs
+    from shoal.models.single import train_job  # torch loads only when training runs
 
     result = train_job(job, resume=resume, fresh=fresh, show_progress=not quiet)
     if report is not None:
@@ -82,14 +82,14 @@ def _train_elastic(job: JobSpec, resume: bool, fresh: bool, options: LaunchOptio
     import json
     import sys
 
-    from shoal.jobs.single import open_checkpoints, open_proof_dir
+    from shoal.models.single import open_checkpoints, open_proof_dir
 
     if options.hosts.rendezvous is None or options.hosts.serve:
         # Same guard as one worker: never clobber. Only the serving host applies it, so a
         # host joining later cannot delete (--fresh) what a running job wrote to a shared disk.
         open_checkpoints(job, resume, fresh).close()
         open_proof_dir(job, resume, fresh)
-    command = [sys.executable, "-m", "shoal.jobs.gpt_worker", "--job-json", job.model_dump_json()]
+    command = [sys.executable, "-m", "shoal.models.gpt_worker", "--job-json", job.model_dump_json()]
     config = options.config(command, job.name, env={
         "SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,
         "SHOAL_CHECKPOINT_INTERVAL": str(job.checkpoint.interval_steps),

@@ -81,11 +81,11 @@ def verify_command(
     if not Path(directory, "records").is_dir():
         raise ShoalError(f"no work records under {directory}: run the job with [proof] "
                          "enabled = true (or pass --proof-dir)")
-    from shoal.control.trust.verdicts import VerdictLog, sign_verdict
-    from shoal.control.trust.verifier import Verifier
-    from shoal.jobs.gpt_replay import gpt_replayer
-    from shoal.train.audit import Auditor, profile_tolerance
-    from shoal.train.proof_store import ProofStore
+    from shoal.verify.roles.verdicts import VerdictLog, sign_verdict
+    from shoal.verify.roles.verifier import Verifier
+    from shoal.models.gpt_replay import gpt_replayer
+    from shoal.verify.audit.record import Auditor, profile_tolerance
+    from shoal.verify.proof_store import ProofStore
 
     store, replayer = ProofStore(directory), gpt_replayer(job)
     records = store.records()
@@ -98,7 +98,7 @@ def verify_command(
         return
     account = None
     if key is not None:
-        from shoal.control.identity import load_key
+        from shoal.client.identity import load_key
         account = load_key(str(key))
     auditor = Auditor(store, replayer, hyper_sha256=hyper_digest(job.hyperparameters()),
                       tolerance=tolerance if tolerance is not None else job.proof.tolerance,
@@ -141,9 +141,9 @@ def _verify_remote(url: str, job_id: str, key: Path, salt: bytes, rate: float | 
                    follow: bool, interval_s: float, answer_wait_s: float,
                    tolerance: float | None, as_json: bool, recheck: bool = False) -> None:
     """Audit a market job through its coordinator: challenges, replays, filed verdicts."""
-    from shoal.control.client import CoordinatorClient
-    from shoal.control.identity import load_key
-    from shoal.control.trust.remote import RemoteAudits
+    from shoal.client.http import CoordinatorClient
+    from shoal.client.identity import load_key
+    from shoal.verify.roles.remote import RemoteAudits
     from shoal.spec.coordinator import ENDED
 
     account = load_key(str(key))
@@ -178,10 +178,10 @@ def remote_auditor(client, job_id: str, address: str, role: str,  # noqa: ANN001
     runs/ROLE/ADDRESS/JOB (a verifier's, a challenger's)."""
     import tomllib
 
-    from shoal.jobs.gpt_replay import gpt_replayer
+    from shoal.models.gpt_replay import gpt_replayer
     from shoal.spec.jobfile import parse_job
-    from shoal.train.audit import Auditor
-    from shoal.train.proof_store import ProofStore
+    from shoal.verify.audit.record import Auditor
+    from shoal.verify.proof_store import ProofStore
 
     job = parse_job(tomllib.loads(client.job_file(job_id)), source=f"job {job_id}")
     if not job.proof.enabled:
@@ -217,7 +217,7 @@ def _members(run_dir: Path | None):  # noqa: ANN202 - the verifier's `Members`
         return lambda epoch: None
     if not (run_dir / "epochs.jsonl").is_file():
         raise ShoalError(f"no epochs.jsonl in {run_dir}: give the --run-dir the job ran with")
-    from shoal.control.coordinator.published_epochs import PublishedEpochs
+    from shoal.coordinator.proofs.published_epochs import PublishedEpochs
 
     published = PublishedEpochs(lambda _: run_dir)
     return lambda epoch: published.members("", epoch)

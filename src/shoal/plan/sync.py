@@ -22,16 +22,16 @@ import numpy as np
 from shoal.spec.plan import Codec, ModelProfile, SyncMode
 
 INDEX_BYTES = 4  # top-k sends an int32 index with each kept value
-# SparseLoCo (shoal.train.codecs.sparseloco): one byte per block of 64 values and a float32
+# SparseLoCo (shoal.train.sync.codecs.sparseloco): one byte per block of 64 values and a float32
 # scale per 64 blocks.
 SPARSELOCO_BYTES_PER_VALUE = 1 / 64 + 4 / 4096
 # Codecs whose messages are all-gathered (members keep different entries, or sums would
 # overflow) rather than summed along a ring.
 GATHERED = frozenset({Codec.topk, Codec.int8, Codec.sparseloco})
 # Device memory per parameter beside the model's own state, as the runtime keeps it:
-DILOCO_BYTES = 8.0  # theta_outer and the outer momentum, float32 (shoal.train.diloco)
-RESIDUAL_BYTES = 4.0  # a codec's error-feedback residual, float32 (shoal.train.codecs.base)
-# slt = k (shoal.train.staleness): where the round began, float32, and for each of the k
+DILOCO_BYTES = 8.0  # theta_outer and the outer momentum, float32 (shoal.train.sync.diloco)
+RESIDUAL_BYTES = 4.0  # a codec's error-feedback residual, float32 (shoal.train.sync.codecs.base)
+# slt = k (shoal.train.sync.staleness): where the round began, float32, and for each of the k
 # rounds in flight this worker's own pseudo-gradient and the sum being reduced, float32.
 START_BYTES, IN_FLIGHT_BYTES = 4.0, 8.0
 MAX_SLT = 16  # the runtime's bound ([sync] slt)
@@ -62,7 +62,7 @@ class SyncConfig:
     powersgd_rank: int = 4
     # Staleness bounds the planner may choose, after every H without: on the tiny GPT
     # slt = 1 cost 0.02-0.09 nats of val loss and slt = 2 0.12-0.15 over slt = 0
-    # (tests/train/test_slt.py, bench/slt.py: H = 10, 3 workers), int8 0.003 over no
+    # (tests/train/sync/test_slt.py, bench/slt.py: H = 10, 3 workers), int8 0.003 over no
     # codec; but 0.27 nats at H = 20 with 4 workers of 8 samples a step (bench/wan.py).
     staleness: tuple[int, ...] = (1, 2)
     # A SparseLoCo round of H inner steps ranks with uncompressed rounds of this many times
@@ -151,7 +151,7 @@ def exchange_parts(codec: Codec, grad_bytes: np.ndarray, bandwidth: np.ndarray,
     (PowerSGD does it twice, for both factors, at half the bytes each).
     Top-k and int8 messages cannot be summed in place (int8 would overflow),
     so the runtime all-gathers them and decodes in rank order
-    (shoal.train.codecs): (dp-1) times the kept bytes, which past a few
+    (shoal.train.sync.codecs): (dp-1) times the kept bytes, which past a few
     replicas is more than the plain ring sends.
     """
     if dp == 1:

@@ -96,7 +96,7 @@ class ChallengeView(Frozen):
 
 
 class SignedVerdictBody(Frozen):
-    """A verdict with its verifier's EIP-191 signature (see control.trust.verdicts)."""
+    """A verdict with its verifier's EIP-191 signature (see shoal.verify.roles.verdicts)."""
 
     verdict: Verdict
     signature: str = Field(pattern=r"^0x[0-9a-fA-F]{130}$")
@@ -118,7 +118,7 @@ class DisputeFiling(Frozen):
     """A challenger's side of a dispute it opened on the contract (`open_dispute`, with
     its bond, against the provider of `worker`): the state it claims after each of the
     worker's records of proof epoch `epoch`, in step order (index 0: before the first;
-    see `shoal.control.trust.dispute.trajectory`). The coordinator bisects it against
+    see `shoal.verify.roles.dispute.trajectory`). The coordinator bisects it against
     the worker's own trajectory, and its referee re-executes the one step left."""
 
     dispute: int = Field(ge=1, le=2**62)  # the dispute's id on chain

@@ -242,7 +242,7 @@ class Heartbeat(Frozen):
 
 
 class RendezvousPass(Frozen):
-    """What a lease's worker shows its job host's gate (`shoal.control.store_gate`): who
+    """What a lease's worker shows its job host's gate (`shoal.elastic.gate`): who
     it is, its token, and the SHA-256 of the certificate the gate must show (pinned: the
     gate's certificate is self-signed). Only the lease's provider is told it."""
 

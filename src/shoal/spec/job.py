@@ -120,7 +120,7 @@ class SyncSpec(Frozen):
     powersgd_rank: int = Field(4, ge=1, le=1024)
     # Bounded staleness (DiLoCo only): a round's averaged pseudo-gradient is exchanged in
     # the background and applied exactly `slt` outer steps later, so a slow link stalls
-    # nobody; 0 waits for the average at the outer step (shoal.train.staleness).
+    # nobody; 0 waits for the average at the outer step (shoal.train.sync.staleness).
     slt: int = Field(0, ge=0, le=16)
 
     @model_validator(mode="before")

@@ -5,7 +5,7 @@ a step's exchange, voted), and, while it waits on peers, refreshes it every
 `refresh_s`; a thread with its own store connection writes it, so
 reporting costs the step no round trip. A worker hung in its data
 loader or a device wait reaches no new point, and the authority sees it
-fall behind its peers (shoal.control.liveness) whether or not its
+fall behind its peers (shoal.elastic.liveness) whether or not its
 process still runs.
 
 The same thread writes the worker's other reports that nobody waits for

@@ -30,12 +30,12 @@ import torch
 from shoal.spec.elastic import BatchPolicy, GuardVerdict, Phase
 from shoal.spec.job import Aggregation, SyncSpec
 from shoal.train import inject
-from shoal.train.adversary import load_adversary
+from shoal.verify.adversary import load_adversary
 from shoal.train.checkpoint import CheckpointStore
-from shoal.train.diloco import DiLoCo
+from shoal.train.sync.diloco import DiLoCo
 from shoal.train.commit import Ballot, Excluded, Proposer, agree
 from shoal.train.errors import TrainError
-from shoal.train.exchange import GradientExchange, StepScalars
+from shoal.train.sync.exchange import GradientExchange, StepScalars
 from shoal.train.group import GroupCancelled, GroupFailed
 from shoal.train.guard import StepGuard
 from shoal.train.hashing import param_sha256
@@ -48,9 +48,9 @@ from shoal.train.run_config import RunConfig
 from shoal.train.shares import ShareBalancer
 from shoal.train.step_commit import Attempt, StepCommitter
 from shoal.train.step_log import StepLog
-from shoal.train.step_proof import StepProof
-from shoal.train.sync import make_sync
-from shoal.train.work_records import ProofSettings, WorkRecorder
+from shoal.verify.step_proof import StepProof
+from shoal.train.sync.every_step import make_sync
+from shoal.verify.work_records import ProofSettings, WorkRecorder
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ class Run:
             self._drop_group(stale=False)
 
     def _exchange(self, tail: tuple[float, ...]) -> tuple[Ballot, StepScalars | None]:
-        """Exchange the step (shoal.train.sync: all-reduce, a robust rule's all-gather, a
+        """Exchange the step (shoal.train.sync.every_step: all-reduce, a robust rule's all-gather, a
         codec, or DiLoCo), then this member's ballot: did it work, what does the guard
         say, do the replicas' fingerprints agree. With work records, every member also
         declares what it sent, and a step whose declarations do not add up is refused.

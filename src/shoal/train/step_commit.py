@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from shoal.spec.elastic import GuardVerdict, Phase
-from shoal.train.exchange import StepScalars
-from shoal.train.sync import StepWork
+from shoal.train.sync.exchange import StepScalars
+from shoal.train.sync.every_step import StepWork
 
 if TYPE_CHECKING:
     from shoal.train.run import Run

@@ -1,0 +1,213 @@
+"""A client of the coordinator's API that signs what it sends: used by the
+CLI, the provider agent and the benchmarks alike."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+import httpx
+from eth_account.signers.local import LocalAccount
+from pydantic import BaseModel, TypeAdapter
+
+from shoal.errors import ControlError
+from shoal.client.identity import sign_request
+from shoal.spec.coordinator import (
+    AgentRegistration, AgentView, Event, Heartbeat, HeartbeatReply, Info, JobSubmission, JobView,
+    OfferTerms, OfferView, Participant, ProviderView, Registration, TopUp,
+)
+from shoal.spec.audit import (
+    ChallengeRequest, Challenges, ChallengeView, DisputeFiling, DisputeView, JobFile,
+    ProofEpochView, RecordUpload, UploadReceipt, VerdictFiling, VerdictView,
+)
+from shoal.spec.checkpoint import CheckpointView
+from shoal.spec.ledger import LeaseAcceptance
+from shoal.spec.progress import JobPlanView, MembershipChange, ProgressUpload, StepProgress
+from shoal.spec.proof import WorkRecord
+
+T = TypeVar("T")
+
+
+class CoordinatorRefused(ControlError):
+    """The coordinator answered with a 4xx: the request changed nothing."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"coordinator refused ({status}): {detail}")
+        self.status, self.detail = status, detail
+
+
+class CoordinatorClient:
+    def __init__(self, url: str, account: LocalAccount | None = None,
+                 timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.account = account
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
+        self._info: Info | None = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ plumbing
+    def info(self) -> Info:
+        if self._info is None:
+            self._info = self._get("/v1/info", Info)
+        return self._info
+
+    def request(self, method: str, path: str, body: BaseModel | bytes | None = None,
+                params: dict[str, Any] | None = None, sign: bool = True, raw: bool = False) -> Any:
+        """One call; `body` bytes go as a file (octet-stream), a model as JSON; `raw`
+        answers the response's bytes instead of its JSON."""
+        if isinstance(body, bytes):
+            content, content_type = body, "application/octet-stream"
+        else:
+            content = b"" if body is None else body.model_dump_json().encode()
+            content_type = "application/json"
+        request = self._http.build_request(method, path, content=content, params=params,
+                                           headers={"content-type": content_type})
+        if sign:
+            if self.account is None:
+                raise ControlError("this call changes state and must be signed: give a key "
+                                   "(--key PATH; create one with `shoal key new PATH`)")
+            target = request.url.raw_path.decode("latin-1")
+            request.headers.update(sign_request(self.account, self.info().audience, method,
+                                                target, content))
+        try:
+            response = self._http.send(request)
+        except httpx.HTTPError as error:
+            raise ControlError(f"cannot reach the coordinator at {self.url}: {error}; "
+                               "is it running (`shoal coordinator`)?") from None
+        if response.status_code >= 400:
+            raise CoordinatorRefused(response.status_code, _detail(response))
+        if raw:
+            return response.content
+        return response.json() if response.content else None
+
+    def _get(self, path: str, kind: type[T], **params: Any) -> T:
+        data = self.request("GET", path, params={k: v for k, v in params.items() if v is not None},
+                            sign=False)
+        return TypeAdapter(kind).validate_python(data)
+
+    def _post(self, path: str, body: BaseModel | None, kind: type[T]) -> T:
+        return TypeAdapter(kind).validate_python(self.request("POST", path, body))
+
+    # ------------------------------------------------------------ the API
+    def register(self, registration: Registration) -> Participant:
+        return self._post("/v1/participants", registration, Participant)
+
+    def register_agent(self, registration: AgentRegistration) -> AgentView:
+        return self._post("/v1/agents", registration, AgentView)
+
+    def heartbeat(self, agent_id: str, beat: Heartbeat) -> HeartbeatReply:
+        return self._post(f"/v1/agents/{agent_id}/heartbeat", beat, HeartbeatReply)
+
+    def accept_lease(self, lease: int, acceptance: LeaseAcceptance) -> None:
+        self.request("POST", f"/v1/leases/{lease}/acceptance", acceptance)
+
+    def post_offer(self, terms: OfferTerms) -> OfferView:
+        return self._post("/v1/offers", terms, OfferView)
+
+    def withdraw_offer(self, offer_id: str) -> OfferView:
+        return TypeAdapter(OfferView).validate_python(
+            self.request("DELETE", f"/v1/offers/{offer_id}"))
+
+    def submit(self, submission: JobSubmission) -> JobView:
+        return self._post("/v1/jobs", submission, JobView)
+
+    def top_up(self, job_id: str, amount_wei: int) -> JobView:
+        return self._post(f"/v1/jobs/{job_id}/top-up", TopUp(amount_wei=amount_wei), JobView)
+
+    def job_action(self, job_id: str, action: str) -> JobView:
+        """pause, resume or cancel."""
+        return self._post(f"/v1/jobs/{job_id}/{action}", None, JobView)
+
+    def job(self, job_id: str) -> JobView:
+        return self._get(f"/v1/jobs/{job_id}", JobView)
+
+    def jobs(self, submitter: str | None = None) -> list[JobView]:
+        return self._get("/v1/jobs", list[JobView], submitter=submitter)
+
+    def providers(self) -> list[ProviderView]:
+        return self._get("/v1/providers", list[ProviderView])
+
+    def events(self, job: str | None = None, after: int = 0, limit: int = 200) -> list[Event]:
+        return self._get("/v1/events", list[Event], job=job, after=after, limit=limit)
+
+
+    # ------------------------------------------------------------ a job's progress
+    def upload_progress(self, job_id: str, upload: ProgressUpload) -> int:
+        return self.request("POST", f"/v1/jobs/{job_id}/progress", upload)["stored"]
+
+    def progress(self, job_id: str, after: int = -1) -> list[StepProgress]:
+        return self._get(f"/v1/jobs/{job_id}/progress", list[StepProgress], after=after)
+
+    def membership(self, job_id: str) -> list[MembershipChange]:
+        return self._get(f"/v1/jobs/{job_id}/membership", list[MembershipChange])
+
+    # ------------------------------------------------------------ proof of learning
+    def upload_records(self, job_id: str, upload: RecordUpload) -> UploadReceipt:
+        return self._post(f"/v1/jobs/{job_id}/proof/records", upload, UploadReceipt)
+
+    def work_records(self, job_id: str, epoch: int) -> list[WorkRecord]:
+        return self._get(f"/v1/jobs/{job_id}/proof/records", list[WorkRecord], epoch=epoch)
+
+    def job_file(self, job_id: str) -> str:
+        return self._get(f"/v1/jobs/{job_id}/job-file", JobFile).job_file
+
+    def proof_epochs(self, job_id: str) -> list[ProofEpochView]:
+        return self._get(f"/v1/jobs/{job_id}/proof/epochs", list[ProofEpochView])
+
+    def raise_challenges(self, job_id: str, items: list[ChallengeRequest]) -> list[ChallengeView]:
+        return self._post(f"/v1/jobs/{job_id}/proof/challenges", Challenges(items=tuple(items)),
+                          list[ChallengeView])
+
+    def challenges(self, job_id: str) -> list[ChallengeView]:
+        return self._get(f"/v1/jobs/{job_id}/proof/challenges", list[ChallengeView])
+
+    def answer_challenge(self, challenge: int, data: bytes) -> ChallengeView:
+        return TypeAdapter(ChallengeView).validate_python(
+            self.request("PUT", f"/v1/challenges/{challenge}/answer", data))
+
+    def challenge_file(self, challenge: int) -> bytes:
+        return self.request("GET", f"/v1/challenges/{challenge}/file", sign=False, raw=True)
+
+    def job_plan(self, job_id: str) -> JobPlanView | None:
+        return self._get(f"/v1/jobs/{job_id}/plan", JobPlanView | None)  # type: ignore[arg-type]
+
+    def carried_checkpoint(self, job_id: str) -> CheckpointView | None:
+        return self._get(f"/v1/jobs/{job_id}/checkpoint", CheckpointView | None)  # type: ignore[arg-type]
+
+    def upload_checkpoint(self, job_id: str, step: int, lease: int, data: bytes) -> CheckpointView:
+        return TypeAdapter(CheckpointView).validate_python(self.request(
+            "PUT", f"/v1/jobs/{job_id}/checkpoints/{step}", data, params={"lease": lease}))
+
+    def checkpoint_file(self, job_id: str, step: int) -> bytes:
+        return self.request("GET", f"/v1/jobs/{job_id}/checkpoints/{step}/file", raw=True)
+
+    def file_verdicts(self, job_id: str, filing: VerdictFiling) -> list[VerdictView]:
+        return self._post(f"/v1/jobs/{job_id}/proof/verdicts", filing, list[VerdictView])
+
+    def verdicts(self, job_id: str) -> list[VerdictView]:
+        return self._get(f"/v1/jobs/{job_id}/proof/verdicts", list[VerdictView])
+
+    def file_dispute(self, job_id: str, filing: DisputeFiling) -> DisputeView:
+        return self._post(f"/v1/jobs/{job_id}/proof/disputes", filing, DisputeView)
+
+    def disputes(self, job_id: str) -> list[DisputeView]:
+        return self._get(f"/v1/jobs/{job_id}/proof/disputes", list[DisputeView])
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail", response.text)
+    except (json.JSONDecodeError, AttributeError):
+        return response.text[:500]
+    if isinstance(detail, list):  # FastAPI's 422: name each field that is wrong
+        return "; ".join(f"{'.'.join(str(p) for p in d.get('loc', ())[1:])}: {d.get('msg')}"
+                         for d in detail)
+    return str(detail)

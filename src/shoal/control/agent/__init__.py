@@ -1,6 +1,0 @@
-"""The provider agent: measured devices offered to a coordinator, and a worker
-run for each lease the market gives them."""
-
-from shoal.control.agent.agent import Agent, AgentConfig
-
-__all__ = ["Agent", "AgentConfig"]

@@ -1,0 +1,126 @@
+"""What the referee's rulings cost, mixed into nothing: `Referee` holds one.
+
+An upheld verdict slashes the worker's provider through the contract (its
+lease unpaid, its collateral to the verifier and the submitter), once per job,
+and bars it from the job; every verifier that signed `valid` on that record
+loses stake to the one shown right. A rejected verdict costs its verifier stake
+for the false accusation; a verifier that signed `valid` on a forced error
+loses as much (plants.py). Without the referee's key nothing is sent to the
+chain: the rulings are only recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from eth_account.signers.local import LocalAccount
+from sqlalchemy.orm import Session
+
+from shoal.coordinator.db.schema import JobRow, VerdictRow
+from shoal.ledger import LedgerError
+from shoal.spec.coordinator import COORDINATOR
+from shoal.spec.proof import Verdict, VerdictKind
+
+if TYPE_CHECKING:
+    from shoal.coordinator.services.coordinator import Coordinator
+
+log = logging.getLogger(__name__)
+UPHELD, REJECTED = "upheld", "rejected"  # the referee's rulings that move money
+# A verifier that accused falsely loses this much stake (wei), part of it to the accused;
+# one that signed `valid` on work a replay shows wrong loses as much, part of it to the
+# verifier (or whistleblower) whose verdict was upheld.
+FALSE_ACCUSATION_PENALTY_WEI = 10**15
+LAZY_VERDICT_PENALTY_WEI = 10**15
+
+
+class Penalties:
+    def __init__(self, coordinator: Coordinator, account: LocalAccount | None) -> None:
+        """`account`: the contract's referee key (None: rulings are recorded, not enforced)."""
+        self.coordinator, self.account = coordinator, account
+        self._slashed: set[tuple[str, str]] = set()  # (job, provider) slashed already
+        self._lazy_seen: set[tuple[str, str, str, int]] = set()  # (job, verifier, worker, step)
+
+    def first_slash(self, job_id: str, provider: str) -> bool:
+        """Whether `provider` is slashed in `job_id` for the first time (then noted)."""
+        if (job_id, provider) in self._slashed:
+            return False
+        self._slashed.add((job_id, provider))
+        return True
+
+    def enforce(self, job_id: str, seq: int, verdict: Verdict, ruling: str, why: str,
+                provider: str | None) -> None:
+        """Carry out the referee's ruling on verdict `seq`: store it, with an event, and
+        slash (the worker's provider, once per job, or lazy or accusing verifiers)."""
+        co = self.coordinator
+        chain_note: dict[str, str] = {}
+        with Session(co.engine) as session:
+            job = session.get(JobRow, job_id)
+        chain_job = job.chain_job if job is not None else None
+        enforce = self.account is not None and co.settlement is not None and chain_job is not None
+        kind = {UPHELD: "verdict_upheld", REJECTED: "verdict_rejected"}.get(ruling,
+                                                                           "verdict_undecided")
+        if ruling == UPHELD and provider is not None and (job_id, provider) not in self._slashed \
+                and not (enforce and co.settlement.ledger.lease(chain_job, provider).slashed):
+            self._slashed.add((job_id, provider))
+            kind = "worker_slashed"  # the first upheld verdict; later ones are on record only
+            if enforce:
+                chain_note = self.transact(lambda: co.settlement.ledger.slash(
+                    self.account, chain_job, provider, verdict.verifier))
+            co.bar_provider(job_id, provider, reason=f"slashed: {why}")
+            co.drop_provider(job_id, provider, reason=f"slashed: {why}")
+        if ruling == UPHELD:
+            self._lazy_verifiers(job_id, verdict, enforce, chain_job)
+        elif ruling == REJECTED and enforce:
+            chain_note = self.transact(lambda: co.settlement.ledger.slash_verifier(
+                self.account, verdict.verifier, FALSE_ACCUSATION_PENALTY_WEI,
+                provider or co.settlement.operator.address))
+        with co._change() as session:
+            session.get(VerdictRow, seq).ruling = ruling
+            co._event(session, co.now_s(), COORDINATOR, kind, job_id, verdict=seq,
+                      worker=verdict.worker, step=verdict.step, verifier=verdict.verifier,
+                      provider=provider, why=why, **chain_note)
+        if kind == "worker_slashed":
+            log.warning("job %s: provider %s slashed for %s's step %d: %s", job_id, provider,
+                        verdict.worker, verdict.step, why)
+
+    def _lazy_verifiers(self, job_id: str, upheld: Verdict, enforce: bool,
+                        chain_job: int | None) -> None:
+        """Verifiers that signed `valid` on the record whose guilty verdict stands."""
+        co = self.coordinator
+        for view in co.verdicts(job_id):
+            v = view.verdict
+            key = (job_id, v.verifier, v.worker, v.step)
+            # Only a `valid` was wrong: `unavailable` (no parameters to replay from, when it
+            # looked) concluded nothing, and a guilty kind agrees with the upheld one.
+            if (v.worker, v.step) != (upheld.worker, upheld.step) \
+                    or v.kind is not VerdictKind.valid \
+                    or v.verifier.lower() == upheld.verifier.lower() or key in self._lazy_seen:
+                continue
+            self._lazy_seen.add(key)
+            note = self.transact(lambda: co.settlement.ledger.slash_verifier(
+                self.account, v.verifier, LAZY_VERDICT_PENALTY_WEI, upheld.verifier)) \
+                if enforce else {}
+            with co._change() as session:
+                co._event(session, co.now_s(), COORDINATOR, "verifier_slashed", job_id,
+                          verifier=v.verifier, worker=v.worker, step=v.step,
+                          shown_by=upheld.verifier, **note)
+            log.warning("job %s: verifier %s signed valid on %s step %d, shown wrong by %s",
+                        job_id, v.verifier, v.worker, v.step, upheld.verifier)
+
+    def penalise_missed_plant(self, verifier: str, to: str) -> dict[str, str]:
+        """A verifier signed `valid` on a forced error: it loses stake, part of it to `to`."""
+        co = self.coordinator
+        if self.account is None or co.settlement is None:
+            return {}
+        return self.transact(lambda: co.settlement.ledger.slash_verifier(
+            self.account, verifier, LAZY_VERDICT_PENALTY_WEI, to))
+
+    @staticmethod
+    def transact(send) -> dict[str, str]:  # noqa: ANN001 - a thunk sending one transaction
+        try:
+            outcome = send()
+        except LedgerError as error:
+            log.error("the contract refused the ruling: %s", error)
+            return {"chain_error": str(error)}
+        return {"tx": outcome.tx_hash}

@@ -1,0 +1,388 @@
+"""Proof of learning through the coordinator, mixed into `Coordinator`: work
+records and proof epochs. Agents upload their workers' work records; the
+coordinator roots each proof epoch once (a Merkle root over its records, in
+(step, worker) order) and anchors it on the job's chain escrow. Challenges
+and verdicts are `audits.py`; the referee's rulings are `referee.py`.
+
+Records are commitments: one stored for (job, worker, step) is never
+replaced (but by the same step redone in a later membership epoch, before
+its epoch is rooted), and a record arriving after its epoch was rooted is
+refused. A worker may only speak for itself: its id
+must carry the prefix its agent gives workers of that lease
+(`AGENT-lLEASE-`), and the agent must be the caller's; and only for the seat it
+held: the membership epoch, rank and world a record claims must be those the
+job's host published (`published_epochs.py`).
+
+How far a job got, which decides what its records owe and when an epoch is
+rooted, is its host's word (`job_host.read_reached`: the step every member
+committed), never one provider's: a record or a progress report may name any
+step, and a few colluding leases naming a step far ahead must neither root
+epochs whose steps have not run nor make honest workers owe records of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from shoal.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.coordinator.services.speed_marks import lease_of
+from shoal.coordinator.proofs.published_epochs import PublishedEpochs
+from shoal.elastic.job_host import read_reached
+from shoal.coordinator.db.schema import (
+    EventRow, JobRow, LeaseRow, OfferRow, ProofEpochRow, WorkRecordRow,
+)
+from shoal.ledger import LedgerError
+from shoal.proof.dues import Dues, record_dues
+from shoal.proof.epochs import final_lineage, is_complete, steps_of
+from shoal.proof.forced import ForcedErrors, sealed_root
+from shoal.proof.merkle import epoch_tree
+from shoal.spec.audit import ProofEpochView, RecordUpload, UploadReceipt
+from shoal.spec.coordinator import COORDINATOR, JobStatus
+from shoal.spec.errors import SpecError
+from shoal.spec.job import JobSpec
+from shoal.spec.jobfile import parse_job
+from shoal.spec.plan import SyncMode
+from shoal.spec.proof import WorkRecord
+
+log = logging.getLogger(__name__)
+# An epoch whose records are still incomplete is rooted anyway once the job (by its
+# host's word and its records both) is this many epochs beyond it: a worker lost with
+# its agent never uploads the steps it had not sent, and the job must not wait for it
+# forever.
+ROOT_AFTER_EPOCHS = 2
+RECORDS_GRACE_BEATS = 5  # how long a finished job waits for its last records, in heartbeats
+
+
+def worker_prefix(agent_id: str, lease: int) -> str:
+    """What every worker id of `lease` on `agent_id` starts with (see control.agent.leases)."""
+    return f"{agent_id}-l{lease}-"
+
+
+class ProofService:
+    """Uses the Coordinator's `engine`, `settings`, `settlement`, `hosts`, `_change`, `_event`,
+    `now_s`; ForcedErrorService's `forced_errors_on` and `_plan` (the secret that seals
+    anchors while forced errors are served)."""
+
+    def _proof_init(self) -> None:
+        self._specs: dict[str, JobSpec] = {}
+        self._final_seen: dict[str, float] = {}  # job -> when its host's final word was first read
+        # (job, epoch) -> when the job was first seen to have left the epoch behind with
+        # records missing (in memory: after a restart the grace only starts again).
+        self._behind_seen: dict[tuple[str, int], float] = {}
+        self._published = PublishedEpochs(self.hosts.run_dir)
+
+    def proof_dir(self, job_id: str) -> Path:
+        """The job's answered challenges, laid out as a `ProofStore` (params/, reveal/)."""
+        return self.settings.data_dir / "proof" / job_id
+
+    def job_file(self, job_id: str) -> str:
+        with Session(self.engine) as session:
+            row = session.get(JobRow, job_id)
+            if row is None:
+                raise NotFound(f"no job '{job_id}'")
+            return row.job_file
+
+    def job_spec(self, job_id: str, job_file: str | None = None) -> JobSpec:
+        if job_id not in self._specs:
+            job_file = job_file if job_file is not None else self.job_file(job_id)
+            self._specs[job_id] = parse_job(tomllib.loads(job_file), source="job_file")
+        return self._specs[job_id]
+
+    # ------------------------------------------------------------ records (agents)
+    def upload_records(self, provider: str, job_id: str, upload: RecordUpload) -> UploadReceipt:
+        with self._change() as session:
+            now = self.now_s()
+            job = self._proof_job(session, job_id)
+            spec = self.job_spec(job_id, job.job_file)
+            lease = session.get(LeaseRow, upload.lease)
+            if lease is None or lease.job_id != job_id:
+                raise NotFound(f"job '{job_id}' has no lease {upload.lease}")
+            if lease.provider != provider:
+                raise Forbidden(f"lease {upload.lease} is not yours")
+            agent_id = session.get(OfferRow, lease.offer_id).agent_id
+            prefix = worker_prefix(agent_id, lease.lease)
+            rooted = session.scalar(select(func.max(ProofEpochRow.epoch))
+                                    .where(ProofEpochRow.job_id == job_id))
+            stored = known = 0
+            for record in upload.records:
+                _check_record(record, spec, prefix, rooted)
+                self._published.check(job_id, record)
+                body = record.model_dump(mode="json")
+                row = session.get(WorkRecordRow, (job_id, record.worker, record.step))
+                if row is not None:
+                    stored_epoch = row.body.get("membership_epoch", 0)
+                    if row.body == body:
+                        known += 1
+                        continue
+                    if record.membership_epoch <= stored_epoch:
+                        raise Conflict(f"a different record for {record.worker} step {record.step} "
+                                       "is already stored; records are commitments and never change")
+                    # The step was redone after a restore (a later membership epoch) before
+                    # its proof epoch was rooted: the newer lineage's record stands.
+                    row.body, row.lease, row.agent_id = body, lease.lease, agent_id
+                    stored += 1
+                    continue
+                session.add(WorkRecordRow(job_id=job_id, worker=record.worker, step=record.step,
+                                          lease=lease.lease, provider=provider, agent_id=agent_id,
+                                          body=body))
+                stored += 1
+            if stored:
+                steps = [r.step for r in upload.records]
+                self._event(session, now, provider, "work_records_stored", job_id,
+                            lease=lease.lease, records=stored, steps=[min(steps), max(steps)])
+            return UploadReceipt(stored=stored, known=known)
+
+    def _proof_job(self, session: Session, job_id: str) -> JobRow:
+        job = session.get(JobRow, job_id)
+        if job is None:
+            raise NotFound(f"no job '{job_id}'")
+        if not self.job_spec(job_id, job.job_file).proof.enabled:
+            raise Conflict(f"job '{job_id}' keeps no work records ([proof] enabled = false)")
+        return job
+
+    def work_records(self, job_id: str, epoch: int | None = None) -> list[WorkRecord]:
+        spec = self.job_spec(job_id)
+        with Session(self.engine) as session:
+            query = select(WorkRecordRow.body).where(WorkRecordRow.job_id == job_id)
+            if epoch is not None:
+                steps = steps_of(epoch, spec.proof.epoch_steps, spec.steps)
+                query = query.where(WorkRecordRow.step >= steps.start, WorkRecordRow.step < steps.stop)
+            bodies = session.scalars(query.order_by(WorkRecordRow.step, WorkRecordRow.worker)).all()
+        return [WorkRecord.model_validate(body) for body in bodies]
+
+    def record_dues(self, job_id: str, finished: bool) -> dict[int, Dues]:
+        """Per lease: the records its workers owed the job and the ones they filed ({} for a
+        job that keeps none). A finished job committed all its steps; an ended one, those
+        its host saw every member commit. Not the steps a record or a progress report
+        names: a provider's word that the job got far would make every member owe records
+        of steps never run, and the submitter's refund grow by their cut pay."""
+        spec = self.job_spec(job_id)
+        if not spec.proof.enabled:
+            return {}
+        reached = self.host_reached(job_id)
+        newest = -1 if reached is None else reached
+        steps = range(spec.steps if finished else min(spec.steps, newest + 1))
+        members = self._published.all_members(job_id)
+        per_lease: dict[int, Dues] = {}
+        for worker, dues in record_dues(self.work_records(job_id), members, steps).items():
+            if (lease := lease_of(worker)) is not None:
+                per_lease[lease] = per_lease.get(lease, Dues()) + dues
+        return per_lease
+
+    def host_reached(self, job_id: str) -> int | None:
+        """The newest step the job's host saw every member commit (None: no member has
+        beaten yet, or the job has no host)."""
+        return read_reached(self.hosts.run_dir(job_id))
+
+    def reached_step(self, session: Session, job_id: str) -> int | None:
+        """The newest step the job's records show it reached (None: no records): the
+        second newest of the newest steps of the leases that stored a record within two
+        agent timeouts (of every lease's, when none did), or the one such lease's. It
+        holds an epoch missing records back until its members' records are in (they
+        travel a beat behind the steps the host sees), and one lease that stopped
+        storing records does not hold the job back past the window. Records name any
+        step they like, so this is no bound on how far the job got: `host_reached` is."""
+        newest = dict(session.execute(
+            select(WorkRecordRow.lease, func.max(WorkRecordRow.step))
+            .where(WorkRecordRow.job_id == job_id).group_by(WorkRecordRow.lease)).all())
+        if not newest:
+            return None
+        stored = session.scalars(select(EventRow.detail).where(
+            EventRow.job_id == job_id, EventRow.kind == "work_records_stored",
+            EventRow.at_s >= self.now_s() - 2 * self.settings.agent_timeout_s)).all()
+        recent = {detail.get("lease") for detail in stored} & newest.keys()
+        steps = sorted((newest[lease] for lease in recent or newest), reverse=True)
+        return steps[1] if len(steps) > 1 else steps[0]
+
+    # ------------------------------------------------------------ epochs (the round loop)
+    def root_epochs(self, job_id: str | None = None) -> list[ProofEpochView]:
+        """Root (and anchor) every epoch that is complete, or that the job has left behind."""
+        rooted: list[ProofEpochView] = []
+        with Session(self.engine) as session:
+            query = select(JobRow.job_id).where(JobRow.status.in_(
+                [JobStatus.running.value, JobStatus.paused.value, JobStatus.waiting.value]))
+            jobs = [job_id] if job_id else session.scalars(query).all()
+        for job in jobs:
+            try:
+                if not self.job_spec(job).proof.enabled:
+                    continue
+            except (SpecError, tomllib.TOMLDecodeError, NotFound):
+                continue
+            with self._change() as session:
+                rooted += self._root_job_epochs(session, session.get(JobRow, job), final=False)
+        return rooted
+
+    def _root_job_epochs(self, session: Session, job: JobRow, final: bool) -> list[ProofEpochView]:
+        spec = self.job_spec(job.job_id, job.job_file)
+        per_epoch = spec.proof.epoch_steps
+        last = session.scalar(select(func.max(ProofEpochRow.epoch))
+                              .where(ProofEpochRow.job_id == job.job_id))
+        newest = self.reached_step(session, job.job_id)
+        if final and newest is not None:  # the job is over: every epoch with records goes
+            newest = session.scalar(select(func.max(WorkRecordRow.step))
+                                    .where(WorkRecordRow.job_id == job.job_id))
+        if newest is None:
+            return []
+        host = self.host_reached(job.job_id)
+        # Left behind: past it by the host's word and its records' both (records lag the
+        # host by a beat; colluding leases' records of steps far ahead run ahead of it).
+        behind = -1 if host is None else min(newest, host)
+        out = []
+        epoch = 0 if last is None else last + 1
+        while epoch <= newest // per_epoch:
+            steps = steps_of(epoch, per_epoch, spec.steps)
+            bodies = session.scalars(select(WorkRecordRow.body).where(
+                WorkRecordRow.job_id == job.job_id, WorkRecordRow.step >= steps.start,
+                WorkRecordRow.step < steps.stop)).all()
+            records = [WorkRecord.model_validate(b) for b in bodies]
+            complete = is_complete(records, epoch, per_epoch, spec.steps) and all_ranks(records)
+            # While the job runs, its steps ran by the host's word, once it has one: leases
+            # filing steps ahead under an old epoch that seated only them would otherwise
+            # complete it before their peers of the next epoch could file.
+            ran = final or host is None or host >= steps.stop - 1
+            now = self.now_s()
+            left_behind = behind // per_epoch >= epoch + ROOT_AFTER_EPOCHS and \
+                self._waited_for_records(job.job_id, epoch, now)
+            if not (complete and ran or left_behind or final) or not records:
+                break
+            self._behind_seen.pop((job.job_id, epoch), None)
+            tree, ordered = epoch_tree(records)
+            row = ProofEpochRow(job_id=job.job_id, epoch=epoch, root="0x" + tree.root.hex(),
+                                records=len(ordered), complete=complete, rooted_at_s=now)
+            session.add(row)
+            self._anchor(session, job, row)
+            self._event(session, now, COORDINATOR, "proof_epoch_rooted", job.job_id, epoch=epoch,
+                        root=row.root, records=row.records, complete=complete,
+                        chain_epoch=row.chain_epoch)
+            if not complete:
+                log.warning("job %s: proof epoch %d rooted with steps missing records (a lost "
+                            "worker's unsent records): verifiers judge those shares from what "
+                            "their workers declared (under DiLoCo, replaying the states they "
+                            "kept)", job.job_id, epoch)
+            out.append(_epoch_view(row))
+            epoch += 1
+        return out
+
+    def _waited_for_records(self, job_id: str, epoch: int, now: float) -> bool:
+        """Whether an epoch the job left behind has waited `records_grace_s` since that
+        was first seen, for the records of its members still on their way."""
+        since = self._behind_seen.setdefault((job_id, epoch), now)
+        return now - since >= self.settings.records_grace_s
+
+    def _anchor(self, session: Session, job: JobRow, row: ProofEpochRow) -> None:
+        if self.settlement is None or job.chain_job is None:
+            return
+        ledger = self.settlement.ledger
+        value = self._anchored_value(session, job.job_id, row)
+        try:
+            chain_epoch = ledger.job(job.chain_job).epochs
+            outcome = ledger.anchor(self.settlement.operator, job.chain_job, chain_epoch, value)
+        except LedgerError as error:  # the epoch stays rooted here; the chain is told nothing
+            log.error("job %s: anchoring proof epoch %d failed: %s", job.job_id, row.epoch, error)
+            return
+        row.chain_epoch, row.anchored_at_s = chain_epoch, self.now_s()
+        row.anchor_tx, row.anchored_root = outcome.tx_hash, value
+
+    def _anchored_value(self, session: Session, job_id: str, row: ProofEpochRow) -> str:
+        """The root itself; sealed while forced errors are served, so that the chain does
+        not tell verifiers which epochs' served roots differ from their records' (see
+        `shoal.proof.forced.sealed_root`)."""
+        if not self.forced_errors_on:
+            return row.root
+        plan = self._plan(session, job_id, self.now_s())  # the secret is committed first
+        salt = ForcedErrors(bytes.fromhex(plan.secret), plan.rate).anchor_salt(job_id, row.epoch)
+        return "0x" + sealed_root(bytes.fromhex(row.root[2:]), salt).hex()
+
+    def proof_epochs(self, job_id: str) -> list[ProofEpochView]:
+        with Session(self.engine) as session:
+            if session.get(JobRow, job_id) is None:
+                raise NotFound(f"no job '{job_id}'")
+            rows = session.scalars(select(ProofEpochRow).where(ProofEpochRow.job_id == job_id)
+                                   .order_by(ProofEpochRow.epoch))
+            return [_epoch_view(row) for row in rows]
+
+    # ------------------------------------------------------------ challenges (verifiers)
+    def awaiting_records(self, job_id: str) -> bool:
+        """A finished job waits a few beats for its last steps' records before it ends
+        (they travel with each agent's next heartbeat), never longer: until every rank
+        with a share of the last step filed its record, since pay follows the records
+        (`record_dues`) and an agent a beat behind its peers must not lose its last steps."""
+        try:
+            spec = self.job_spec(job_id)
+        except (SpecError, tomllib.TOMLDecodeError, NotFound):
+            return False
+        if not spec.proof.enabled:
+            return False
+        now = self.now_s()
+        first = self._final_seen.setdefault(job_id, now)
+        if now - first > RECORDS_GRACE_BEATS * self.settings.heartbeat_s + 1.0:
+            return False
+        with Session(self.engine) as session:
+            last = [WorkRecord.model_validate(body) for body in session.scalars(
+                select(WorkRecordRow.body).where(WorkRecordRow.job_id == job_id,
+                                                 WorkRecordRow.step == spec.steps - 1))]
+        return not last or not all_ranks(last)
+
+    def drop_provider(self, job_id: str, provider: str, reason: str) -> None:
+        """A provider caught cheating: its offers that hold this job's leases are withdrawn,
+        so its workers stop and the next round leases replacements."""
+        with Session(self.engine) as session:
+            offers = set(session.scalars(select(LeaseRow.offer_id).where(
+                LeaseRow.job_id == job_id, LeaseRow.provider == provider)))
+        for offer_id in sorted(offers):
+            self.withdraw_offer(COORDINATOR, offer_id, reason=reason)
+
+    def close_proofs(self, session: Session, job: JobRow) -> None:
+        """At a job's end: root (and anchor) what is left, before the bill is anchored."""
+        try:
+            if self.job_spec(job.job_id, job.job_file).proof.enabled:
+                self._root_job_epochs(session, job, final=True)
+        except (SpecError, tomllib.TOMLDecodeError):
+            return
+
+
+def all_ranks(records: list[WorkRecord]) -> bool:
+    """Every step has a record from each rank with samples in the step's split (a step
+    covered by one worker's records is not complete while another's are on their way)."""
+    by_step: dict[int, list[WorkRecord]] = defaultdict(list)
+    for record in records:
+        by_step[record.step].append(record)
+    for step_records in by_step.values():
+        step_records = final_lineage(step_records)
+        shares = Counter(r.shares for r in step_records).most_common(1)[0][0]
+        needed = {rank for rank, share in enumerate(shares) if share > 0}
+        if not needed <= {r.rank for r in step_records}:
+            return False
+    return True
+
+
+def _check_record(record: WorkRecord, spec: JobSpec, prefix: str, rooted: int | None) -> None:
+    if record.job != spec.name:
+        raise Conflict(f"a record names job '{record.job}'; this job's records name '{spec.name}'")
+    if not record.worker.startswith(prefix):
+        raise Forbidden(f"worker '{record.worker}' is not on this lease: its workers' ids "
+                        f"start with '{prefix}'")
+    if record.step >= spec.steps:
+        raise Conflict(f"step {record.step} is past the job's last step ({spec.steps - 1})")
+    if (record.local is not None) != (spec.sync.mode is SyncMode.diloco):
+        # A DiLoCo record without its own step's claims would audit as `unavailable`
+        # forever; an every-step one with them would send audits down the wrong path.
+        raise Conflict(f"the record of step {record.step} {'claims' if record.local else 'lacks'} "
+                       f"a DiLoCo step's start and end; this job's sync is "
+                       f"'{spec.sync.mode.value}'")
+    if rooted is not None and record.step // spec.proof.epoch_steps <= rooted:
+        raise Conflict(f"step {record.step} is in proof epoch {record.step // spec.proof.epoch_steps}, "
+                       "already rooted: a record must be uploaded before its epoch is rooted")
+
+
+def _epoch_view(row: ProofEpochRow) -> ProofEpochView:
+    return ProofEpochView(epoch=row.epoch, root=row.root, records=row.records,
+                          complete=row.complete, chain_epoch=row.chain_epoch,
+                          anchored_at_s=row.anchored_at_s, anchor_tx=row.anchor_tx,
+                          anchored_root=row.anchored_root)

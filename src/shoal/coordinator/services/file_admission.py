@@ -1,0 +1,73 @@
+"""Who may send a file before it is read, mixed into `Coordinator`.
+
+A challenge's answer and a carried checkpoint are files of up to
+`max_file_bytes` (256 MiB by default), where every other body is at most
+`max_body_bytes`. Their signature covers the body's hash, so checking it
+needs the body; read first, a stranger could make the coordinator buffer a
+quarter of a gigabyte per request before being told no. So a body over the
+small limit to those paths is admitted unread only when its signed headers
+(the body's hash announced beside them, `identity.BODY_SHA256`) verify, the
+nonce is fresh, and the signer is the one party that may send that file: the
+provider answerable for the challenge, or one holding a lease of the job the
+checkpoint is for. The body, once read, is checked against the announced
+hash by the usual signature check, and the call itself checks the rest
+again (nothing here changes the store).
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qs
+
+from sqlalchemy.orm import Session
+
+from shoal.coordinator.services.checkpoints import UPLOAD_GRACE_S
+from shoal.coordinator.errors import Forbidden, NotFound
+from shoal.coordinator.proofs.plants import FETCH_BASE
+from shoal.client.identity import Signer, Unauthenticated, verify_signed_headers
+from shoal.coordinator.db import beats
+from shoal.spec.coordinator import Role
+
+_ANSWER = re.compile(r"/v1/challenges/([0-9]{1,20})/answer")
+_CHECKPOINT = re.compile(r"/v1/jobs/([^/]+)/checkpoints/[0-9]+")
+# The paths whose bodies are files, not JSON: the body limit lets these through up to
+# max_file_bytes, past max_body_bytes only once `admit_file` has said who may send them.
+FILE_UPLOADS = re.compile(f"{_ANSWER.pattern}|{_CHECKPOINT.pattern}")
+
+
+class FileAdmission:
+    def admit_file(self, headers: dict[str, str], method: str, path: str, target: str,
+                   query: str) -> Signer:
+        """The signer of a file upload to `path` not read yet, if it may send it; else
+        `Unauthenticated`, `Forbidden` or `NotFound` saying why (nothing is changed)."""
+        settings = self.settings
+        signer = verify_signed_headers(headers, settings.audience, method, target,
+                                       self.now_s(), settings.max_skew_s)
+        with self.engine.connect() as connection:
+            if beats.nonce_seen(connection, signer.address, signer.nonce):
+                raise Unauthenticated("this nonce was already used: a replayed request is "
+                                      "refused; sign the request again")
+        if self.role_of(signer.address) is not Role.provider:
+            raise Forbidden(f"{signer.address} is not a provider: only the provider "
+                            "whose worker wrote a file may send it")
+        with Session(self.engine) as session:
+            if (answer := _ANSWER.fullmatch(path)) is not None:
+                self._may_answer(session, signer.address, int(answer[1]))
+            elif (checkpoint := _CHECKPOINT.fullmatch(path)) is not None:
+                leases = parse_qs(query).get("lease", [])
+                number = int(leases[0]) if len(leases) == 1 and leases[0].isdigit() else None
+                if number is None:
+                    raise Forbidden("a checkpoint is sent with its lease (?lease=N)")
+                self._active_lease(session, signer.address, checkpoint[1], number,
+                                   UPLOAD_GRACE_S)
+            else:
+                raise NotFound(f"{path} takes no file")
+        return signer
+
+    def _may_answer(self, session: Session, provider: str, challenge: int) -> None:
+        if not 1 <= challenge <= 2**62:  # the route's own bounds
+            raise NotFound(f"no challenge {challenge}")
+        if challenge >= FETCH_BASE:  # a forced error's fetch: the agent it was asked of
+            self.plant_fetch(session, provider, challenge)
+        else:
+            self._answerable(session, provider, challenge)

@@ -1,0 +1,88 @@
+"""Participants of a coordinator and their roles, mixed into `Coordinator`:
+nonces that count once, self-registration as a submitter or provider, and
+roles an operator grants."""
+
+from __future__ import annotations
+
+from eth_utils import to_checksum_address
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from shoal.coordinator.errors import Conflict, Forbidden
+from shoal.coordinator.services.views import participant_view
+from shoal.client.identity import Signer, Unauthenticated
+from shoal.coordinator.db import beats
+from shoal.coordinator.db.database import write_transaction
+from shoal.coordinator.db.schema import ParticipantRow
+from shoal.spec.coordinator import SELF_SERVICE_ROLES, Grant, Participant, Registration, Role
+
+
+class Participants:
+    """Uses the Coordinator's `engine`, `settings`, `now_s`, `_change` and `_event`."""
+
+    def consume_nonce(self, signer: Signer) -> None:
+        """A nonce counts once: a replayed request is refused before it is looked at."""
+        now = self.now_s()
+        try:
+            with write_transaction(self.engine) as connection:
+                beats.record_nonce(connection, signer.address, signer.nonce, now)
+        except IntegrityError:
+            raise Unauthenticated("this nonce was already used: a replayed request "
+                                  "is refused; sign the request again") from None
+
+    def role_of(self, address: str) -> Role | None:
+        if address in self.settings.operators:
+            return Role.operator
+        with self.engine.connect() as connection:
+            role = beats.role_of(connection, address)
+        return Role(role) if role else None
+
+    def register(self, signer: str, registration: Registration) -> Participant:
+        if registration.role not in SELF_SERVICE_ROLES:
+            raise Forbidden(f"the {registration.role.value} role is granted by an operator; "
+                            "register as a submitter or a provider")
+        with self._change() as session:
+            row = session.get(ParticipantRow, signer)
+            if row is not None and row.role != registration.role.value:
+                raise Conflict(f"{signer} is registered as a {row.role}; use another key "
+                               f"for the {registration.role.value} role")
+            now = self.now_s()
+            if row is None:
+                row = ParticipantRow(address=signer, role=registration.role.value,
+                                     name=registration.name, registered_at_s=now)
+                session.add(row)
+            row.name = registration.name
+            self._event(session, now, signer, "registered", role=row.role, name=row.name)
+            return participant_view(row)
+
+    def grant(self, operator: str, grant: Grant) -> Participant:
+        address = to_checksum_address(grant.address)
+        with self._change() as session:
+            now = self.now_s()
+            row = session.get(ParticipantRow, address)
+            if row is None:
+                row = ParticipantRow(address=address, role=grant.role.value, name=grant.name,
+                                     registered_at_s=now)
+                session.add(row)
+            row.role, row.name = grant.role.value, grant.name
+            if grant.max_priority is not None:
+                row.max_priority = grant.max_priority
+            self._event(session, now, operator, "granted", address=address, role=row.role,
+                        max_priority=row.max_priority or 0)
+            return participant_view(row)
+
+    def check_priority(self, submitter: str, priority: int) -> None:
+        """A job above priority 0 may take spot devices from others' jobs (with notice):
+        that is an operator's grant, or anyone could preempt everyone with a job of no
+        budget, again and again. Up to the submitter's ceiling (0 unless granted)."""
+        if priority <= 0:
+            return
+        with self.engine.connect() as connection:
+            row = connection.execute(select(ParticipantRow.max_priority).where(
+                ParticipantRow.address == submitter)).first()
+        ceiling = row[0] if row is not None else 0
+        if priority > ceiling:
+            raise Forbidden(f"priority {priority} is above your ceiling of {ceiling}: a job "
+                            "above 0 takes spot devices from others' jobs, so an operator "
+                            "grants it (shoal grant ADDRESS submitter --max-priority N); "
+                            "submit at priority 0 or ask one")

@@ -1,0 +1,72 @@
+"""How each job is doing, mixed into `Coordinator`: agents send the committed
+steps their worker logged while it was rank 0 (loss, world, batch), and the
+job host's membership epochs are read from its run directory. What a
+dashboard or a report draws its curves and timelines from, and nothing more:
+a report is one provider's word, so no pay or proof reads it (how far a job
+got is its host's word, `ProofService.host_reached`)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from shoal.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.coordinator.proofs.records import worker_prefix
+from shoal.coordinator.db.schema import JobRow, LeaseRow, OfferRow, StepProgressRow
+from shoal.spec.progress import MembershipChange, ProgressUpload, StepProgress
+
+MAX_STEPS_PER_READ = 5000
+
+
+class JobProgress:
+    """Uses the Coordinator's `engine`, `_change`; ProofService's `_published` (the epochs
+    each job's host published, read incrementally) and `job_spec`."""
+
+    def record_progress(self, provider: str, job_id: str, upload: ProgressUpload) -> int:
+        """Store the steps not known yet; the number stored. The first report of a step
+        stands (every member logs the same loss; only rank 0's agent sends it)."""
+        with self._change() as session:
+            lease = session.get(LeaseRow, upload.lease)
+            if lease is None or lease.job_id != job_id:
+                raise NotFound(f"job '{job_id}' has no lease {upload.lease}")
+            if lease.provider != provider:
+                raise Forbidden(f"lease {upload.lease} is not yours")
+            prefix = worker_prefix(session.get(OfferRow, lease.offer_id).agent_id, lease.lease)
+            if not upload.worker.startswith(prefix):
+                raise Forbidden(f"worker '{upload.worker}' is not on lease {upload.lease}")
+            last = self.job_spec(job_id, session.get(JobRow, job_id).job_file).steps - 1
+            if any(p.step > last for p in upload.steps):
+                raise Conflict(f"a progress report names a step past the job's last ({last})")
+            steps = {p.step: p for p in upload.steps}
+            known = set(session.scalars(select(StepProgressRow.step).where(
+                StepProgressRow.job_id == job_id, StepProgressRow.step.in_(list(steps)))))
+            for step, p in steps.items():
+                if step not in known:
+                    session.add(StepProgressRow(job_id=job_id, step=step, t=p.t, loss=p.loss,
+                                                world=p.world, samples=p.samples,
+                                                worker=upload.worker))
+            return len(steps) - len(known)
+
+    def progress(self, job_id: str, after: int = -1) -> list[StepProgress]:
+        with Session(self.engine) as session:
+            if session.get(JobRow, job_id) is None:
+                raise NotFound(f"no job '{job_id}'")
+            rows = session.scalars(select(StepProgressRow).where(
+                StepProgressRow.job_id == job_id, StepProgressRow.step > after)
+                .order_by(StepProgressRow.step).limit(MAX_STEPS_PER_READ))
+            return [StepProgress(step=r.step, t=r.t, loss=r.loss, world=r.world,
+                                 samples=r.samples) for r in rows]
+
+    def recent_progress(self, job_id: str, count: int) -> list[StepProgress]:
+        """The job's last `count` committed steps, in step order."""
+        with Session(self.engine) as session:
+            rows = session.scalars(select(StepProgressRow).where(StepProgressRow.job_id == job_id)
+                                   .order_by(StepProgressRow.step.desc()).limit(count)).all()
+            return [StepProgress(step=r.step, t=r.t, loss=r.loss, world=r.world,
+                                 samples=r.samples) for r in reversed(rows)]
+
+    def membership(self, job_id: str) -> list[MembershipChange]:
+        with Session(self.engine) as session:
+            if session.get(JobRow, job_id) is None:
+                raise NotFound(f"no job '{job_id}'")
+        return self._published.changes(job_id)

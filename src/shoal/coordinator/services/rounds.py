@@ -1,0 +1,58 @@
+"""The coordinator's own loop: a market round, lost agents reaped, chain jobs
+tended (failed settlements retried, live ones kept active), jobs whose
+membership changed re-planned, disputes nobody filed rejected, old nonces
+forgotten, every `clear_interval_s`, on a thread of its own."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from shoal.coordinator.api.metrics import CoordinatorMetrics
+from shoal.coordinator.services.coordinator import Coordinator
+
+log = logging.getLogger(__name__)
+PRUNE_EVERY = 30  # rounds between nonce prunes
+
+
+class RoundLoop:
+    def __init__(self, coordinator: Coordinator, metrics: CoordinatorMetrics) -> None:
+        self.coordinator, self.metrics = coordinator, metrics
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shoal-rounds", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def once(self) -> None:
+        lost = self.coordinator.reap_lost_agents()
+        if lost:
+            self.metrics.lost_agents.inc(len(lost))
+            log.warning("agents lost (silent > %.1f s): %s; their leases are replaced",
+                        self.coordinator.settings.agent_timeout_s, ", ".join(lost))
+        clearing = self.coordinator.clear()
+        self.coordinator.supervise_jobs()
+        self.coordinator.tend_chain_jobs()
+        self.coordinator.plan_jobs()
+        self.coordinator.root_epochs()
+        self.coordinator.plant_forced_errors()
+        self.coordinator.enforce_rulings()
+        self.coordinator.dismiss_unfiled_disputes()
+        self.metrics.rounds.inc()
+        self.metrics.leases.inc(sum(len(f.new_leases) for f in clearing.fills))
+        self.metrics.notices.inc(len(clearing.notices))
+
+    def _run(self) -> None:
+        rounds = 0
+        while not self._stop.wait(self.coordinator.settings.clear_interval_s):
+            try:
+                self.once()
+                rounds += 1
+                if rounds % PRUNE_EVERY == 0:
+                    self.coordinator.prune_nonces()
+            except Exception:  # noqa: BLE001 - one bad round must not end the coordinator's loop
+                log.exception("market round failed; trying again next round")

@@ -1,0 +1,250 @@
+"""The membership authority: the one place that decides who is in.
+
+It numbers epochs and publishes each membership to the rendezvous store.
+It drops a worker when its process is gone (its launcher, on any host,
+says so at once), when it falls behind its peers' progress for longer than
+a deadline derived from step times (shoal.elastic.liveness), or when it
+gives notice; it admits joiners; it re-forms the same members when a step
+failed without anyone leaving, and gives the run up, with a clear reason,
+when re-forming keeps failing without progress. It runs beside the store,
+never inside a trainer: if a trainer hosted it and died, everyone would
+lose it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shoal.errors import ControlError
+from shoal.elastic.liveness import LivenessConfig, ProgressWatch
+from shoal.spec.elastic import MembershipEpoch
+from shoal.train.rendezvous import Rendezvous
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AuthorityConfig:
+    min_workers: int = 1  # first epoch waits for this many registrations
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
+    # Requests and process exits wake the authority at once (notify()); without
+    # them it wakes at the next fencing deadline, or this often at most.
+    check_s: float = 0.05
+    # A join waits this long for a fault (an exit, a stall) to publish with, so that a
+    # replacement called in at a fault costs the job one new epoch, not two.
+    join_batch_s: float = 0.1
+    # Re-forms of the same members in a row with no step committed in between,
+    # after which the run is given up instead of looping.
+    max_failed_reforms: int = 5
+
+    def __post_init__(self) -> None:
+        if self.min_workers < 1:
+            raise ControlError("min_workers must be at least 1")
+        if self.max_failed_reforms < 1:
+            raise ControlError("max_failed_reforms must be at least 1")
+
+
+class MembershipAuthority:
+    """Runs in a thread beside the store; `stop()` ends it."""
+
+    def __init__(self, rendezvous: Rendezvous, config: AuthorityConfig,
+                 process_alive: Callable[[str], bool | None] = lambda w: None,
+                 event_log: Path | None = None) -> None:
+        self.rdzv = rendezvous
+        self.config = config
+        # True/False when the caller owns the worker's process; None when it cannot tell.
+        self.process_alive = process_alive
+        self.event_log = event_log
+        self.epoch = -1
+        self.members: tuple[str, ...] = ()
+        self.failure: str | None = None
+        self._pending: list[str] = []  # registered, not yet admitted
+        self._pending_since = 0.0  # when the oldest of them registered
+        self._joins_seen = 0
+        self._requests_seen = 0
+        self._exited: set[str] = set()
+        self._watch = ProgressWatch(config.liveness)
+        self._failed_reforms = 0
+        self._progress_at_reform = -1
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="membership-authority", daemon=True)
+        self._watcher: threading.Thread | None = None
+
+    def start(self, watch_requests: Rendezvous | None = None) -> MembershipAuthority:
+        """Run in a thread; `watch_requests` (a second store connection) wakes it on requests."""
+        self._thread.start()
+        if watch_requests is not None:
+            self._watcher = threading.Thread(target=self._watch_requests, args=(watch_requests,),
+                                             name="authority-requests", daemon=True)
+            self._watcher.start()
+        return self
+
+    def notify(self) -> None:
+        """Something changed (a process exited, a request arrived): decide now."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        if self._watcher is not None and self._watcher.is_alive():
+            self.rdzv.wake_watchers()  # its wait returns; it sees the stop and ends
+            self._watcher.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            now = time.monotonic()
+            try:
+                self.tick(now)
+            except Exception:  # the authority must outlive any one bad read
+                log.exception("membership authority tick failed; retrying")
+            wait = self.config.check_s
+            if self.members:
+                wait = min(wait, max(0.005, self._watch.seconds_to_next_deadline(now)))
+            self._wake.wait(wait)
+
+    def _watch_requests(self, rdzv: Rendezvous) -> None:
+        seen = 0
+        while not self._stop.is_set():
+            # A long wait: the store answers the moment a request lands, and a timeout
+            # here only makes c10d log a warning.
+            if rdzv.wait_request(seen + 1, timeout_s=3600.0):
+                seen += 1
+                self.notify()
+
+    def tick(self, now: float) -> None:
+        """One round: gather joins, leaves, exits, laggards and reform requests; publish if needed."""
+        if self.epoch >= 0 and self.rdzv.done():
+            return  # the job reached its end: members exiting now are not faults
+        requests = self.rdzv.requests_seen()
+        leaving: list[str] = []
+        reform, source = False, None
+        if requests != self._requests_seen:  # only then is there anything to read
+            self._requests_seen = requests
+            self._take_joins(now)
+            leaving = self.rdzv.leaving(list(self.members))
+            self._exited.update(self.rdzv.exited(list(self.members) + self._pending))
+            if self.epoch >= 0:
+                reform, source = self.rdzv.reform_requested(self.epoch)
+        if self.epoch < 0:
+            # A worker that died before the first epoch (registered or not) will never
+            # come: wait for that many fewer, or the job would wait forever.
+            arrived = [w for w in self._pending if self._alive(w)]
+            needed = max(1, self.config.min_workers - self.rdzv.exit_count())
+            if len(arrived) >= needed:
+                self._publish(tuple(arrived), "start", now)
+                self._pending = []
+            return
+        dropped, reasons = self._dropped(now, leaving)
+        dropped, reasons = self._keep_last_holder(dropped, reasons, leaving)
+        rejoining = [w for w in self._pending if w in self.members]
+        if dropped or rejoining:
+            survivors = tuple(m for m in self.members if m not in dropped and m not in rejoining)
+            self._publish(survivors + tuple(self._admit(survivors)), ",".join(reasons) or "rejoin",
+                          now, veterans=survivors)
+        elif self._pending and now - self._pending_since >= self.config.join_batch_s:
+            self._publish(self.members + tuple(self._admit(self.members)), "join", now,
+                          veterans=self.members)
+        elif reform:
+            self._reform(source, now)
+
+    def _keep_last_holder(self, dropped: set[str], reasons: list[str],
+                          leaving: list[str]) -> tuple[set[str], list[str]]:
+        """When every member leaves at once (a paused job's leases all end, or one is lost
+        while the last leaves), one leaver stays a member for one more step boundary:
+        alone, it writes the checkpoint whoever comes next restores from; with joiners
+        waiting, it forms the next epoch with them, so they take its live state (joiners
+        alone would start from their own disks, which hold nothing of this job)."""
+        alive_leavers = [m for m in self.members if m in leaving and self._alive(m)]
+        if alive_leavers and dropped >= set(self.members):
+            kept = alive_leavers[0]
+            return dropped - {kept}, [r for r in reasons if r != f"leave:{kept}"] + [f"holds-state:{kept}"]
+        return dropped, reasons
+
+    def _reform(self, source: str | None, now: float) -> None:
+        """Same members again; give up if that keeps failing with no step committed."""
+        progress = self.rdzv.progress()
+        self._failed_reforms = self._failed_reforms + 1 if progress == self._progress_at_reform else 1
+        self._progress_at_reform = progress
+        if self._failed_reforms > self.config.max_failed_reforms:
+            self.failure = (f"step {progress} failed {self._failed_reforms - 1} times in a row with "
+                            f"the same members {list(self.members)} and no fault the authority "
+                            "could see; see the worker logs (a collective timeout too short for "
+                            "the step, or a network path that drops traffic between workers)")
+            log.error("giving the run up: %s", self.failure)
+            self.rdzv.mark_failed(self.failure)
+            self._stop.set()
+            return
+        self._publish(self.members, "resync" if source else "reform", now, state_source=source,
+                      veterans=self.members)
+
+    def _take_joins(self, now: float) -> None:
+        self._joins_seen, joined = self.rdzv.joins_since(self._joins_seen)
+        if joined and not self._pending:
+            self._pending_since = now
+        for worker in joined:
+            if worker not in self._pending:
+                # A member that registers again (fenced, then woke up) is re-admitted fresh.
+                self._pending.append(worker)
+
+    def _admit(self, current: tuple[str, ...]) -> list[str]:
+        admitted = [w for w in self._pending if w not in current and self._alive(w)]
+        self._pending = []
+        return admitted
+
+    def _alive(self, worker: str) -> bool:
+        return worker not in self._exited and self.process_alive(worker) is not False
+
+    def _dropped(self, now: float, leaving: list[str]) -> tuple[set[str], list[str]]:
+        dropped, reasons = set(), []
+        for worker in self.members:
+            if not self._alive(worker):
+                dropped.add(worker)
+                reasons.append(f"exit:{worker}")
+        for worker in leaving:
+            if worker not in dropped:
+                dropped.add(worker)
+                reasons.append(f"leave:{worker}")
+        if self.members:
+            for worker in self._watch.laggards(self.rdzv.beats(list(self.members)), now):
+                if worker not in dropped:
+                    dropped.add(worker)
+                    reasons.append(f"stall:{worker}")
+        return dropped, reasons
+
+    def _publish(self, members: tuple[str, ...], reason: str, now: float,
+                 state_source: str | None = None, veterans: tuple[str, ...] = ()) -> None:
+        if members != self.members:
+            self._failed_reforms = 0
+        self.members = members
+        if not members:
+            log.warning("no workers left (%s); waiting for joiners", reason)
+            return
+        self.epoch += 1
+        record = MembershipEpoch(epoch=self.epoch, members=members, weights=self._weights(members),
+                                 reason=reason, state_source=state_source)
+        self._watch.reset(self.epoch, now, veterans)
+        entry = {"t": time.time(), "epoch": self.epoch, "members": list(members), "reason": reason}
+        # Logged before it is published: the coordinator holds work records to this log, and
+        # a member can commit a step in the epoch (and upload its record) only once published.
+        if self.event_log is not None:
+            with open(self.event_log, "a") as handle:
+                handle.write(json.dumps(entry) + "\n")
+        self.rdzv.publish_epoch(record)
+        log.info("epoch %d: %d members %s (%s)", self.epoch, len(members), list(members), reason)
+
+    def _weights(self, members: tuple[str, ...]) -> tuple[float, ...]:
+        """Shares by measured speed; a newcomer gets the mean of the known speeds."""
+        speeds = self.rdzv.speeds(members)
+        known = [s for s in speeds if s]
+        default = sum(known) / len(known) if known else 1.0
+        return tuple(s if s else default for s in speeds)

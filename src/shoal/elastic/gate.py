@@ -1,0 +1,295 @@
+"""A gate in front of a job's rendezvous store, and the tunnel that passes it.
+
+The store (c10d's TCPStore) has no authentication, so behind a gate it
+listens on loopback only. The gate takes TLS 1.3 connections on the public
+address; the first line a client sends names an identity and its token
+(`shoal.elastic.gate_keys`), and only then are its bytes relayed to the
+store, unchanged, both ways. The tunnel is the other end, on a client's
+machine: a loopback listener that c10d's own client connects to, each of its
+connections carried over TLS to the gate, with the gate's certificate pinned
+(its SHA-256, which the client learned from the coordinator).
+
+Both run an asyncio loop in a thread of their own: OpenSSL objects must not be
+read and written from two threads at once, and a relay of small messages
+needs no more than one loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+
+from shoal.errors import ControlError
+from shoal.elastic.gate_keys import GateKeys
+from shoal.spec.coordinator import RendezvousPass
+
+log = logging.getLogger(__name__)
+
+HELLO_LIMIT = 1024  # bytes of the first line: an identity and a token
+HELLO_TIMEOUT_S = 10.0
+REVOKED_EVERY_S = 1.0  # how often the gate re-reads its revoked tokens and cuts their connections
+_ADMITTED = b"admitted\n"
+_CHUNK = 1 << 16
+
+
+class GateRefused(ControlError):
+    """The gate did not admit this client (wrong token, wrong certificate, no answer)."""
+
+
+class _LoopThread:
+    """An asyncio loop running in a daemon thread, with its servers closed on `close`."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(_quiet_handshakes)
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+        self._servers: list[asyncio.AbstractServer] = []
+
+    def run(self, coroutine: Awaitable) -> object:
+        future: Future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        return future.result()
+
+    def spawn(self, coroutine: Awaitable) -> None:
+        """Run `coroutine` in the loop until it returns or the loop closes."""
+        asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def serve(self, handler: Callable, host: str, port: int, **options: object) -> int:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await handler(reader, writer)
+            except asyncio.CancelledError:  # closing: a connection's end, not an error (the
+                writer.close()              # server's callback would log a cancelled task)
+
+        async def start() -> asyncio.AbstractServer:
+            return await asyncio.start_server(handle, host, port, **options)
+
+        server = self.run(start())
+        self._servers.append(server)
+        return server.sockets[0].getsockname()[1]
+
+    def close(self) -> None:
+        async def stop() -> None:
+            for server in self._servers:
+                server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:  # the relays of open connections
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self.loop.is_running():
+            self.run(stop())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+        self.loop.close()
+
+
+class StoreGate:
+    """Admits token holders on (bind, port) to the store at `store` (a loopback endpoint)."""
+
+    def __init__(self, bind: str, port: int, store: tuple[str, int], keys: GateKeys) -> None:
+        self.keys, self.store = keys, store
+        self._loop = _LoopThread("store-gate")
+        try:
+            self.port = self._loop.serve(self._admit, bind, port, ssl=keys.server_context(),
+                                         ssl_handshake_timeout=HELLO_TIMEOUT_S,
+                                         reuse_address=True)
+        except OSError as error:
+            self._loop.close()
+            raise ControlError(f"cannot serve the rendezvous gate on {bind}:{port} "
+                               f"({error.strerror}); pick another --bind address or port") from None
+        self.admitted: dict[str, int] = {}  # identity -> connections admitted (for the log)
+        self._open: dict[str, set[asyncio.StreamWriter]] = {}  # identity -> its connections
+        self._revoked: frozenset[str] | None = None  # None: unreadable, every token refused
+        self._revoked_stamp: object = ()
+        self._read_revoked()
+        self._loop.spawn(self._cut_revoked())
+
+    async def _admit(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        try:
+            line = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT_S)
+            hello = json.loads(line[:HELLO_LIMIT]) if line.endswith(b"\n") else None
+            identity, token = hello["identity"], hello["token"]
+            if not (isinstance(identity, str) and isinstance(token, str) and token.isascii()):
+                raise TypeError("identity and token are strings (a token, of hex digits)")
+        except (asyncio.TimeoutError, ValueError, KeyError, TypeError, ConnectionError,
+                asyncio.LimitOverrunError):
+            log.warning("rendezvous gate: %s sent no hello; closed", peer)
+            writer.close()
+            return
+        if not self.keys.admits(identity, token):
+            log.warning("rendezvous gate: %s showed a wrong token for %r; closed", peer, identity)
+            writer.write(b"refused: the token is not this job host's for that identity\n")
+            await _close(writer)
+            return
+        self._read_revoked()
+        if self._revoked is None or identity in self._revoked:
+            log.warning("rendezvous gate: %s showed the revoked token of %r; closed", peer, identity)
+            writer.write(b"refused: this identity's token is revoked (its lease ended)\n")
+            await _close(writer)
+            return
+        try:
+            store_reader, store_writer = await asyncio.open_connection(*self.store)
+        except OSError as error:
+            log.error("rendezvous gate: the store at %s:%d is unreachable (%s)", *self.store, error)
+            writer.close()
+            return
+        self.admitted[identity] = self.admitted.get(identity, 0) + 1
+        writer.write(_ADMITTED)
+        self._open.setdefault(identity, set()).add(writer)
+        try:
+            await _relay(reader, writer, store_reader, store_writer)
+        finally:
+            self._open[identity].discard(writer)
+
+    def _read_revoked(self) -> None:
+        """The revoked tokens, read again once their file changed (unreadable: all are)."""
+        path = self.keys.folder / "revoked.json"
+        try:
+            stat = path.stat()
+            stamp: object = (stat.st_size, stat.st_mtime_ns)
+        except FileNotFoundError:
+            stamp = None
+        if stamp == self._revoked_stamp:
+            return
+        self._revoked_stamp = stamp
+        try:
+            self._revoked = self.keys.revoked()
+        except ControlError as error:
+            log.error("rendezvous gate: %s", error)
+            self._revoked = None
+
+    async def _cut_revoked(self) -> None:
+        """Close the open connections of tokens revoked since they were admitted: a lease
+        that ended keeps no hold on the job's store."""
+        while True:
+            await asyncio.sleep(REVOKED_EVERY_S)
+            self._read_revoked()
+            for identity, writers in self._open.items():
+                if writers and (self._revoked is None or identity in self._revoked):
+                    log.warning("rendezvous gate: %r revoked; its %d connection(s) closed",
+                                identity, len(writers))
+                    for writer in list(writers):
+                        writer.close()
+
+    def close(self) -> None:
+        self._loop.close()
+
+
+class StoreTunnel:
+    """A loopback endpoint whose connections reach the store behind a job host's gate at
+    (host, port), as `gate_pass` (the certificate pinned, the token shown)."""
+
+    def __init__(self, host: str, port: int, gate_pass: RendezvousPass) -> None:
+        self.remote, self.gate_pass = (host, port), gate_pass
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        self._context.minimum_version = ssl.TLSVersion.TLSv1_3
+        # The certificate is self-signed and pinned by its hash below: no CA, no host name.
+        self._context.check_hostname = False
+        self._context.verify_mode = ssl.CERT_NONE
+        self._loop = _LoopThread("store-tunnel")
+        self.port = self._loop.serve(self._carry, "127.0.0.1", 0)
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def check(self, timeout_s: float = HELLO_TIMEOUT_S) -> None:
+        """Pass the gate once, so that a wrong token or certificate is said now, in words,
+        and not as a store that times out later."""
+        async def once() -> None:
+            reader, writer = await asyncio.wait_for(self._through_gate(), timeout_s)
+            writer.close()
+
+        try:
+            self._loop.run(once())
+        except asyncio.TimeoutError:
+            raise GateRefused(f"the rendezvous gate at {self._where} did not answer within "
+                              f"{timeout_s:.0f} s") from None
+        except OSError as error:
+            raise GateRefused(f"cannot reach the rendezvous gate at {self._where} ({error})") from None
+
+    @property
+    def _where(self) -> str:
+        return f"{self.remote[0]}:{self.remote[1]}"
+
+    async def _through_gate(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection(*self.remote, ssl=self._context,
+                                                       ssl_handshake_timeout=HELLO_TIMEOUT_S)
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        if hashlib.sha256(der).hexdigest() != self.gate_pass.cert_sha256:
+            writer.close()
+            raise GateRefused(f"the rendezvous gate at {self._where} shows another certificate "
+                              "than the coordinator named: not this job's host (or someone in "
+                              "between); nothing was sent to it")
+        writer.write(json.dumps({"identity": self.gate_pass.identity,
+                                 "token": self.gate_pass.token}).encode() + b"\n")
+        answer = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT_S)
+        if answer != _ADMITTED:
+            writer.close()
+            said = answer.decode(errors="replace").strip() or "the connection closed"
+            raise GateRefused(f"the rendezvous gate at {self._where} did not admit "
+                              f"{self.gate_pass.identity}: {said}")
+        return reader, writer
+
+    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            gate_reader, gate_writer = await self._through_gate()
+        except (GateRefused, OSError, asyncio.TimeoutError) as error:
+            log.error("store tunnel: %s", error)
+            writer.close()
+            return
+        await _relay(reader, writer, gate_reader, gate_writer)
+
+    def close(self) -> None:
+        self._loop.close()
+
+
+def _quiet_handshakes(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """A client that is not TLS, or not ours, fails its handshake: that is the gate
+    working, worth a line at debug level, not the loop's error with a traceback."""
+    if isinstance(context.get("exception"), (ssl.SSLError, ConnectionError, TimeoutError)):
+        log.debug("rendezvous gate: %s", context.get("message"))
+        return
+    loop.default_exception_handler(context)
+
+
+async def _relay(a_reader: asyncio.StreamReader, a_writer: asyncio.StreamWriter,
+                 b_reader: asyncio.StreamReader, b_writer: asyncio.StreamWriter) -> None:
+    """Copy bytes both ways until either side closes, then close both."""
+    for writer in (a_writer, b_writer):
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # small request/answer messages: no Nagle delay
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        await asyncio.gather(_copy(a_reader, b_writer), _copy(b_reader, a_writer))
+    finally:
+        for writer in (a_writer, b_writer):
+            writer.close()
+
+
+async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(_CHUNK):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, ssl.SSLError):
+        pass
+    finally:
+        writer.close()  # the other direction then ends too
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    try:
+        await writer.drain()
+    except ConnectionError:
+        pass
+    writer.close()

@@ -1,3 +1,0 @@
-"""Ready-made training jobs that use the public `shoal.train` API like any
-user script would: the built-in byte-level GPT, its corpus, its optimizer
-and schedule, and its single-process training loop."""

@@ -1,0 +1,178 @@
+"""The launcher's own duties: the store it hosts listens where it is told and
+is gone after the run, no thread outlives `run()`, workers never outlive a
+killed launcher, and SIGTERM becomes a graceful leave with a bounded grace."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from shoal.errors import ControlError
+from shoal.elastic.launcher import LaunchConfig, Launcher
+from shoal.elastic.netaddr import interface_of, parse_endpoint
+from shoal.elastic.serve import RendezvousServer
+from tests.conftest import REPO, shoal_command
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def refused(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return False
+    except ConnectionRefusedError:
+        return True
+
+
+def gone(pid: int, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie (dead, not yet reaped by init) is gone too
+            if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_store_listens_only_where_it_is_bound_and_closes_with_the_server():
+    server = RendezvousServer("127.0.0.1")  # port 0: the socket picks a free one
+    port = server.port
+    assert port > 0 and not refused("127.0.0.1", port)
+    assert refused("127.0.0.2", port)  # same machine, another address: not listening there
+    server.close()
+    assert refused("127.0.0.1", port)
+
+
+def test_a_taken_port_is_a_clear_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(ControlError, match="cannot serve the rendezvous on 127.0.0.1"):
+            RendezvousServer("127.0.0.1", taken.getsockname()[1])
+
+
+def test_a_run_leaves_no_thread_and_no_store_behind(tmp_path):
+    baseline = threading.active_count()
+    config = LaunchConfig(command=[sys.executable, str(SCRIPTS / "done_worker.py")], workers=2,
+                          run_dir=tmp_path / "run", timeout_s=60)
+    launcher = Launcher(config)
+    port = launcher.server.port
+    launcher.run()
+    assert threading.active_count() == baseline, [t.name for t in threading.enumerate()]
+    assert refused("127.0.0.1", port)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"serve": True}, "need --rendezvous"),
+    ({"node": "a"}, "need --rendezvous"),
+    ({"rendezvous": "nohost"}, "is not HOST:PORT"),
+    ({"rendezvous": "h:70000"}, "is not HOST:PORT"),
+    ({"rendezvous": "h:1", "min_workers": 3}, "for the serving host"),
+    ({"workers": 0}, "at least 1"),
+])
+def test_config_refuses_what_cannot_work(tmp_path, fields, message):
+    with pytest.raises(ControlError, match=message):
+        LaunchConfig(**{"command": ["true"], "workers": 1, "run_dir": tmp_path, **fields})
+
+
+def test_addresses():
+    assert parse_endpoint("10.0.0.1:29400") == ("10.0.0.1", 29400)
+    assert parse_endpoint("[::1]:5") == ("::1", 5)
+    assert interface_of("127.0.0.1") == "lo"
+    assert interface_of("203.0.113.77") is None  # TEST-NET-3: on no interface here
+
+
+def test_workers_die_with_a_sigkilled_launcher(tmp_path):
+    parent = subprocess.Popen([sys.executable, str(SCRIPTS / "orphan_parent.py"), str(tmp_path / "w.log")],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+    child = int(parent.stdout.readline())
+    assert not gone(child, within_s=0.2)
+    parent.kill()  # no handler, no cleanup: the kernel must take the worker down
+    parent.wait()
+    assert gone(child), "the worker outlived its SIGKILLed launcher"
+
+
+def test_sigterm_asks_workers_to_leave_then_kills_the_stubborn(tmp_path, cli_env):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    launcher = subprocess.Popen(
+        shoal_command("run", str(SCRIPTS / "term_worker.py"), "--workers", "2", "--grace-s", "2",
+                      "--run-dir", str(tmp_path / "run")),
+        env={**cli_env, "MARKS": str(marks)}, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.monotonic() + 30
+    while not all((marks / f"up-{r}").exists() for r in "01") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [int((marks / f"up-{r}").read_text()) for r in "01"]
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=20)
+    assert launcher.returncode == 2
+    assert "stopped by SIGTERM: 1 worker(s) handed over and left, 1 killed after the 2 s grace" in stderr
+    # The first worker is asked last, so that it is the one left to write the last checkpoint.
+    assert float((marks / "term-1").read_text()) < float((marks / "term-0").read_text())
+    assert all(gone(pid) for pid in pids)
+
+
+@pytest.mark.slow
+def test_sigterm_on_a_real_run_leaves_the_last_checkpoint(tmp_path, cli_env):
+    launcher = subprocess.Popen(
+        shoal_command("run", "examples/elastic_mlp.py", "--workers", "2", "--run-dir", str(tmp_path / "run"),
+                      "--checkpoint-dir", str(tmp_path / "ckpt"), "--", "--steps", "100000"),
+        env=cli_env, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until both train
+        logs = list((tmp_path / "run").glob("steps-w*.jsonl"))
+        if len(logs) == 2 and all(p.stat().st_size for p in logs):
+            break
+        time.sleep(0.1)
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 2, stderr
+    assert "stopped by SIGTERM: 2 worker(s) handed over and left, 0 killed" in stderr
+    assert "last worker leaving: checkpoint of step" in (tmp_path / "run" / "w0.log").read_text()
+    assert list((tmp_path / "ckpt").glob("step-*.pt"))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--serve"], "--serve and --node need --rendezvous HOST:PORT"),
+    (["--rendezvous", "10.0.0.1"], "is not HOST:PORT"),
+    (["--rendezvous", "127.0.0.1:1", "--report", "r.json"], "--report is written by the serving host"),
+])
+def test_cli_multi_host_mistakes_are_one_line(tmp_path, cli_env, flags, message):
+    done = subprocess.run(shoal_command("run", "examples/elastic_mlp.py", "--workers", "1",
+                                        "--run-dir", str(tmp_path / "run"), *flags),
+                          env=cli_env, capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_spare_starts_at_low_priority_and_a_called_in_one_gets_full_priority(tmp_path):
+    """A spare's start-up must not slow the job on a shared machine; once it is a member
+    it must not be the slow one."""
+    from shoal.elastic.worker_process import WorkerProcess
+
+    command = [sys.executable, "-c", "import threading, time; "
+               "threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(30)"]
+    spare = WorkerProcess("s", command, dict(os.environ), tmp_path / "s.log", lambda w: None,
+                          niceness=10)
+    try:
+        time.sleep(0.5)
+        tasks = os.listdir(f"/proc/{spare.pid}/task")
+        assert len(tasks) == 2
+        assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in tasks} == {10}
+        spare.renice(0)
+        assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in tasks} == {0}
+    finally:
+        spare.kill()

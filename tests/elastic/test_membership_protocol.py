@@ -1,0 +1,328 @@
+"""The authority and the commit protocol against a real rendezvous store, in one process."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from shoal.elastic.authority import AuthorityConfig, MembershipAuthority
+from shoal.elastic.serve import RendezvousServer
+from shoal.elastic.liveness import LivenessConfig
+from shoal.spec.elastic import GuardVerdict, MembershipEpoch, Phase, ProgressBeat
+from shoal.train.commit import Ballot, Excluded, Proposer, agree
+from shoal.train.rendezvous import RunFailed
+
+FAST = LivenessConfig(floor_s=0.5, initial_s=0.5)
+
+
+@pytest.fixture
+def rdzv():
+    server = RendezvousServer("127.0.0.1")  # binds its own port: no race
+    yield server.rdzv
+    server.close()
+
+
+def test_authority_forms_drops_admits_and_reforms(rdzv):
+    alive = {"a": True, "b": True, "c": True}
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST),
+                                    process_alive=lambda w: alive.get(w))
+    rdzv.request_join("a")
+    authority.tick(0.0)
+    assert authority.epoch == -1  # waits for min_workers
+    rdzv.request_join("b")
+    authority.tick(0.01)
+    assert rdzv.epoch(0).members == ("a", "b") and rdzv.epoch(0).reason == "start"
+
+    alive["b"] = False
+    authority.tick(0.02)
+    assert rdzv.epoch(1).members == ("a",) and rdzv.epoch(1).reason == "exit:b"
+
+    rdzv.request_join("c")
+    authority.tick(0.03)
+    assert rdzv.latest_epoch() == 1  # a join waits a moment for a fault to publish with
+    authority.tick(0.2)
+    assert rdzv.epoch(2).members == ("a", "c") and rdzv.epoch(2).reason == "join"
+
+    rdzv.request_reform(2)
+    authority.tick(0.3)
+    assert rdzv.epoch(3).members == ("a", "c") and rdzv.epoch(3).reason == "reform"
+
+    rdzv.request_leave("c")
+    authority.tick(0.4)
+    assert rdzv.epoch(4).members == ("a",) and rdzv.epoch(4).reason == "leave:c"
+
+
+def test_an_exit_reported_by_another_hosts_launcher_drops_the_worker(rdzv):
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST))
+    rdzv.request_join("a")
+    rdzv.request_join("b")
+    authority.tick(0.0)
+    rdzv.report_exit("b")
+    authority.tick(0.01)
+    assert rdzv.epoch(1).members == ("a",) and rdzv.epoch(1).reason == "exit:b"
+
+
+def _beat(rdzv, worker, epoch, count, step, phase, waits=0):
+    rdzv.beat(worker, ProgressBeat(epoch=epoch, count=count, step=step, phase=phase, waits=waits))
+
+
+def _started(rdzv, members: str) -> MembershipAuthority:
+    """An authority whose first epoch holds `members` (one letter each)."""
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=len(members), liveness=FAST))
+    for who in members:
+        rdzv.request_join(who)
+    authority.tick(0.0)
+    return authority
+
+
+def test_a_member_that_falls_behind_is_fenced_however_alive_it_is(rdzv):
+    """b's process runs (it could be beating a heartbeat) but makes no progress."""
+    authority = _started(rdzv, "ab")
+    for who in "ab":
+        _beat(rdzv, who, 0, 1, 0, Phase.arrived)
+    _beat(rdzv, "a", 0, 2, 0, Phase.exchange)  # a computed its share; b hangs in its loader
+    authority.tick(0.1)
+    authority.tick(0.5)  # within the deadline: b may just be slower
+    assert rdzv.latest_epoch() == 0
+    authority.tick(0.7)
+    assert rdzv.epoch(1).members == ("a",) and rdzv.epoch(1).reason == "stall:b"
+
+
+def test_a_member_that_cannot_reach_the_store_is_fenced_even_if_all_wait_at_one_point(rdzv):
+    """Every member is in the same exchange (a partition cut c off mid-collective):
+    nobody is behind, but a and b keep refreshing their point and c does not."""
+    authority = _started(rdzv, "abc")
+    for who in "abc":
+        _beat(rdzv, who, 0, 2, 0, Phase.exchange)
+    authority.tick(0.1)
+    for waits, now in enumerate((0.3, 0.5, 0.7), start=1):
+        for who in "ab":
+            _beat(rdzv, who, 0, 2, 0, Phase.exchange, waits)
+        authority.tick(now)
+    assert rdzv.epoch(1).members == ("a", "b") and rdzv.epoch(1).reason == "stall:c"
+
+
+def test_members_that_all_go_quiet_together_are_not_fenced(rdzv):
+    """All computing a long step (or an evaluation): no one is waiting on anyone."""
+    authority = _started(rdzv, "ab")
+    for who in "ab":
+        _beat(rdzv, who, 0, 3, 0, Phase.voted)
+    for now in (0.1, 1.0, 2.0, 5.0):
+        authority.tick(now)
+    assert rdzv.latest_epoch() == 0
+
+
+def test_a_replacement_called_in_at_a_fault_joins_in_the_same_epoch(rdzv):
+    alive = {"a": True, "b": True, "c": True}
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST),
+                                    process_alive=lambda w: alive.get(w))
+    rdzv.request_join("a")
+    rdzv.request_join("b")
+    authority.tick(0.0)
+    rdzv.request_join("c")  # the spare is called in first ...
+    authority.tick(0.01)
+    alive["b"] = False  # ... and the exit is seen a moment later
+    authority.tick(0.03)
+    assert rdzv.latest_epoch() == 1
+    assert rdzv.epoch(1).members == ("a", "c") and rdzv.epoch(1).reason == "exit:b"
+
+
+def test_a_waiting_spare_is_woken_by_its_call_not_by_a_timer():
+    """A warm spare blocks on the store until it is called in, so its join request lands
+    beside the fault it replaces (and the authority publishes both as one epoch)."""
+    from shoal.train.rendezvous import Rendezvous, connect
+
+    server = RendezvousServer("127.0.0.1")
+    try:
+        spare = Rendezvous(connect("127.0.0.1", server.port))  # the spare's own connection
+        assert not spare.wait_activated("s", timeout_s=0.05)  # not called in yet
+        woken: list[bool] = []
+        waiter = threading.Thread(target=lambda: woken.append(
+            spare.wait_activated("s", timeout_s=120.0)))
+        waiter.start()
+        server.rdzv.activate("s")
+        waiter.join(timeout=30.0)
+        assert woken == [True]  # returned because it was called in, long before its timeout
+    finally:
+        server.close()
+
+
+def test_a_joiner_waiting_at_the_barrier_never_gets_the_state_holders_fenced(rdzv):
+    """a and b are stuck in the previous epoch's exchange (a peer was cut off, and
+    they wait out its deadline); the fresh joiner c arrives at once. Only c is ahead,
+    but c holds no state: fencing a and b would lose the job's state."""
+    authority = _started(rdzv, "ab")
+    for who in "ab":
+        _beat(rdzv, who, 0, 2, 0, Phase.exchange)
+    rdzv.request_join("c")
+    authority.tick(0.1)
+    authority.tick(0.25)  # the join is published: epoch 1 = a, b, c
+    assert rdzv.epoch(1).members == ("a", "b", "c")
+    _beat(rdzv, "c", 1, 1, 0, Phase.arrived)
+    for waits, now in enumerate((0.5, 1.0, 1.5, 2.0, 2.5, 3.0), start=1):
+        for who in "ab":  # still waiting in epoch 0's exchange, and saying so
+            _beat(rdzv, who, 0, 2, 0, Phase.exchange, waits)
+        _beat(rdzv, "c", 1, 1, 0, Phase.arrived, waits)
+        authority.tick(now)
+    assert rdzv.latest_epoch() == 1
+
+
+def test_the_deadline_follows_measured_step_times():
+    from shoal.elastic.liveness import ProgressWatch
+
+    watch = ProgressWatch(LivenessConfig(floor_s=0.2, initial_s=30.0, step_multiple=3.0,
+                                         margin_s=0.1))
+    watch.reset(0, 0.0)
+    assert watch.step_deadline_s() == 30.0  # nothing measured yet
+    for look in range(6):
+        now = 1.0 + 0.5 * look
+        # Each look catches the members in some phase of a later step (never a vote),
+        # two steps on from the last look: each step took 0.25 s.
+        beats = {w: ProgressBeat(epoch=0, count=2 + 4 * look, step=2 * look, phase=Phase.exchange)
+                 for w in "ab"}
+        assert watch.laggards(beats, now) == []
+    assert watch.step_deadline_s() == pytest.approx(3 * 0.25 + 0.1)
+
+
+def test_reforms_that_never_commit_give_the_run_up(rdzv):
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=1, liveness=FAST,
+                                                          max_failed_reforms=2))
+    rdzv.request_join("a")
+    authority.tick(0.0)
+    for attempt in range(3):
+        rdzv.request_reform(authority.epoch)
+        authority.tick(0.01 * (attempt + 1))
+    assert authority.failure and "failed 2 times" in authority.failure
+    with pytest.raises(RunFailed):
+        rdzv.check_failed()
+
+
+def test_a_resync_reform_names_whose_state_stands(rdzv):
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=2, liveness=FAST))
+    rdzv.request_join("a")
+    rdzv.request_join("b")
+    authority.tick(0.0)
+    rdzv.request_reform(0, state_source="b")
+    authority.tick(0.01)
+    assert rdzv.epoch(1).state_source == "b" and rdzv.epoch(1).reason == "resync"
+
+
+def _epoch(number, members):
+    return MembershipEpoch(epoch=number, members=members, weights=(1.0,) * len(members))
+
+
+def _proposer(record, source="a"):
+    return Proposer(weights=lambda: None, resync_source=lambda: source,
+                    lost_member=lambda newest: not set(record.members) <= set(newest.members))
+
+
+def _vote_in_threads(rdzv, record, outcomes):
+    results = {}
+
+    def vote(rank, ok):
+        results[rank] = agree(rdzv, record, rank, 7, ok if isinstance(ok, Ballot) else Ballot(ok),
+                              poll_s=0.01, proposer=_proposer(record))
+
+    threads = [threading.Thread(target=vote, args=item) for item in outcomes.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return results
+
+
+def test_step_commits_only_if_every_exchange_succeeded(rdzv):
+    record = _epoch(0, ("a", "b", "c"))
+    rdzv.publish_epoch(record)
+    decided = _vote_in_threads(rdzv, record, {0: True, 1: True, 2: True})
+    assert all(d.commit for d in decided.values())
+
+    record = _epoch(1, ("a", "b", "c"))
+    rdzv.publish_epoch(record)
+    decided = _vote_in_threads(rdzv, record, {0: True, 1: False, 2: True})
+    assert not any(d.commit for d in decided.values())
+    assert rdzv.reform_requested(1) == (True, None)
+
+
+def test_the_strictest_guard_verdict_stands_for_every_rank(rdzv):
+    record = _epoch(0, ("a", "b", "c"))
+    rdzv.publish_epoch(record)
+    decided = _vote_in_threads(rdzv, record, {0: Ballot(True), 1: Ballot(True, GuardVerdict.rollback),
+                                              2: Ballot(True, GuardVerdict.skip)})
+    assert {d.verdict for d in decided.values()} == {GuardVerdict.rollback}
+    assert all(d.commit for d in decided.values())
+
+
+def test_differing_replicas_discard_the_step_and_name_one_source(rdzv):
+    record = _epoch(0, ("a", "b"))
+    rdzv.publish_epoch(record)
+    decided = _vote_in_threads(rdzv, record, {0: Ballot(True, diverged=True),
+                                              1: Ballot(True, diverged=True)})
+    assert all(not d.commit and d.resync_from == "a" for d in decided.values())
+    assert rdzv.reform_requested(0) == (True, "a")
+
+
+def test_a_dropped_member_no_longer_blocks_the_decision(rdzv):
+    record = _epoch(0, ("a", "b", "c"))
+    rdzv.publish_epoch(record)
+    timer = threading.Timer(0.1, lambda: rdzv.publish_epoch(_epoch(1, ("a", "b"))))
+    timer.start()
+    decided = _vote_in_threads(rdzv, record, {0: True, 1: True})  # c never votes
+    # The survivors agree to redo the step in the next epoch rather than wait for c.
+    assert all(not d.commit and d.next_epoch == 1 for d in decided.values())
+    with pytest.raises(Excluded):
+        agree(rdzv, _epoch(0, ("a", "b", "c")), 2, 8, Ballot(True), poll_s=0.01,
+              proposer=_proposer(record))
+
+
+def test_a_member_behind_is_fenced_only_once_it_stops_making_progress():
+    """DiLoCo: inner steps are not voted on, so at a round's end the lead waits at the
+    outer step while a member still takes its last inner steps alone (or, at the start,
+    still receives the live state over a slow link)."""
+    from shoal.elastic.liveness import ProgressWatch
+
+    watch = ProgressWatch(LivenessConfig(floor_s=0.2, initial_s=30.0, step_multiple=3.0,
+                                         margin_s=0.1))
+    watch.reset(0, 0.0, veterans=("a", "b"))
+    receiving = ProgressBeat(epoch=0, count=1, step=0, phase=Phase.arrived)
+    for look in range(6):  # a steps, 0.25 s a step; b receives the state, refreshing
+        beats = {"a": ProgressBeat(epoch=0, count=look + 2, step=look, phase=Phase.stepped),
+                 "b": receiving.model_copy(update={"waits": look})}
+        assert watch.laggards(beats, 0.25 * look) == []
+    lead = ProgressBeat(epoch=0, count=20, step=19, phase=Phase.exchange)  # at the outer step
+    for step in range(6):  # b got the state long after a waited; it steps, 0.25 s a step
+        beats = {"a": lead, "b": ProgressBeat(epoch=0, count=step + 2, step=step,
+                                              phase=Phase.stepped)}
+        assert watch.laggards(beats, 5.0 + 0.25 * step) == []
+    # Deadline 3 x 0.25 + 0.1: b, hung at step 5 since 6.25 s, is fenced after 7.1 s.
+    assert watch.laggards(beats, 7.05) == []
+    assert watch.laggards(beats, 7.15) == ["b"]
+
+
+def test_a_new_epoch_gives_everyone_a_fresh_deadline_to_reach_it():
+    from shoal.elastic.liveness import ProgressWatch
+
+    watch = ProgressWatch(LivenessConfig(floor_s=0.5, initial_s=0.5))
+    watch.reset(0, 0.0)
+    beats = {"a": ProgressBeat(epoch=0, count=5, step=3, phase=Phase.exchange),
+             "b": ProgressBeat(epoch=0, count=4, step=3, phase=Phase.stepped)}
+    assert watch.laggards(beats, 0.1) == []
+    watch.reset(1, 10.0, veterans=("a", "b"))  # b was behind for 10 s: a new race
+    assert watch.laggards(beats, 10.1) == []
+
+
+def test_the_deadline_never_falls_below_round_trips_to_the_store():
+    """Across a WAN a report may wait on TCP's retransmission timers: 30 round trips of
+    the slowest member's path, whatever the step time says."""
+    from shoal.elastic.liveness import ProgressWatch
+
+    watch = ProgressWatch(LivenessConfig(floor_s=0.2, initial_s=0.2, margin_s=0.0))
+    watch.reset(0, 0.0)
+    far = {"a": ProgressBeat(epoch=0, count=1, step=0, phase=Phase.arrived, rtt_s=0.0002),
+           "b": ProgressBeat(epoch=0, count=1, step=0, phase=Phase.arrived, rtt_s=0.1)}
+    watch.laggards(far, 0.0)
+    assert watch.step_deadline_s() == pytest.approx(3.0)
+    near = {w: b.model_copy(update={"rtt_s": 0.0002}) for w, b in far.items()}
+    watch.laggards(near, 0.1)
+    assert watch.step_deadline_s() == pytest.approx(0.2)
