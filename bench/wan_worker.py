@@ -13,7 +13,7 @@ import time
 
 import torch
 
-import shoal.train
+import shoal
 from shoal.models.corpus import load_corpus
 from shoal.models.gpt_worker import CorpusWindows
 from shoal.models.model import GPT
@@ -25,7 +25,7 @@ from shoal.spec import JobSpec
 
 def main(argv: list[str]) -> None:
     job = JobSpec.model_validate_json(argv[1])
-    run = shoal.train.join()
+    run = shoal.join()
     corpus = load_corpus(job.data, job.model.context)
     torch.manual_seed(job.seed)
     model = GPT(job.model)

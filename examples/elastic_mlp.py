@@ -8,7 +8,7 @@ import argparse
 
 import torch
 
-import shoal.train
+import shoal
 
 
 def main() -> None:
@@ -23,7 +23,7 @@ def main() -> None:
     targets = torch.sin(inputs @ torch.randn(16, 1, generator=generator))
     dataset = torch.utils.data.TensorDataset(inputs, targets)
 
-    run = shoal.train.join()
+    run = shoal.join()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     model, optimizer = run.wrap(model, torch.optim.Adam(model.parameters(), lr=1e-2))

@@ -15,8 +15,20 @@ class ShoalError(Exception):
     """
 
 
-def join(config=None):  # noqa: ANN001, ANN201 - the user-facing alias of shoal.train.join
-    """Join the elastic job this process was launched for (see shoal.train.run.Run)."""
-    from shoal.train.run import join as _join  # torch loads only when a worker joins
+def join(config=None, proof=None):  # noqa: ANN001, ANN201 - torch loads only when a worker joins
+    """Join the elastic job this process was launched for (see shoal.train.run.Run).
 
-    return _join(config)
+    `config`: a `shoal.train.run_config.RunConfig` (default: the launcher's, from the
+    environment); `proof`: the job's `shoal.verify.work_records.ProofSettings` when it
+    records work. Proof of learning reaches the run through a step hook built here:
+    the recorder, and the adversary the launcher told this worker to be (rehearsals)."""
+    from shoal.train.run import join as join_run
+    from shoal.train.run_config import RunConfig
+    from shoal.verify.adversary import load_adversary
+    from shoal.verify.step_proof import StepProof
+
+    config = config or RunConfig.from_env()
+    adversary = load_adversary(config.adversary)
+    if adversary is None and proof is None:
+        return join_run(config)
+    return join_run(config, hook=StepProof(config.worker, adversary, proof))

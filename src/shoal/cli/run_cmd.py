@@ -1,4 +1,4 @@
-"""`shoal run SCRIPT.py --workers N`: launch any script that uses shoal.train.join()."""
+"""`shoal run SCRIPT.py --workers N`: launch any script that uses shoal.join()."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import torch
 
-import shoal.train
+import shoal
 from shoal.spec import JobSpec, hyper_digest, load_job
 from shoal.verify.work_records import ProofSettings
 from shoal.models.corpus import Corpus, load_corpus
@@ -45,15 +45,13 @@ def proof_settings(job: JobSpec) -> ProofSettings:
 def main(argv: list[str]) -> None:
     # `--job-json JSON` (how the launcher passes a job with CLI overrides applied) or a job file.
     job = JobSpec.model_validate_json(argv[1]) if argv[0] == "--job-json" else load_job(argv[0])
-    run = shoal.train.join()
+    run = shoal.join(proof=proof_settings(job) if job.proof.enabled else None)
     corpus = load_corpus(job.data, job.model.context)
     torch.manual_seed(job.seed)
     model = GPT(job.model)
     model, optimizer = run.wrap(model, build_optimizer(model, job.optimizer),
                                 grad_clip=job.optimizer.grad_clip, aggregation=job.aggregation,
                                 sync=job.sync)
-    if job.proof.enabled:
-        run.prove(proof_settings(job))
 
     for batch in run.batches(CorpusWindows(corpus, job.model.context), job.global_batch,
                              job.steps, seed=job.seed, micro_batch=job.micro_batch):

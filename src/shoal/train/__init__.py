@@ -1,10 +1,5 @@
 """The training runtime on torch: model, data order, checkpoints, the elastic run.
 
-`join()` is imported lazily so that `import shoal.train` stays cheap.
+A worker joins its run with `shoal.join()` (which hands the run its proof hook);
+`shoal.train.run.join` is the runtime's own entry.
 """
-
-
-def join(config=None):  # noqa: ANN001, ANN201 - re-export of shoal.train.run.join
-    from shoal.train.run import join as _join
-
-    return _join(config)

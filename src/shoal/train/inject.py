@@ -1,5 +1,6 @@
 """Faults injected from inside a worker, for tests and rehearsals of what
-signals cannot reach: SHOAL_INJECT is a comma-separated list of
+signals cannot reach. The run config's `inject` (SHOAL_INJECT) is a
+comma-separated list of
 
     die-sending-state@WORKER        exit while sending live state to a joiner
     die-sending-state@once          the first worker (of those given it) that sends state dies
@@ -10,97 +11,112 @@ signals cannot reach: SHOAL_INJECT is a comma-separated list of
     exchange-delay:S                every DiLoCo outer exchange takes at least S seconds, on
                                     every worker (a slow link that the votes' few bytes do
                                     not queue behind, as they would in one FIFO queue)
+
+parsed once into this worker's `InjectedFaults`, which the run hands to the
+parts where each fault acts (its loop, its membership, its sync).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 log = logging.getLogger(__name__)
 
 
-def _entries() -> tuple[str, ...]:
-    return _parse(os.environ.get("SHOAL_INJECT", ""))
+@dataclass(frozen=True)
+class StepFault:
+    """One `name@WORKER:stepN[-M][:rest]` entry of this worker."""
+
+    first: int
+    last: int
+    rest: str  # what follows the steps (a hang's seconds), "" if nothing
 
 
-@functools.lru_cache(maxsize=4)
-def _parse(text: str) -> tuple[str, ...]:
-    """Parsed once per value: the hooks run on every step and micro-batch."""
-    return tuple(e.strip() for e in text.split(",") if e.strip())
+@dataclass(frozen=True)
+class InjectedFaults:
+    """The faults one worker injects; the default injects none."""
+
+    worker: str = ""
+    die_sending_state: bool = False  # exit while sending live state (step > 0)
+    die_sending_state_once: bool = False  # the same, for the first worker to claim it
+    nan_loss: tuple[StepFault, ...] = ()
+    hang: tuple[StepFault, ...] = ()
+    diverge: tuple[StepFault, ...] = ()
+    exchange_delay_s: float = 0.0  # every DiLoCo outer exchange takes at least this long
+    # Markers of once-only faults go here, so that each fires in one process of the run.
+    claims_dir: Path | None = None
+
+    @classmethod
+    def parse(cls, text: str, worker: str, claims_dir: Path | None = None) -> InjectedFaults:
+        entries = tuple(e.strip() for e in text.split(",") if e.strip())
+        delays = [float(e.split(":", 1)[1]) for e in entries if e.startswith("exchange-delay:")]
+        return cls(worker=worker,
+                   die_sending_state=f"die-sending-state@{worker}" in entries,
+                   die_sending_state_once="die-sending-state@once" in entries,
+                   nan_loss=_step_faults(entries, "nan-loss", worker),
+                   hang=_step_faults(entries, "hang", worker),
+                   diverge=_step_faults(entries, "diverge", worker),
+                   exchange_delay_s=delays[0] if delays else 0.0, claims_dir=claims_dir)
+
+    def dies_sending_state(self, step: int) -> bool:
+        # Only live state (step > 0): the first broadcast of a fresh start is not a hand-over.
+        if step == 0:
+            return False
+        if self.die_sending_state:
+            return True
+        return self.die_sending_state_once and self._first_to_claim("die-sending-state")
+
+    def loss_is_nan(self, step: int) -> bool:
+        return any(f.first <= step <= f.last for f in self.nan_loss)
+
+    def before_step(self, step: int, params: list[torch.Tensor]) -> None:
+        """Before computing `step`: the faults only the worker itself can cause."""
+        seconds = self._hang_s(step)
+        if seconds:
+            log.warning("injected fault: hanging %.1f s before step %d", seconds, step)
+            time.sleep(seconds)
+        if self._diverges(step):
+            log.warning("injected fault: perturbing parameters before step %d", step)
+            with torch.no_grad():
+                for p in params:
+                    p.add_(1e-3)
+
+    def _hang_s(self, step: int) -> float:
+        """Seconds to hang before computing `step` (once per run)."""
+        for fault in self.hang:
+            if step == fault.first and self._first_to_claim(f"hang-{self.worker}-{step}"):
+                return float(fault.rest or 10)
+        return 0.0
+
+    def _diverges(self, step: int) -> bool:
+        return any(f.first == step for f in self.diverge) and \
+            self._first_to_claim(f"diverge-{self.worker}-{step}")
+
+    def _first_to_claim(self, name: str) -> bool:
+        """True for the first process of the run to claim `name` (a marker in the run directory)."""
+        if self.claims_dir is None:
+            return True
+        try:
+            os.close(os.open(self.claims_dir / f"injected-{name}", os.O_CREAT | os.O_EXCL))
+            return True
+        except FileExistsError:
+            return False
 
 
-def die_sending_state(worker: str, step: int) -> bool:
-    # Only live state (step > 0): the first broadcast of a fresh start is not a hand-over.
-    if step == 0:
-        return False
-    entries = _entries()
-    if f"die-sending-state@{worker}" in entries:
-        return True
-    return "die-sending-state@once" in entries and _first_to_claim("die-sending-state")
-
-
-def _first_to_claim(name: str) -> bool:
-    """True for the first process of the run to claim `name` (a marker in the run directory)."""
-    run_dir = os.environ.get("SHOAL_RUN_DIR")
-    if not run_dir:
-        return True
-    try:
-        os.close(os.open(os.path.join(run_dir, f"injected-{name}"), os.O_CREAT | os.O_EXCL))
-        return True
-    except FileExistsError:
-        return False
-
-
-def _steps(name: str, worker: str) -> list[tuple[int, int, str]]:
+def _step_faults(entries: tuple[str, ...], name: str, worker: str) -> tuple[StepFault, ...]:
     """(first step, last step, rest) of each `name@worker:stepN[-M][:rest]` entry."""
     pattern = re.compile(rf"^{name}@{re.escape(worker)}:step(\d+)(?:-(\d+))?(?::(.*))?$")
     found = []
-    for entry in _entries():
+    for entry in entries:
         match = pattern.match(entry)
         if match:
             first = int(match[1])
-            found.append((first, int(match[2] or first), match[3] or ""))
-    return found
-
-
-def nan_loss(worker: str, step: int) -> bool:
-    return any(first <= step <= last for first, last, _ in _steps("nan-loss", worker))
-
-
-def hang_s(worker: str, step: int) -> float:
-    """Seconds to hang before computing `step` (once per process)."""
-    for first, _, seconds in _steps("hang", worker):
-        if step == first and _first_to_claim(f"hang-{worker}-{step}"):
-            return float(seconds or 10)
-    return 0.0
-
-
-def diverge(worker: str, step: int) -> bool:
-    return any(first == step for first, _, _ in _steps("diverge", worker)) and \
-        _first_to_claim(f"diverge-{worker}-{step}")
-
-
-def exchange_delay_s() -> float:
-    for entry in _entries():
-        if entry.startswith("exchange-delay:"):
-            return float(entry.split(":", 1)[1])
-    return 0.0
-
-
-def worker_faults(worker: str, step: int, params: list[torch.Tensor]) -> None:
-    """Before computing `step`: the faults only the worker itself can cause."""
-    seconds = hang_s(worker, step)
-    if seconds:
-        log.warning("injected fault: hanging %.1f s before step %d", seconds, step)
-        time.sleep(seconds)
-    if diverge(worker, step):
-        log.warning("injected fault: perturbing parameters before step %d", step)
-        with torch.no_grad():
-            for p in params:
-                p.add_(1e-3)
+            found.append(StepFault(first, int(match[2] or first), match[3] or ""))
+    return tuple(found)

@@ -15,6 +15,7 @@ import time
 
 from shoal.spec.elastic import MembershipEpoch, Phase
 from shoal.train.group import EpochGroup, GroupCancelled, GroupFailed
+from shoal.train.inject import InjectedFaults
 from shoal.train.liveness import ProgressReporter
 from shoal.train.membership import form_epoch
 from shoal.train.rendezvous import Rendezvous, connect
@@ -27,8 +28,10 @@ SPARE_WAIT_S = 1.0  # a waiting spare looks at the job (failed, done) this often
 
 
 class Membership:
-    def __init__(self, config: RunConfig, rdzv: Rendezvous, progress: ProgressReporter) -> None:
+    def __init__(self, config: RunConfig, rdzv: Rendezvous, progress: ProgressReporter,
+                 faults: InjectedFaults = InjectedFaults()) -> None:
         self.config, self.rdzv, self.progress = config, rdzv, progress
+        self.faults = faults
         self.worker = config.worker
         self.record: MembershipEpoch | None = None
         self.group: EpochGroup | None = None
@@ -78,7 +81,8 @@ class Membership:
                     newer=lambda epoch=record.epoch: self._newer_than(epoch),
                     live_state=replica.state_dict, load_state=replica.load_state_dict,
                     load_from_disk=replica.load_checkpoint,
-                    group_store=lambda: connect(self.config.host, self.config.port))
+                    group_store=lambda: connect(self.config.host, self.config.port),
+                    faults=self.faults)
             except (GroupFailed, GroupCancelled) as error:
                 log.info("[worker %s] epoch %d did not form (%s); trying the next", self.worker,
                          record.epoch, error)

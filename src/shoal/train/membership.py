@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from shoal.spec.elastic import MembershipEpoch, WorkerArrival
-from shoal.train import inject
 from shoal.train.group import EpochGroup, GroupFailed
+from shoal.train.inject import InjectedFaults
 from shoal.train.live_state import pack, unpack
 from shoal.train.rendezvous import Rendezvous
 
@@ -81,7 +81,8 @@ def form_epoch(rdzv: Rendezvous, record: MembershipEpoch, worker: str, *, step: 
                newer: Callable[[], bool], live_state: Callable[[], dict[str, Any]],
                load_state: Callable[[dict[str, Any]], None],
                load_from_disk: Callable[[], bool],
-               group_store: Callable[[], Any]) -> Formed:
+               group_store: Callable[[], Any],
+               faults: InjectedFaults = InjectedFaults()) -> Formed:
     """Enter `record`; raises GroupFailed/GroupCancelled if it is superseded meanwhile.
 
     `group_store` opens a store connection of the group's own: a cancelled build
@@ -97,7 +98,7 @@ def form_epoch(rdzv: Rendezvous, record: MembershipEpoch, worker: str, *, step: 
         source, needers = _plan_transfer(record, arrivals, rank, load_from_disk)
         if needers:
             _transfer(rdzv, group, record.epoch, rank, source, poll_s, newer, live_state, load_state,
-                      worker)
+                      faults)
         return Formed(group, rank, rank in needers)
     except Exception:
         group.abandon()
@@ -107,14 +108,14 @@ def form_epoch(rdzv: Rendezvous, record: MembershipEpoch, worker: str, *, step: 
 def _transfer(rdzv: Rendezvous, group: EpochGroup, epoch: int, rank: int, source: int,
               poll_s: float, newer: Callable[[], bool],
               live_state: Callable[[], dict[str, Any]],
-              load_state: Callable[[dict[str, Any]], None], worker: str) -> None:
+              load_state: Callable[[dict[str, Any]], None], faults: InjectedFaults) -> None:
     """Broadcast the source's packed state; receivers verify its hash before loading."""
     key = f"state/{epoch}"
     if rank == source:
         state = live_state()
         packed = pack(state)
         rdzv.store.set(key, json.dumps({"sha256": packed.sha256, "bytes": packed.blob.numel()}))
-        if inject.die_sending_state(worker, state["step"]):
+        if faults.dies_sending_state(state["step"]):
             log.warning("injected fault: dying while sending state in epoch %d", epoch)
             os._exit(137)
         group.broadcast(packed.blob.to(group.device), source, newer)

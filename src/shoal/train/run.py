@@ -1,6 +1,6 @@
 """The elastic training API: a few lines around a plain PyTorch loop.
 
-    run = shoal.train.join()
+    run = shoal.join()
     model, optimizer = run.wrap(model, optimizer)
     for batch in run.batches(dataset, global_batch=256, steps=1000):
         loss = model_loss(model, batch)
@@ -29,16 +29,16 @@ import torch
 
 from shoal.spec.elastic import BatchPolicy, GuardVerdict, Phase
 from shoal.spec.job import Aggregation, SyncSpec
-from shoal.train import inject
-from shoal.verify.adversary import load_adversary
+from shoal.train.attempt import Attempt
 from shoal.train.checkpoint import CheckpointStore
-from shoal.train.sync.diloco import DiLoCo
 from shoal.train.commit import Ballot, Excluded, Proposer, agree
 from shoal.train.errors import TrainError
 from shoal.train.sync.exchange import GradientExchange, StepScalars
 from shoal.train.group import GroupCancelled, GroupFailed
 from shoal.train.guard import StepGuard
 from shoal.train.hashing import param_sha256
+from shoal.train.hooks import NoStepHook, StepHook
+from shoal.train.inject import InjectedFaults
 from shoal.train.liveness import ProgressReporter
 from shoal.train.member import Membership
 from shoal.train.order import DataOrder, share_positions
@@ -46,11 +46,10 @@ from shoal.train.rendezvous import Rendezvous, connect
 from shoal.train.replica import ReplicaState
 from shoal.train.run_config import RunConfig
 from shoal.train.shares import ShareBalancer
-from shoal.train.step_commit import Attempt, StepCommitter
+from shoal.train.step_commit import StepCommitter
 from shoal.train.step_log import StepLog
-from shoal.verify.step_proof import StepProof
-from shoal.train.sync.every_step import make_sync
-from shoal.verify.work_records import ProofSettings, WorkRecorder
+from shoal.train.sync.modes import make_sync
+from shoal.train.sync.protocol import Sync
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +72,10 @@ class ElasticOptimizer:
 
 
 class Run:
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, hook: StepHook,
+                 faults: InjectedFaults = InjectedFaults()) -> None:
         self.config = config
+        self.faults = faults  # what this worker is told to break (tests, rehearsals)
         self.worker = config.worker
         self.rdzv = Rendezvous(connect(config.host, config.port))
         self.left = False  # this worker handed over and left (SIGTERM)
@@ -90,8 +91,8 @@ class Run:
                             if config.checkpoint_dir else None)
         self.step_log = StepLog(config.run_dir, self.worker)
         self.progress = ProgressReporter(self.worker, self._connect)
-        self.membership = Membership(config, self.rdzv, self.progress)
-        self.proof = StepProof(self.worker, load_adversary(config.adversary))
+        self.membership = Membership(config, self.rdzv, self.progress, faults)
+        self.hook = hook  # proof of learning's calls at each step (`shoal.train.hooks`)
         signal.signal(signal.SIGTERM, lambda *_: self.membership.leave_wanted.set())
 
     def _connect(self) -> Rendezvous:
@@ -115,26 +116,19 @@ class Run:
         """`aggregation`: how the workers' contributions combine (the job file's rule);
         `sync`: every-step all-reduce or DiLoCo, and the codec (the job's [sync])."""
         self.model, self.optimizer = model, optimizer
-        self.committer = StepCommitter(self, grad_clip)
         self.aggregation = Aggregation(aggregation)
         self.exchange = GradientExchange(list(model.parameters()), len(optimizer.param_groups),
                                          self.aggregation)
-        self.sync = make_sync(sync, self.exchange, optimizer)
+        self.sync: Sync = make_sync(sync, self.exchange, optimizer,
+                                    self.faults.exchange_delay_s)
         self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self.checkpoints)
         self.replica.extras["sync"] = self.sync
-        self.proof.ends_round = self.sync.is_outer if isinstance(self.sync, DiLoCo) else None
-        if self.proof.adversary is not None and self.proof.adversary.diloco_only and \
-                not isinstance(self.sync, DiLoCo):
-            raise TrainError(f"adversary {self.config.adversary!r} cheats under DiLoCo only: "
-                             "use it with [sync] mode = 'diloco'")
+        self.committer = StepCommitter(
+            self.config, model, optimizer, self.exchange, self.sync, self.guard, self.balancer,
+            self.replica, self.membership, self.progress, self.checkpoints, self.step_log,
+            self.hook, grad_clip)
+        self.hook.attach(self.sync, self.exchange, optimizer)
         return model, ElasticOptimizer(self, optimizer)
-
-    def prove(self, settings: ProofSettings) -> None:
-        """Record a work record for every step this worker commits (proof of learning)."""
-        if self.model is None:
-            raise TrainError("call run.wrap(model, optimizer) before run.prove(...)")
-        self.proof.record(WorkRecorder(settings, self.worker), self.sync, self.exchange,
-                          self.optimizer)
 
     def batches(self, dataset: Any, global_batch: int, steps: int, *, seed: int = 0,
                 micro_batch: int | None = None,
@@ -155,12 +149,12 @@ class Run:
             shares = self.balancer.shares(global_batch, self.world, policy)
             positions = share_positions(self.cursor, shares, self.rank)
             ids = order.sample_ids(positions)
-            if self.proof.active:
-                ids = self.proof.begin(self.step_index, self.rank, self.model, positions, shares,
+            if self.hook.active:
+                ids = self.hook.begin(self.step_index, self.rank, self.model, positions, shares,
                                        ids, order.num_samples)
             self.attempt = Attempt(shares, global_batch=sum(shares), share=len(ids),
                                    started=time.time())
-            inject.worker_faults(self.worker, self.step_index, self.exchange.params)
+            self.faults.before_step(self.step_index, self.exchange.params)
             if len(ids) == 0:
                 self._finish_step()
                 continue
@@ -195,7 +189,7 @@ class Run:
 
     def backward(self, loss: torch.Tensor) -> None:
         """`loss.backward()` on a micro-batch's mean loss, and report the loss to the guard."""
-        if inject.nan_loss(self.worker, self.step_index):
+        if self.faults.loss_is_nan(self.step_index):
             loss = loss * float("nan")
         loss.backward()
         self.attempt.loss_sum += float(loss.detach()) * self.attempt.chunk
@@ -222,16 +216,16 @@ class Run:
         attempt = self.attempt
         self.balancer.after_compute(self.progress, attempt.share, attempt.started, self.step_index)
         self.membership.post_leave()  # a spot notice takes effect at the next voted step
-        if self.proof.active:
-            self.proof.before_exchange(self.exchange)
+        if self.hook.active:
+            self.hook.before_exchange(self.exchange)
         if not self.sync.votes(self.step_index):
-            self.committer.alone()
+            self.committer.alone(attempt)
             return
         self.exchange.write_scalars(
             self.rank, [float(g["lr"]) for g in self.optimizer.param_groups], attempt.share > 0,
-            self.proof.reported_loss(attempt.loss_sum), attempt.loss_samples,
+            self.hook.reported_loss(attempt.loss_sum), attempt.loss_samples,
             self.sync.fingerprint())
-        tail = tuple(self.exchange.scalar_tail().tolist()) if self.proof.checks_sent else ()
+        tail = tuple(self.exchange.scalar_tail().tolist()) if self.hook.checks_sent else ()
         self.progress.reached(self.record.epoch, self.step_index, Phase.exchange)
         ballot, scalars = self._exchange(tail)
         self.progress.reached(self.record.epoch, self.step_index, Phase.voted)
@@ -251,9 +245,9 @@ class Run:
             self._drop_group(stale=True)
             return
         if decision.commit:
-            self.proof.committed(self.record.epoch)
+            self.hook.committed(self.record.epoch)
             applying = time.time()
-            self.committer.voted(scalars, decision.verdict)
+            self.committer.voted(attempt, scalars, decision.verdict)
             self.balancer.after_apply(time.time() - applying)
             if decision.weights:
                 self.balancer.weights = decision.weights
@@ -282,15 +276,15 @@ class Run:
             return Ballot(ok=False), None
         scalars = self.exchange.read_scalars()
         verdict, reason = self.guard.assess(scalars.mean_loss, self.sync.checked())
-        if self.proof.checks_sent:
-            checked = self.proof.check_sent(self.group, self.sync, tail,
+        if self.hook.checks_sent:
+            checked = self.hook.check_sent(self.group, self.sync, tail,
                                             tuple(self.exchange.scalar_tail().tolist()),
                                             self.membership.changed)
             if not checked.ok:
                 return Ballot(ok=False), None
             if checked.refusal and verdict is GuardVerdict.apply:
                 verdict, reason = GuardVerdict.skip, checked.refusal
-            hopeless = self.proof.sent_check.hopeless(self.record.members)
+            hopeless = self.hook.hopeless(self.record.members)
             if hopeless:
                 log.error("[worker %s] giving the run up: %s", self.worker, hopeless)
                 self.rdzv.mark_failed(hopeless)
@@ -390,6 +384,13 @@ def _fetch(dataset: Any, ids: np.ndarray) -> Any:
     return torch.utils.data.default_collate([dataset[int(i)] for i in ids])
 
 
-def join(config: RunConfig | None = None) -> Run:
-    """Join the job this process was launched for (by `shoal run` or the coordinator)."""
-    return Run(config or RunConfig.from_env())
+def join(config: RunConfig | None = None, hook: StepHook | None = None) -> Run:
+    """Join the job this process was launched for (by `shoal run` or the coordinator).
+    `hook`: proof of learning's calls at each step; `shoal.join` builds it from the
+    run's config, so a cheat the launcher asked for is never silently honest here."""
+    config = config or RunConfig.from_env()
+    if hook is None and config.adversary:
+        raise TrainError(f"this worker was told to cheat as {config.adversary!r}: join with "
+                         "shoal.join(), which runs adversaries and records work")
+    faults = InjectedFaults.parse(config.inject, config.worker, config.run_dir)
+    return Run(config, hook if hook is not None else NoStepHook(), faults)

@@ -39,6 +39,7 @@ class RunConfig:
     # that its first real step does not pay a fresh process's first-touch costs.
     spare_warmup: bool = True
     adversary: str | None = None  # cheat as this built-in or module:callable (tests, rehearsals)
+    inject: str = ""  # faults this worker injects itself (`shoal.train.inject`; tests, rehearsals)
     guard: GuardConfig = GuardConfig()
 
     def __post_init__(self) -> None:
@@ -55,7 +56,7 @@ class RunConfig:
         address = env.get("SHOAL_RENDEZVOUS")
         if not address:
             raise TrainError("SHOAL_RENDEZVOUS is not set: start workers with "
-                             "`shoal run SCRIPT.py --workers N`, or call shoal.train.join_local()")
+                             "`shoal run SCRIPT.py --workers N`, or pass shoal.join() a RunConfig")
         host, _, port = address.rpartition(":")
         try:
             config = cls(worker=env.get("SHOAL_WORKER") or f"w-{uuid.uuid4().hex[:8]}",
@@ -76,6 +77,8 @@ class RunConfig:
             changes["spare_warmup"] = False
         if env.get("SHOAL_ADVERSARY"):
             changes["adversary"] = env["SHOAL_ADVERSARY"]
+        if env.get("SHOAL_INJECT"):
+            changes["inject"] = env["SHOAL_INJECT"]
         if env.get("SHOAL_IDENTITY"):
             changes["identity"] = json.loads(env["SHOAL_IDENTITY"])
         numbers = {"SHOAL_BACKEND": ("backend", str), "SHOAL_SLOWDOWN": ("slowdown", float),

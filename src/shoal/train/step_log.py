@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 from shoal.spec.elastic import StepRecord
 
 if TYPE_CHECKING:
-    from shoal.train.run import Run
+    from shoal.train.attempt import Attempt
+    from shoal.train.member import Membership
+    from shoal.train.sync.protocol import Sync
 
 
 class StepLog:
@@ -20,19 +22,21 @@ class StepLog:
             # Line-buffered: a SIGKILL loses at most the line being written.
             self._handle = open(run_dir / f"steps-{worker}.jsonl", "a", buffering=1)
 
-    def write(self, run: Run, loss: float | None, applied: bool, t_commit: float,
+    def write(self, step: int, cursor: int, membership: Membership, attempt: Attempt,
+              sync: Sync, loss: float | None, applied: bool, t_commit: float,
               fingerprint: str | None) -> None:
+        """The committed step `step`, which started at sample position `cursor`."""
         if self._handle is None:
             return
         record = StepRecord(
-            step=run.step_index - 1, epoch=run.record.epoch, worker=run.worker, rank=run.rank,
-            world=run.world, cursor=run.cursor - run.attempt.global_batch,
-            shares=run.attempt.shares, t_start=run.attempt.started, t_commit=t_commit,
+            step=step, epoch=membership.record.epoch, worker=membership.worker,
+            rank=membership.rank, world=membership.world, cursor=cursor,
+            shares=attempt.shares, t_start=attempt.started, t_commit=t_commit,
             loss=loss, applied=applied,
-            param_sha256=fingerprint, bytes_sent=run.sync.bytes_sent,
-            samples_dropped=run.sync.samples_dropped,
-            slt_seen=run.sync.slt_seen, rounds_late=run.sync.rounds_late,
-            rounds_dropped=run.sync.rounds_dropped,
+            param_sha256=fingerprint, bytes_sent=sync.bytes_sent,
+            samples_dropped=sync.samples_dropped,
+            slt_seen=sync.slt_seen, rounds_late=sync.rounds_late,
+            rounds_dropped=sync.rounds_dropped,
         )
         self._handle.write(record.model_dump_json() + "\n")
 

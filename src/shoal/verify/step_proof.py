@@ -1,59 +1,65 @@
-"""The run's proof hooks at each step: an adversary (if this worker is told
-to cheat) and the work recorder (if the job records work), applied at the
-three points where a worker's claim is made: which samples it computes on,
-what it sends, and what it publishes once the step commits.
+"""The run's proof hooks at each step (`shoal.train.hooks.StepHook`): an adversary
+(if this worker is told to cheat) and the work recorder (if the job records work),
+applied at the three points where a worker's claim is made: which samples it
+computes on, what it sends, and what it publishes once the step commits.
 
 An honest worker that records nothing pays nothing here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import torch
 
-from shoal.verify.adversary import Adversary, AdversaryContext
-from shoal.train.sync.diloco import DiLoCo
 from shoal.train.errors import TrainError
-from shoal.train.sync.exchange import GradientExchange
 from shoal.train.group import EpochGroup, ShouldCancel
+from shoal.train.sync.exchange import GradientExchange
+from shoal.train.sync.protocol import Sync
+from shoal.verify.adversary import Adversary, AdversaryContext
 from shoal.verify.sent_check import Checked, Sent, SentCheck
-from shoal.train.sync.every_step import EveryStep
-from shoal.verify.work_records import LocalSteps, WorkRecorder
+from shoal.verify.work_records import LocalSteps, ProofSettings, WorkRecorder
 
 
 class StepProof:
-    def __init__(self, worker: str, adversary: Adversary | None) -> None:
+    def __init__(self, worker: str, adversary: Adversary | None,
+                 settings: ProofSettings | None = None) -> None:
+        """`settings`: the job records work (its `[proof]`); None: it does not."""
         self.worker = worker
         self.adversary = adversary
+        self.settings = settings
         self.recorder: WorkRecorder | None = None
         self._memory: dict = {}
         self._context: AdversaryContext | None = None
         self._model: torch.nn.Module | None = None
-        self.sent_check: SentCheck | None = None  # set by the run when the job records work
+        self.sent_check: SentCheck | None = None  # set when the job records work
         self._declared: list[torch.Tensor] | None = None
-        # Set by the run under DiLoCo (whether a step ends its round): only a round's
-        # end is exchanged there.
-        self.ends_round: Callable[[int], bool] | None = None
+        self._sync: Sync | None = None  # the run's, once it is wrapped
 
-    def record(self, recorder: WorkRecorder, sync: EveryStep | DiLoCo,
-               exchange: GradientExchange, optimizer: torch.optim.Optimizer) -> None:
+    def attach(self, sync: Sync, exchange: GradientExchange,
+               optimizer: torch.optim.Optimizer) -> None:
+        """The run was wrapped with `sync`: a cheat that needs local rounds refuses a
+        mode without them, and a job that records work starts its recorder."""
+        self._sync = sync
+        if self.adversary is not None and self.adversary.diloco_only and not sync.local_steps:
+            raise TrainError(f"adversary {self.adversary.name!r} cheats under DiLoCo only: "
+                             "use it with [sync] mode = 'diloco'")
+        if self.settings is not None:
+            self.record(WorkRecorder(self.settings, self.worker), sync, exchange, optimizer)
+
+    def record(self, recorder: WorkRecorder, sync: Sync, exchange: GradientExchange,
+               optimizer: torch.optim.Optimizer) -> None:
         """The job records work: every step gets a record, and every voted step's
         members declare what they sent, against the sum (`shoal.verify.sent_check`)."""
         self.recorder = recorder
         self.sent_check = SentCheck(exchange.declared_lrs, exchange.declared_loss)
-        if isinstance(sync, EveryStep):
-            sync.keep_sum = True  # a robust rule's gather keeps what a sum would have been
-        if isinstance(sync, DiLoCo):  # each worker steps alone inside a round
-            if type(sync) is not DiLoCo or sync.codec is not None:
-                raise TrainError("[proof] under DiLoCo needs [sync] slt = 0 and codec = 'none'")
+        sync.record_work(self)
+        if sync.local_steps:  # each worker steps alone inside a round
             recorder.local = LocalSteps(optimizer, sync.round_begins_at)
-            sync.proof = self
 
     @property
     def diloco(self) -> bool:
-        return self.ends_round is not None
+        """Workers step alone inside rounds; only a round's end is exchanged."""
+        return self._sync is not None and self._sync.local_steps
 
     @property
     def active(self) -> bool:
@@ -67,7 +73,7 @@ class StepProof:
             worker=self.worker, step=step, rank=rank, world=len(shares), num_samples=num_samples,
             params=[p for p in model.parameters() if p.requires_grad], memory=self._memory,
             peer_record=self.recorder.peer_record if self.recorder else lambda: None,
-            round_end=self.ends_round(step) if self.ends_round is not None else None)
+            round_end=self._sync.votes(step) if self.diloco else None)
         if self.recorder is not None:
             # Dropout and any other randomness of the step: the job's, not the worker's.
             torch.manual_seed(self.recorder.begin(step, model, positions, rank, shares))
@@ -134,7 +140,7 @@ class StepProof:
     def checks_sent(self) -> bool:
         return self.sent_check is not None and self.recorder is not None
 
-    def check_sent(self, group: EpochGroup, sync: EveryStep | DiLoCo, tail: tuple[float, ...],
+    def check_sent(self, group: EpochGroup, sync: Sync, tail: tuple[float, ...],
                    summed_tail: tuple[float, ...], should_cancel: ShouldCancel) -> Checked:
         """After a voted step's exchange: declare what this worker committed to sending
         (a cheat declaring what it really sent: that) and check every member's
@@ -146,6 +152,10 @@ class StepProof:
             mine, sync.summed_sent(), tail, summed_tail, **sync.sent_counts()), should_cancel)
         self.recorder.exchanged(checked.exchanged)
         return checked
+
+    def hopeless(self, members: tuple[str, ...]) -> str | None:
+        """Why the run cannot go on: members whose declarations never add up."""
+        return self.sent_check.hopeless(members) if self.sent_check is not None else None
 
     def committed(self, membership_epoch: int = 0) -> None:
         """The step committed everywhere (in `membership_epoch`): publish its record and keep

@@ -5,14 +5,14 @@ import sys
 
 import torch
 
-import shoal.train
+import shoal
 
 steps = int(sys.argv[1])
 generator = torch.Generator().manual_seed(0)
 inputs = torch.randn(4000, 8, generator=generator)
 targets = inputs @ torch.randn(8, 1, generator=generator)
 data = torch.utils.data.TensorDataset(inputs.bfloat16(), targets.bfloat16())
-run = shoal.train.join()
+run = shoal.join()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).bfloat16()
 model, optimizer = run.wrap(model, torch.optim.SGD(model.parameters(), lr=0.05))

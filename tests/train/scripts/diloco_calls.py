@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-import shoal.train
+import shoal
 from shoal.spec.job import SyncSpec
 from shoal.train.group import EpochGroup
 from shoal.train.rendezvous import Rendezvous
@@ -29,7 +29,7 @@ def counted_all_reduce(self, *args, **kwargs):
 
 Rendezvous.add_vote, EpochGroup.all_reduce = counted_vote, counted_all_reduce
 data = torch.utils.data.TensorDataset(torch.randn(4000, 4), torch.randn(4000, 1))
-run = shoal.train.join()
+run = shoal.join()
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 model, optimizer = run.wrap(model, torch.optim.SGD(model.parameters(), lr=0.01),

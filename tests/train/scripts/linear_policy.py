@@ -4,12 +4,12 @@ import sys
 
 import torch
 
-import shoal.train
+import shoal
 from shoal.spec.elastic import BatchPolicy
 
 steps = int(sys.argv[1])
 data = torch.utils.data.TensorDataset(torch.randn(4000, 4), torch.randn(4000, 1))
-run = shoal.train.join()
+run = shoal.join()
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
 model, optimizer = run.wrap(model, torch.optim.SGD(model.parameters(), lr=0.01))

@@ -12,7 +12,9 @@ import torch
 from shoal.spec.job import SyncSpec
 from shoal.train.sync.diloco import DiLoCo
 from shoal.train.sync.exchange import GradientExchange
-from shoal.train.sync.every_step import EveryStep, StepWork, make_sync
+from shoal.train.sync.every_step import EveryStep
+from shoal.train.sync.modes import make_sync
+from shoal.train.sync.protocol import StepWork
 from tests.train.sync.test_codecs import Alone
 
 SPEC = SyncSpec(mode="diloco", inner_steps=3, outer_lr=0.7, outer_momentum=0.9)

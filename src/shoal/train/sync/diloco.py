@@ -26,7 +26,7 @@ notice loses it).
 
 With work records (`[proof]`), each step's record claims where this worker's
 own step started and ended (`shoal.verify.work_records`), and the round's
-last step commits the weighted pseudo-gradient sent (`StepProof.outer`).
+last step commits the weighted pseudo-gradient sent (`RoundProof.outer`).
 """
 
 from __future__ import annotations
@@ -36,12 +36,11 @@ import copy
 import logging
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from shoal.spec.job import SyncSpec
-from shoal.train import inject
 from shoal.train.sync.codecs import make_codec
 from shoal.train.sync.codecs.base import GatheredCodec, ShouldCancel, ring_all_reduce_bytes
 from shoal.train.errors import TrainError
@@ -49,10 +48,7 @@ from shoal.train.sync.exchange import GradientExchange
 from shoal.train.fingerprint import fingerprint
 from shoal.train.group import EpochGroup
 from shoal.train.hashing import param_sha256
-from shoal.train.sync.every_step import InnerStep, StepWork
-
-if TYPE_CHECKING:
-    from shoal.verify.step_proof import StepProof
+from shoal.train.sync.protocol import InnerStep, RoundProof, StepWork
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +67,12 @@ class DiLoCo:
     # Bounded staleness (shoal.train.sync.staleness) reports these; here rounds apply at once.
     slt_seen: int | None = None
     rounds_late = rounds_dropped = 0
+    local_steps = True  # inner steps are taken alone; the outer step ends a round
 
     def __init__(self, exchange: GradientExchange, optimizer: torch.optim.Optimizer,
-                 spec: SyncSpec) -> None:
+                 spec: SyncSpec, exchange_delay_s: float = 0.0) -> None:
         self.params = exchange.params
+        self.exchange_delay_s = exchange_delay_s  # benchmarks only: a slow link, emulated
         if any(p.dtype != torch.float32 for p in self.params):
             raise TrainError("sync.mode = 'diloco' needs float32 parameters (bf16 autocast "
                              "is fine: it keeps parameters in float32)")
@@ -95,7 +93,7 @@ class DiLoCo:
         self._delta: torch.Tensor | None = None
         self._present = self._expected = self._count_sent = 0
         self._summed_sent = torch.zeros(0)
-        self.proof: StepProof | None = None  # set by the run when the job records work
+        self.proof: RoundProof | None = None  # set when the job records work (`record_work`)
         self._round_start: int | None = None  # None: the next step begins a round
 
     @property
@@ -123,6 +121,13 @@ class DiLoCo:
     def votes(self, step: int) -> bool:
         """Only the outer step is exchanged and voted on."""
         return self.is_outer(step)
+
+    def record_work(self, proof: RoundProof) -> None:
+        """Each worker steps alone inside a round: its records claim its own steps.
+        A codec's messages are not what a record commits to."""
+        if self.codec is not None:
+            raise TrainError("[proof] under DiLoCo needs [sync] slt = 0 and codec = 'none'")
+        self.proof = proof
 
     def step_alone(self, work: StepWork, inner_step: InnerStep, applied: bool) -> None:
         """An inner step, judged by this worker's own guard: `applied` if it passed.
@@ -178,7 +183,7 @@ class DiLoCo:
         if self.proof is not None:
             self.proof.local_stepped(work.share > 0)
             delta = self.proof.outer(delta, mine, expected)
-        time.sleep(inject.exchange_delay_s())  # benchmarks only: a slow link, emulated
+        time.sleep(self.exchange_delay_s)
         tail = self.exchange.scalar_tail()
         self._count_sent = self.proof.sent_count(mine) if self.proof is not None else mine
         scalars = torch.cat([tail, torch.tensor([float(self._count_sent)])])

@@ -5,46 +5,33 @@ today's path), a robust rule's all-gather, or a codec with error feedback
 (then only the small scalar tail is all-reduced beside it). DiLoCo
 (`shoal.train.sync.diloco`) takes local steps and exchanges pseudo-gradients;
 with `slt > 0` (`shoal.train.sync.staleness`) it does so in the background.
-The run talks to either through the same few calls; a step the sync does
-not vote on (a DiLoCo inner step) is taken by `step_alone`, with nothing
+The run talks to each through the `Sync` protocol (`shoal.train.sync.protocol`;
+`shoal.train.sync.modes.make_sync` chooses one); a step the sync does not vote on (a DiLoCo inner step) is taken by `step_alone`, with nothing
 crossing the network.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from shoal.spec.job import SyncSpec
-from shoal.spec.plan import SyncMode
-from shoal.train.sync.codecs import Codec, make_codec
+from shoal.train.errors import TrainError
+from shoal.train.sync.codecs import Codec
 from shoal.train.sync.codecs.base import ShouldCancel, ring_all_gather_bytes, ring_all_reduce_bytes
 from shoal.train.sync.exchange import GradientExchange
 from shoal.train.fingerprint import fingerprint
 from shoal.train.group import EpochGroup
 from shoal.train.hashing import param_sha256
-
-InnerStep = Callable[[], None]  # install the gradients, clip, step the user's optimizer
-
-
-@dataclass(frozen=True)
-class StepWork:
-    """The step being exchanged, as the sync needs to know it."""
-
-    step: int  # its index
-    share: int  # samples this worker computed on
-    shares: tuple[int, ...]  # every rank's samples
-    global_batch: int
+from shoal.train.sync.protocol import InnerStep, RoundProof, StepWork
 
 
 class EveryStep:
     """Gradients exchanged every step; every replica applies the same update."""
 
     consensus = True  # the model always holds the parameters every replica holds
+    local_steps = False  # every step is exchanged: no worker steps alone
     slt_seen: int | None = None  # no outer rounds, so none applied late or dropped
     rounds_late = rounds_dropped = 0
 
@@ -52,7 +39,7 @@ class EveryStep:
         self.exchange, self.codec = exchange, codec
         self._plain_bytes = 0
         self.samples_dropped = 0  # never, in this mode
-        self.keep_sum = False  # set with work records: a robust rule's gather keeps the sum
+        self.keep_sum = False  # with work records: a robust rule's gather keeps the sum
         self._summed: list[torch.Tensor] | None = None
 
     @property
@@ -71,6 +58,16 @@ class EveryStep:
     def votes(self, step: int) -> bool:
         """Does `step` go through the exchange and the vote? Here, every step."""
         return True
+
+    def round_begins_at(self, step: int) -> int:
+        return step  # each step is its own round
+
+    def step_alone(self, work: StepWork, inner_step: InnerStep, applied: bool) -> None:
+        raise TrainError(f"step {work.step}: every-step sync exchanges every step")
+
+    def record_work(self, proof: RoundProof) -> None:
+        """With work records, a robust rule's gather keeps what a sum would have been."""
+        self.keep_sum = True
 
     def new_epoch(self, epoch: int) -> None:
         if self.codec is not None:
@@ -141,18 +138,3 @@ class EveryStep:
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Nothing travels: a codec's residual is dropped at every membership change."""
 
-
-def make_sync(spec: SyncSpec | None, exchange: GradientExchange,
-              optimizer: torch.optim.Optimizer) -> Any:
-    """The job's sync: every-step (optionally compressed) or DiLoCo."""
-    spec = spec or SyncSpec()
-    float32 = [p.shape for p in exchange.params if p.dtype == torch.float32]
-    if spec.mode is SyncMode.diloco and spec.slt > 0:
-        from shoal.train.sync.staleness import StaleDiLoCo
-
-        return StaleDiLoCo(exchange, optimizer, spec)
-    if spec.mode is SyncMode.diloco:
-        from shoal.train.sync.diloco import DiLoCo
-
-        return DiLoCo(exchange, optimizer, spec)
-    return EveryStep(exchange, make_codec(spec, float32))

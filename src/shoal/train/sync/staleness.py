@@ -38,13 +38,13 @@ from typing import Any
 import torch
 
 from shoal.spec.job import SyncSpec
-from shoal.train import inject
 from shoal.train.sync.codecs.base import ShouldCancel, ring_all_reduce_bytes
 from shoal.train.sync.diloco import DiLoCo, outer_sgd_step
 from shoal.train.sync.exchange import GradientExchange
 from shoal.train.group import EpochGroup, Started
 from shoal.train.hashing import param_sha256
-from shoal.train.sync.every_step import InnerStep, StepWork
+from shoal.train.errors import TrainError
+from shoal.train.sync.protocol import InnerStep, RoundProof, StepWork
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,8 @@ class Round:
 
 class StaleDiLoCo(DiLoCo):
     def __init__(self, exchange: GradientExchange, optimizer: torch.optim.Optimizer,
-                 spec: SyncSpec) -> None:
-        super().__init__(exchange, optimizer, spec)
+                 spec: SyncSpec, exchange_delay_s: float = 0.0) -> None:
+        super().__init__(exchange, optimizer, spec, exchange_delay_s)
         self.slt = spec.slt
         self.start = self.outer.clone()  # where this worker's round began
         self.pending: list[Round] = []  # started and committed, not applied yet (oldest first)
@@ -123,11 +123,15 @@ class StaleDiLoCo(DiLoCo):
             group.wait_for(r.started, should_cancel)
             r.arrive()
             # Benchmarks only: the exchange emulated over a slow link ends this late.
-            time.sleep(max(0.0, r.started_at + inject.exchange_delay_s() - time.monotonic()))
+            time.sleep(max(0.0, r.started_at + self.exchange_delay_s - time.monotonic()))
 
     def step_alone(self, work: StepWork, inner_step: InnerStep, applied: bool) -> None:
         super().step_alone(work, inner_step, applied)
         self._log_fields(0, None, 0)
+
+    def record_work(self, proof: RoundProof) -> None:
+        """A round applied k outer steps late is not what a record of its step claims."""
+        raise TrainError("[proof] under DiLoCo needs [sync] slt = 0 and codec = 'none'")
 
     def _start_exchange(self, group: EpochGroup, weighted: torch.Tensor, mine: int,
                         should_cancel: ShouldCancel) -> tuple[Started, ReadRound]:
