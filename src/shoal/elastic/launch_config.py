@@ -21,7 +21,9 @@ class LaunchConfig:
     chaos: list[ChaosEvent] = field(default_factory=list)  # on this host's workers
     stall_s: float = 5.0  # how long a `stall` keeps the worker stopped
     stall_deadline_s: float = 1.0  # least time a member may fall behind its peers before it is fenced
-    env: dict[str, str] = field(default_factory=dict)  # extra SHOAL_* settings for every worker
+    # Every worker's environment beyond the launcher's: the run's settings among it are
+    # checked and written by `shoal.train.run_config.RunConfig`.
+    env: dict[str, str] = field(default_factory=dict)
     worker_env: dict[int, dict[str, str]] = field(default_factory=dict)  # per launch index
     timeout_s: float = 3600.0
     # Warm spares: started and ready (torch imported, model built) but idle until a

@@ -56,13 +56,12 @@ class Launcher:
         try:
             self.rdzv, self.endpoint = self._open_rendezvous()
             self.node = self._claim_node() if config.rendezvous else ""
-            env = {**self._gloo_env(), **config.env, "SHOAL_RENDEZVOUS": self.endpoint,
-                   "SHOAL_RUN_DIR": str(config.run_dir),
+            env = {**self._gloo_env(), **config.env,
                    "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
         except BaseException:
             self._close_rendezvous()
             raise
-        self.pool = WorkerPool(config, self.node, env, on_exit=self._on_exit,
+        self.pool = WorkerPool(config, self.node, self.endpoint, env, on_exit=self._on_exit,
                                activate=lambda spare: self.rdzv.activate(spare))
 
     # -- the rendezvous: served here or reached --------------------------

@@ -15,6 +15,7 @@ from shoal.elastic.report import FaultEvent
 from shoal.elastic.launch_config import LaunchConfig
 from shoal.elastic.worker_process import WorkerProcess
 from shoal.spec.elastic import FaultKind
+from shoal.train.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +24,11 @@ SPARE_NICENESS = 10
 
 
 class WorkerPool:
-    def __init__(self, config: LaunchConfig, node: str, env: dict[str, str],
+    def __init__(self, config: LaunchConfig, node: str, rendezvous: str, env: dict[str, str],
                  on_exit: Callable[[str], None], activate: Callable[[str], None]) -> None:
         self.config = config
         self.node = node  # "" on one host: ids are w<i>
+        self.rendezvous = rendezvous  # HOST:PORT, as this host's workers reach the store
         self.env = env  # every worker's environment beyond the launcher's own
         self.on_exit = on_exit
         self.activate = activate  # calls a warm spare in
@@ -40,9 +42,9 @@ class WorkerPool:
     def spawn(self, index: int, spare: bool = False) -> str:
         worker = self.worker_id(index)
         config = self.config
-        env = {**os.environ, **self.env, **config.worker_env.get(index, {}),
-               **({"SHOAL_SPARE": "1"} if spare else {}), "SHOAL_WORKER": worker,
-               "LOCAL_RANK": str(index), "LOCAL_WORLD_SIZE": str(config.workers)}
+        env = {**os.environ, **self.env, **config.worker_env.get(index, {})}
+        run = RunConfig.launched(self.rendezvous, worker, config.run_dir, spare, env)
+        env.update(run.to_env(), LOCAL_RANK=str(index), LOCAL_WORLD_SIZE=str(config.workers))
         # Like torchrun: without a cap, every worker starts one OpenMP thread per core, and
         # oversubscribed spinning threads make each step many times slower.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // config.workers)))

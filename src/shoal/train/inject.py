@@ -1,5 +1,5 @@
 """Faults injected from inside a worker, for tests and rehearsals of what
-signals cannot reach. The run config's `inject` (SHOAL_INJECT) is a
+signals cannot reach. The run config's `inject` (`RunConfig.inject`) is a
 comma-separated list of
 
     die-sending-state@WORKER        exit while sending live state to a joiner

@@ -1,7 +1,8 @@
 """How a worker finds its job and how its runtime behaves.
 
 The launcher (or coordinator) passes these to worker processes as
-SHOAL_* environment variables; `from_env` reads and checks them.
+SHOAL_* environment variables: `to_env` writes them, `from_env` reads and
+checks them, and `SETTINGS` is the one place their names are spelled.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -51,46 +53,82 @@ class RunConfig:
             raise TrainError("slowdown must be at least 1.0")
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> RunConfig:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RunConfig:
+        """A worker's config, as its launcher wrote it (`to_env`)."""
         env = dict(os.environ if env is None else env)
-        address = env.get("SHOAL_RENDEZVOUS")
+        address = env.get(RENDEZVOUS)
         if not address:
-            raise TrainError("SHOAL_RENDEZVOUS is not set: start workers with "
+            raise TrainError(f"{RENDEZVOUS} is not set: start workers with "
                              "`shoal run SCRIPT.py --workers N`, or pass shoal.join() a RunConfig")
-        host, _, port = address.rpartition(":")
-        try:
-            config = cls(worker=env.get("SHOAL_WORKER") or f"w-{uuid.uuid4().hex[:8]}",
-                         host=host, port=int(port))
-        except ValueError:
-            raise TrainError(f"SHOAL_RENDEZVOUS={address!r} is not HOST:PORT") from None
-        return config.with_overrides(env)
+        host, port = _endpoint(address)
+        return cls(worker=env.get(WORKER) or f"w-{uuid.uuid4().hex[:8]}", host=host,
+                   port=port).with_overrides(env)
 
-    def with_overrides(self, env: dict[str, str]) -> RunConfig:
+    @classmethod
+    def launched(cls, rendezvous: str, worker: str, run_dir: Path, spare: bool,
+                 settings: Mapping[str, str]) -> RunConfig:
+        """What a launcher hands a worker it starts: its place in the job, and the job's
+        settings (SHOAL_* strings of the launcher's environment and its caller's),
+        checked here before any worker starts."""
+        host, port = _endpoint(rendezvous)
+        config = cls(worker=worker, host=host, port=port).with_overrides(settings)
+        return replace(config, run_dir=run_dir, spare=spare)
+
+    def with_overrides(self, env: Mapping[str, str]) -> RunConfig:
+        """This config with the settings `env` names (SHOAL_* strings) in place."""
         changes: dict[str, Any] = {}
-        if env.get("SHOAL_RUN_DIR"):
-            changes["run_dir"] = Path(env["SHOAL_RUN_DIR"])
-        if env.get("SHOAL_CHECKPOINT_DIR"):
-            changes["checkpoint_dir"] = env["SHOAL_CHECKPOINT_DIR"]
-        if env.get("SHOAL_SPARE") == "1":
-            changes["spare"] = True
-        if env.get("SHOAL_SPARE_WARMUP") == "0":
-            changes["spare_warmup"] = False
-        if env.get("SHOAL_ADVERSARY"):
-            changes["adversary"] = env["SHOAL_ADVERSARY"]
-        if env.get("SHOAL_INJECT"):
-            changes["inject"] = env["SHOAL_INJECT"]
-        if env.get("SHOAL_IDENTITY"):
-            changes["identity"] = json.loads(env["SHOAL_IDENTITY"])
-        numbers = {"SHOAL_BACKEND": ("backend", str), "SHOAL_SLOWDOWN": ("slowdown", float),
-                   "SHOAL_POLL_S": ("poll_s", float),
-                   "SHOAL_CHECKPOINT_INTERVAL": ("checkpoint_interval", int),
-                   "SHOAL_REPLICA_CHECK": ("replica_check_interval", int),
-                   "SHOAL_REBALANCE": ("rebalance_interval", int),
-                   "SHOAL_COLLECTIVE_TIMEOUT_S": ("collective_timeout_s", float)}
-        for key, (name, kind) in numbers.items():
+        for name, (key, parse, _) in SETTINGS.items():
             if env.get(key):
                 try:
-                    changes[name] = kind(env[key])
+                    changes[name] = parse(env[key])
                 except ValueError:
-                    raise TrainError(f"{key}={env[key]!r} is not a valid {kind.__name__}") from None
+                    raise TrainError(f"{key}={env[key]!r} is not a valid {name}") from None
         return replace(self, **changes)
+
+    def to_env(self) -> dict[str, str]:
+        """The environment a worker reads this config back from (`from_env`)."""
+        env = {RENDEZVOUS: f"{self.host}:{self.port}", WORKER: self.worker}
+        for name, (key, _, write) in SETTINGS.items():
+            value = getattr(self, name)
+            if value is not None and value != "":
+                env[key] = write(value)
+        return env
+
+
+RENDEZVOUS, WORKER = "SHOAL_RENDEZVOUS", "SHOAL_WORKER"
+
+
+def _endpoint(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    try:
+        return host, int(port)
+    except ValueError:
+        raise TrainError(f"{RENDEZVOUS}={address!r} is not HOST:PORT") from None
+
+
+def _flag(text: str) -> bool:
+    return text == "1"
+
+
+def _unless_zero(text: str) -> bool:
+    return text != "0"
+
+
+# Each setting a worker reads from its environment: field -> (variable, read, write).
+# The one place these names are spelled; launchers write them with `to_env`.
+SETTINGS: dict[str, tuple[str, Callable[[str], Any], Callable[[Any], str]]] = {
+    "run_dir": ("SHOAL_RUN_DIR", Path, str),
+    "backend": ("SHOAL_BACKEND", str, str),
+    "collective_timeout_s": ("SHOAL_COLLECTIVE_TIMEOUT_S", float, repr),
+    "poll_s": ("SHOAL_POLL_S", float, repr),
+    "checkpoint_dir": ("SHOAL_CHECKPOINT_DIR", str, str),
+    "checkpoint_interval": ("SHOAL_CHECKPOINT_INTERVAL", int, str),
+    "identity": ("SHOAL_IDENTITY", json.loads, json.dumps),
+    "replica_check_interval": ("SHOAL_REPLICA_CHECK", int, str),
+    "rebalance_interval": ("SHOAL_REBALANCE", int, str),
+    "slowdown": ("SHOAL_SLOWDOWN", float, repr),
+    "spare": ("SHOAL_SPARE", _flag, lambda on: "1" if on else "0"),
+    "spare_warmup": ("SHOAL_SPARE_WARMUP", _unless_zero, lambda on: "1" if on else "0"),
+    "adversary": ("SHOAL_ADVERSARY", str, str),
+    "inject": ("SHOAL_INJECT", str, str),
+}
