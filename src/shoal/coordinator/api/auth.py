@@ -4,10 +4,8 @@ before, and by a key whose role allows the call; otherwise 401 or 403."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 
-from fastapi import Depends, Request
-from starlette.concurrency import run_in_threadpool
+from fastapi import Request
 from starlette.types import Scope
 
 from shoal.coordinator.errors import Forbidden
@@ -17,14 +15,6 @@ from shoal.coordinator.db import beats
 from shoal.spec.coordinator import Heartbeat, Role
 
 REPLAYED = "this nonce was already used: a replayed request is refused; sign the request again"
-
-
-async def coordinator_of(request: Request) -> Coordinator:
-    return request.app.state.coordinator  # async: a sync dependency would cost a thread hop
-
-
-async def raw_body(request: Request) -> bytes:
-    return await request.body()
 
 
 def target_of(scope: Scope) -> str:
@@ -41,38 +31,23 @@ def _refuse_role(address: str, role: Role | None, roles: tuple[Role, ...]) -> No
         raise Forbidden(f"{address} is {held}; this call needs the {wanted} role")
 
 
-def signed(*roles: Role) -> Callable[..., Awaitable[Signer]]:
-    """A dependency giving the verified signer; with `roles`, one of them is required.
-
-    On SQLite the checks run on the event loop: their statements are tens of
-    microseconds on a local file, less than handing them to a worker thread
-    costs. On PostgreSQL they are network round trips, which must not stall
-    the loop, so they run in a worker thread. (Heartbeats, the bulk of
-    signed calls, take `signed_beat` instead.)
-    """
-
-    def check(coordinator: Coordinator, request: Request, body: bytes) -> Signer:
-        settings = coordinator.settings
-        signer = verify_request({k.lower(): v for k, v in request.headers.items()},
-                                settings.audience, request.method, target_of(request.scope), body,
-                                coordinator.now_s(), settings.max_skew_s)
-        coordinator.consume_nonce(signer)
-        if roles:
-            _refuse_role(signer.address, coordinator.role_of(signer.address), roles)
-        return signer
-
-    async def dependency(request: Request, body: bytes = Depends(raw_body),
-                         coordinator: Coordinator = Depends(coordinator_of)) -> Signer:
-        if coordinator.engine.dialect.name == "sqlite":
-            return check(coordinator, request, body)
-        return await run_in_threadpool(check, coordinator, request, body)
-
-    return dependency
+def verified_signer(coordinator: Coordinator, request: Request, body: bytes,
+                    roles: tuple[Role, ...]) -> Signer:
+    """The request's signer, once its signature, freshness and nonce are checked and,
+    with `roles`, its role is one of them (deps.signed runs this for every route)."""
+    settings = coordinator.settings
+    signer = verify_request({k.lower(): v for k, v in request.headers.items()},
+                            settings.audience, request.method, target_of(request.scope), body,
+                            coordinator.now_s(), settings.max_skew_s)
+    coordinator.consume_nonce(signer)
+    if roles:
+        _refuse_role(signer.address, coordinator.role_of(signer.address), roles)
+    return signer
 
 
 async def signed_beat(coordinator: Coordinator, scope: Scope, body: bytes, agent_id: str,
                       beat: Heartbeat) -> tuple[Signer, beats.BeatTaken]:
-    """A provider's signed heartbeat, checked as `signed(Role.provider)` checks any call,
+    """A provider's signed heartbeat, checked as `verified_signer` checks any call,
     and taken with its nonce and role check in one group-committed transaction.
 
     The signature is checked here on the event loop (a tenth of a millisecond);
