@@ -3,18 +3,13 @@ before, and by a key whose role allows the call; otherwise 401 or 403."""
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import Request
 from starlette.types import Scope
 
-from shoal.coordinator.errors import Forbidden
+from shoal.client.identity import Signer, verify_request
 from shoal.coordinator.services.coordinator import Coordinator
-from shoal.client.identity import Signer, Unauthenticated, verify_request
-from shoal.coordinator.db import beats
-from shoal.spec.coordinator import Heartbeat, Role
-
-REPLAYED = "this nonce was already used: a replayed request is refused; sign the request again"
+from shoal.coordinator.services.signed_beats import refuse_role
+from shoal.spec.coordinator import Role
 
 
 def target_of(scope: Scope) -> str:
@@ -22,13 +17,6 @@ def target_of(scope: Scope) -> str:
     target = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
     query = scope.get("query_string", b"").decode("latin-1")
     return f"{target}?{query}" if query else target
-
-
-def _refuse_role(address: str, role: Role | None, roles: tuple[Role, ...]) -> None:
-    if role not in roles:
-        held = f"a {role.value}" if role else "not registered"
-        wanted = " or ".join(r.value for r in roles)
-        raise Forbidden(f"{address} is {held}; this call needs the {wanted} role")
 
 
 def verified_signer(coordinator: Coordinator, request: Request, body: bytes,
@@ -41,31 +29,15 @@ def verified_signer(coordinator: Coordinator, request: Request, body: bytes,
                             coordinator.now_s(), settings.max_skew_s)
     coordinator.consume_nonce(signer)
     if roles:
-        _refuse_role(signer.address, coordinator.role_of(signer.address), roles)
+        refuse_role(signer.address, coordinator.role_of(signer.address), roles)
     return signer
 
 
-async def signed_beat(coordinator: Coordinator, scope: Scope, body: bytes, agent_id: str,
-                      beat: Heartbeat) -> tuple[Signer, beats.BeatTaken]:
-    """A provider's signed heartbeat, checked as `verified_signer` checks any call,
-    and taken with its nonce and role check in one group-committed transaction.
-
-    The signature is checked here on the event loop (a tenth of a millisecond);
-    the store work waits on the group commit without holding the loop, and
-    this returns only after the transaction holding the nonce has committed.
-    """
+def beat_signer(coordinator: Coordinator, scope: Scope, body: bytes, now: float) -> Signer:
+    """A heartbeat's signer, its signature checked on the event loop (a tenth of a
+    millisecond). Its nonce and role are checked by `take_signed_beat`, in the one
+    group-committed transaction that takes the beat."""
     settings = coordinator.settings
-    now = coordinator.now_s()
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-    signer = verify_request(headers, settings.audience, scope["method"], target_of(scope), body,
-                            now, settings.max_skew_s)
-    operator = signer.address in settings.operators
-    note = beats.BeatNote(signer.address, agent_id, sorted(set(beat.running)), now,
-                          nonce=signer.nonce, role_needed=Role.provider.value,
-                          known_role=Role.operator.value if operator else None)
-    taken = await asyncio.wrap_future(beats.beat_committer(coordinator.engine).submit(note))
-    if taken.outcome is beats.BeatOutcome.replayed:
-        raise Unauthenticated(REPLAYED)
-    if taken.outcome is beats.BeatOutcome.wrong_role:
-        _refuse_role(signer.address, Role(taken.role) if taken.role else None, (Role.provider,))
-    return signer, taken
+    return verify_request(headers, settings.audience, scope["method"], target_of(scope), body,
+                          now, settings.max_skew_s)

@@ -31,7 +31,7 @@ def signed(*roles: Role) -> Callable[..., Awaitable[Signer]]:
     microseconds on a local file, less than handing them to a worker thread
     costs. On PostgreSQL they are network round trips, which must not stall
     the loop, so they run in a worker thread. (Heartbeats, the bulk of
-    signed calls, take `auth.signed_beat` instead.)
+    signed calls, take the lean path of fast_heartbeat.py instead.)
     """
 
     async def dependency(request: Request, body: bytes = Depends(raw_body),
@@ -53,7 +53,8 @@ OwnerSigner = Annotated[Signer, Depends(signed(Role.submitter, Role.operator))] 
 VerifierSigner = Annotated[Signer, Depends(signed(Role.verifier, Role.operator))]
 
 # A job's, agent's or offer's name in a path (fast_heartbeat.LABEL matches the same).
-LabelPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+LabelPath = Annotated[str, Path(min_length=1, max_length=64,
+                                pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 NumberPath = Annotated[int, Path(ge=1, le=2**62)]  # a lease or a challenge
 StepPath = Annotated[int, Path(ge=0, le=2**62)]
 

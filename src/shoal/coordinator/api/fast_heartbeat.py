@@ -12,9 +12,10 @@ from pydantic import ValidationError
 from starlette.routing import Match, Route
 from starlette.types import Message, Receive, Scope, Send
 
-from shoal.coordinator.api.auth import signed_beat
+from shoal.coordinator.api.auth import beat_signer
 from shoal.coordinator.api.metrics import CoordinatorMetrics
 from shoal.coordinator.services.coordinator import Coordinator
+from shoal.coordinator.services.signed_beats import take_signed_beat
 from shoal.spec.coordinator import Heartbeat
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # deps.LabelPath, matched whole
@@ -27,14 +28,16 @@ class FastHeartbeat(Route):
     its validation of the reply cost several times the beat itself. Matched
     before the declared route, this takes a well-formed beat (a JSON
     `Heartbeat` for a valid agent label) straight through the same checks
-    (`signed_beat`: signature, nonce, provider role) and `Coordinator.heartbeat`.
+    (signature, nonce, provider role: `beat_signer`, `take_signed_beat`) and
+    `Coordinator.heartbeat`.
     Anything else is handed to the declared route, which documents the call
     in /openapi.json and answers it exactly as before.
     """
 
     def __init__(self, declared: APIRoute, coordinator: Coordinator,
                  metrics: CoordinatorMetrics) -> None:
-        super().__init__(declared.path, declared.endpoint, methods=["POST"], include_in_schema=False)
+        super().__init__(declared.path, declared.endpoint, methods=["POST"],
+                         include_in_schema=False)
         self.declared, self.coordinator, self.metrics = declared, coordinator, metrics
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
@@ -55,7 +58,9 @@ class FastHeartbeat(Route):
         if beat is None:
             await self.declared.handle(scope, _replayed(body), send)
             return
-        signer, taken = await signed_beat(self.coordinator, scope, body, agent_id, beat)
+        now = self.coordinator.now_s()
+        signer = beat_signer(self.coordinator, scope, body, now)
+        taken = await take_signed_beat(self.coordinator, signer, agent_id, beat, now)
         reply = self.coordinator.heartbeat(signer.address, agent_id, beat, taken)
         self.metrics.heartbeats.inc()
         payload = reply.model_dump_json().encode()
