@@ -3,28 +3,13 @@ before, and by a key whose role allows the call; otherwise 401 or 403."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
-
-from fastapi import Depends, Request
-from starlette.concurrency import run_in_threadpool
+from fastapi import Request
 from starlette.types import Scope
 
-from shoal.coordinator.errors import Forbidden
+from shoal.client.identity import Signer, verify_request
 from shoal.coordinator.services.coordinator import Coordinator
-from shoal.client.identity import Signer, Unauthenticated, verify_request
-from shoal.coordinator.db import beats
-from shoal.spec.coordinator import Heartbeat, Role
-
-REPLAYED = "this nonce was already used: a replayed request is refused; sign the request again"
-
-
-async def coordinator_of(request: Request) -> Coordinator:
-    return request.app.state.coordinator  # async: a sync dependency would cost a thread hop
-
-
-async def raw_body(request: Request) -> bytes:
-    return await request.body()
+from shoal.coordinator.services.signed_beats import refuse_role
+from shoal.spec.coordinator import Role
 
 
 def target_of(scope: Scope) -> str:
@@ -34,63 +19,25 @@ def target_of(scope: Scope) -> str:
     return f"{target}?{query}" if query else target
 
 
-def _refuse_role(address: str, role: Role | None, roles: tuple[Role, ...]) -> None:
-    if role not in roles:
-        held = f"a {role.value}" if role else "not registered"
-        wanted = " or ".join(r.value for r in roles)
-        raise Forbidden(f"{address} is {held}; this call needs the {wanted} role")
-
-
-def signed(*roles: Role) -> Callable[..., Awaitable[Signer]]:
-    """A dependency giving the verified signer; with `roles`, one of them is required.
-
-    On SQLite the checks run on the event loop: their statements are tens of
-    microseconds on a local file, less than handing them to a worker thread
-    costs. On PostgreSQL they are network round trips, which must not stall
-    the loop, so they run in a worker thread. (Heartbeats, the bulk of
-    signed calls, take `signed_beat` instead.)
-    """
-
-    def check(coordinator: Coordinator, request: Request, body: bytes) -> Signer:
-        settings = coordinator.settings
-        signer = verify_request({k.lower(): v for k, v in request.headers.items()},
-                                settings.audience, request.method, target_of(request.scope), body,
-                                coordinator.now_s(), settings.max_skew_s)
-        coordinator.consume_nonce(signer)
-        if roles:
-            _refuse_role(signer.address, coordinator.role_of(signer.address), roles)
-        return signer
-
-    async def dependency(request: Request, body: bytes = Depends(raw_body),
-                         coordinator: Coordinator = Depends(coordinator_of)) -> Signer:
-        if coordinator.engine.dialect.name == "sqlite":
-            return check(coordinator, request, body)
-        return await run_in_threadpool(check, coordinator, request, body)
-
-    return dependency
-
-
-async def signed_beat(coordinator: Coordinator, scope: Scope, body: bytes, agent_id: str,
-                      beat: Heartbeat) -> tuple[Signer, beats.BeatTaken]:
-    """A provider's signed heartbeat, checked as `signed(Role.provider)` checks any call,
-    and taken with its nonce and role check in one group-committed transaction.
-
-    The signature is checked here on the event loop (a tenth of a millisecond);
-    the store work waits on the group commit without holding the loop, and
-    this returns only after the transaction holding the nonce has committed.
-    """
+def verified_signer(coordinator: Coordinator, request: Request, body: bytes,
+                    roles: tuple[Role, ...]) -> Signer:
+    """The request's signer, once its signature, freshness and nonce are checked and,
+    with `roles`, its role is one of them (deps.signed runs this for every route)."""
     settings = coordinator.settings
-    now = coordinator.now_s()
+    signer = verify_request({k.lower(): v for k, v in request.headers.items()},
+                            settings.audience, request.method, target_of(request.scope), body,
+                            coordinator.now_s(), settings.max_skew_s)
+    coordinator.consume_nonce(signer)
+    if roles:
+        refuse_role(signer.address, coordinator.role_of(signer.address), roles)
+    return signer
+
+
+def beat_signer(coordinator: Coordinator, scope: Scope, body: bytes, now: float) -> Signer:
+    """A heartbeat's signer, its signature checked on the event loop (a tenth of a
+    millisecond). Its nonce and role are checked by `take_signed_beat`, in the one
+    group-committed transaction that takes the beat."""
+    settings = coordinator.settings
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-    signer = verify_request(headers, settings.audience, scope["method"], target_of(scope), body,
-                            now, settings.max_skew_s)
-    operator = signer.address in settings.operators
-    note = beats.BeatNote(signer.address, agent_id, sorted(set(beat.running)), now,
-                          nonce=signer.nonce, role_needed=Role.provider.value,
-                          known_role=Role.operator.value if operator else None)
-    taken = await asyncio.wrap_future(beats.beat_committer(coordinator.engine).submit(note))
-    if taken.outcome is beats.BeatOutcome.replayed:
-        raise Unauthenticated(REPLAYED)
-    if taken.outcome is beats.BeatOutcome.wrong_role:
-        _refuse_role(signer.address, Role(taken.role) if taken.role else None, (Role.provider,))
-    return signer, taken
+    return verify_request(headers, settings.audience, scope["method"], target_of(scope), body,
+                          now, settings.max_skew_s)

@@ -1,7 +1,10 @@
 """A cap on request bodies, enforced while they stream in: a client that
 sends more than `max_bytes` gets 413 before the body is held in memory. A
 file path takes up to `file_bytes`, but a body over `max_bytes` there is
-read only once `admit` has said who may send it (file_admission.py)."""
+read only once `admit` has said who may send it (file_admission.py).
+
+Without it anyone could make the coordinator hold any amount of memory with
+one request, before a signature is even looked at."""
 
 from __future__ import annotations
 
@@ -9,7 +12,15 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from shoal.coordinator.api.auth import target_of
+from shoal.coordinator.api.errors import refusal_of
+from shoal.coordinator.api.metrics import CoordinatorMetrics
+from shoal.coordinator.services.coordinator import Coordinator
+from shoal.coordinator.services.file_admission import FILE_UPLOADS
 
 # Checks a large file's signed headers before its body is read: returns None to admit
 # it, or (status, detail) to refuse it unread.
@@ -81,3 +92,34 @@ class BodyLimit:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
+
+
+def limit_bodies(app: FastAPI, coordinator: Coordinator, metrics: CoordinatorMetrics) -> None:
+    """Bodies held to the coordinator's settings; a large file admitted by its signed
+    headers, refused as the API refuses an error."""
+    app.add_middleware(BodyLimit, max_bytes=coordinator.settings.max_body_bytes,
+                       file_bytes=coordinator.settings.max_file_bytes,
+                       file_paths=FILE_UPLOADS, admit=_file_admission(coordinator, metrics))
+
+
+def _file_admission(coordinator: Coordinator, metrics: CoordinatorMetrics) -> Admit:
+    def check(scope: Scope) -> tuple[int, str] | None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            coordinator.admit_file(headers, scope["method"], scope["path"], target_of(scope),
+                                   scope.get("query_string", b"").decode("latin-1"))
+        except Exception as error:  # noqa: BLE001 - mapped as the API's handlers map it
+            refusal = refusal_of(error)
+            if refusal is None:
+                raise
+            status, reason = refusal
+            metrics.refused.labels(reason).inc()
+            return status, str(error)
+        return None
+
+    async def admit(scope: Scope) -> tuple[int, str] | None:
+        if coordinator.engine.dialect.name == "sqlite":  # as deps.signed does, and why
+            return check(scope)
+        return await run_in_threadpool(check, scope)
+
+    return admit
