@@ -23,7 +23,6 @@ from shoal.coordinator.proofs import windows
 from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.coordinator.proofs.keeper_checks import WrongParams
 from shoal.coordinator.proofs.keeper_routing import KeeperRouting
-from shoal.coordinator.services.speed_marks import lease_of
 from shoal.coordinator.proofs.plants import FETCH_BASE, LATE, ForcedErrorService
 from shoal.coordinator.proofs.referee import own_file_challenges, vouched_steps
 from shoal.coordinator.db.schema import (
@@ -34,6 +33,7 @@ from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, VerdictFiling, VerdictView,
 )
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+from shoal.spec.worker import WorkerId
 from shoal.verify.audit.unrecorded_round import seat
 from shoal.train.files import write_whole
 
@@ -133,8 +133,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
         lineage = final_lineage(WorkRecord.model_validate(row.body) for row in rows)
         if seat(item.worker, lineage, lambda e: self._published.members(job_id, e)) is None:
             return None
-        number = lease_of(item.worker)
-        lease = session.get(LeaseRow, number) if number is not None else None
+        named = WorkerId.leased(item.worker)
+        lease = session.get(LeaseRow, named.lease) if named is not None else None
         if lease is None or lease.job_id != job_id:
             return None
         offer = session.get(OfferRow, lease.offer_id)

@@ -23,7 +23,6 @@ from eth_account.signers.local import LocalAccount
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shoal.coordinator.services.speed_marks import lease_of
 from shoal.coordinator.proofs.penalties import REJECTED, UPHELD, Penalties
 from shoal.coordinator.db.schema import (
     AgentRow, ChallengeRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
@@ -33,6 +32,7 @@ from shoal.spec.audit import BlobKind
 from shoal.spec.job import JobSpec
 from shoal.spec.plan import SyncMode
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+from shoal.spec.worker import WorkerId
 from shoal.verify.audit.unrecorded_round import record_less_rounds
 
 if TYPE_CHECKING:
@@ -227,9 +227,9 @@ class Referee:
         from shoal.verify.proof_store import ProofStore
 
         co = self.coordinator
-        number = lease_of(verdict.worker)
+        named = WorkerId.leased(verdict.worker)
         with Session(co.engine) as session:
-            lease = session.get(LeaseRow, number) if number is not None else None
+            lease = session.get(LeaseRow, named.lease) if named is not None else None
             if lease is not None and lease.job_id != job_id:
                 lease = None
             provider = lease.provider if lease is not None else None
