@@ -23,7 +23,7 @@ from shoal.coordinator.proofs import windows
 from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.coordinator.proofs.keeper_checks import WrongParams
 from shoal.coordinator.proofs.keeper_routing import KeeperRouting
-from shoal.coordinator.proofs.plants import FETCH_BASE, LATE, ForcedErrorService
+from shoal.coordinator.proofs.plants import FETCH_BASE, ForcedErrorService
 from shoal.coordinator.proofs.referee import own_file_challenges, vouched_steps
 from shoal.coordinator.db.schema import (
     AgentRow, ChallengeRow, ForcedPlanRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
@@ -32,7 +32,7 @@ from shoal.proof.epochs import final_lineage, params_keepers, window_epoch
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, VerdictFiling, VerdictView,
 )
-from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+from shoal.spec.proof import Ruling, Verdict, VerdictKind, WorkRecord
 from shoal.spec.worker import WorkerId
 from shoal.verify.audit.unrecorded_round import seat
 from shoal.train.files import write_whole
@@ -287,7 +287,7 @@ class AuditService(ForcedErrorService, KeeperRouting):
                                  kind=signed.verdict.kind.value, body=body.model_dump(mode="json"))
                 planted = self.plant_of(session, job_id, row.worker, row.step) is not None
                 if planted and plan.revealed_at_s is not None:
-                    row.ruling = LATE  # filed knowing the plants: it tells nothing
+                    row.ruling = Ruling.plant_late  # filed knowing the plants: it tells nothing
                 session.add(row)
                 session.flush()
                 out.append(_verdict_view(row))

@@ -45,7 +45,7 @@ from shoal.proof.forced import ForcedErrors
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import BlobKind, ChallengeView, ProofEpochView
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus
-from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+from shoal.spec.proof import Ruling, Verdict, VerdictKind, WorkRecord
 from shoal.train.files import write_whole
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 # the public challenge list has no gaps where plants were fetched.
 FETCH_BASE = 2**48
 FETCHING, READY, DROPPED = "fetching", "ready", "dropped"
-MISSED, CAUGHT, ABSTAINED, LATE = "plant_missed", "plant_caught", "plant_abstained", "plant_late"
 
 
 def new_secret() -> bytes:
@@ -297,15 +296,15 @@ class ForcedErrorService:
                     # `withheld` says only that the worker's agent had not answered yet:
                     # nothing about the planted contribution, so it catches nothing (or a
                     # verifier could file it at once on every record and never replay).
-                    row.ruling = MISSED if verdict.kind is VerdictKind.valid else \
-                        CAUGHT if verdict.guilty and verdict.kind is not VerdictKind.withheld \
-                        else ABSTAINED
+                    row.ruling = Ruling.plant_missed if verdict.kind is VerdictKind.valid else \
+                        Ruling.plant_caught if verdict.guilty and verdict.kind is not VerdictKind.withheld \
+                        else Ruling.plant_abstained
                     said.setdefault((row.worker, row.step), []).append((row, verdict))
             for (worker, step), verdicts in said.items():
-                catcher = next((v.verifier for r, v in verdicts if r.ruling == CAUGHT), None)
+                catcher = next((v.verifier for r, v in verdicts if r.ruling == Ruling.plant_caught), None)
                 named = set()
                 for row, verdict in verdicts:
-                    if row.ruling == MISSED and verdict.verifier.lower() not in named:
+                    if row.ruling == Ruling.plant_missed and verdict.verifier.lower() not in named:
                         named.add(verdict.verifier.lower())
                         misses.append((row.seq, verdict.verifier, worker, step, catcher))
             self._event(session, now, COORDINATOR, "forced_errors_revealed", job_id,
