@@ -40,7 +40,7 @@ from shoal.coordinator.db.schema import (
     AgentRow, ForcedPlanRow, JobRow, PlantRow, ProofEpochRow, ServedEpochRow, VerdictRow,
     WorkRecordRow,
 )
-from shoal.proof.epochs import final_lineage, steps_of
+from shoal.proof.epochs import epoch_of, final_lineage, steps_of
 from shoal.proof.forced import ForcedErrors
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import BlobKind, ChallengeView, ProofEpochView
@@ -213,7 +213,7 @@ class ForcedErrorService:
         """A reveal may be challenged once its epoch is served, not before (a real file
         fetched early would tell its record's plant from it)."""
         if self.forced_errors_on:
-            self._check_served(session, job_id, step // self.job_spec(job_id).proof.epoch_steps)
+            self._check_served(session, job_id, epoch_of(step, self.job_spec(job_id).proof.epoch_steps))
 
     def plant_of(self, session: Session, job_id: str, worker: str, step: int) -> PlantRow | None:
         """The served plant at (worker, step), if that record is one."""

@@ -38,7 +38,7 @@ from shoal.coordinator.db.schema import (
 )
 from shoal.ledger import LedgerError
 from shoal.proof.dues import Dues, record_dues
-from shoal.proof.epochs import final_lineage, is_complete, steps_of
+from shoal.proof.epochs import epoch_of, final_lineage, is_complete, steps_of
 from shoal.proof.forced import ForcedErrors, sealed_root
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import ProofEpochView, RecordUpload, UploadReceipt
@@ -229,7 +229,7 @@ class ProofService:
         behind = -1 if host is None else min(newest, host)
         out = []
         epoch = 0 if last is None else last + 1
-        while epoch <= newest // per_epoch:
+        while epoch <= epoch_of(newest, per_epoch):
             steps = steps_of(epoch, per_epoch, spec.steps)
             bodies = session.scalars(select(WorkRecordRow.body).where(
                 WorkRecordRow.job_id == job.job_id, WorkRecordRow.step >= steps.start,
@@ -241,7 +241,7 @@ class ProofService:
             # complete it before their peers of the next epoch could file.
             ran = final or host is None or host >= steps.stop - 1
             now = self.now_s()
-            left_behind = behind // per_epoch >= epoch + ROOT_AFTER_EPOCHS and \
+            left_behind = behind >= 0 and epoch_of(behind, per_epoch) >= epoch + ROOT_AFTER_EPOCHS and \
                 self._waited_for_records(job.job_id, epoch, now)
             if not (complete and ran or left_behind or final) or not records:
                 break
@@ -371,8 +371,9 @@ def _check_record(record: WorkRecord, spec: JobSpec, agent_id: str, lease: int,
         raise Conflict(f"the record of step {record.step} {'claims' if record.local else 'lacks'} "
                        f"a DiLoCo step's start and end; this job's sync is "
                        f"'{spec.sync.mode.value}'")
-    if rooted is not None and record.step // spec.proof.epoch_steps <= rooted:
-        raise Conflict(f"step {record.step} is in proof epoch {record.step // spec.proof.epoch_steps}, "
+    epoch = epoch_of(record.step, spec.proof.epoch_steps)
+    if rooted is not None and epoch <= rooted:
+        raise Conflict(f"step {record.step} is in proof epoch {epoch}, "
                        "already rooted: a record must be uploaded before its epoch is rooted")
 
 

@@ -27,7 +27,7 @@ from shoal.coordinator.proofs.penalties import Penalties
 from shoal.coordinator.db.schema import (
     AgentRow, ChallengeRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
-from shoal.proof.epochs import final_lineage
+from shoal.proof.epochs import epoch_of, final_lineage
 from shoal.spec.audit import BlobKind
 from shoal.spec.job import JobSpec
 from shoal.spec.plan import SyncMode
@@ -114,7 +114,7 @@ class Referee:
             # (plants.py), and a replay of the worker's real record must not rule on them
             # (nor on a DiLoCo round's end whose audit read a plant of its round).
             return Ruled(Ruling.plant)
-        records = co.work_records(job_id, verdict.step // co.job_spec(job_id).proof.epoch_steps)
+        records = co.work_records(job_id, epoch_of(verdict.step, co.job_spec(job_id).proof.epoch_steps))
         provider = record_row.provider if record_row is not None else None
         if record is None or record not in final_lineage(records):
             # A record the step's final lineage does not take shields nothing: a worker
@@ -183,7 +183,7 @@ class Referee:
 
         co = self.coordinator
         spec = co.job_spec(job_id)
-        epoch = record.step // spec.proof.epoch_steps
+        epoch = epoch_of(record.step, spec.proof.epoch_steps)
         records = co.work_records(job_id, epoch) if records is None else records
         if record not in final_lineage(records):
             return Ruling.rejected, ("the record is of a lineage abandoned after a restore (its step "
@@ -234,7 +234,7 @@ class Referee:
             offer = session.get(OfferRow, lease.offer_id) if lease is not None else None
         spec = co.job_spec(job_id)
         diloco = spec.sync.mode is SyncMode.diloco
-        epoch = verdict.step // spec.proof.epoch_steps
+        epoch = epoch_of(verdict.step, spec.proof.epoch_steps)
         step_records = [r for r in final_lineage(records) if r.step == verdict.step]
         members = lambda e: co._published.members(job_id, e)  # noqa: E731
         shares = [share for share in unrecorded_shares(step_records, members)

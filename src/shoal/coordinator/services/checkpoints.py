@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session
 from shoal.coordinator.services.checkpoint_checks import check_cursor, check_optimizer
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.db.schema import JobRow, LeaseRow, OfferRow
-from shoal.proof.epochs import final_lineage
+from shoal.proof.epochs import epoch_of, final_lineage
 from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
@@ -159,7 +159,7 @@ class CheckpointCarry:
         if not spec.proof.enabled:
             return []
         wanted = {s for s in (step - 1, step) if s >= 0}
-        records = final_lineage(r for epoch in {s // spec.proof.epoch_steps for s in wanted}
+        records = final_lineage(r for epoch in {epoch_of(s, spec.proof.epoch_steps) for s in wanted}
                                 for r in self.work_records(job_id, epoch) if r.step in wanted)
         if not any(r.step == step for r in records):
             raise NotYetVerifiable(
