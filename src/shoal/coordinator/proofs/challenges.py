@@ -29,6 +29,7 @@ from shoal.coordinator.db.schema import (
     AgentRow, ChallengeRow, ForcedPlanRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
 from shoal.proof.epochs import final_lineage, params_keepers, window_epoch
+from shoal.proof.layout import ProofLayout
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, VerdictFiling, VerdictView,
 )
@@ -243,12 +244,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
         return _challenge_view(row)
 
     def _blob_path(self, row: ChallengeRow) -> Path:
-        base = self.proof_dir(row.job_id)
-        if row.kind == BlobKind.params.value:
-            return base / "params" / f"{row.step:09d}.pt"
-        if row.kind == BlobKind.local.value:
-            return base / "local" / row.worker / f"{row.step:09d}.pt"
-        return base / "reveal" / row.worker / f"{row.step:09d}.pt"
+        return ProofLayout(self.proof_dir(row.job_id)).kept(BlobKind(row.kind), row.worker,
+                                                            row.step)
 
     def challenge_file(self, challenge: int) -> Path:
         with Session(self.engine) as session:

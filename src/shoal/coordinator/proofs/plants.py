@@ -42,6 +42,7 @@ from shoal.coordinator.db.schema import (
 )
 from shoal.proof.epochs import epoch_of, final_lineage, steps_of
 from shoal.proof.forced import ForcedErrors
+from shoal.proof.layout import ProofLayout
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import BlobKind, ChallengeView, ProofEpochView
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus
@@ -226,7 +227,7 @@ class ForcedErrorService:
             return self.plant_of(session, job_id, worker, step) is not None
 
     def plant_path(self, job_id: str, worker: str, step: int) -> Path:
-        return self.proof_dir(job_id) / "plants" / worker / f"{step:09d}.pt"
+        return ProofLayout(self.proof_dir(job_id)).plant(worker, step)
 
     # ------------------------------------------------------------ the agents' answers
     @staticmethod
@@ -249,7 +250,7 @@ class ForcedErrorService:
             row = self.plant_fetch(session, provider, challenge)
             if row.state != FETCHING:
                 raise Conflict(f"challenge {challenge} was answered already; an answer is final")
-            write_whole(self.proof_dir(row.job_id) / "reveal" / row.worker / f"{row.step:09d}.pt", data)
+            write_whole(ProofLayout(self.proof_dir(row.job_id)).reveal(row.worker, row.step), data)
             record = WorkRecord.model_validate(session.get(
                 WorkRecordRow, (row.job_id, row.worker, row.step)).body)
             plan = session.get(ForcedPlanRow, row.job_id)
