@@ -7,6 +7,7 @@ all read paths from, so no two of them can disagree on a name.
     reveal/WORKER/STEP.safetensors      what WORKER contributed to step STEP
     local/WORKER/STEP.safetensors       under DiLoCo: WORKER's own state when STEP started
     anchors/EPOCH.json                  the leaves an anchored root was built from
+    verdicts/VERIFIER.jsonl             every verdict a verifier signed for the job
     plants/WORKER/STEP.safetensors      the coordinator's: a forced error's true file
 """
 
@@ -54,6 +55,13 @@ class ProofLayout:
 
     def anchor(self, epoch: int) -> Path:
         return self.root / "anchors" / f"{epoch:09d}.json"
+
+    @property
+    def verdicts_dir(self) -> Path:
+        return self.root / "verdicts"
+
+    def verdicts(self, verifier: str) -> Path:
+        return self.verdicts_dir / f"{verifier}.jsonl"
 
     def plant(self, worker: str, step: int) -> Path:
         return self.root / "plants" / worker / _step_file(step)
