@@ -66,6 +66,7 @@ import torch
 from shoal.coordinator.proofs.published_epochs import PublishedEpochs
 from shoal.verify.roles.verifier import Verifier
 from shoal.models.gpt_replay import gpt_replayer
+from shoal.proof.epochs import epoch_of
 from shoal.proof.verdicts import guilty_workers
 from shoal.spec import hyper_digest, load_job
 from shoal.verify import sketch
@@ -131,7 +132,7 @@ def audit(path: Path, every: bool) -> tuple[list, int, float]:
     records = auditor.store.records()
     verdicts, seen, seconds = [], 0, 0.0
     for epoch in verifier.complete_epochs(records):
-        mine = [r for r in records if r.step // job.proof.epoch_steps == epoch]
+        mine = [r for r in records if epoch_of(r.step, job.proof.epoch_steps) == epoch]
         result = verifier.audit_epoch(epoch, mine, every=every)
         verdicts.append(result.verdicts)
         seen += len(mine)

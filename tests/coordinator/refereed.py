@@ -133,9 +133,9 @@ def answer_as_a(a: CoordinatorClient, work: ProofStore, side: Callable[[], None]
     running.start()
     while running.is_alive():
         for asked in a.heartbeat("a", Heartbeat()).challenges:
-            path = {BlobKind.params: lambda: work.params_path(asked.step),
-                    BlobKind.local: lambda: work.local_path(asked.worker, asked.step),
-                    BlobKind.reveal: lambda: work.reveal_path(asked.worker, asked.step)}[
+            path = {BlobKind.params: lambda: work.layout.params(asked.step),
+                    BlobKind.local: lambda: work.layout.local(asked.worker, asked.step),
+                    BlobKind.reveal: lambda: work.layout.reveal(asked.worker, asked.step)}[
                 asked.kind]()
             if path.exists():
                 a.answer_challenge(asked.challenge, path.read_bytes())

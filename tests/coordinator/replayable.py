@@ -5,7 +5,6 @@ and some steps cheated by scaling what was sent (committed as sent)."""
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +14,7 @@ from shoal.spec import JobSpec, hyper_digest
 from shoal.spec.proof import Exchanged, WorkRecord
 from shoal.verify import sketch as sk
 from shoal.train.hashing import param_sha256
+from shoal.verify.kept_files import params_bytes, reveal_bytes
 from shoal.verify.proof_store import contribution_norm, contribution_sha256
 from shoal.verify.work_records import step_rng_seed
 
@@ -24,12 +24,6 @@ class Replayable:
     records: list[WorkRecord]
     reveals: dict[int, bytes]  # step -> the contribution file the worker wrote
     params: bytes  # the parameters every step started from, as a keeper writes them
-
-
-def _file(value: object) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    return buffer.getvalue()
 
 
 def replayable(spec: JobSpec, worker: str, steps: range, cheat: set[int] = frozenset(),
@@ -58,8 +52,8 @@ def replayable(spec: JobSpec, worker: str, steps: range, cheat: set[int] = froze
             "contribution_sha256": contribution_sha256(spec.name, worker, step, sent),
             "contribution_norm": contribution_norm(sent),
             "exchanged": Exchanged(seed=seed, sketches=(sk.finite(sk.sketch(seed, sent)[0]),))}))
-        reveals[step] = _file([t.clone() for t in sent])
-    return Replayable(records, reveals, _file(state))
+        reveals[step] = reveal_bytes([t.clone() for t in sent])
+    return Replayable(records, reveals, params_bytes(state))
 
 
 def replayable_pair(spec: JobSpec, workers: tuple[str, str], steps: range,
@@ -96,5 +90,5 @@ def replayable_pair(spec: JobSpec, workers: tuple[str, str], steps: range,
         records.append(bases[0].model_copy(update={
             "contribution_sha256": contribution_sha256(spec.name, workers[0], step, parts[0]),
             "contribution_norm": contribution_norm(parts[0]), "exchanged": told}))
-        reveals[step] = _file([t.clone() for t in parts[0]])
-    return Replayable(records, reveals, _file(state))
+        reveals[step] = reveal_bytes([t.clone() for t in parts[0]])
+    return Replayable(records, reveals, params_bytes(state))

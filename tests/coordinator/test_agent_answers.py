@@ -10,6 +10,7 @@ import time
 
 from shoal.agent.agent import Agent, AgentConfig
 from shoal.agent.proofs import proof_dir
+from shoal.proof.layout import ProofLayout
 from shoal.spec.audit import ChallengeRequest
 from tests.coordinator.test_file_admission import filed  # noqa: F401  (fixture)
 
@@ -19,7 +20,7 @@ def test_a_challenge_is_answered_while_the_relay_is_held_up(filed, tmp_path):  #
     agent = Agent(a, AgentConfig(agent_id="agent-a", work_dir=tmp_path / "agent-a"))
     agent.workers.follow = lambda assignments, stop: None  # no worker process: files by hand
     agent.workers.running = lambda: []
-    reveal = proof_dir(agent.config.work_dir, job_id) / "reveal" / worker / f"{1:09d}.pt"
+    reveal = ProofLayout(proof_dir(agent.config.work_dir, job_id)).reveal(worker, 1)
     reveal.parent.mkdir(parents=True)
     reveal.write_bytes(b"the contribution of step 1")
     held, release = threading.Event(), threading.Event()

@@ -14,6 +14,7 @@ from eth_account import Account
 
 from shoal.agent.proofs import ProofRelay, proof_dir
 from shoal.models.gpt_replay import gpt_replayer
+from shoal.proof.layout import TENSORS, ProofLayout, step_of
 from shoal.spec import hyper_digest, parse_job
 from shoal.spec.audit import BlobKind, ChallengeRequest
 from shoal.spec.coordinator import Heartbeat, JobSubmission, Registration
@@ -89,15 +90,15 @@ def test_a_verifier_that_waits_out_the_window_cannot_have_an_honest_worker_slash
 def test_the_agent_drops_an_epochs_files_only_once_its_window_closed(windowed, tmp_path):
     served, a, verifier, job_id, worker = windowed
     folder = proof_dir(tmp_path, job_id)
+    layout = ProofLayout(folder)
     for step in range(10):
-        for path in (folder / "reveal" / worker / f"{step:09d}.pt",
-                     folder / "local" / worker / f"{step:09d}.pt",
-                     folder / "params" / f"{step:09d}.pt"):
+        for path in (layout.reveal(worker, step), layout.local(worker, step),
+                     layout.params(step)):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(f"step {step}".encode())
 
     def kept(kind: str) -> list[int]:
-        return sorted(int(p.stem) for p in folder.glob(f"{kind}/**/*.pt"))
+        return sorted(step_of(p) for p in folder.glob(f"{kind}/**/*{TENSORS}"))
 
     relay = ProofRelay(a, tmp_path, "agent-a")
     relay.prune_margin_s = 0.3
@@ -127,7 +128,7 @@ def test_the_agent_keeps_the_files_of_a_beat_it_has_not_answered(windowed, tmp_p
     never the agent's own clock: a beat from before the window closed lets nothing go."""
     served, a, verifier, job_id, worker = windowed
     folder = proof_dir(tmp_path, job_id)
-    path = folder / "reveal" / worker / f"{2:09d}.pt"
+    path = ProofLayout(folder).reveal(worker, 2)
     path.parent.mkdir(parents=True)
     path.write_bytes(b"step 2")
     before = a.heartbeat("agent-a", Heartbeat()).at_s

@@ -69,9 +69,8 @@ def worker_file(tensors: list[torch.Tensor]) -> bytes:
 
 
 def legacy_worker_file(tensors: list[torch.Tensor], step: int, tmp: Path) -> bytes:
-    """The file as a worker wrote it before safetensors: a torch archive under a
-    temporary name with its pid (torch names the archive's folder after it)."""
-    path = tmp / f".{step:09d}.pt.4242.tmp"
+    """The file as a worker wrote it before safetensors: a torch archive."""
+    path = tmp / f".{step:09d}.4242.tmp"
     torch.save([t.clone() for t in tensors], path)
     return path.read_bytes()
 

@@ -85,14 +85,6 @@ def test_links_come_from_the_coordinators_own_probes_when_every_agent_has_one(se
     assert fast.slt == 0
 
 
-def test_a_worker_names_its_lease_however_its_node_name_was_claimed():
-    from shoal.coordinator.services.speed_marks import lease_of
-
-    assert lease_of("agent-a-l12-a0-w0") == 12
-    assert lease_of("agent-a-l12-a1.2-w3") == 12  # a node name claimed twice in the job
-    assert lease_of("agent-a-l12") is None and lease_of("w0") is None
-
-
 def test_the_measured_step_time_is_the_newest_steps_pace(served):
     """Past the first read's worth of steps, the measured pace beside a plan is still the
     job's latest one (a read of progress from the start would stop at its first steps)."""

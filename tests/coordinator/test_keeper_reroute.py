@@ -35,7 +35,7 @@ def _params_file(tmp_path, name: str, state: dict[str, torch.Tensor]) -> bytes:
     """`state` as a keeper's proof store writes the parameters of STEP."""
     store = ProofStore(tmp_path / name)
     store.save_params(STEP, state)
-    return store.params_path(STEP).read_bytes()
+    return store.layout.params(STEP).read_bytes()
 
 
 def _another_state() -> dict[str, torch.Tensor]:

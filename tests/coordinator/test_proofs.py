@@ -294,6 +294,10 @@ def test_records_are_commitments_that_only_the_lease_holder_can_make(market):
             403)  # B cannot speak on A's lease
     refused(lambda: a.upload_records(job_id, RecordUpload(
         lease=lease, records=(record(f"agent-b-l{lease}-a0-w0", 6),))), 403)  # nor A for others
+    # nor a name that starts as A's lease but ends as another's: it would be paid or slashed
+    # as the lease its end names.
+    refused(lambda: a.upload_records(job_id, RecordUpload(
+        lease=lease, records=(record(f"agent-a-l{lease}-a0-w0-l{lease + 1}-a0-w0", 6),))), 403)
     refused(lambda: a.upload_records(job_id, RecordUpload(
         lease=lease, records=(record(worker, 6, job="other"),))), 409)
     refused(lambda: a.upload_records(job_id, RecordUpload(

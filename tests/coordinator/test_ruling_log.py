@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import logging
 
-from shoal.coordinator.proofs.referee import PLANT, UNDECIDED, UPHELD, Ruled, log_rulings
+from shoal.coordinator.proofs.referee import Ruled, log_rulings
+from shoal.spec.proof import Ruling
 
 SILENT = "the agent has been silent since the challenge: not ruled a cheat"
 
 
 def test_rulings_are_told_once_per_worker_ruling_and_reason(caplog):
-    ruled = [Ruled(UNDECIDED, SILENT, "spot-w0", step, "0xvera") for step in (34, 48, 50, 56, 61)]
-    ruled += [Ruled(UPHELD, "the referee's replay found wrong_contribution", "cheat-w0", 2, "0xvera"),
-              Ruled(UNDECIDED, SILENT, "spot-w0", 48, "0xwhistle"),  # another verifier's: its own line
-              Ruled(PLANT), Ruled(UNDECIDED)]  # a plant's, and one ruled already: nothing new
+    ruled = [Ruled(Ruling.undecided, SILENT, "spot-w0", step, "0xvera") for step in (34, 48, 50, 56, 61)]
+    ruled += [Ruled(Ruling.upheld, "the referee's replay found wrong_contribution", "cheat-w0", 2, "0xvera"),
+              Ruled(Ruling.undecided, SILENT, "spot-w0", 48, "0xwhistle"),  # another verifier's: its own line
+              Ruled(Ruling.plant), Ruled(Ruling.undecided)]  # a plant's, and one ruled already: nothing new
     with caplog.at_level(logging.INFO, logger="shoal.coordinator.proofs.referee"):
         log_rulings("demo", ruled)
     lines = [(r.levelno, r.getMessage()) for r in caplog.records]

@@ -69,7 +69,7 @@ def test_a_record_less_round_whose_kept_state_is_not_answered_is_upheld_as_withh
     s = job
     honest, poisoner, lost = s["workers"]
     s["co"].referee.withheld_grace_s = 0.5
-    s["work"].local_path(lost, 5).unlink()  # inside its round of steps 4-7
+    s["work"].layout.local(lost, 5).unlink()  # inside its round of steps 4-7
     client = s["served"].client(s["vera"])
     found = _audit_epochs_0_and_1(s, answer_wait_s=3.0)  # a beats throughout, answering what it has
     verdicts = {(v.worker, v.step): v.kind for audit in found for v in audit.verdicts}

@@ -110,7 +110,7 @@ def test_work_records_anchored_then_verified_against_the_chain(hardhat_url, tmp_
     clean = _run(*verify)
     assert clean.returncode == 0, clean.stderr[-2000:]
     # Rewrite w1's record of step 4 (claims a different norm) after the anchor.
-    path = proven.store.records_path("w1")
+    path = proven.store.layout.records("w1")
     lines = path.read_text().splitlines()
     record = json.loads(lines[4])
     record["contribution_norm"] += 1.0

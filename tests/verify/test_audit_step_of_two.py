@@ -152,7 +152,7 @@ def test_a_record_whose_rng_seed_is_not_the_derived_one_is_wrong(tmp_path):
 def test_a_kept_file_that_does_not_load_convicts_its_writer_and_the_audit_goes_on(
         tmp_path, garbage):
     store = _step(tmp_path, "a-cheat", "z-honest")
-    store.reveal_path("a-cheat", STEP).write_bytes(garbage)
+    store.layout.reveal("a-cheat", STEP).write_bytes(garbage)
     found = _verdicts(store)
     assert found["a-cheat"][0] is VerdictKind.bad_commitment, found
     assert found["z-honest"][0] is VerdictKind.valid, found

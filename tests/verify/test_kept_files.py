@@ -1,5 +1,5 @@
 """The tensor files a worker keeps for audits (`shoal.verify.kept_files`): each kind reads
-back exactly, files written before (torch archives, plain or packed) still read, and a
+back exactly, a torch archive (a pickle) is no kept file of any kind, and a
 file a worker forged to be something else is refused as unreadable, never loaded."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from safetensors.torch import save
 from shoal.verify.kept_files import (UnreadableFile, kept_file_bound, local_bytes, local_from,
                                     params_bytes, params_from, reveal_bytes, reveal_from,
                                     reveal_like)
-from shoal.train.packing import pack, pack_optimizer_state
 from shoal.verify.proof_store import ProofStore
 
 
@@ -63,33 +62,21 @@ def test_a_file_like_another_takes_only_tensors_of_its_shapes_and_dtypes():
             reveal_like(original, wrong)
 
 
-def test_files_written_before_safetensors_still_read(tmp_path):
+def test_a_torch_archive_in_a_kept_files_place_is_never_unpickled(tmp_path, monkeypatch):
+    """A worker that saves its files with torch.save (as shoal once did) hands verifiers
+    a pickle: it is no tensor file of any kind, and torch's loader is never run on it."""
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("a kept file was unpickled"))
     store = ProofStore(tmp_path)
-    store.params_path(1).parent.mkdir(parents=True)
-    torch.save({"w": torch.ones(2)}, store.params_path(1))  # a plain state dict
-    assert store.load_params(1)["w"].tolist() == [1.0, 1.0]
-    torch.save(pack({"w": torch.ones(2)}), store.params_path(1))  # packed
-    assert store.load_params(1)["w"].tolist() == [1.0, 1.0]
-    store.reveal_path("w0", 1).parent.mkdir(parents=True)
-    torch.save([torch.ones(2)], store.reveal_path("w0", 1))
-    assert store.load_reveal("w0", 1)[0].tolist() == [1.0, 1.0]
-    store.local_path("w0", 1).parent.mkdir(parents=True)
-    torch.save({"params": pack({"w": torch.ones(2)}),
-                "optimizer": pack_optimizer_state({0: {"step": torch.tensor(1.0)}})},
-               store.local_path("w0", 1))
-    params, state = store.load_local("w0", 1)
-    assert params["w"].tolist() == [1.0, 1.0] and float(state[0]["step"]) == 1.0
-
-
-def test_an_old_snapshot_that_does_not_unpack_is_not_a_snapshot(tmp_path):
-    store = ProofStore(tmp_path)
-    store.params_path(2).parent.mkdir(parents=True)
-    overrun = {"keys": ["w"], "shapes": [[9]], "dtypes": ["float32"], "scalars": {},
-               "flat": {"float32": torch.ones(2)}}
-    torch.save(overrun, store.params_path(2))
-    assert store.load_params(2) is None
-    torch.save(pack({"w": torch.ones(2)}, {"stray": 1}), store.params_path(2))
-    assert store.load_params(2) is None
+    for path, value in ((store.layout.params(1), {"w": torch.ones(2)}),
+                        (store.layout.reveal("w0", 1), [torch.ones(2)]),
+                        (store.layout.local("w0", 1), {"params": {"w": torch.ones(2)}})):
+        path.parent.mkdir(parents=True)
+        torch.save(value, path)
+    assert store.load_params(1) is None
+    with pytest.raises(UnreadableFile, match="not a tensor file"):
+        store.load_reveal("w0", 1)
+    with pytest.raises(UnreadableFile, match="not a tensor file"):
+        store.load_local("w0", 1)
 
 
 # -- forged files ---------------------------------------------------------------------
@@ -146,12 +133,12 @@ def test_a_file_of_another_kind_is_not_this_kind():
 
 def test_a_store_calls_a_forged_reveal_unreadable_and_a_forged_snapshot_absent(tmp_path):
     store = ProofStore(tmp_path)
-    store.reveal_path("w0", 3).parent.mkdir(parents=True)
-    store.reveal_path("w0", 3).write_bytes(b"\x08" + b"\x00" * 7 + b"{\"a\":1}")
+    store.layout.reveal("w0", 3).parent.mkdir(parents=True)
+    store.layout.reveal("w0", 3).write_bytes(b"\x08" + b"\x00" * 7 + b"{\"a\":1}")
     with pytest.raises(UnreadableFile, match="w0's file for step 3"):
         store.load_reveal("w0", 3)
-    store.params_path(3).parent.mkdir(parents=True)
-    store.params_path(3).write_bytes(b"garbage")
+    store.layout.params(3).parent.mkdir(parents=True)
+    store.layout.params(3).write_bytes(b"garbage")
     assert store.load_params(3) is None and store.load_reveal("w0", 4) is None
 
 
@@ -171,7 +158,7 @@ def test_a_file_past_the_models_bound_is_not_read(tmp_path):
     store.limit_file_bytes(bound)
     store.save_local("w0", 1, model.state_dict(), optimizer.state_dict()["state"])
     assert store.load_local("w0", 1) is not None
-    for path in (store.reveal_path("w0", 2), store.local_path("w0", 2), store.params_path(2)):
+    for path in (store.layout.reveal("w0", 2), store.layout.local("w0", 2), store.layout.params(2)):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(reveal_bytes([torch.zeros(bound // 4)]))  # past the bound
     with pytest.raises(UnreadableFile, match="more than"):

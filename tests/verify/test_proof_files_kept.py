@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from shoal.proof.layout import TENSORS, step_of
 from tests.conftest import shoal_command
 from tests.verify.roles.conftest import write_proven_job
 
@@ -26,7 +27,7 @@ def _run(tmp_path, *flags: str) -> dict[str, list[int]]:
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     proof = tmp_path / "proof"
-    return {kind: sorted({int(p.stem) for p in (proof / kind).rglob("*.pt")})
+    return {kind: sorted({step_of(p) for p in (proof / kind).rglob(f"*{TENSORS}")})
             for kind in ("reveal", "params")}
 
 

@@ -24,7 +24,7 @@ def _store(tmp_path, steps: range) -> ProofStore:
 def _age(store: ProofStore, steps: range, seconds: float) -> None:
     then = time.time() - seconds
     for step in steps:
-        for path in (store.reveal_path("w0", step), store.params_path(step)):
+        for path in (store.layout.reveal("w0", step), store.layout.params(step)):
             os.utime(path, (then, then))
 
 
@@ -58,7 +58,7 @@ def test_a_record_being_appended_is_not_read_until_its_line_ends(tmp_path):
     writer, reader = ProofStore(tmp_path), ProofStore(tmp_path)
     writer.append_record(record(0, "w0"))
     line = record(1, "w0").model_dump_json() + "\n"
-    path = writer.records_path("w0")
+    path = writer.layout.records("w0")
     with path.open("a") as out:
         out.write(line[:40])
     assert [r.step for r in reader.records("w0")] == [0]

@@ -20,7 +20,6 @@ was asked for. A job's files stay while the coordinator cannot be asked.
 from __future__ import annotations
 
 import logging
-import re
 import time
 import tomllib
 from pathlib import Path
@@ -31,9 +30,11 @@ from shoal.agent.tail import Tail
 from shoal.client.http import CoordinatorClient, CoordinatorRefused
 from shoal.errors import ControlError
 from shoal.proof.epochs import kept_from
+from shoal.proof.layout import ProofLayout, step_of
 from shoal.spec import JobSpec, SpecError, parse_job
 from shoal.spec.audit import MAX_RECORDS_PER_UPLOAD, BlobKind, ChallengeView, RecordUpload
 from shoal.spec.proof import WorkRecord
+from shoal.spec.worker import WorkerId
 from shoal.verify.proof_store import ProofStore
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,6 @@ class ProofRelay:
         self.answer_client = answer_client or client
         self._tail = Tail()
         self._answered: set[int] = set()
-        self._lease = re.compile(re.escape(agent_id) + r"-l([0-9]+)-")
         self._specs: dict[str, JobSpec] = {}  # job -> its job file, as the coordinator has it
         self._kept_from: dict[str, int] = {}  # job -> the first step whose files are kept
         self._pruned_at = float("-inf")  # monotonic
@@ -68,14 +68,14 @@ class ProofRelay:
         """Send the new records of this agent's workers in `jobs`; the number sent."""
         sent = 0
         for job_id in sorted(jobs):
-            folder = proof_dir(self.work_dir, job_id) / "records"
+            folder = ProofLayout(proof_dir(self.work_dir, job_id)).records_dir
             for path in sorted(folder.glob(f"{self.agent_id}-l*.jsonl")):
                 sent += self._upload_file(job_id, path)
         return sent
 
     def _upload_file(self, job_id: str, path: Path) -> int:
-        match = self._lease.match(path.name)
-        if match is None:
+        worker = WorkerId.leased(path.stem)  # the file is named by its worker
+        if worker is None or worker.agent != self.agent_id:
             return 0
         records = []
         lines, end = self._tail.new_lines(path)
@@ -84,7 +84,7 @@ class ProofRelay:
                 records.append(WorkRecord.model_validate_json(line))
             except ValidationError as error:
                 log.error("%s: a malformed record line is skipped: %s", path, error)
-        lease = int(match.group(1))
+        lease = worker.lease
         for i in range(0, len(records), MAX_RECORDS_PER_UPLOAD):
             batch = tuple(records[i : i + MAX_RECORDS_PER_UPLOAD])
             try:
@@ -111,11 +111,8 @@ class ProofRelay:
         for challenge in challenges:
             if challenge.challenge in self._answered:
                 continue
-            store = proof_dir(self.work_dir, challenge.job_id)
-            if challenge.kind is BlobKind.params:
-                path = store / "params" / f"{challenge.step:09d}.pt"
-            else:  # reveal/ or local/ (under DiLoCo): the worker's own file of the step
-                path = store / challenge.kind.value / challenge.worker / f"{challenge.step:09d}.pt"
+            path = ProofLayout(proof_dir(self.work_dir, challenge.job_id)).kept(
+                challenge.kind, challenge.worker, challenge.step)
             if not path.exists():
                 log.warning("challenge %d: %s is not here (past the challenge window?)",
                             challenge.challenge, path)
@@ -160,8 +157,9 @@ class ProofRelay:
             if keep_from <= self._kept_from.get(job_id, 0):
                 continue
             store = ProofStore(folder)
-            workers = {p.name for kind in ("reveal", "local") if (folder / kind).is_dir()
-                       for p in (folder / kind).iterdir() if p.is_dir()}
+            workers = {p.name for kind in (BlobKind.reveal, BlobKind.local)
+                       if (kinds := ProofLayout(folder).kept_dir(kind)).is_dir()
+                       for p in kinds.iterdir() if p.is_dir()}
             for worker in sorted(workers) or [""]:  # "": the step parameters only
                 store.prune(worker, keep_from)
             self._kept_from[job_id] = out[job_id] = keep_from
@@ -188,8 +186,9 @@ class ProofRelay:
 
 
 def _holds_files(folder: Path) -> bool:
-    return any(path.is_file() for kind in ("reveal", "local", "params")
-               for path in (folder / kind).rglob("*.pt"))
+    layout = ProofLayout(folder)
+    return any(step_of(path) is not None for kind in BlobKind
+               for path in layout.kept_dir(kind).rglob("*") if path.is_file())
 
 
 def _refused(job_id: str, lease: int, record: WorkRecord, refused: CoordinatorRefused) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shoal import jsonl
+
 
 class Tail:
     def __init__(self) -> None:
@@ -14,12 +16,7 @@ class Tail:
     def new_lines(self, path: Path) -> tuple[list[str], int]:
         """The whole lines appended to `path` since the last `consumed`, and the offset to
         hand to `consumed` once they were delivered (until then they are read again)."""
-        start = self._read.get(path, 0)
-        with path.open("rb") as handle:
-            handle.seek(start)
-            data = handle.read()
-        whole = data[: data.rfind(b"\n") + 1]
-        return whole.decode().splitlines(), start + len(whole)
+        return jsonl.read(path, self._read.get(path, 0))
 
     def consumed(self, path: Path, offset: int) -> None:
         self._read[path] = offset

@@ -11,6 +11,8 @@ from typing import Optional
 
 import typer
 
+from shoal.spec.proof import Ruling
+
 
 def dispute_command(
     job_id: str = typer.Option(..., "--job", help="The market job's id."),
@@ -65,5 +67,5 @@ def dispute_command(
         typer.echo(f"replays reject steps {rejected}; dispute {view.dispute} opened with "
                    f"{bond} wei: {view.ruling or 'not ruled yet'}"
                    + (f" at step {view.step} ({view.why})" if view.ruling else ""))
-    if view is not None and view.ruling == "rejected":
+    if view is not None and view.ruling is Ruling.rejected:
         raise typer.Exit(1)

@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from shoal import ShoalError
+from shoal.proof.epochs import epoch_of
 from shoal.spec import hyper_digest, load_job
 
 
@@ -109,11 +110,11 @@ def verify_command(
                         members=_members(run_dir))
     log = VerdictLog(directory)
     results, done, started = [], set(), time.perf_counter()
-    last_epoch = (job.steps - 1) // job.proof.epoch_steps
+    last_epoch = epoch_of(job.steps - 1, job.proof.epoch_steps)
     while True:
         grouped: dict[int, list] = {}
         for record in records:
-            grouped.setdefault(record.step // job.proof.epoch_steps, []).append(record)
+            grouped.setdefault(epoch_of(record.step, job.proof.epoch_steps), []).append(record)
         todo = [e for e in verifier.complete_epochs(records)
                 if (not epochs or e in epochs) and e not in done]
         for epoch in todo:
@@ -152,7 +153,7 @@ def _verify_remote(url: str, job_id: str, key: Path, salt: bytes, rate: float | 
         job, auditor = remote_auditor(client, job_id, account.address, "verifier", tolerance)
         audits = RemoteAudits(client, job_id, job, auditor, account, salt=salt, rate=rate,
                               every=every, answer_wait_s=answer_wait_s, recheck=recheck)
-        last_epoch = (job.steps - 1) // job.proof.epoch_steps
+        last_epoch = epoch_of(job.steps - 1, job.proof.epoch_steps)
         while True:
             for epoch in audits.pending_epochs():
                 result = audits.audit(epoch)

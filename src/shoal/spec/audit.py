@@ -17,7 +17,7 @@ import enum
 from pydantic import Field
 
 from shoal.spec.base import Frozen
-from shoal.spec.proof import Verdict, WorkRecord
+from shoal.spec.proof import Ruling, Verdict, WorkRecord
 
 # One upload carries at most this many records; an agent sends the rest next beat.
 MAX_RECORDS_PER_UPLOAD = 500
@@ -110,8 +110,8 @@ class VerdictView(Frozen):
     seq: int
     at_s: float
     verdict: Verdict
-    # What the referee made of a guilty verdict: None (not judged), "upheld" or "rejected".
-    ruling: str | None = None
+    # What the referee made of a guilty verdict: None (not judged), upheld or rejected.
+    ruling: Ruling | None = None
 
 
 class DisputeFiling(Frozen):
@@ -142,7 +142,7 @@ class DisputeView(Frozen):
     # "upheld" (the worker cheated at `step`: slashed), "rejected" (the challenger's bond
     # is lost), "undecided" (the referee could not replay: the dispute expires on chain,
     # bond back), or None while the referee has not ruled.
-    ruling: str | None = None
+    ruling: Ruling | None = None
     why: str = ""
     tx: str | None = None  # the transaction that moved the money (`resolve_dispute`, or `slash`)
     # The dispute's state on chain once the ruling is enforced there ("upheld", "rejected",

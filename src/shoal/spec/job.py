@@ -211,10 +211,6 @@ class JobSpec(Frozen):
     def proof_dir(self) -> str:
         return self.proof.dir.replace("{name}", self.name)
 
-    @property
-    def tokens_per_step(self) -> int:
-        return self.global_batch * self.model.context
-
     def hyperparameters(self) -> dict[str, object]:
         """What determines a step's result besides the parameters and samples: every
         work record binds their hash, so nobody can change them after the fact."""

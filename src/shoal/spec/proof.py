@@ -159,6 +159,24 @@ class VerdictKind(str, enum.Enum):
     unavailable = "unavailable"  # the step's parameters could not be had: no verdict on the worker
 
 
+class Ruling(enum.StrEnum):
+    """What the referee made of a guilty verdict or a dispute (stored, logged and
+    formatted as its value)."""
+
+    upheld = "upheld"  # the worker cheated: its provider is slashed
+    rejected = "rejected"  # the accusation is false: the accuser pays (bond, or a penalty)
+    undecided = "undecided"  # the referee could not tell: nobody pays
+    plant = "plant"  # the accused record is a forced error the coordinator served: not ruled
+    # A verdict on a planted error: what it says of the verifier that filed it.
+    plant_caught = "plant_caught"
+    plant_missed = "plant_missed"
+    plant_abstained = "plant_abstained"
+    plant_late = "plant_late"  # filed once the plants were revealed: it tells nothing
+    # A challenge answered after the verdict was filed: the referee replays instead.
+    # Only passed between the referee's steps, never stored.
+    answered_late = "answered_late"
+
+
 GUILTY = frozenset({VerdictKind.wrong_contribution, VerdictKind.bad_commitment,
                     VerdictKind.bad_proof, VerdictKind.wrong_params, VerdictKind.withheld,
                     VerdictKind.wrong_samples, VerdictKind.wrong_loss})

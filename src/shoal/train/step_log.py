@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shoal import jsonl
 from shoal.spec.elastic import StepRecord
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ class StepLog:
 def read_step_logs(run_dir: Path) -> list[StepRecord]:
     records = []
     for path in sorted(run_dir.glob("steps-*.jsonl")):
-        for line in path.read_text().splitlines():
+        for line in jsonl.read(path)[0]:
             if line.strip():
                 try:
                     records.append(StepRecord.model_validate_json(line))

@@ -5,8 +5,8 @@ They are safetensors files: a JSON header and the tensors' bytes, read by a pars
 built for files from strangers (no code runs, every offset is checked), in one copy.
 A verifier reads a round's worth of them for each DiLoCo audit, and `torch.load`
 with `weights_only=True` cost ~1.5 ms a reveal and ~3.5 ms a kept state here, where
-this reads them in ~0.3 and ~0.5 ms (most of it the read itself). Files written before (torch zip archives of plain or
-packed tensors, `shoal.train.packing`) are still read, by the `weights_only` loader.
+this reads them in ~0.3 and ~0.5 ms (most of it the read itself). A torch archive (a
+pickle, even under `weights_only`) is not read at all: it is not a tensor file.
 
 Whatever a file holds that is not its kind raises `UnreadableFile`: its writer's
 broken commitment, never a verifier's crash.
@@ -14,7 +14,6 @@ broken commitment, never a verifier's crash.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 
@@ -23,9 +22,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as _load_safetensors
 from safetensors.torch import save as _save_safetensors
 
-from shoal.train.packing import PackError, optimizer_entries, unpack, unpack_optimizer_state
+from shoal.train.packing import optimizer_entries
 
-_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archives (files written before safetensors)
 _SCALARS = "scalars"  # a local state's non-tensor optimizer slots, as JSON in the header
 
 
@@ -47,7 +45,7 @@ def reveal_like(original: bytes, tensors: list[torch.Tensor]) -> bytes:
     laid its file out, a layout the parser takes in many forms, must not tell a plant
     from the worker's own). Each must have its original's dtype and shape."""
     replaced = reveal_from(original)  # checked: the layout below is a valid one
-    if is_legacy(original) or len(replaced) != len(tensors) or any(
+    if len(replaced) != len(tensors) or any(
             a.dtype != b.dtype or a.shape != b.shape for a, b in zip(replaced, tensors)):
         raise ValueError("a file is laid out like a safetensors reveal of the same "
                          "shapes and dtypes only")
@@ -93,18 +91,8 @@ def kept_file_bound(model: torch.nn.Module) -> int:
     return 6 * 8 * sum(t.numel() for t in tensors) + 16 * 1024 * (4 * len(tensors) + 1)
 
 
-def is_legacy(data: bytes) -> bool:
-    """Is this a torch archive (a file written before safetensors)?"""
-    return data[:4] == _ZIP_MAGIC
-
-
 def reveal_from(data: bytes) -> list[torch.Tensor]:
     """A revealed contribution."""
-    if is_legacy(data):
-        loaded = _legacy(data)
-        if not isinstance(loaded, list) or not all(isinstance(t, torch.Tensor) for t in loaded):
-            raise UnreadableFile("the file is not a list of tensors")
-        return loaded
     tensors, metadata = _decode(data)
     if metadata:
         raise UnreadableFile("a revealed contribution holds no metadata")
@@ -115,11 +103,6 @@ def reveal_from(data: bytes) -> list[torch.Tensor]:
 
 def params_from(data: bytes) -> dict[str, torch.Tensor]:
     """The named tensors a step started from."""
-    if is_legacy(data):
-        state = legacy_params(_legacy(data))
-        if state is None:
-            raise UnreadableFile("the file is not a state of named tensors")
-        return state
     tensors, metadata = _decode(data)
     if metadata:
         raise UnreadableFile("a parameters file holds no metadata")
@@ -128,18 +111,6 @@ def params_from(data: bytes) -> dict[str, torch.Tensor]:
 
 def local_from(data: bytes) -> tuple[dict[str, torch.Tensor], dict]:
     """(parameters, optimizer state) of a DiLoCo worker's replica."""
-    if is_legacy(data):
-        loaded = _legacy(data)
-        if not isinstance(loaded, dict):
-            raise UnreadableFile("the file is not a packed state")
-        try:
-            params, stray = unpack(loaded.get("params"))
-            state = unpack_optimizer_state(loaded.get("optimizer"))
-        except PackError as error:
-            raise UnreadableFile(f"the state does not unpack: {error}") from None
-        if stray:
-            raise UnreadableFile("the state holds stray entries")
-        return params, state
     tensors, metadata = _decode(data)
     if set(metadata) - {_SCALARS}:
         raise UnreadableFile("a kept state's metadata holds more than its scalars")
@@ -166,22 +137,6 @@ def local_from(data: bytes) -> tuple[dict[str, torch.Tensor], dict]:
     return params, state
 
 
-def legacy_params(loaded: object) -> dict[str, torch.Tensor] | None:
-    """The named tensors of a loaded torch archive of parameters, or None if it is not
-    one: packed (`shoal.train.packing`), or a plain state dict as the first were written."""
-    if isinstance(loaded, dict) and isinstance(loaded.get("flat"), dict):
-        try:
-            loaded, stray = unpack(loaded)
-        except PackError:
-            return None
-        if stray:
-            return None
-    if not isinstance(loaded, dict) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()):
-        return None
-    return loaded
-
-
 def _decode(data: bytes) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     try:
         tensors = _load_safetensors(data)
@@ -200,11 +155,3 @@ def _under(prefix: str, tensors: dict[str, torch.Tensor], kind: str) -> dict[str
         raise UnreadableFile(f"{kind} names a tensor outside {prefix!r}")
     return {k.removeprefix(prefix): v for k, v in tensors.items()}
 
-
-def _legacy(data: bytes) -> object:
-    """A torch archive by the `weights_only` loader: whatever a malformed one makes torch
-    raise (a truncated zip, a refused pickle op) is `UnreadableFile`."""
-    try:
-        return torch.load(io.BytesIO(data), weights_only=True)
-    except Exception as error:  # noqa: BLE001 - any malformed file, by any writer
-        raise UnreadableFile(f"it does not load: {error}"[:300]) from None

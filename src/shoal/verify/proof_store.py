@@ -1,16 +1,10 @@
-"""Where a job's proof-of-learning material lives on disk, and reading it back.
-
-    DIR/records/WORKER.jsonl        one WorkRecord per committed step (kept)
-    DIR/params/STEP.pt              the parameters step STEP started from
-    DIR/reveal/WORKER/STEP.pt       what WORKER contributed to step STEP
-    DIR/local/WORKER/STEP.pt        under DiLoCo: WORKER's own parameters and optimizer
-                                    state when step STEP started
+"""A job's proof-of-learning material on disk (where: `shoal.proof.layout`): written by
+its workers, read back by verifiers and the referee.
 
 Parameters and contributions are kept for the challenge window only
 (`keep_epochs` proof epochs behind the newest, and at least `keep_s` seconds),
 so the disk a job needs is bounded; records are small and kept for the job's life. The
-tensor files are safetensors (`shoal.verify.kept_files`, which says why; the `.pt` names
-stay, as files written before are torch archives and are still read): a verifier loads
+tensor files are safetensors (`shoal.verify.kept_files`, which says why): a verifier loads
 files that workers wrote, and a file from a stranger must never run code.
 """
 
@@ -25,6 +19,9 @@ from pathlib import Path
 
 import torch
 
+from shoal import jsonl
+from shoal.proof.layout import ProofLayout, step_of
+from shoal.spec.audit import BlobKind
 from shoal.spec.proof import WorkRecord
 from shoal.verify.kept_files import (UnreadableFile, local_bytes, local_from, params_bytes,
                                     params_from, reveal_bytes, reveal_from)
@@ -56,6 +53,7 @@ def contribution_norm(tensors: list[torch.Tensor]) -> float | None:
 class ProofStore:
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
+        self.layout = ProofLayout(self.dir)
         self._cache: dict[Path, tuple[tuple[int, int], list[WorkRecord]]] = {}
         self._merged: tuple | None = None
         self._max_file_bytes: int | None = None
@@ -65,50 +63,35 @@ class ProofStore:
         one is unreadable, its writer's fault."""
         self._max_file_bytes = limit
 
-    def records_path(self, worker: str) -> Path:
-        return self.dir / "records" / f"{worker}.jsonl"
-
-    def params_path(self, step: int) -> Path:
-        return self.dir / "params" / f"{step:09d}.pt"
-
-    def reveal_path(self, worker: str, step: int) -> Path:
-        return self.dir / "reveal" / worker / f"{step:09d}.pt"
-
-    def local_path(self, worker: str, step: int) -> Path:
-        return self.dir / "local" / worker / f"{step:09d}.pt"
-
     # -- writing (workers) ------------------------------------------------------
 
     def append_record(self, record: WorkRecord) -> None:
-        path = self.records_path(record.worker)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as out:
-            out.write(record.model_dump_json() + "\n")
+        jsonl.append(self.layout.records(record.worker), record.model_dump_json())
 
     def save_params(self, step: int, state: dict[str, torch.Tensor]) -> None:
         """The parameters `step` starts from; written at every attempt of the step (the
         same values, unless the step is redone after a restore: then the newest stand)."""
-        _write_atomic(params_bytes(state), self.params_path(step))
+        _write_atomic(params_bytes(state), self.layout.params(step))
 
     def save_reveal(self, worker: str, step: int, tensors: list[torch.Tensor]) -> None:
-        _write_atomic(reveal_bytes(tensors), self.reveal_path(worker, step))
+        _write_atomic(reveal_bytes(tensors), self.layout.reveal(worker, step))
 
     def save_local(self, worker: str, step: int, params: dict[str, torch.Tensor],
                    optimizer_state: dict) -> None:
         """Under DiLoCo, the state WORKER's own step `step` starts from (its replica's)."""
-        _write_atomic(local_bytes(params, optimizer_state), self.local_path(worker, step))
+        _write_atomic(local_bytes(params, optimizer_state), self.layout.local(worker, step))
 
     def prune(self, worker: str, keep_from_step: int, keep_s: float = 0.0) -> None:
         """Drop this worker's reveals and local states (and, for everyone, parameters)
         before the window: steps before `keep_from_step` whose files are also older than
         `keep_s` seconds."""
         written_before = time.time() - keep_s
-        for folder in (self.dir / "reveal" / worker, self.dir / "local" / worker,
-                       self.dir / "params"):
+        for kind in (BlobKind.reveal, BlobKind.local, BlobKind.params):
+            folder = self.layout.kept_dir(kind, worker)
             if not folder.is_dir():
                 continue
-            old = sorted((int(p.stem), p) for p in folder.glob("*.pt")
-                         if p.stem.isdigit() and int(p.stem) < keep_from_step)
+            old = sorted((step, p) for p in folder.iterdir()
+                         if (step := step_of(p)) is not None and step < keep_from_step)
             # Steps are written in order, so the first file young enough ends the pass:
             # each step looks at one file kept by the time floor, not all of them.
             for _, path in old:
@@ -122,7 +105,7 @@ class ProofStore:
     def save_anchor(self, epoch: int, root: bytes, leaves: list[bytes]) -> None:
         """The leaves an anchored root was built from, in tree order: published by the
         operator so anyone can prove each record, and find one changed since."""
-        path = self.dir / "anchors" / f"{epoch:09d}.json"
+        path = self.layout.anchor(epoch)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"epoch": epoch, "root": root.hex(),
                                     "leaves": [leaf.hex() for leaf in leaves]}))
@@ -130,20 +113,20 @@ class ProofStore:
     # -- reading (verifiers) ------------------------------------------------------
 
     def load_anchor(self, epoch: int) -> tuple[bytes, list[bytes]] | None:
-        path = self.dir / "anchors" / f"{epoch:09d}.json"
+        path = self.layout.anchor(epoch)
         if not path.exists():
             return None
         body = json.loads(path.read_text())
         return bytes.fromhex(body["root"]), [bytes.fromhex(leaf) for leaf in body["leaves"]]
 
     def workers(self) -> list[str]:
-        folder = self.dir / "records"
+        folder = self.layout.records_dir
         return sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
 
     def records(self, worker: str | None = None) -> list[WorkRecord]:
         """Every record (of one worker, or all); for a step recorded twice by a worker (a
         step redone after a restore), the last one stands."""
-        parsed = [self._parsed(self.records_path(name))
+        parsed = [self._parsed(self.layout.records(name))
                   for name in ([worker] if worker else self.workers())]
         # Merged and sorted again only once a file changed: a DiLoCo audit reads every
         # record of the job for each record it audits.
@@ -168,13 +151,10 @@ class ProofStore:
         cached = self._cache.get(path)
         if cached is not None and cached[0] == (stat.st_size, stat.st_mtime_ns):
             return cached[1]
-        text = path.read_text()
-        # Its worker may be appending a record right now: a last line without its newline
-        # is not a record yet (read whole, it would fail to parse), and it is read once
-        # it ends (the file's size changes then).
-        whole = text[: text.rfind("\n") + 1]
-        records = [WorkRecord.model_validate_json(line)
-                   for line in whole.splitlines() if line.strip()]
+        # Its worker may be appending a record right now: read up to its last whole line
+        # (the rest is read once it ends: the file's size changes then).
+        lines, _ = jsonl.read(path)
+        records = [WorkRecord.model_validate_json(line) for line in lines]
         self._cache[path] = ((stat.st_size, stat.st_mtime_ns), records)
         return records
 
@@ -183,7 +163,7 @@ class ProofStore:
         not a state of named tensors (a keeper's file is checked against the step's
         claims by whoever loads it)."""
         try:
-            data = _read(self.params_path(step), self._max_file_bytes)
+            data = _read(self.layout.params(step), self._max_file_bytes)
             return params_from(data) if data is not None else None
         except UnreadableFile:
             return None
@@ -192,7 +172,7 @@ class ProofStore:
         """What WORKER revealed for STEP, or None if it kept nothing. A file that is not a
         list of tensors raises `UnreadableFile`: its writer's broken commitment."""
         try:
-            data = _read(self.reveal_path(worker, step), self._max_file_bytes)
+            data = _read(self.layout.reveal(worker, step), self._max_file_bytes)
             return reveal_from(data) if data is not None else None
         except UnreadableFile as error:
             raise UnreadableFile(f"{worker}'s file for step {step}: {error}") from None
@@ -201,7 +181,7 @@ class ProofStore:
         """(parameters, optimizer state) of WORKER's step under DiLoCo, or None if it kept
         nothing. A file that is not a kept state raises `UnreadableFile`."""
         try:
-            data = _read(self.local_path(worker, step), self._max_file_bytes)
+            data = _read(self.layout.local(worker, step), self._max_file_bytes)
             return local_from(data) if data is not None else None
         except UnreadableFile as error:
             raise UnreadableFile(f"{worker}'s state for step {step}: {error}") from None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shoal.proof.epochs import params_keepers
+from shoal.proof.epochs import epoch_of, params_keepers, steps_of
 from shoal.spec.proof import Exchanged, LocalStep, ProofSpec, WorkRecord
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
 from shoal.verify.proof_store import ProofStore, contribution_norm, contribution_sha256
@@ -116,8 +116,8 @@ class WorkRecorder:
         spec = self.settings.spec
         if not spec.prune:
             return  # kept until the coordinator closes the epoch's window (the agent prunes)
-        epoch = record.step // spec.epoch_steps
-        self.store.prune(self.worker, (epoch - spec.keep_epochs + 1) * spec.epoch_steps,
+        epoch = epoch_of(record.step, spec.epoch_steps)
+        self.store.prune(self.worker, steps_of(epoch - spec.keep_epochs + 1, spec.epoch_steps).start,
                          keep_s=spec.keep_s)
 
     def exchanged(self, declared: Exchanged | None) -> None:

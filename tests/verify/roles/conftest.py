@@ -74,7 +74,7 @@ def run_members(run_dir: Path):
 def rewrite_record(store: ProofStore, record: WorkRecord) -> None:
     """Replace `record`'s worker's record of its step in `store` with `record` (a forger's
     hand on the files it writes)."""
-    path = store.records_path(record.worker)
+    path = store.layout.records(record.worker)
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     lines = [record.model_dump(mode="json") if (d["step"], d["worker"]) == (record.step, record.worker)
              else d for d in lines]

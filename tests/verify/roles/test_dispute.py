@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.verify.roles.dispute import bisect_dispute, trajectory
+from shoal.verify.roles.dispute import bisect_trajectories, trajectory
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
 
 H = "ab" * 32
@@ -17,6 +17,11 @@ def _records(n: int) -> list[WorkRecord]:
                        positions_end=4 * s + 2, rank=0, shares=(2, 2), seed=0, global_batch=4,
                        hyper_sha256=H, contribution_sha256=f"{s:064x}", contribution_norm=1.0,
                        rng_seed=s) for s in range(n)]
+
+
+def bisect_dispute(root, records, challenger, referee):
+    """A challenger that replays every record and claims the trajectory its replays give."""
+    return bisect_trajectories(root, records, trajectory(root, records, challenger), referee)
 
 
 def _referee(bad: set[int], replays: list[int]):

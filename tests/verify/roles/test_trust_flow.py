@@ -1,15 +1,20 @@
-"""The trust game end to end, on the contract: a worker cheats, an honest
-verifier catches it, a lazy verifier signs `valid` everywhere and a
-malicious one accuses an honest worker. Forced errors expose the lazy one,
-the whistleblower's re-check and a bisection dispute expose the cheat, the
-referee re-executes one step per dispute, and the money follows: the cheat
-is slashed and unpaid, the liars lose their bonds, the honest are paid."""
+"""The trust game's verifying side, on the contract: a worker cheats, an honest
+verifier catches it, a lazy verifier signs `valid` everywhere and a malicious
+one accuses an honest worker. Sealed anchors hide the plants, forced errors
+expose the lazy one, and the whistleblower's re-check exposes both liars.
+
+What the referee then does runs through the coordinator's real referee, and is
+tested there: a cheat disputed is slashed at its step with one replay
+(tests/coordinator/test_disputes.py::test_a_cheat_disputed_is_slashed_at_the_step_it_cheated),
+a false accuser loses its bond (::test_a_false_accuser_loses_its_bond_wherever_it_points),
+a lazy verifier is slashed at the reveal (tests/coordinator/test_forced_errors.py::
+test_a_lazy_verifier_is_caught_on_a_plant_and_the_honest_and_the_provider_are_not),
+and a cheat is unpaid while the honest are paid (tests/coordinator/test_verified_work.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shoal.verify.roles.court import Court
 from shoal.verify.roles.served import ServedStore
 from shoal.verify.roles.verdicts import sign_verdict
 from shoal.verify.roles.verifier import Verifier, false_accusations, lazy_verdicts
@@ -19,13 +24,11 @@ from shoal.proof.forced import (
 )
 from shoal.proof.merkle import epoch_tree
 from shoal.proof.verdicts import guilty_workers
-from shoal.spec.ledger import DisputeState
 from tests.verify.roles.conftest import run_proven_job
 from tests.ledger.conftest import Actors, deploy
-from tests.ledger.stage import BOND, CONFIG, GWEI, STAKE
+from tests.ledger.stage import CONFIG, GWEI, STAKE
 
 EPOCH_STEPS = 4
-PENALTY = 10**15
 
 
 @pytest.fixture
@@ -36,7 +39,7 @@ def chain(embedded_chain):
 
 
 @pytest.mark.slow
-def test_cheat_is_slashed_and_unpaid_and_lying_verifiers_lose_their_bonds(tmp_path, chain):
+def test_plants_and_the_whistleblowers_recheck_expose_the_cheat_and_both_liars(tmp_path, chain):
     proven = run_proven_job(tmp_path, workers=3, steps=8, epoch_steps=EPOCH_STEPS,
                             adversaries={1: "sign_flip"})
     spec = proven.job.proof
@@ -105,41 +108,9 @@ def test_cheat_is_slashed_and_unpaid_and_lying_verifiers_lose_their_bonds(tmp_pa
     assert {d.verdict.worker for d in wrong_valid} == {"w1"}
     assert {d.verdict.worker for d in false_guilty} == {"w0"}
 
-    # Disputes rest on the workers' own records; the referee re-executes one step each.
-    referee_view = Verifier(proven.auditor(), spec, salt=b"referee", roots=lambda e: None)
-    court = Court(ledger, a.referee, job, providers,
-                  judge=lambda r: referee_view.audit_one(r, real[r.step // EPOCH_STEPS]))
-    replays, referee_judge = [], court.judge
-    court.judge = lambda r: replays.append(r) or referee_judge(r)
-    challenger_view = Verifier(proven.auditor(), spec, salt=b"wb", roots=lambda e: None)
-    upheld = court.dispute(whistleblower, BOND, epoch_tree(real[0])[0].root, _of(real[0], "w1"),
-                           accepts=lambda r: not challenger_view.audit_one(r, real[0]).guilty)
-    rejected = court.dispute(malicious, BOND, epoch_tree(real[0])[0].root, _of(real[0], "w0"),
-                             accepts=lambda r: False)  # it claims every step of w0 is wrong
-    assert upheld.result.upheld and upheld.result.step == 0
-    assert not rejected.result.upheld
-    assert len(replays) == 2  # one re-executed step per dispute, whatever the epoch's length
-    assert ledger.dispute(upheld.dispute).state is DisputeState.upheld
-    assert ledger.dispute(rejected.dispute).state is DisputeState.rejected
-    for liar in (lazy, malicious):
-        court.penalize_verifier(liar.address, PENALTY, whistleblower.address)
-        assert ledger.stake_of(liar.address).active_wei == STAKE - PENALTY
-
-    # Settlement: the cheat is slashed and unpaid, the honest providers are paid.
-    assert ledger.lease(job, providers["w1"]).slashed
-    ledger.settle(a.operator, job)
-    chain.advance_time(CONFIG["dispute_window_s"] + 1)
-    [paid] = ledger.payout(a.stranger, job, list(providers.values()))
-    paid_to = {e.args["provider"] for e in paid.events if e.name == "Paid"}
-    assert paid_to == {providers["w0"], providers["w2"]}
-
 
 def _by_epoch(records):
     out = {}
     for record in records:
         out.setdefault(record.step // EPOCH_STEPS, []).append(record)
     return out
-
-
-def _of(records, worker):
-    return sorted((r for r in records if r.worker == worker), key=lambda r: r.step)

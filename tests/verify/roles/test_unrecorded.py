@@ -109,7 +109,7 @@ def test_a_diloco_round_without_records_is_replayed_from_its_kept_states(tmp_pat
 def test_a_diloco_round_whose_kept_states_are_gone_is_withheld(tmp_path):
     proven = run_proven_job(tmp_path, workers=3, steps=8, epoch_steps=4, sync=DILOCO,
                             adversaries={1: POISON})
-    proven.store.local_path("w1", 5).unlink()  # the second round's second step
+    proven.store.layout.local("w1", 5).unlink()  # the second round's second step
     verdicts = {(v.worker, v.step): v.kind for v in judge_rounds(proven, tmp_path, 4)}
     assert verdicts[("w1", 3)] is VerdictKind.wrong_contribution
     assert verdicts[("w1", 7)] is VerdictKind.withheld
@@ -138,7 +138,7 @@ def test_a_record_less_round_must_start_from_theta_outer_with_a_state_of_the_mod
     proven = run_proven_job(tmp_path, workers=3, steps=8, epoch_steps=4, sync=DILOCO,
                             adversaries={2: LOST})
     store = proven.store
-    honest = {step: store.local_path("w2", step).read_bytes() for step in (4, 5)}
+    honest = {step: store.layout.local("w2", step).read_bytes() for step in (4, 5)}
     params, state = store.load_local("w2", 4)
     store.save_local("w2", 4, {k: v + 1e-2 if v.is_floating_point() else v
                                for k, v in params.items()}, state)
@@ -147,12 +147,12 @@ def test_a_record_less_round_must_start_from_theta_outer_with_a_state_of_the_mod
     assert verdicts[("w2", 7)].kind is VerdictKind.wrong_params
     assert "agreed parameters" in verdicts[("w2", 7)].detail
 
-    store.local_path("w2", 4).write_bytes(honest[4])
+    store.layout.local("w2", 4).write_bytes(honest[4])
     params, state = store.load_local("w2", 5)
     store.save_local("w2", 5, {k: v[:1] for k, v in params.items()}, state)
     verdicts = {(v.worker, v.step): v for v in judge_rounds(proven, tmp_path, 4)}
     assert verdicts[("w2", 7)].kind is VerdictKind.wrong_params
     assert "not one of the job's model" in verdicts[("w2", 7)].detail
 
-    store.local_path("w2", 5).write_bytes(honest[5])
+    store.layout.local("w2", 5).write_bytes(honest[5])
     assert all(v.kind is VerdictKind.valid for v in judge_rounds(proven, tmp_path, 4))

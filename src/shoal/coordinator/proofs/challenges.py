@@ -23,17 +23,18 @@ from shoal.coordinator.proofs import windows
 from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.coordinator.proofs.keeper_checks import WrongParams
 from shoal.coordinator.proofs.keeper_routing import KeeperRouting
-from shoal.coordinator.services.speed_marks import lease_of
-from shoal.coordinator.proofs.plants import FETCH_BASE, LATE, ForcedErrorService
+from shoal.coordinator.proofs.plants import FETCH_BASE, ForcedErrorService
 from shoal.coordinator.proofs.referee import own_file_challenges, vouched_steps
 from shoal.coordinator.db.schema import (
     AgentRow, ChallengeRow, ForcedPlanRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
 from shoal.proof.epochs import final_lineage, params_keepers, window_epoch
+from shoal.proof.layout import ProofLayout
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, VerdictFiling, VerdictView,
 )
-from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+from shoal.spec.proof import Ruling, Verdict, VerdictKind, WorkRecord
+from shoal.spec.worker import WorkerId
 from shoal.verify.audit.unrecorded_round import seat
 from shoal.train.files import write_whole
 
@@ -133,8 +134,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
         lineage = final_lineage(WorkRecord.model_validate(row.body) for row in rows)
         if seat(item.worker, lineage, lambda e: self._published.members(job_id, e)) is None:
             return None
-        number = lease_of(item.worker)
-        lease = session.get(LeaseRow, number) if number is not None else None
+        named = WorkerId.leased(item.worker)
+        lease = session.get(LeaseRow, named.lease) if named is not None else None
         if lease is None or lease.job_id != job_id:
             return None
         offer = session.get(OfferRow, lease.offer_id)
@@ -243,12 +244,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
         return _challenge_view(row)
 
     def _blob_path(self, row: ChallengeRow) -> Path:
-        base = self.proof_dir(row.job_id)
-        if row.kind == BlobKind.params.value:
-            return base / "params" / f"{row.step:09d}.pt"
-        if row.kind == BlobKind.local.value:
-            return base / "local" / row.worker / f"{row.step:09d}.pt"
-        return base / "reveal" / row.worker / f"{row.step:09d}.pt"
+        return ProofLayout(self.proof_dir(row.job_id)).kept(BlobKind(row.kind), row.worker,
+                                                            row.step)
 
     def challenge_file(self, challenge: int) -> Path:
         with Session(self.engine) as session:
@@ -287,7 +284,7 @@ class AuditService(ForcedErrorService, KeeperRouting):
                                  kind=signed.verdict.kind.value, body=body.model_dump(mode="json"))
                 planted = self.plant_of(session, job_id, row.worker, row.step) is not None
                 if planted and plan.revealed_at_s is not None:
-                    row.ruling = LATE  # filed knowing the plants: it tells nothing
+                    row.ruling = Ruling.plant_late  # filed knowing the plants: it tells nothing
                 session.add(row)
                 session.flush()
                 out.append(_verdict_view(row))

@@ -32,7 +32,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
-from shoal.coordinator.proofs.referee import PLANT, REJECTED, UNDECIDED, UPHELD
 from shoal.coordinator.db.schema import DisputeRow, JobRow, WorkRecordRow
 from shoal.verify.roles.dispute import bisect_trajectories
 from shoal.verify.roles.needed import params_requests, record_files
@@ -42,7 +41,7 @@ from shoal.proof.errors import DisputeError
 from shoal.spec.audit import DisputeFiling, DisputeView
 from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.ledger import DisputeState
-from shoal.spec.proof import Verdict, WorkRecord
+from shoal.spec.proof import Ruling, Verdict, WorkRecord
 
 log = logging.getLogger(__name__)
 FETCH_WAIT_S = 30.0  # how long the referee waits for the disputed step's files
@@ -52,7 +51,7 @@ BEHIND = "behind"  # a ruling the contract takes only once the lease's older dis
 class Deferred(Exception):
     """The referee cannot rule on the step the bisection left."""
 
-    def __init__(self, ruling: str, step: int, why: str) -> None:
+    def __init__(self, ruling: Ruling, step: int, why: str) -> None:
         super().__init__(why)
         self.ruling, self.step, self.why = ruling, step, why
 
@@ -145,34 +144,34 @@ class DisputeService:
         return bytes.fromhex(roots[epoch][2:]), records
 
     # ------------------------------------------------------------ the referee's thread
-    def rule_dispute(self, job_id: str, dispute: int) -> str:
+    def rule_dispute(self, job_id: str, dispute: int) -> Ruling:
         with Session(self.engine) as session:
             row = session.get(DisputeRow, dispute)
             if row is None or row.ruling is not None:
-                return row.ruling if row is not None else UNDECIDED
+                return Ruling(row.ruling) if row is not None else Ruling.undecided
             worker, epoch, claimed = row.worker, row.epoch, list(row.trajectory)
         root, records = self.disputed_records(job_id, worker, epoch)
         step = rounds = None
         try:
             result = bisect_trajectories(root, records, claimed, lambda r: self._judge(job_id, r))
         except DisputeError as error:
-            ruling, why = REJECTED, str(error)
+            ruling, why = Ruling.rejected, str(error)
         except Deferred as deferred:
-            if deferred.ruling == PLANT:
+            if deferred.ruling == Ruling.plant:
                 # Ruled at once, it would tell the challenger which records are plants (a
                 # lazy verifier could learn them with a fabricated trajectory, its bond
                 # back at expiry). Left unruled, as a plant's guilty verdict is.
-                return PLANT
+                return Ruling.plant
             ruling, why, step = deferred.ruling, deferred.why, deferred.step
         else:
             step, rounds = result.step, result.rounds
             if result.step is None:
-                ruling, why = REJECTED, "the trajectory accepts every step: nothing was disputed"
+                ruling, why = Ruling.rejected, "the trajectory accepts every step: nothing was disputed"
             elif result.upheld:
-                ruling, why = UPHELD, (f"step {result.step}, after {result.rounds} rounds: the "
+                ruling, why = Ruling.upheld, (f"step {result.step}, after {result.rounds} rounds: the "
                                        f"referee's replay found {result.referee_verdict.kind.value}")
             else:
-                ruling, why = REJECTED, (f"step {result.step}, after {result.rounds} rounds: the "
+                ruling, why = Ruling.rejected, (f"step {result.step}, after {result.rounds} rounds: the "
                                          "referee's replay matches the worker's commitment")
         self._settle_dispute(job_id, dispute, ruling, why, step, rounds)
         return ruling
@@ -180,15 +179,15 @@ class DisputeService:
     def _judge(self, job_id: str, record: WorkRecord) -> Verdict:
         """The referee's verdict on the one step a bisection left, or Deferred."""
         if self.is_plant(job_id, record.worker, record.step):
-            raise Deferred(PLANT, record.step, "the served record of this step is a forced error "
+            raise Deferred(Ruling.plant, record.step, "the served record of this step is a forced error "
                            "(the operator's, not the provider's): left to expire, bond back")
         self._fetch_step_files(job_id, record)
         ruling, why, verdict = self.referee.replay(job_id, record)
-        if ruling == UPHELD and verdict is not None and verdict.guilty:
+        if ruling == Ruling.upheld and verdict is not None and verdict.guilty:
             return verdict
-        if ruling == REJECTED and verdict is not None and not verdict.guilty:
+        if ruling == Ruling.rejected and verdict is not None and not verdict.guilty:
             return verdict
-        raise Deferred(UNDECIDED, record.step, why)
+        raise Deferred(Ruling.undecided, record.step, why)
 
     def _fetch_step_files(self, job_id: str, record: WorkRecord) -> None:
         """Ask the agents for what the step's audit reads (`shoal.verify.roles.needed`:
@@ -205,7 +204,7 @@ class DisputeService:
         try:
             asked = {v.challenge for v in self.raise_challenges(COORDINATOR, job_id, wanted)}
         except (NotFound, Conflict, Gone) as error:  # Gone: past the step's challenge window
-            raise Deferred(UNDECIDED, record.step, f"the step's files cannot be asked for: "
+            raise Deferred(Ruling.undecided, record.step, f"the step's files cannot be asked for: "
                            f"{error}") from None
         grace = self.referee.withheld_grace_s
         start = time.monotonic()
@@ -227,7 +226,7 @@ class DisputeService:
                 return
             time.sleep(0.2)
 
-    def _settle_dispute(self, job_id: str, dispute: int, ruling: str, why: str,
+    def _settle_dispute(self, job_id: str, dispute: int, ruling: Ruling, why: str,
                         step: int | None, rounds: int | None) -> None:
         note, chain_state, held = self._enforce(dispute, ruling)
         with self._change() as session:
@@ -239,13 +238,13 @@ class DisputeService:
             self._event(session, self.now_s(), COORDINATOR, f"dispute_{ruling}", job_id,
                         dispute=dispute, worker=row.worker, step=step, provider=provider,
                         challenger=row.challenger, why=why, chain=held or chain_state, **note)
-        if ruling == UPHELD and self.referee.penalties.first_slash(job_id, provider):
+        if ruling == Ruling.upheld and self.referee.penalties.first_slash(job_id, provider):
             self.bar_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
             self.drop_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
         log.warning("job %s: dispute %d on %s %s at step %s: %s", job_id, dispute, row.worker,
                     ruling, step, row.why)
 
-    def _enforce(self, dispute: int, ruling: str) -> tuple[dict[str, str], str | None, str]:
+    def _enforce(self, dispute: int, ruling: Ruling) -> tuple[dict[str, str], str | None, str]:
         """Move the money for a ruling: (the transaction's note, the dispute's state on
         chain once final, what holds it back while it is not)."""
         referee, ledger = self.referee, self.settlement.ledger
@@ -253,7 +252,7 @@ class DisputeService:
             row = session.get(DisputeRow, dispute)
             provider, challenger = row.provider, row.challenger
             chain_job = session.get(JobRow, row.job_id).chain_job
-        if ruling not in (UPHELD, REJECTED):
+        if ruling not in (Ruling.upheld, Ruling.rejected):
             return {}, None, "not ruled: it expires on chain, bond back"
         if referee.account is None:
             return {}, None, "this coordinator holds no referee key: not enforced on chain"
@@ -261,14 +260,14 @@ class DisputeService:
         if state is not DisputeState.open:
             return {}, state.name, ""
         note = referee.penalties.transact(lambda: ledger.resolve_dispute(
-            referee.account, dispute, upheld=ruling == UPHELD))
+            referee.account, dispute, upheld=ruling == Ruling.upheld))
         if "tx" in note:
             return note, ledger.dispute(dispute).state.name, ""
         if "earlier dispute" not in note.get("chain_error", ""):
             return note, None, "the contract refused the ruling"
         # The contract decides a lease's disputes oldest first, and an older one may wait
         # unruled (one that landed on a forced error, or whose files never came).
-        if ruling == UPHELD:
+        if ruling == Ruling.upheld:
             # A slash always goes through: it closes the lease's open disputes (bonds
             # back) and rewards the challenger named here.
             note = referee.penalties.transact(lambda: ledger.slash(referee.account, chain_job, provider,

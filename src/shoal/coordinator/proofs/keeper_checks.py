@@ -39,7 +39,7 @@ def read_params(data: bytes, step: int) -> dict[str, torch.Tensor]:
         return params_from(data)
     except UnreadableFile as error:
         raise WrongParams(f"the answer is not a parameters file a worker wrote ({error}); "
-                          f"send the proof store's params/{step:09d}.pt as kept"[:400]) from None
+                          f"send the proof store's params/{step:09d}.safetensors as kept"[:400]) from None
 
 
 def check_params(state: dict[str, torch.Tensor], model: torch.nn.Module, expected: str,

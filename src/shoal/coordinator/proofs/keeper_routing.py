@@ -175,7 +175,7 @@ class KeeperRouting:
         others = [k for k in self._unrefused_keepers(session, row.job_id, row.step)
                   if k.worker != keeper]
         fresh = [k for k in others if k.worker not in asked] or others
-        # A keeper on the liar's own agent reads the same file (params/STEP.pt): last.
+        # A keeper on the liar's own agent reads the same file (params/STEP.safetensors): last.
         target = self._free(session, row, sorted(fresh, key=lambda k: k.agent_id == agent_id))
         if target is None:  # nobody left to ask: it stays unanswered, and leaves the liar
             return "no other keeper of the step is left to ask", (row.agent_id, row, False, False)

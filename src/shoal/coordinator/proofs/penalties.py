@@ -20,13 +20,12 @@ from sqlalchemy.orm import Session
 from shoal.coordinator.db.schema import JobRow, VerdictRow
 from shoal.ledger import LedgerError
 from shoal.spec.coordinator import COORDINATOR
-from shoal.spec.proof import Verdict, VerdictKind
+from shoal.spec.proof import Ruling, Verdict, VerdictKind
 
 if TYPE_CHECKING:
     from shoal.coordinator.services.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
-UPHELD, REJECTED = "upheld", "rejected"  # the referee's rulings that move money
 # A verifier that accused falsely loses this much stake (wei), part of it to the accused;
 # one that signed `valid` on work a replay shows wrong loses as much, part of it to the
 # verifier (or whistleblower) whose verdict was upheld.
@@ -48,7 +47,7 @@ class Penalties:
         self._slashed.add((job_id, provider))
         return True
 
-    def enforce(self, job_id: str, seq: int, verdict: Verdict, ruling: str, why: str,
+    def enforce(self, job_id: str, seq: int, verdict: Verdict, ruling: Ruling, why: str,
                 provider: str | None) -> None:
         """Carry out the referee's ruling on verdict `seq`: store it, with an event, and
         slash (the worker's provider, once per job, or lazy or accusing verifiers)."""
@@ -58,9 +57,9 @@ class Penalties:
             job = session.get(JobRow, job_id)
         chain_job = job.chain_job if job is not None else None
         enforce = self.account is not None and co.settlement is not None and chain_job is not None
-        kind = {UPHELD: "verdict_upheld", REJECTED: "verdict_rejected"}.get(ruling,
+        kind = {Ruling.upheld: "verdict_upheld", Ruling.rejected: "verdict_rejected"}.get(ruling,
                                                                            "verdict_undecided")
-        if ruling == UPHELD and provider is not None and (job_id, provider) not in self._slashed \
+        if ruling == Ruling.upheld and provider is not None and (job_id, provider) not in self._slashed \
                 and not (enforce and co.settlement.ledger.lease(chain_job, provider).slashed):
             self._slashed.add((job_id, provider))
             kind = "worker_slashed"  # the first upheld verdict; later ones are on record only
@@ -69,9 +68,9 @@ class Penalties:
                     self.account, chain_job, provider, verdict.verifier))
             co.bar_provider(job_id, provider, reason=f"slashed: {why}")
             co.drop_provider(job_id, provider, reason=f"slashed: {why}")
-        if ruling == UPHELD:
+        if ruling == Ruling.upheld:
             self._lazy_verifiers(job_id, verdict, enforce, chain_job)
-        elif ruling == REJECTED and enforce:
+        elif ruling == Ruling.rejected and enforce:
             chain_note = self.transact(lambda: co.settlement.ledger.slash_verifier(
                 self.account, verdict.verifier, FALSE_ACCUSATION_PENALTY_WEI,
                 provider or co.settlement.operator.address))

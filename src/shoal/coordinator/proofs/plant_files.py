@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import io
 import json
-import tempfile
-import zipfile
-from pathlib import Path
 
 from shoal.spec.proof import WorkRecord
 
@@ -44,7 +40,7 @@ def planted_reveal(data: bytes, record: WorkRecord, secret: bytes,
     worker's file cannot make a sound plant: it does not load, does not open the record's
     commitment (then the record is served as it is, and a replay finds the cheat), or
     scaling would not move it past the tolerance (low-precision values)."""
-    from shoal.verify.kept_files import UnreadableFile, reveal_from
+    from shoal.verify.kept_files import UnreadableFile, reveal_from, reveal_like
     from shoal.verify.proof_store import contribution_norm, contribution_sha256
     from shoal.verify.replay import relative_distance
 
@@ -70,7 +66,10 @@ def planted_reveal(data: bytes, record: WorkRecord, secret: bytes,
         # puts it in every record of the step): else the cheap sketch check would find
         # every plant, and a verifier could skip replays and still catch them all.
         update["exchanged"] = _declaring(record, wrong)
-    return record.model_copy(update=update), _saved_like(data, wrong)
+    # Saved as the worker saved the real one: its header kept byte for byte (a worker
+    # may lay its file out in any form the parser takes, and mark it for a colluding
+    # verifier).
+    return record.model_copy(update=update), reveal_like(data, wrong)
 
 
 def _declaring(record: WorkRecord, wrong: list):
@@ -102,28 +101,3 @@ def with_plants(records: list[WorkRecord], plants: dict[tuple[str, int], WorkRec
                 "exchanged": exchanged.model_copy(update={"sketches": sketches})})
         served.append(record)
     return served
-
-
-def _saved_like(original: bytes, tensors: list) -> bytes:
-    """`tensors` saved as the worker saved `original`: a safetensors file with its
-    header kept byte for byte (`reveal_like`: a worker may lay its file out in any of
-    the forms the parser takes, and mark it so for a colluding verifier). A torch
-    archive (files written before safetensors) names its folder after the file it
-    writes (the worker's temporary name, with its pid), so the plant is written under
-    that same name, or the folder alone would tell it apart."""
-    import torch
-
-    from shoal.verify.kept_files import is_legacy, reveal_like
-
-    if not is_legacy(original):
-        return reveal_like(original, tensors)
-
-    try:
-        names = zipfile.ZipFile(io.BytesIO(original)).namelist()
-        folder = names[0].split("/")[0] if names and "/" in names[0] else "archive"
-    except zipfile.BadZipFile:
-        folder = "archive"
-    with tempfile.TemporaryDirectory(prefix="shoal-plant-") as directory:
-        path = Path(directory) / f"{folder}.tmp"
-        torch.save([t.contiguous() for t in tensors], path)
-        return path.read_bytes()

@@ -40,12 +40,13 @@ from shoal.coordinator.db.schema import (
     AgentRow, ForcedPlanRow, JobRow, PlantRow, ProofEpochRow, ServedEpochRow, VerdictRow,
     WorkRecordRow,
 )
-from shoal.proof.epochs import final_lineage, steps_of
+from shoal.proof.epochs import epoch_of, final_lineage, steps_of
 from shoal.proof.forced import ForcedErrors
+from shoal.proof.layout import ProofLayout
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import BlobKind, ChallengeView, ProofEpochView
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus
-from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+from shoal.spec.proof import Ruling, Verdict, VerdictKind, WorkRecord
 from shoal.train.files import write_whole
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 # the public challenge list has no gaps where plants were fetched.
 FETCH_BASE = 2**48
 FETCHING, READY, DROPPED = "fetching", "ready", "dropped"
-MISSED, CAUGHT, ABSTAINED, LATE = "plant_missed", "plant_caught", "plant_abstained", "plant_late"
 
 
 def new_secret() -> bytes:
@@ -214,7 +214,7 @@ class ForcedErrorService:
         """A reveal may be challenged once its epoch is served, not before (a real file
         fetched early would tell its record's plant from it)."""
         if self.forced_errors_on:
-            self._check_served(session, job_id, step // self.job_spec(job_id).proof.epoch_steps)
+            self._check_served(session, job_id, epoch_of(step, self.job_spec(job_id).proof.epoch_steps))
 
     def plant_of(self, session: Session, job_id: str, worker: str, step: int) -> PlantRow | None:
         """The served plant at (worker, step), if that record is one."""
@@ -227,7 +227,7 @@ class ForcedErrorService:
             return self.plant_of(session, job_id, worker, step) is not None
 
     def plant_path(self, job_id: str, worker: str, step: int) -> Path:
-        return self.proof_dir(job_id) / "plants" / worker / f"{step:09d}.pt"
+        return ProofLayout(self.proof_dir(job_id)).plant(worker, step)
 
     # ------------------------------------------------------------ the agents' answers
     @staticmethod
@@ -250,7 +250,7 @@ class ForcedErrorService:
             row = self.plant_fetch(session, provider, challenge)
             if row.state != FETCHING:
                 raise Conflict(f"challenge {challenge} was answered already; an answer is final")
-            write_whole(self.proof_dir(row.job_id) / "reveal" / row.worker / f"{row.step:09d}.pt", data)
+            write_whole(ProofLayout(self.proof_dir(row.job_id)).reveal(row.worker, row.step), data)
             record = WorkRecord.model_validate(session.get(
                 WorkRecordRow, (row.job_id, row.worker, row.step)).body)
             plan = session.get(ForcedPlanRow, row.job_id)
@@ -297,15 +297,15 @@ class ForcedErrorService:
                     # `withheld` says only that the worker's agent had not answered yet:
                     # nothing about the planted contribution, so it catches nothing (or a
                     # verifier could file it at once on every record and never replay).
-                    row.ruling = MISSED if verdict.kind is VerdictKind.valid else \
-                        CAUGHT if verdict.guilty and verdict.kind is not VerdictKind.withheld \
-                        else ABSTAINED
+                    row.ruling = Ruling.plant_missed if verdict.kind is VerdictKind.valid else \
+                        Ruling.plant_caught if verdict.guilty and verdict.kind is not VerdictKind.withheld \
+                        else Ruling.plant_abstained
                     said.setdefault((row.worker, row.step), []).append((row, verdict))
             for (worker, step), verdicts in said.items():
-                catcher = next((v.verifier for r, v in verdicts if r.ruling == CAUGHT), None)
+                catcher = next((v.verifier for r, v in verdicts if r.ruling == Ruling.plant_caught), None)
                 named = set()
                 for row, verdict in verdicts:
-                    if row.ruling == MISSED and verdict.verifier.lower() not in named:
+                    if row.ruling == Ruling.plant_missed and verdict.verifier.lower() not in named:
                         named.add(verdict.verifier.lower())
                         misses.append((row.seq, verdict.verifier, worker, step, catcher))
             self._event(session, now, COORDINATOR, "forced_errors_revealed", job_id,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shoal import jsonl
 from shoal.coordinator.errors import Conflict
 from shoal.spec.progress import MembershipChange
 from shoal.spec.proof import WorkRecord
@@ -78,18 +79,14 @@ class PublishedEpochs:
 
     def _read_new_lines(self, path: Path, job: _JobEpochs) -> None:
         try:
-            with path.open("rb") as handle:
-                if handle.seek(0, 2) < job.offset:  # replaced by a shorter file: start over
-                    job.members.clear()
-                    job.changes.clear()
-                    job.offset = 0
-                handle.seek(job.offset)
-                data = handle.read()
+            if path.stat().st_size < job.offset:  # replaced by a shorter file: start over
+                job.members.clear()
+                job.changes.clear()
+                job.offset = 0
         except FileNotFoundError:
             return
-        whole = data[: data.rfind(b"\n") + 1]  # a line the host is still writing waits
-        job.offset += len(whole)
-        for line in whole.decode(errors="replace").splitlines():
+        lines, job.offset = jsonl.read(path, job.offset)  # a line still being written waits
+        for line in lines:
             try:
                 value = json.loads(line)
                 epoch, members, t = int(value["epoch"]), value["members"], float(value["t"])

@@ -8,8 +8,8 @@ Records are commitments: one stored for (job, worker, step) is never
 replaced (but by the same step redone in a later membership epoch, before
 its epoch is rooted), and a record arriving after its epoch was rooted is
 refused. A worker may only speak for itself: its id
-must carry the prefix its agent gives workers of that lease
-(`AGENT-lLEASE-`), and the agent must be the caller's; and only for the seat it
+must parse (`spec.worker.WorkerId`) to that lease and the agent that runs it,
+and the agent must be the caller's; and only for the seat it
 held: the membership epoch, rank and world a record claims must be those the
 job's host published (`published_epochs.py`).
 
@@ -31,7 +31,6 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
-from shoal.coordinator.services.speed_marks import lease_of
 from shoal.coordinator.proofs.published_epochs import PublishedEpochs
 from shoal.elastic.job_host import read_reached
 from shoal.coordinator.db.schema import (
@@ -39,7 +38,7 @@ from shoal.coordinator.db.schema import (
 )
 from shoal.ledger import LedgerError
 from shoal.proof.dues import Dues, record_dues
-from shoal.proof.epochs import final_lineage, is_complete, steps_of
+from shoal.proof.epochs import epoch_of, final_lineage, is_complete, steps_of
 from shoal.proof.forced import ForcedErrors, sealed_root
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import ProofEpochView, RecordUpload, UploadReceipt
@@ -49,6 +48,7 @@ from shoal.spec.job import JobSpec
 from shoal.spec.jobfile import parse_job
 from shoal.spec.plan import SyncMode
 from shoal.spec.proof import WorkRecord
+from shoal.spec.worker import WorkerId, runs_on
 
 log = logging.getLogger(__name__)
 # An epoch whose records are still incomplete is rooted anyway once the job (by its
@@ -57,11 +57,6 @@ log = logging.getLogger(__name__)
 # forever.
 ROOT_AFTER_EPOCHS = 2
 RECORDS_GRACE_BEATS = 5  # how long a finished job waits for its last records, in heartbeats
-
-
-def worker_prefix(agent_id: str, lease: int) -> str:
-    """What every worker id of `lease` on `agent_id` starts with (see control.agent.leases)."""
-    return f"{agent_id}-l{lease}-"
 
 
 class ProofService:
@@ -106,12 +101,11 @@ class ProofService:
             if lease.provider != provider:
                 raise Forbidden(f"lease {upload.lease} is not yours")
             agent_id = session.get(OfferRow, lease.offer_id).agent_id
-            prefix = worker_prefix(agent_id, lease.lease)
             rooted = session.scalar(select(func.max(ProofEpochRow.epoch))
                                     .where(ProofEpochRow.job_id == job_id))
             stored = known = 0
             for record in upload.records:
-                _check_record(record, spec, prefix, rooted)
+                _check_record(record, spec, agent_id, lease.lease, rooted)
                 self._published.check(job_id, record)
                 body = record.model_dump(mode="json")
                 row = session.get(WorkRecordRow, (job_id, record.worker, record.step))
@@ -171,8 +165,8 @@ class ProofService:
         members = self._published.all_members(job_id)
         per_lease: dict[int, Dues] = {}
         for worker, dues in record_dues(self.work_records(job_id), members, steps).items():
-            if (lease := lease_of(worker)) is not None:
-                per_lease[lease] = per_lease.get(lease, Dues()) + dues
+            if (named := WorkerId.leased(worker)) is not None:
+                per_lease[named.lease] = per_lease.get(named.lease, Dues()) + dues
         return per_lease
 
     def host_reached(self, job_id: str) -> int | None:
@@ -235,7 +229,7 @@ class ProofService:
         behind = -1 if host is None else min(newest, host)
         out = []
         epoch = 0 if last is None else last + 1
-        while epoch <= newest // per_epoch:
+        while epoch <= epoch_of(newest, per_epoch):
             steps = steps_of(epoch, per_epoch, spec.steps)
             bodies = session.scalars(select(WorkRecordRow.body).where(
                 WorkRecordRow.job_id == job.job_id, WorkRecordRow.step >= steps.start,
@@ -247,7 +241,7 @@ class ProofService:
             # complete it before their peers of the next epoch could file.
             ran = final or host is None or host >= steps.stop - 1
             now = self.now_s()
-            left_behind = behind // per_epoch >= epoch + ROOT_AFTER_EPOCHS and \
+            left_behind = behind >= 0 and epoch_of(behind, per_epoch) >= epoch + ROOT_AFTER_EPOCHS and \
                 self._waited_for_records(job.job_id, epoch, now)
             if not (complete and ran or left_behind or final) or not records:
                 break
@@ -362,12 +356,13 @@ def all_ranks(records: list[WorkRecord]) -> bool:
     return True
 
 
-def _check_record(record: WorkRecord, spec: JobSpec, prefix: str, rooted: int | None) -> None:
+def _check_record(record: WorkRecord, spec: JobSpec, agent_id: str, lease: int,
+                  rooted: int | None) -> None:
     if record.job != spec.name:
         raise Conflict(f"a record names job '{record.job}'; this job's records name '{spec.name}'")
-    if not record.worker.startswith(prefix):
+    if not runs_on(record.worker, agent_id, lease):
         raise Forbidden(f"worker '{record.worker}' is not on this lease: its workers' ids "
-                        f"start with '{prefix}'")
+                        f"are '{agent_id}-l{lease}-a<attempt>-w<index>'")
     if record.step >= spec.steps:
         raise Conflict(f"step {record.step} is past the job's last step ({spec.steps - 1})")
     if (record.local is not None) != (spec.sync.mode is SyncMode.diloco):
@@ -376,8 +371,9 @@ def _check_record(record: WorkRecord, spec: JobSpec, prefix: str, rooted: int | 
         raise Conflict(f"the record of step {record.step} {'claims' if record.local else 'lacks'} "
                        f"a DiLoCo step's start and end; this job's sync is "
                        f"'{spec.sync.mode.value}'")
-    if rooted is not None and record.step // spec.proof.epoch_steps <= rooted:
-        raise Conflict(f"step {record.step} is in proof epoch {record.step // spec.proof.epoch_steps}, "
+    epoch = epoch_of(record.step, spec.proof.epoch_steps)
+    if rooted is not None and epoch <= rooted:
+        raise Conflict(f"step {record.step} is in proof epoch {epoch}, "
                        "already rooted: a record must be uploaded before its epoch is rooted")
 
 

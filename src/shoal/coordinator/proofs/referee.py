@@ -23,16 +23,16 @@ from eth_account.signers.local import LocalAccount
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shoal.coordinator.services.speed_marks import lease_of
-from shoal.coordinator.proofs.penalties import REJECTED, UPHELD, Penalties
+from shoal.coordinator.proofs.penalties import Penalties
 from shoal.coordinator.db.schema import (
     AgentRow, ChallengeRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
-from shoal.proof.epochs import final_lineage
+from shoal.proof.epochs import epoch_of, final_lineage
 from shoal.spec.audit import BlobKind
 from shoal.spec.job import JobSpec
 from shoal.spec.plan import SyncMode
-from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
+from shoal.spec.proof import Ruling, Verdict, VerdictKind, WorkRecord
+from shoal.spec.worker import WorkerId
 from shoal.verify.audit.unrecorded_round import record_less_rounds
 
 if TYPE_CHECKING:
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
     from shoal.verify.replay import Replayer
 
 log = logging.getLogger(__name__)
-UNDECIDED, PLANT = "undecided", "plant"
-ANSWERED_LATE = "answered_late"  # only between `withheld` and `_rule`, never stored
 # Jobs whose record-less DiLoCo rounds the referee keeps an auditor for (each holds a
 # replica of the job's model and the round starts it loaded).
 ROUND_AUDITORS_KEPT = 4
@@ -94,7 +92,7 @@ class Referee:
                 log.exception("job %s: ruling on verdict %d failed; it stays undecided", job_id, seq)
         log_rulings(job_id, ruled)
 
-    def rule(self, job_id: str, seq: int) -> str:
+    def rule(self, job_id: str, seq: int) -> Ruling:
         """Rule on verdict `seq` now, and log the ruling; the ruling."""
         ruled = self._rule(job_id, seq)
         log_rulings(job_id, [ruled])
@@ -105,7 +103,7 @@ class Referee:
         with Session(co.engine) as session:
             row = session.get(VerdictRow, seq)
             if row is None or row.ruling is not None:
-                return Ruled(row.ruling if row else UNDECIDED)
+                return Ruled(Ruling(row.ruling) if row else Ruling.undecided)
             verdict = Verdict.model_validate(row.body["verdict"])
             filed_at_s = row.at_s
             record_row = session.get(WorkRecordRow, (job_id, verdict.worker, verdict.step))
@@ -115,8 +113,8 @@ class Referee:
             # A planted record is the operator's: its verdicts are scored at the reveal
             # (plants.py), and a replay of the worker's real record must not rule on them
             # (nor on a DiLoCo round's end whose audit read a plant of its round).
-            return Ruled(PLANT)
-        records = co.work_records(job_id, verdict.step // co.job_spec(job_id).proof.epoch_steps)
+            return Ruled(Ruling.plant)
+        records = co.work_records(job_id, epoch_of(verdict.step, co.job_spec(job_id).proof.epoch_steps))
         provider = record_row.provider if record_row is not None else None
         if record is None or record not in final_lineage(records):
             # A record the step's final lineage does not take shields nothing: a worker
@@ -126,13 +124,13 @@ class Referee:
         elif verdict.kind is VerdictKind.withheld:
             ruling, why = self.withheld(job_id, verdict, record_row.agent_id, vouched,
                                         filed_at_s=filed_at_s)
-            if ruling == ANSWERED_LATE:
+            if ruling == Ruling.answered_late:
                 # Answered after the verifier gave up and filed: neither withholding nor a
                 # false accusation by itself. What the file shows decides: a cheat that
                 # answers late to dodge its audit is still caught.
                 ruling, replayed, _ = self.replay(job_id, record, records)
-                if ruling == REJECTED:
-                    ruling = UNDECIDED
+                if ruling == Ruling.rejected:
+                    ruling = Ruling.undecided
                     why = f"{why}; the referee's replay matches the commitment: nobody is at fault"
                 else:
                     why = f"{why}; {replayed}"
@@ -142,12 +140,12 @@ class Referee:
         return Ruled(ruling, why, verdict.worker, verdict.step, verdict.verifier)
 
     def withheld(self, job_id: str, verdict: Verdict, agent_id: str,
-                 steps: range | None = None, filed_at_s: float | None = None) -> tuple[str, str]:
+                 steps: range | None = None, filed_at_s: float | None = None) -> tuple[Ruling, str]:
         """Withheld stands only if the agent was alive and beating while it did not answer:
         a provider whose machine died is not a cheat, it just loses what it cannot show.
         `steps`: the worker's steps whose files the record's audit needs (its own, or
         under DiLoCo a round's end: its round's). `filed_at_s`: when the verdict was
-        filed; a challenge answered after that gives ANSWERED_LATE (the caller replays)."""
+        filed; a challenge answered after that gives Ruling.answered_late (the caller replays)."""
         steps = steps or range(verdict.step, verdict.step + 1)
         co = self.coordinator
         with Session(co.engine) as session:
@@ -155,27 +153,27 @@ class Referee:
             agent = session.get(AgentRow, agent_id)
         unanswered = [c for c in asked if c.answered_at_s is None]
         if not asked:
-            return REJECTED, "nobody challenged that record: nothing was withheld"
+            return Ruling.rejected, "nobody challenged that record: nothing was withheld"
         if not unanswered:
             last = max(c.answered_at_s for c in asked)
             if filed_at_s is not None and last >= filed_at_s:
                 # The verifier waited and filed with the file still missing; an honest
                 # verifier must not pay for an agent that answered after it gave up.
-                return ANSWERED_LATE, (f"answered {last - filed_at_s:.1f} s after the verdict "
+                return Ruling.answered_late, (f"answered {last - filed_at_s:.1f} s after the verdict "
                                        "was filed")
-            return REJECTED, "the challenge was answered before the verdict was filed"
+            return Ruling.rejected, "the challenge was answered before the verdict was filed"
         challenge = min(unanswered, key=lambda c: c.requested_at_s)
         if agent is not None and agent.last_seen_s > challenge.requested_at_s + self.withheld_grace_s:
-            return UPHELD, f"agent beat {agent.last_seen_s - challenge.requested_at_s:.1f} s after " \
+            return Ruling.upheld, f"agent beat {agent.last_seen_s - challenge.requested_at_s:.1f} s after " \
                            "the challenge and did not answer it"
         if agent is not None and agent.last_seen_s > challenge.requested_at_s:
-            return UNDECIDED, (f"the agent beat after the challenge, but not yet "
+            return Ruling.undecided, (f"the agent beat after the challenge, but not yet "
                                f"{self.withheld_grace_s:g} s after it, when its silence would "
                                "count: filed too early to be ruled withheld")
-        return UNDECIDED, "the agent has been silent since the challenge: not ruled a cheat"
+        return Ruling.undecided, "the agent has been silent since the challenge: not ruled a cheat"
 
     def replay(self, job_id: str, record: WorkRecord, records: list[WorkRecord] | None = None
-               ) -> tuple[str, str, Verdict | None]:
+               ) -> tuple[Ruling, str, Verdict | None]:
         """The referee's own audit of one record: (ruling, why, its verdict if it replayed).
         `records`: the record's proof epoch's, if the caller has them already."""
         from shoal.verify.roles.verifier import Verifier
@@ -185,16 +183,16 @@ class Referee:
 
         co = self.coordinator
         spec = co.job_spec(job_id)
-        epoch = record.step // spec.proof.epoch_steps
+        epoch = epoch_of(record.step, spec.proof.epoch_steps)
         records = co.work_records(job_id, epoch) if records is None else records
         if record not in final_lineage(records):
-            return REJECTED, ("the record is of a lineage abandoned after a restore (its step "
+            return Ruling.rejected, ("the record is of a lineage abandoned after a restore (its step "
                               "was redone in a later membership epoch): not audited, not blamed"), None
         if self.replayer is None:
-            return UNDECIDED, "this coordinator has no replayer for the job's model", None
+            return Ruling.undecided, "this coordinator has no replayer for the job's model", None
         roots = {e.epoch: bytes.fromhex(e.root[2:]) for e in co.proof_epochs(job_id)}
         if epoch not in roots:
-            return UNDECIDED, f"proof epoch {epoch} is not rooted yet", None
+            return Ruling.undecided, f"proof epoch {epoch} is not rooted yet", None
         auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
                           hyper_sha256=hyper_digest(spec.hyperparameters()),
                           tolerance=spec.proof.tolerance, verifier="referee",
@@ -202,7 +200,7 @@ class Referee:
         judge = Verifier(auditor, spec.proof, salt=b"", roots=roots.get, total_steps=spec.steps)
         found = judge.audit_one(record, records)
         if found.kind is VerdictKind.unavailable:
-            return UNDECIDED, f"the referee could not replay: {found.detail}", found
+            return Ruling.undecided, f"the referee could not replay: {found.detail}", found
         if found.kind is VerdictKind.withheld:
             # No reveal here is the worker's fault only if it was asked and did not answer:
             # else an accuser could name a record nobody challenged and have it "withheld".
@@ -212,11 +210,11 @@ class Referee:
                                         _vouched(record))
             return ruling, f"its contribution is not revealed here: {why}", found
         if found.guilty:
-            return UPHELD, f"the referee's replay found {found.kind.value}", found
-        return REJECTED, "the referee's replay matches the commitment", found
+            return Ruling.upheld, f"the referee's replay found {found.kind.value}", found
+        return Ruling.rejected, "the referee's replay matches the commitment", found
 
     def unrecorded(self, job_id: str, verdict: Verdict, records: list[WorkRecord],
-                   filed_at_s: float | None = None) -> tuple[str, str, str | None]:
+                   filed_at_s: float | None = None) -> tuple[Ruling, str, str | None]:
         """A verdict on a worker with no record of the step: its share, if it held a seat
         in the step and filed nothing in the step's final lineage, is replayed as the
         verifier did (`shoal.verify.audit.unrecorded`). `records`: the step's proof
@@ -227,27 +225,27 @@ class Referee:
         from shoal.verify.proof_store import ProofStore
 
         co = self.coordinator
-        number = lease_of(verdict.worker)
+        named = WorkerId.leased(verdict.worker)
         with Session(co.engine) as session:
-            lease = session.get(LeaseRow, number) if number is not None else None
+            lease = session.get(LeaseRow, named.lease) if named is not None else None
             if lease is not None and lease.job_id != job_id:
                 lease = None
             provider = lease.provider if lease is not None else None
             offer = session.get(OfferRow, lease.offer_id) if lease is not None else None
         spec = co.job_spec(job_id)
         diloco = spec.sync.mode is SyncMode.diloco
-        epoch = verdict.step // spec.proof.epoch_steps
+        epoch = epoch_of(verdict.step, spec.proof.epoch_steps)
         step_records = [r for r in final_lineage(records) if r.step == verdict.step]
         members = lambda e: co._published.members(job_id, e)  # noqa: E731
         shares = [share for share in unrecorded_shares(step_records, members)
                   if share.worker == verdict.worker]
         if not shares:
-            return REJECTED, ("the accused record does not exist, and the worker held no seat "
+            return Ruling.rejected, ("the accused record does not exist, and the worker held no seat "
                               "of the step that went without a record"), provider
         if epoch not in {e.epoch for e in co.proof_epochs(job_id)}:
-            return UNDECIDED, f"proof epoch {epoch} is not rooted yet", provider
+            return Ruling.undecided, f"proof epoch {epoch} is not rooted yet", provider
         if self.replayer is None:
-            return UNDECIDED, "this coordinator has no replayer for the job's model", provider
+            return Ruling.undecided, "this coordinator has no replayer for the job's model", provider
         # Under DiLoCo one auditor per job: it remembers the round ends it replayed, so a
         # worker with many record-less rounds costs each ruling one round, not all of them.
         auditor = self._round_auditors.pop(job_id, None) if diloco else None
@@ -268,9 +266,9 @@ class Referee:
                                         self._round_steps(job_id, verdict))
             return ruling, why, provider
         if found.kind is VerdictKind.unavailable:
-            return UNDECIDED, f"the referee could not replay: {found.detail}", provider
+            return Ruling.undecided, f"the referee could not replay: {found.detail}", provider
         if found.guilty:
-            return UPHELD, f"the referee's replay found {found.kind.value}: {found.detail}", \
+            return Ruling.upheld, f"the referee's replay found {found.kind.value}: {found.detail}", \
                 provider
         why = "the referee's replay matches what the worker declared"
         if verdict.kind is VerdictKind.withheld and filed_at_s is not None:
@@ -278,9 +276,9 @@ class Referee:
             # before the verdict was filed (else the agent answered after the verifier gave up).
             ruling, when = self.withheld(job_id, verdict, offer.agent_id if offer else "",
                                          self._round_steps(job_id, verdict), filed_at_s)
-            if ruling == ANSWERED_LATE:
-                return UNDECIDED, f"{when}; {why}: nobody is at fault", provider
-        return REJECTED, why, provider
+            if ruling == Ruling.answered_late:
+                return Ruling.undecided, f"{when}; {why}: nobody is at fault", provider
+        return Ruling.rejected, why, provider
 
     def _round_steps(self, job_id: str, verdict: Verdict) -> range:
         """The steps whose kept states judging a record-less DiLoCo round reads: its own,
@@ -319,7 +317,7 @@ class Ruled:
     """A ruling as the log tells it: on which worker's step, whose verdict, and why (a
     verdict ruled already, or left to a plant's reveal, has no worker: nothing new)."""
 
-    ruling: str
+    ruling: Ruling
     why: str = ""
     worker: str | None = None
     step: int = -1
@@ -336,7 +334,7 @@ def log_rulings(job_id: str, ruled: list[Ruled]) -> None:
         if r.worker is not None:
             steps[(r.verifier, r.worker, r.ruling, r.why)].append(r.step)
     for (verifier, worker, ruling, why), at in steps.items():
-        level = logging.INFO if ruling == UNDECIDED else logging.WARNING
+        level = logging.INFO if ruling == Ruling.undecided else logging.WARNING
         shown = ", ".join(map(str, at[:3])) + (f", … {at[-1]}" if len(at) > 3 else "")
         log.log(level, "job %s: %s by %s on %s %s (step%s %s): %s", job_id,
                 "a verdict" if len(at) == 1 else f"{len(at)} verdicts", verifier or "?", worker,

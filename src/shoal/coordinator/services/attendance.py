@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shoal.coordinator.services.speed_marks import lease_of
 from shoal.errors import ControlError
 from shoal.elastic.netaddr import parse_endpoint
 from shoal.coordinator.db.schema import EventRow, JobRow, LeaseRow, OfferRow
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.progress import MembershipChange
+from shoal.spec.worker import WorkerId
 
 log = logging.getLogger(__name__)
 LIVE = (JobStatus.waiting.value, JobStatus.running.value, JobStatus.paused.value)
@@ -111,7 +111,7 @@ class LeaseAttendance:
             log.warning("job %s: could not read who asked its host to join: %s", job_id, error)
             return False
         read.seen = seen
-        read.leases |= {n for w in workers if (n := lease_of(w)) is not None}
+        read.leases |= {w.lease for w in map(WorkerId.leased, workers) if w is not None}
         self._joins_read[job_id] = read
         return True
 
@@ -149,8 +149,8 @@ class LeaseAttendance:
 
     def attended_leases(self, job_id: str) -> set[int]:
         """Leases whose worker was a member of at least one of the job's epochs."""
-        return {n for change in self.membership(job_id) for w in change.members
-                if (n := lease_of(w)) is not None}
+        return {w.lease for change in self.membership(job_id)
+                for w in map(WorkerId.leased, change.members) if w is not None}
 
 
 def absent_since(changes: list[MembershipChange], lease: int, start_s: float,
@@ -163,7 +163,7 @@ def absent_since(changes: list[MembershipChange], lease: int, start_s: float,
         return float("inf") if serving_s is None else max(start_s, serving_s)
     since = None
     for change in reversed(changes):
-        if any(lease_of(w) == lease for w in change.members):
+        if any(w is not None and w.lease == lease for w in map(WorkerId.leased, change.members)):
             break
         since = change.t
     if since is None:
@@ -180,8 +180,8 @@ def _serving_since(session: Session, job_id: str) -> float | None:
 
 def _agent_of(session: Session, job_id: str, worker: str) -> str | None:
     """The agent running `worker` on one of the job's leases, or None."""
-    number = lease_of(worker)
-    lease = session.get(LeaseRow, number) if number is not None else None
+    named = WorkerId.leased(worker)
+    lease = session.get(LeaseRow, named.lease) if named is not None else None
     if lease is None or lease.job_id != job_id:
         return None
     offer = session.get(OfferRow, lease.offer_id)

@@ -40,13 +40,13 @@ from sqlalchemy.orm import Session
 
 from shoal.coordinator.services.checkpoint_checks import check_cursor, check_optimizer
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
-from shoal.coordinator.services.speed_marks import lease_of
 from shoal.coordinator.db.schema import JobRow, LeaseRow, OfferRow
-from shoal.proof.epochs import final_lineage
+from shoal.proof.epochs import epoch_of, final_lineage
 from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
 from shoal.spec.proof import WorkRecord
+from shoal.spec.worker import WorkerId
 from shoal.train.files import checkpoint_manifests, prune_checkpoints, write_whole
 from shoal.train.hashing import param_sha256
 
@@ -159,7 +159,7 @@ class CheckpointCarry:
         if not spec.proof.enabled:
             return []
         wanted = {s for s in (step - 1, step) if s >= 0}
-        records = final_lineage(r for epoch in {s // spec.proof.epoch_steps for s in wanted}
+        records = final_lineage(r for epoch in {epoch_of(s, spec.proof.epoch_steps) for s in wanted}
                                 for r in self.work_records(job_id, epoch) if r.step in wanted)
         if not any(r.step == step for r in records):
             raise NotYetVerifiable(
@@ -184,7 +184,8 @@ class CheckpointCarry:
             sender = session.get(LeaseRow, number)
             agent = _agent_of(session, sender)
             for worker in writers:
-                lease = session.get(LeaseRow, lease_of(worker) or 0)
+                named = WorkerId.leased(worker)
+                lease = session.get(LeaseRow, named.lease if named is not None else 0)
                 if lease is not None and lease.job_id == job_id \
                         and (lease.provider, _agent_of(session, lease)) == (sender.provider, agent):
                     return

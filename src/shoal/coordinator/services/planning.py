@@ -34,12 +34,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import NotFound
-from shoal.coordinator.services.speed_marks import lease_of
 from shoal.coordinator.db.schema import AgentRow, EventRow, JobRow, LeaseRow, OfferRow
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.job import BYTE_VOCAB, JobSpec
 from shoal.spec.plan import Cluster, Device, ModelProfile, Plan, SyncMode, gpt_profile
 from shoal.spec.progress import JobPlanView
+from shoal.spec.worker import WorkerId
 
 log = logging.getLogger(__name__)
 # FLOPs of one sample of the agents' pre-flight probe (a 256-512-256 MLP, forward and
@@ -122,8 +122,8 @@ class JobPlanning:
         """The members' devices as the planner sees them; None if one is not a lease's."""
         devices, probes = [], []
         for worker in members:
-            number = lease_of(worker)
-            lease = session.get(LeaseRow, number) if number is not None else None
+            named = WorkerId.leased(worker)
+            lease = session.get(LeaseRow, named.lease) if named is not None else None
             if lease is None or lease.job_id != job_id:
                 log.debug("job %s: member %s is not a lease's worker; not planned", job_id, worker)
                 return None

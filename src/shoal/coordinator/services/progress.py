@@ -11,9 +11,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
-from shoal.coordinator.proofs.records import worker_prefix
 from shoal.coordinator.db.schema import JobRow, LeaseRow, OfferRow, StepProgressRow
 from shoal.spec.progress import MembershipChange, ProgressUpload, StepProgress
+from shoal.spec.worker import runs_on
 
 MAX_STEPS_PER_READ = 5000
 
@@ -31,8 +31,8 @@ class JobProgress:
                 raise NotFound(f"job '{job_id}' has no lease {upload.lease}")
             if lease.provider != provider:
                 raise Forbidden(f"lease {upload.lease} is not yours")
-            prefix = worker_prefix(session.get(OfferRow, lease.offer_id).agent_id, lease.lease)
-            if not upload.worker.startswith(prefix):
+            agent_id = session.get(OfferRow, lease.offer_id).agent_id
+            if not runs_on(upload.worker, agent_id, lease.lease):
                 raise Forbidden(f"worker '{upload.worker}' is not on lease {upload.lease}")
             last = self.job_spec(job_id, session.get(JobRow, job_id).job_file).steps - 1
             if any(p.step > last for p in upload.steps):

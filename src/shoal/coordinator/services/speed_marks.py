@@ -7,17 +7,7 @@ it is marked down to the speed it showed."""
 
 from __future__ import annotations
 
-import re
-
-# Agents name workers AGENT-l<lease>-a<attempt>-w<i>; a node name claimed twice in a job
-# gets a suffix (AGENT-l<lease>-a<attempt>.<k>-w<i>, see control.launcher).
-NODE = re.compile(r"-l(\d+)-a\d+(?:\.\d+)?-w\d+$")
 TOLERANCE = 0.6  # an index under this share of the reference is not noise
-
-
-def lease_of(worker: str) -> int | None:
-    match = NODE.search(worker)
-    return int(match.group(1)) if match else None
 
 
 def marked_down(claimed: dict[str, float], observed: dict[str, float],

@@ -9,10 +9,11 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shoal.coordinator.services.speed_marks import lease_of, marked_down
+from shoal.coordinator.services.speed_marks import marked_down
 from shoal.elastic.job_host import read_speeds
 from shoal.coordinator.db.schema import AgentRow, JobRow, LeaseRow, OfferRow
 from shoal.spec.coordinator import COORDINATOR, JobStatus
+from shoal.spec.worker import WorkerId
 
 
 class JobSupervision:
@@ -79,8 +80,8 @@ class JobSupervision:
             offers: dict[str, OfferRow] = {}
             observed: dict[str, float] = {}
             for worker, speed in observed_by_worker.items():
-                number = lease_of(worker)
-                lease = session.get(LeaseRow, number) if number is not None else None
+                named = WorkerId.leased(worker)
+                lease = session.get(LeaseRow, named.lease) if named is not None else None
                 if lease is not None and lease.job_id == job_id:
                     offers[lease.offer_id] = session.get(OfferRow, lease.offer_id)
                     observed[lease.offer_id] = speed

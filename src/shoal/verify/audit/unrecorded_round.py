@@ -5,7 +5,7 @@ ended, from theta_outer and the worker's own optimizer state. A worker that
 poisons it and files no record has committed to nothing, but (as under
 every-step sync, `shoal.verify.audit.unrecorded`) its peers' records say what
 it declared, and it keeps the state each of its steps started from
-(`local/WORKER/STEP.pt`, for the challenge window). So the round is replayed
+(`local/WORKER/STEP.safetensors`, for the challenge window). So the round is replayed
 step by step from those kept states, each step's samples being its rank's
 slice of the step as its peers' records split it:
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from eth_account.signers.local import LocalAccount
 
 from shoal.client.http import CoordinatorClient
-from shoal.coordinator.services.speed_marks import lease_of
 from shoal.errors import ControlError
 from shoal.verify.roles.dispute import trajectory
 from shoal.verify.roles.remote import RemoteAudits
@@ -25,6 +24,7 @@ from shoal.ledger import Ledger
 from shoal.proof.epochs import final_lineage
 from shoal.spec.audit import DisputeFiling, DisputeView
 from shoal.spec.proof import Verdict
+from shoal.spec.worker import WorkerId
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,9 @@ def challenge_worker(client: CoordinatorClient, ledger: Ledger, account: LocalAc
     if not rejected:
         return Challenge(verdicts, None)
     job = client.job(job_id)
-    lease = lease_of(worker)
-    provider = next((held.provider for held in job.leases if held.lease == lease), None)
+    named = WorkerId.leased(worker)
+    provider = next((held.provider for held in job.leases
+                     if named is not None and held.lease == named.lease), None)
     if job.chain_job is None or provider is None:
         raise ControlError(f"job {job_id} does not settle on chain, or worker {worker} holds no "
                            "lease in it: there is no contract to dispute on")

@@ -48,16 +48,6 @@ class DisputeResult:
     upheld: bool  # the worker cheated at `step`: the challenger wins
 
 
-def bisect_dispute(root: bytes, records: list[WorkRecord], challenger: Judge,
-                   referee: Callable[[WorkRecord], Verdict]) -> DisputeResult:
-    """Run a dispute over `records` (one worker's, one epoch, in step order).
-
-    The claimant answers from its own records (it stands by every commitment);
-    the challenger answers from its replays; the referee re-executes one step."""
-    records = sorted(records, key=lambda r: r.step)
-    return bisect_trajectories(root, records, trajectory(root, records, challenger), referee)
-
-
 def bisect_trajectories(root: bytes, records: list[WorkRecord], challenged: Sequence[str],
                         referee: Callable[[WorkRecord], Verdict]) -> DisputeResult:
     """A dispute where the challenger has committed to its whole trajectory (the states

@@ -212,7 +212,7 @@ class RemoteAudits:
                 starts.add(span.start)
                 wanted += [ChallengeRequest(worker=share.worker, step=step, kind=BlobKind.local)
                            for step in span
-                           if not self.store.local_path(share.worker, step).exists()]
+                           if not self.store.layout.local(share.worker, step).exists()]
         wanted += params_requests(starts, records)
         views: dict[int, ChallengeView] = {}
         for i in range(0, len(wanted), MAX_CHALLENGES_PER_REQUEST):
@@ -258,11 +258,7 @@ class RemoteAudits:
         return found
 
     def _path(self, view: ChallengeView) -> Path:
-        if view.kind is BlobKind.params:
-            return self.store.params_path(view.step)
-        if view.kind is BlobKind.local:
-            return self.store.local_path(view.worker, view.step)
-        return self.store.reveal_path(view.worker, view.step)
+        return self.store.layout.kept(view.kind, view.worker, view.step)
 
     def _saved(self, view: ChallengeView) -> bool:
         return self._path(view).exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from shoal.proof.epochs import epoch_of
 from shoal.proof.forced import ForcedErrors
 from shoal.spec.proof import WorkRecord
 from shoal.verify.proof_store import ProofStore, UnreadableFile, contribution_norm, contribution_sha256
@@ -28,7 +29,7 @@ class ServedStore:
     def _planted(self, record: WorkRecord) -> bool:
         # An empty contribution has no wrong version that a replay could tell apart.
         return self.forced is not None and record.contributed and record.plantable and \
-            self.forced.is_planted(record.job, record.step // self.epoch_steps, record.step,
+            self.forced.is_planted(record.job, epoch_of(record.step, self.epoch_steps), record.step,
                                    record.worker)
 
     def _plant(self, record: WorkRecord) -> tuple[WorkRecord, list[torch.Tensor]] | None:

@@ -14,6 +14,8 @@ from eth_account import Account
 from eth_account.messages import encode_defunct
 from eth_account.signers.local import LocalAccount
 
+from shoal import jsonl
+from shoal.proof.layout import ProofLayout
 from shoal.spec.base import Frozen
 from shoal.spec.proof import Verdict
 
@@ -47,26 +49,22 @@ def sign_verdict(verdict: Verdict, account: LocalAccount) -> SignedVerdict:
 
 
 class VerdictLog:
-    """`DIR/verdicts/VERIFIER.jsonl`: every verdict a verifier signed for the job."""
+    """Every verdict a verifier signed for the job (`ProofLayout.verdicts`)."""
 
     def __init__(self, proof_dir: str | Path) -> None:
-        self.dir = Path(proof_dir) / "verdicts"
+        self.layout = ProofLayout(Path(proof_dir))
 
     def append(self, signed: SignedVerdict) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with (self.dir / f"{signed.verdict.verifier}.jsonl").open("a") as out:
-            out.write(signed.model_dump_json() + "\n")
+        jsonl.append(self.layout.verdicts(signed.verdict.verifier), signed.model_dump_json())
 
     def read(self, verifier: str | None = None) -> list[SignedVerdict]:
         """Verdicts that verify (a line whose signature fails is dropped, not trusted)."""
-        paths = [self.dir / f"{verifier}.jsonl"] if verifier else sorted(self.dir.glob("*.jsonl"))
+        paths = [self.layout.verdicts(verifier)] if verifier else \
+            sorted(self.layout.verdicts_dir.glob("*.jsonl"))
         out = []
         for path in paths:
-            if not path.exists():
-                continue
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    signed = SignedVerdict.model_validate_json(line)
-                    if signed.authentic:
-                        out.append(signed)
+            for line in jsonl.read(path)[0]:
+                signed = SignedVerdict.model_validate_json(line)
+                if signed.authentic:
+                    out.append(signed)
         return out

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from shoal.proof.epochs import by_epoch, final_lineage, is_complete
+from shoal.proof.epochs import by_epoch, epoch_of, final_lineage, is_complete
 from shoal.proof.merkle import MerkleTree, epoch_tree
 from shoal.proof.sampling import audit_sample, beacon
 from shoal.spec.proof import ProofSpec, Verdict, VerdictKind, WorkRecord
@@ -94,7 +94,7 @@ class Verifier:
     def audit_one(self, record: WorkRecord, epoch_records: list[WorkRecord]) -> Verdict:
         """Audit one record against its epoch's tree (the referee's single re-execution)."""
         tree, ordered = epoch_tree(epoch_records)
-        epoch = record.step // self.spec.epoch_steps
+        epoch = epoch_of(record.step, self.spec.epoch_steps)
         root = self.roots(epoch) or tree.root
         i = next(i for i, r in enumerate(ordered) if (r.step, r.worker, r.membership_epoch)
                  == (record.step, record.worker, record.membership_epoch))

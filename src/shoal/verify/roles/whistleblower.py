@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from shoal.verify.roles.verdicts import SignedVerdict
 from shoal.verify.roles.verifier import Verifier
-from shoal.proof.epochs import final_lineage
+from shoal.proof.epochs import epoch_of, final_lineage
 from shoal.proof.merkle import epoch_tree
 from shoal.proof.verdicts import Disagreement, disagreements
 from shoal.spec.proof import WorkRecord
@@ -21,7 +21,7 @@ def recheck(signed: list[SignedVerdict], verifier: Verifier,
     epoch_steps = verifier.spec.epoch_steps
     by_epoch: dict[int, list[WorkRecord]] = defaultdict(list)
     for record in records:
-        by_epoch[record.step // epoch_steps].append(record)
+        by_epoch[epoch_of(record.step, epoch_steps)].append(record)
     trees = {e: epoch_tree(rs) for e, rs in by_epoch.items()}
     verdicts = [s.verdict for s in signed if s.authentic]
     rechecks = []
