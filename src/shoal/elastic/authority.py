@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shoal import jsonl
 from shoal.errors import ControlError
 from shoal.elastic.liveness import LivenessConfig, ProgressWatch
 from shoal.spec.elastic import MembershipEpoch
@@ -237,8 +238,7 @@ class MembershipAuthority:
         # Logged before it is published: the coordinator holds work records to this log, and
         # a member can commit a step in the epoch (and upload its record) only once published.
         if self.event_log is not None:
-            with open(self.event_log, "a") as handle:
-                handle.write(json.dumps(entry) + "\n")
+            jsonl.append(self.event_log, json.dumps(entry))
         self.rdzv.publish_epoch(record)
         log.info("epoch %d: %d members %s (%s)", self.epoch, len(members), list(members), reason)
 

@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal import jsonl
 from shoal.spec.elastic import ElasticReport, FaultKind, FaultReport, StepRecord
 from shoal.elastic.recovery import recovery_s
 from shoal.train.step_log import read_step_logs
@@ -60,10 +61,8 @@ def replica_agreement(records: list[StepRecord]) -> tuple[int, int]:
 
 
 def _epochs(run_dir: Path) -> list[dict]:
-    path = run_dir / "epochs.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines, _ = jsonl.read(run_dir / "epochs.jsonl")  # the host may be writing its last line
+    return [json.loads(line) for line in lines]
 
 
 def _fault_report(fault: FaultEvent, epochs: list[dict], steps: list[StepRecord],

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from shoal.proof.layout import ProofLayout
 from shoal.spec import JobSpec, Precision, TrainReport
 from shoal.train.checkpoint import CheckpointStore, restore_snapshot, take_snapshot
 from shoal.models.corpus import Corpus, load_corpus
@@ -97,7 +98,7 @@ def open_proof_dir(job: JobSpec, resume: bool, fresh: bool) -> None:
         return
     if fresh and directory.exists():
         shutil.rmtree(directory)
-    if not resume and any((directory / "records").glob("*.jsonl")):
+    if not resume and any(ProofLayout(directory).records_dir.glob("*.jsonl")):
         raise CheckpointError(f"{directory} already holds work records of an earlier run; "
                               "pass --resume to continue that run or --fresh to start over")
 
