@@ -46,7 +46,7 @@ class AuditService(ForcedErrorService, KeeperRouting):
     def _audit_init(self) -> None:
         self._challenge_lock = threading.Lock()
         self._pending: dict[str, dict[int, ChallengeView]] = defaultdict(dict)  # agent -> open
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             for row in session.scalars(select(ChallengeRow).where(ChallengeRow.answered_at_s.is_(None))):
                 self._pending[row.agent_id][row.challenge] = _challenge_view(row)
         self._forced_init()
@@ -170,7 +170,7 @@ class AuditService(ForcedErrorService, KeeperRouting):
         query = select(ChallengeRow).where(ChallengeRow.job_id == job_id)
         if only is not None:
             query = query.where(ChallengeRow.challenge.in_(only))
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             rows = session.scalars(query.order_by(ChallengeRow.challenge)).all()
             seen = dict(session.execute(select(AgentRow.agent_id, AgentRow.last_seen_s).where(
                 AgentRow.agent_id.in_({row.agent_id for row in rows}))).all())
@@ -188,7 +188,7 @@ class AuditService(ForcedErrorService, KeeperRouting):
             raise Conflict("an answer is the file the worker wrote; the body is empty")
         if challenge >= FETCH_BASE:
             return self.answer_plant(provider, challenge, data)
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             row = self._answerable(session, provider, challenge)
             job_id, step, kind = row.job_id, row.step, row.kind
         refusal = None
@@ -251,7 +251,7 @@ class AuditService(ForcedErrorService, KeeperRouting):
         return base / "reveal" / row.worker / f"{row.step:09d}.pt"
 
     def challenge_file(self, challenge: int) -> Path:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             row = session.get(ChallengeRow, challenge)
             if row is None:
                 raise NotFound(f"no challenge {challenge}")
@@ -306,7 +306,7 @@ class AuditService(ForcedErrorService, KeeperRouting):
         return out
 
     def verdicts(self, job_id: str) -> list[VerdictView]:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             rows = session.scalars(select(VerdictRow).where(VerdictRow.job_id == job_id)
                                    .order_by(VerdictRow.seq))
             return [_verdict_view(row) for row in rows]

@@ -29,7 +29,6 @@ import logging
 import time
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.coordinator.proofs.referee import PLANT, REJECTED, UNDECIDED, UPHELD
@@ -68,7 +67,7 @@ class DisputeService:
     def _disputes_init(self) -> None:
         """Disputes filed but not ruled when the coordinator last stopped go back to the
         referee (those that landed on a plant come back unruled again)."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             waiting = session.execute(select(DisputeRow.job_id, DisputeRow.dispute).where(
                 DisputeRow.ruling.is_(None))).all()
         for job_id, dispute in waiting:
@@ -79,7 +78,7 @@ class DisputeService:
         if self.settlement is None:
             raise Conflict("this coordinator does not settle on a chain: there is no contract "
                            "to hold a dispute's bond")
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             job = session.get(JobRow, job_id)
             if job is None:
                 raise NotFound(f"no job '{job_id}'")
@@ -126,7 +125,7 @@ class DisputeService:
         return view
 
     def disputes(self, job_id: str) -> list[DisputeView]:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             rows = session.scalars(select(DisputeRow).where(DisputeRow.job_id == job_id)
                                    .order_by(DisputeRow.dispute)).all()
             return [_dispute_view(row) for row in rows]
@@ -146,7 +145,7 @@ class DisputeService:
 
     # ------------------------------------------------------------ the referee's thread
     def rule_dispute(self, job_id: str, dispute: int) -> str:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             row = session.get(DisputeRow, dispute)
             if row is None or row.ruling is not None:
                 return row.ruling if row is not None else UNDECIDED
@@ -249,7 +248,7 @@ class DisputeService:
         """Move the money for a ruling: (the transaction's note, the dispute's state on
         chain once final, what holds it back while it is not)."""
         referee, ledger = self.referee, self.settlement.ledger
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             row = session.get(DisputeRow, dispute)
             provider, challenger = row.provider, row.challenger
             chain_job = session.get(JobRow, row.job_id).chain_job
@@ -282,7 +281,7 @@ class DisputeService:
         lease (a rejected one); stop once the chain has the final word."""
         if self.settlement is None or self.referee.account is None:
             return
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             pending = session.execute(select(DisputeRow.dispute, DisputeRow.job_id,
                                              DisputeRow.ruling).where(
                 DisputeRow.chain_state == BEHIND)).all()

@@ -139,7 +139,7 @@ class KeeperRouting:
         claim (a tie), or no replayer to build the job's model with, nothing can tell a
         right state from a wrong one, and any readable one is taken."""
         state = read_params(data, step)
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             bodies = session.scalars(select(WorkRecordRow.body).where(
                 WorkRecordRow.job_id == job_id, WorkRecordRow.step == step)).all()
         expected = expected_params_sha256(WorkRecord.model_validate(b) for b in bodies)
@@ -191,7 +191,7 @@ class KeeperRouting:
         stands. Judged at most once a heartbeat per challenge: verifiers poll often."""
         now = self.now_s()
         horizon = now - self.settings.agent_timeout_s
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             rows = session.scalars(select(ChallengeRow).where(
                 ChallengeRow.job_id == job_id, ChallengeRow.kind == BlobKind.params.value,
                 ChallengeRow.answered_at_s.is_(None))).all()

@@ -15,7 +15,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from eth_account.signers.local import LocalAccount
-from sqlalchemy.orm import Session
 
 from shoal.coordinator.db.schema import JobRow, VerdictRow
 from shoal.ledger import LedgerError
@@ -54,7 +53,7 @@ class Penalties:
         slash (the worker's provider, once per job, or lazy or accusing verifiers)."""
         co = self.coordinator
         chain_note: dict[str, str] = {}
-        with Session(co.engine) as session:
+        with co.store.read() as session:
             job = session.get(JobRow, job_id)
         chain_job = job.chain_job if job is not None else None
         enforce = self.account is not None and co.settlement is not None and chain_job is not None

@@ -66,7 +66,7 @@ class ForcedErrorService:
     `proof_dir`; AuditService's `_pending` and `_challenge_lock`."""
 
     def _forced_init(self) -> None:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             for row in session.scalars(select(PlantRow).where(PlantRow.state == FETCHING)):
                 self._pending[row.agent_id][FETCH_BASE + row.plant] = _fetch_view(row)
 
@@ -79,7 +79,7 @@ class ForcedErrorService:
         """Plan, fetch plants for, publish and (after a job's end) reveal each job's epochs."""
         if not self.forced_errors_on:
             return
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             rooted = set(session.scalars(select(ProofEpochRow.job_id).distinct()))
             revealed = set(session.scalars(select(ForcedPlanRow.job_id).where(
                 ForcedPlanRow.revealed_at_s.is_not(None))))
@@ -180,7 +180,7 @@ class ForcedErrorService:
         """The rooted epochs verifiers may audit, with the roots of the trees they are served."""
         views = self.proof_epochs(job_id)
         keep_s, now = self.job_spec(job_id).proof.keep_s, self.now_s()
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             served = windows.served_at(session, job_id, self.forced_errors_on)
             roots = dict(session.execute(select(ServedEpochRow.epoch, ServedEpochRow.root).where(
                 ServedEpochRow.job_id == job_id, ServedEpochRow.published_at_s.is_not(None))).all()) \
@@ -199,7 +199,7 @@ class ForcedErrorService:
     def served_records(self, job_id: str, epoch: int) -> list[WorkRecord]:
         if not self.forced_errors_on:
             return self.work_records(job_id, epoch)
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             self._check_served(session, job_id, epoch)
             return self._served(session, job_id, epoch)
 
@@ -223,7 +223,7 @@ class ForcedErrorService:
             PlantRow.state == READY))
 
     def is_plant(self, job_id: str, worker: str, step: int) -> bool:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             return self.plant_of(session, job_id, worker, step) is not None
 
     def plant_path(self, job_id: str, worker: str, step: int) -> Path:

@@ -82,7 +82,7 @@ class ProofService:
         return self.settings.data_dir / "proof" / job_id
 
     def job_file(self, job_id: str) -> str:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             row = session.get(JobRow, job_id)
             if row is None:
                 raise NotFound(f"no job '{job_id}'")
@@ -148,7 +148,7 @@ class ProofService:
 
     def work_records(self, job_id: str, epoch: int | None = None) -> list[WorkRecord]:
         spec = self.job_spec(job_id)
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             query = select(WorkRecordRow.body).where(WorkRecordRow.job_id == job_id)
             if epoch is not None:
                 steps = steps_of(epoch, spec.proof.epoch_steps, spec.steps)
@@ -204,7 +204,7 @@ class ProofService:
     def root_epochs(self, job_id: str | None = None) -> list[ProofEpochView]:
         """Root (and anchor) every epoch that is complete, or that the job has left behind."""
         rooted: list[ProofEpochView] = []
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             query = select(JobRow.job_id).where(JobRow.status.in_(
                 [JobStatus.running.value, JobStatus.paused.value, JobStatus.waiting.value]))
             jobs = [job_id] if job_id else session.scalars(query).all()
@@ -300,7 +300,7 @@ class ProofService:
         return "0x" + sealed_root(bytes.fromhex(row.root[2:]), salt).hex()
 
     def proof_epochs(self, job_id: str) -> list[ProofEpochView]:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFound(f"no job '{job_id}'")
             rows = session.scalars(select(ProofEpochRow).where(ProofEpochRow.job_id == job_id)
@@ -323,7 +323,7 @@ class ProofService:
         first = self._final_seen.setdefault(job_id, now)
         if now - first > RECORDS_GRACE_BEATS * self.settings.heartbeat_s + 1.0:
             return False
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             last = [WorkRecord.model_validate(body) for body in session.scalars(
                 select(WorkRecordRow.body).where(WorkRecordRow.job_id == job_id,
                                                  WorkRecordRow.step == spec.steps - 1))]
@@ -332,7 +332,7 @@ class ProofService:
     def drop_provider(self, job_id: str, provider: str, reason: str) -> None:
         """A provider caught cheating: its offers that hold this job's leases are withdrawn,
         so its workers stop and the next round leases replacements."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             offers = set(session.scalars(select(LeaseRow.offer_id).where(
                 LeaseRow.job_id == job_id, LeaseRow.provider == provider)))
         for offer_id in sorted(offers):

@@ -102,7 +102,7 @@ class Referee:
 
     def _rule(self, job_id: str, seq: int) -> Ruled:
         co = self.coordinator
-        with Session(co.engine) as session:
+        with co.store.read() as session:
             row = session.get(VerdictRow, seq)
             if row is None or row.ruling is not None:
                 return Ruled(row.ruling if row else UNDECIDED)
@@ -150,7 +150,7 @@ class Referee:
         filed; a challenge answered after that gives ANSWERED_LATE (the caller replays)."""
         steps = steps or range(verdict.step, verdict.step + 1)
         co = self.coordinator
-        with Session(co.engine) as session:
+        with co.store.read() as session:
             asked = own_file_challenges(session, job_id, verdict.worker, steps)
             agent = session.get(AgentRow, agent_id)
         unanswered = [c for c in asked if c.answered_at_s is None]
@@ -206,7 +206,7 @@ class Referee:
         if found.kind is VerdictKind.withheld:
             # No reveal here is the worker's fault only if it was asked and did not answer:
             # else an accuser could name a record nobody challenged and have it "withheld".
-            with Session(co.engine) as session:
+            with co.store.read() as session:
                 row = session.get(WorkRecordRow, (job_id, record.worker, record.step))
             ruling, why = self.withheld(job_id, found, row.agent_id if row else "",
                                         _vouched(record))
@@ -228,7 +228,7 @@ class Referee:
 
         co = self.coordinator
         number = lease_of(verdict.worker)
-        with Session(co.engine) as session:
+        with co.store.read() as session:
             lease = session.get(LeaseRow, number) if number is not None else None
             if lease is not None and lease.job_id != job_id:
                 lease = None

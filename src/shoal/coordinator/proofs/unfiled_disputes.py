@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict
 from shoal.coordinator.db.schema import DisputeRow, JobRow
@@ -94,7 +93,7 @@ class UnfiledDisputes:
 
     def _watch(self, disputes: range) -> None:
         """Watch those of `disputes` that are open on one of our jobs."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             ours = {chain_job: job_id for chain_job, job_id in session.execute(
                 select(JobRow.chain_job, JobRow.job_id).where(JobRow.chain_job.is_not(None)))}
         for dispute in disputes:

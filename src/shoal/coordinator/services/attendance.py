@@ -64,7 +64,7 @@ class LeaseAttendance:
         numbers."""
         changes = self.membership(job_id)
         now, grace = self.now_s(), self.settings.member_grace_s
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             job = session.get(JobRow, job_id)
             if job is None or job.status != JobStatus.running.value:
                 return []
@@ -121,7 +121,7 @@ class LeaseAttendance:
         if not agents:
             return {}
         found: list[tuple[str, str, list[str]]] = []  # (job, its host's endpoint, workers)
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             jobs = session.scalars(select(JobRow).where(JobRow.status.in_(LIVE),
                                                         JobRow.rendezvous.is_not(None))).all()
             for job in jobs:

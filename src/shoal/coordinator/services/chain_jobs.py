@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden
+from shoal.coordinator.services import journal
 from shoal.coordinator.db.schema import ChainLeaseRow, EventRow, JobRow, LeaseRow
 from shoal.ledger import LedgerError
 from shoal.market import charge_wei
@@ -61,7 +62,7 @@ class ChainSettlement:
         """Terms to sign for leases whose (job, provider) has no chain lease yet."""
         if self.settlement is None or not leases:
             return {}
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             jobs = {row.job_id: row for row in session.scalars(
                 select(JobRow).where(JobRow.job_id.in_({lease.job for lease in leases}),
                                      JobRow.chain_job.is_not(None)))}
@@ -100,8 +101,8 @@ class ChainSettlement:
             # later: past that the provider's leases of the job stop (the market's
             # allowance), rather than run on for pay the chain cannot book.
             bookable = terms.price_wei_per_s * terms.term_s
-            self._command(session, "allow_provider", {"job": job.job_id, "provider": provider,
-                                                      "wei": str(bookable)}, now)
+            self._command(session, journal.AllowProvider(job=job.job_id, provider=provider,
+                                                         wei=bookable), now)
             self._event(session, now, provider, "chain_lease_accepted", job.job_id,
                         chain_job=job.chain_job, price_wei_per_s=str(terms.price_wei_per_s),
                         term_s=terms.term_s, accepted_at=accepted_at,
@@ -120,7 +121,7 @@ class ChainSettlement:
         """Until the chain shows it settled, a job's work is unbooked there and a `reclaim`
         would refund it all: a failed settlement is tried again, backing off, each try logged."""
         now = self.now_s()
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             tries: dict[str, list[float]] = {}
             for job_id, at_s in session.execute(select(EventRow.job_id, EventRow.at_s).where(
                     EventRow.kind == "settlement_failed")):
@@ -164,7 +165,7 @@ class ChainSettlement:
         limit_s = self.settings.idle_chain_job_s or self.settlement.config.silence_timeout_s
         now = self.now_s()
         live = [job_id for job_id, _ in self._live_chain_jobs()]
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             accepted = set(session.scalars(select(ChainLeaseRow.job_id).where(
                 ChainLeaseRow.job_id.in_(live))))
         for job_id in live:
@@ -178,7 +179,7 @@ class ChainSettlement:
     def _live_chain_jobs(self) -> list[tuple[str, int]]:
         """(job, chain job) of every job not ended that settles on chain; waiting ones too:
         a resumed job waits for devices with its earlier work unbooked."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             return [tuple(row) for row in session.execute(
                 select(JobRow.job_id, JobRow.chain_job).where(
                     JobRow.chain_job.is_not(None),

@@ -79,7 +79,7 @@ class CheckpointCarry:
 
     def carried(self, job_id: str) -> CheckpointView | None:
         """The newest carried checkpoint of a job, or None."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFound(f"no job '{job_id}'")
         return self._held(job_id)
@@ -95,7 +95,7 @@ class CheckpointCarry:
         writer, at the step's data cursor, and (with work records) verified."""
         if not data:
             raise Conflict("a checkpoint is the file the worker wrote; the body is empty")
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             job = session.get(JobRow, job_id)
             if job is None:
                 raise NotFound(f"no job '{job_id}'")
@@ -125,7 +125,7 @@ class CheckpointCarry:
     def checkpoint_file(self, reader: str, job_id: str) -> tuple[CheckpointView, Path]:
         """The newest carried checkpoint, for a provider with a live lease on the job or
         for the job's submitter: a job's model is theirs, not the public's."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             job = session.get(JobRow, job_id)
             if job is None:
                 raise NotFound(f"no job '{job_id}'")
@@ -180,7 +180,7 @@ class CheckpointCarry:
         members = self._published.all_members(job_id)
         epochs = {r.membership_epoch for r in records} if records else set(members)
         writers = {members[e][0] for e in epochs if members.get(e)}
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             sender = session.get(LeaseRow, number)
             agent = _agent_of(session, sender)
             for worker in writers:

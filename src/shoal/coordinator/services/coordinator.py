@@ -51,6 +51,7 @@ from shoal.coordinator.services.views import agent_view, offer_view
 from shoal.client.identity import Unauthenticated
 from shoal.coordinator.db import beats
 from shoal.coordinator.db.database import open_store_engine
+from shoal.coordinator.db.store import Store
 from shoal.coordinator.db.schema import (
     AgentRow, EventRow, JobRow, LeaseRow, MarketCommandRow, NonceRow, OfferRow,
 )
@@ -84,6 +85,7 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
         self.settings = settings
         self.settlement = settlement  # None: escrow is the store's bookkeeping only
         self.engine = engine or open_store_engine(settings.store_url)
+        self.store = Store(self.engine)
         self._clock = clock
         self._lock = threading.RLock()  # one writer: the market is not thread-safe
         self.market = Market(settings.price_table(),
@@ -121,7 +123,7 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
         """The lock and one transaction; a failed commit rebuilds the market from the store."""
         with self._lock:
             try:
-                with Session(self.engine, expire_on_commit=False) as session, session.begin():
+                with self.store.change() as session:
                     yield session
             except (MarketError, SpecError, Conflict, Forbidden, Gone, NotFound, Unauthenticated):
                 raise  # refused before anything was applied to the market
@@ -131,12 +133,13 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
                 raise
 
     def _rebuild(self) -> None:
-        with self._lock, Session(self.engine) as session:
+        with self._lock, self.store.read() as session:
             self.market = Market(self.market.prices, self.market.config)
             rows = session.scalars(select(MarketCommandRow).order_by(MarketCommandRow.seq))
             count = 0
             for row in rows:
-                result = journal.apply(self.market, row.kind, row.payload, row.at_s)
+                result = journal.apply(self.market, journal.parsed(row.kind, row.payload),
+                                       row.at_s)
                 if isinstance(result, Clearing):
                     self._fill_status.update({f.job: f.status.value for f in result.fills})
                 self._last_s = max(self._last_s, row.at_s)
@@ -144,8 +147,9 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
             if count:
                 log.info("market rebuilt from %d journaled commands", count)
 
-    def _command(self, session: Session, kind: str, payload: dict[str, Any], at_s: float) -> Any:
-        result = journal.apply(self.market, kind, payload, at_s)
+    def _command(self, session: Session, command: journal.MarketCommand, at_s: float) -> Any:
+        result = journal.apply(self.market, command, at_s)
+        kind, payload = journal.stored(command)
         session.add(MarketCommandRow(at_s=at_s, kind=kind, payload=payload))
         return result
 
@@ -195,8 +199,7 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
                           device_kind=measured["device_kind"], speed_samples_per_s=speed,
                           memory_gb=measured["memory_gb"], region=agent.region,
                           price_wei_per_s=terms.price_wei_per_s, tenancy=terms.tenancy)
-            reference = self._command(session, "post_offer",
-                                      {"offer": offer.model_dump(mode="json")}, now)
+            reference = self._command(session, journal.PostOffer(offer=offer), now)
             if row is None:
                 row = OfferRow(offer_id=offer.offer_id, provider=provider, marked_down=False)
                 session.add(row)
@@ -213,7 +216,7 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
         stayed out, or it was slashed); a re-posted offer would otherwise win it back."""
         with self._change() as session:
             now = self.now_s()
-            self._command(session, "bar_provider", {"job": job_id, "provider": provider}, now)
+            self._command(session, journal.BarProvider(job=job_id, provider=provider), now)
             self._event(session, now, COORDINATOR, "provider_barred", job_id,
                         provider=provider, reason=reason)
 
@@ -226,8 +229,8 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
             if actor not in (row.provider, COORDINATOR):
                 raise Forbidden(f"offer '{offer_id}' belongs to another provider")
             if not row.withdrawn:
-                ended = self._command(session, "withdraw_offer",
-                                      {"offer_id": offer_id, "provider": row.provider}, now)
+                ended = self._command(
+                    session, journal.WithdrawOffer(offer_id=offer_id, provider=row.provider), now)
                 self._store_leases(session, ended)
                 row.withdrawn = True
                 self._event(session, now, actor, "offer_withdrawn", offer_id=offer_id,
@@ -285,7 +288,8 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
             clearing = self.market.clear(now)
             if not journal.changed(clearing, self._fill_status):
                 return clearing
-            session.add(MarketCommandRow(at_s=now, kind="clear", payload={}))
+            kind, payload = journal.stored(journal.Clear())
+            session.add(MarketCommandRow(at_s=now, kind=kind, payload=payload))
             self._store_leases(session, clearing.stopped)
             for job_id, provider in clearing.spent:
                 self._event(session, now, COORDINATOR, "provider_term_spent", job_id,
@@ -326,5 +330,5 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
     def prune_nonces(self) -> int:
         """Forget nonces older than two skew windows: their requests are refused as stale."""
         horizon = self.now_s() - 2 * self.settings.max_skew_s
-        with Session(self.engine) as session, session.begin():
+        with self.store.change() as session:
             return session.execute(delete(NonceRow).where(NonceRow.seen_at_s < horizon)).rowcount

@@ -50,7 +50,7 @@ class FileAdmission:
         if self.role_of(signer.address) is not Role.provider:
             raise Forbidden(f"{signer.address} is not a provider: only the provider "
                             "whose worker wrote a file may send it")
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             if (answer := _ANSWER.fullmatch(path)) is not None:
                 self._may_answer(session, signer.address, int(answer[1]))
             elif (checkpoint := _CHECKPOINT.fullmatch(path)) is not None:

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.coordinator.services import journal
 from shoal.coordinator.services.views import job_view
 from shoal.coordinator.db.schema import JobRow
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus, JobSubmission, JobView, Role
@@ -50,7 +51,7 @@ class JobLifecycle:
         with self._change() as session:
             self._refuse_used_chain_job(session, submission.chain_job)  # under the lock: once
             now = self.now_s()
-            self._command(session, "submit", {"bid": bid.model_dump(mode="json")}, now)
+            self._command(session, journal.Submit(bid=bid), now)
             row = JobRow(job_id=job_id, name=submission.name, submitter=submitter,
                          job_file=submission.job_file, bid=bid.model_dump(mode="json"),
                          status=JobStatus.waiting.value, created_at_s=now,
@@ -70,9 +71,9 @@ class JobLifecycle:
                 budget = self.market.meter(job_id).budget_wei + amount_wei
                 self.settlement.check_escrow(row.chain_job, submitter, budget,
                                              int(row.bid["max_price_wei_per_s"]))
-            self._command(session, "top_up", {"job": job_id, "amount_wei": str(amount_wei)}, now)
+            self._command(session, journal.TopUp(job=job_id, amount_wei=amount_wei), now)
             if row.status == JobStatus.paused.value:
-                self._command(session, "resume", {"job": job_id}, now)
+                self._command(session, journal.Resume(job=job_id), now)
                 row.status = JobStatus.waiting.value
             self._event(session, now, submitter, "job_topped_up", job_id,
                         amount_wei=str(amount_wei))
@@ -83,10 +84,10 @@ class JobLifecycle:
             now = self.now_s()
             row = self._own_job(session, actor, job_id)
             if paused:
-                self._store_leases(session, self._command(session, "pause", {"job": job_id}, now))
+                self._store_leases(session, self._command(session, journal.Pause(job=job_id), now))
                 row.status = JobStatus.paused.value
             else:
-                self._command(session, "resume", {"job": job_id}, now)
+                self._command(session, journal.Resume(job=job_id), now)
                 row.status = JobStatus.waiting.value
             self._event(session, now, actor, "job_paused" if paused else "job_resumed", job_id)
             return job_view(row, self.market.meter(job_id), now)
@@ -96,7 +97,7 @@ class JobLifecycle:
         with self._change() as session:
             now = self.now_s()
             row = self._own_job(session, actor, job_id)
-            meter = self._command(session, "finish", {"job": job_id}, now)
+            meter = self._command(session, journal.Finish(job=job_id), now)
             self._store_leases(session, meter.leases)
             row.status = status.value
             self._event(session, now, actor, f"job_{status.value}", job_id,

@@ -57,7 +57,7 @@ class JobPlanning:
 
     def plan_jobs(self) -> list[JobPlanView]:
         """Re-plan each running job whose membership changed since its last plan."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             jobs = session.scalars(select(JobRow.job_id).where(
                 JobRow.status == JobStatus.running.value)).all()
         out = []
@@ -73,7 +73,7 @@ class JobPlanning:
 
     def job_plan(self, job_id: str) -> JobPlanView | None:
         """The job's latest plan (from its `job_planned` event), with its measured step time."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFound(f"no job '{job_id}'")
             row = session.scalars(select(EventRow).where(
@@ -94,7 +94,7 @@ class JobPlanning:
         known = self._plans.get(job_id)
         if known is not None and known[0] == members:
             return None
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             job = session.get(JobRow, job_id)
             spec = self.job_spec(job_id, job.job_file)
             cluster = self._cluster(session, job_id, latest.members)

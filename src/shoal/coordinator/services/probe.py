@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden
 from shoal.errors import ControlError
@@ -152,7 +151,7 @@ class NetworkProbing:
                                     self.settings.probe_deadline_s, self.now_s)
 
     def open_probe(self, provider: str, agent_id: str) -> ProbeRendezvous:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             agent = session.get(AgentRow, agent_id)
             if agent is not None and agent.provider != provider:
                 raise Forbidden(f"agent '{agent_id}' belongs to another provider")

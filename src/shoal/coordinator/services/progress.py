@@ -8,7 +8,6 @@ got is its host's word, `ProofService.host_reached`)."""
 from __future__ import annotations
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.proofs.records import worker_prefix
@@ -48,7 +47,7 @@ class JobProgress:
             return len(steps) - len(known)
 
     def progress(self, job_id: str, after: int = -1) -> list[StepProgress]:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFound(f"no job '{job_id}'")
             rows = session.scalars(select(StepProgressRow).where(
@@ -59,14 +58,14 @@ class JobProgress:
 
     def recent_progress(self, job_id: str, count: int) -> list[StepProgress]:
         """The job's last `count` committed steps, in step order."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             rows = session.scalars(select(StepProgressRow).where(StepProgressRow.job_id == job_id)
                                    .order_by(StepProgressRow.step.desc()).limit(count)).all()
             return [StepProgress(step=r.step, t=r.t, loss=r.loss, world=r.world,
                                  samples=r.samples) for r in reversed(rows)]
 
     def membership(self, job_id: str) -> list[MembershipChange]:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFound(f"no job '{job_id}'")
         return self._published.changes(job_id)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import NotFound
 from shoal.coordinator.services.views import (
@@ -21,14 +20,14 @@ class CoordinatorReads:
     """Uses the Coordinator's `engine`, `market`, `settings`, `now_s` and `_lock`."""
 
     def job(self, job_id: str) -> JobView:
-        with self._lock, Session(self.engine) as session:
+        with self._lock, self.store.read() as session:
             row = session.get(JobRow, job_id)
             if row is None:
                 raise NotFound(f"no job '{job_id}'")
             return job_view(row, self._meter(job_id), self.now_s())
 
     def jobs(self, submitter: str | None = None) -> list[JobView]:
-        with self._lock, Session(self.engine) as session:
+        with self._lock, self.store.read() as session:
             query = select(JobRow).order_by(JobRow.created_at_s)
             if submitter:
                 query = query.where(JobRow.submitter == submitter)
@@ -43,22 +42,22 @@ class CoordinatorReads:
 
     def agents(self) -> list[AgentView]:
         now = self.now_s()
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             return [agent_view(row, now, self.settings.agent_timeout_s)
                     for row in session.scalars(select(AgentRow).order_by(AgentRow.agent_id))]
 
     def offers(self) -> list[OfferView]:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             return [offer_view(row) for row in
                     session.scalars(select(OfferRow).order_by(OfferRow.offer_id))]
 
     def participants(self) -> list[Participant]:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             return [participant_view(row) for row in
                     session.scalars(select(ParticipantRow).order_by(ParticipantRow.address))]
 
     def events(self, job_id: str | None = None, after: int = 0, limit: int = 200) -> list[Event]:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             query = select(EventRow).where(EventRow.seq > after).order_by(EventRow.seq).limit(limit)
             if job_id is not None:
                 query = query.where(EventRow.job_id == job_id)

@@ -7,8 +7,8 @@ their leases are replaced."""
 from __future__ import annotations
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
+from shoal.coordinator.services import journal
 from shoal.coordinator.services.speed_marks import lease_of, marked_down
 from shoal.elastic.job_host import read_speeds
 from shoal.coordinator.db.schema import AgentRow, JobRow, LeaseRow, OfferRow
@@ -22,7 +22,7 @@ class JobSupervision:
 
     def supervise_jobs(self) -> None:
         """Start a host for each job that holds devices; finish jobs whose host says so."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             live = session.scalars(select(JobRow).where(JobRow.status.in_(
                 [JobStatus.waiting.value, JobStatus.running.value, JobStatus.paused.value]))).all()
         for row in live:
@@ -53,7 +53,7 @@ class JobSupervision:
         a provider ended for staying out, slashed or preempted must not keep writing the
         job's store (its worker is stopped by its agent; one that is not is cut off)."""
         now = self.now_s()
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             ended = set(session.scalars(select(LeaseRow.lease).where(
                 LeaseRow.job_id == job_id, LeaseRow.ends_at_s.is_not(None),
                 LeaseRow.ends_at_s <= now)).all())
@@ -75,7 +75,7 @@ class JobSupervision:
         observed_by_worker = read_speeds(run_dir)
         if len(observed_by_worker) < 2:
             return
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             offers: dict[str, OfferRow] = {}
             observed: dict[str, float] = {}
             for worker, speed in observed_by_worker.items():
@@ -94,7 +94,7 @@ class JobSupervision:
             if not row.withdrawn:
                 offer = self.market.book.offer(offer_id).model_copy(
                     update={"speed_samples_per_s": speed})
-                self._command(session, "post_offer", {"offer": offer.model_dump(mode="json")}, now)
+                self._command(session, journal.PostOffer(offer=offer), now)
             row.speed_samples_per_s, row.marked_down = speed, True
             self._event(session, now, COORDINATOR, "offer_marked_down", job_id, offer_id=offer_id,
                         claimed_samples_per_s=claimed, marked_samples_per_s=round(speed, 3))
@@ -118,7 +118,7 @@ class JobSupervision:
         now = self.now_s()
         if now - self.started_s < self.settings.agent_timeout_s:
             return []  # back from a restart: no one could be heard while we were down
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             lost = session.scalars(select(AgentRow.agent_id).where(
                 AgentRow.last_seen_s < now - self.settings.agent_timeout_s)).all()
             offers = session.scalars(select(OfferRow.offer_id).where(
