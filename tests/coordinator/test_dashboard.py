@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 from shoal.coordinator import Coordinator
 from shoal.coordinator.db.schema import ProofEpochRow
+from shoal.coordinator.db.store import record_event
 from shoal.spec.audit import RecordUpload
 from shoal.spec.coordinator import COORDINATOR, JobSubmission, OfferTerms, Registration
 from shoal.spec.progress import ProgressUpload, StepProgress
@@ -113,7 +114,7 @@ class Job:
 
     def event(self, kind: str, **detail: object) -> None:
         with self.co._change() as session:
-            self.co._event(session, self.co.now_s(), COORDINATOR, kind, self.job_id, **detail)
+            record_event(session, self.co.now_s(), COORDINATOR, kind, self.job_id, **detail)
 
 
 def text_of(driver, element_id: str) -> str:

@@ -12,7 +12,7 @@ import hashlib
 import pytest
 from eth_account import Account
 
-from shoal.coordinator.proofs.plants import FETCH_BASE
+from shoal.coordinator.services.numbering import FETCH_BASE
 from shoal.client.identity import BODY_SHA256, Signer, sign_request
 from shoal.spec.audit import ChallengeRequest
 from shoal.spec.coordinator import Registration

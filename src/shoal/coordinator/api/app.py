@@ -31,8 +31,8 @@ from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.coordinator.services.file_admission import FILE_UPLOADS
 from shoal.coordinator.api.limits import BodyLimit
 from shoal.coordinator.api.metrics import CoordinatorMetrics, TimedRequests, state_gauges
-from shoal.coordinator.services.rounds import RoundLoop
-from shoal.coordinator.services.coordinator import Coordinator
+from shoal.coordinator.rounds import RoundLoop
+from shoal.coordinator.service import Coordinator
 from shoal.coordinator.dashboard.routes import dashboard_routes
 from shoal.errors import ControlError
 from shoal.client.identity import Signer, Unauthenticated

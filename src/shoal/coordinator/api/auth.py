@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Scope
 
 from shoal.coordinator.errors import Forbidden
-from shoal.coordinator.services.coordinator import Coordinator
+from shoal.coordinator.service import Coordinator
 from shoal.client.identity import Signer, Unauthenticated, verify_request
 from shoal.coordinator.db import beats
 from shoal.spec.coordinator import Heartbeat, Role

@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse
 
 from shoal.coordinator.api.auth import coordinator_of, raw_body, signed
 from shoal.coordinator.errors import NotFound
-from shoal.coordinator.services.coordinator import Coordinator
+from shoal.coordinator.service import Coordinator
 from shoal.client.identity import Signer
 from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.coordinator import Role

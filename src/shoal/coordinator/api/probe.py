@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Path
 
 from shoal.coordinator.api.auth import coordinator_of, signed
-from shoal.coordinator.services.coordinator import Coordinator
+from shoal.coordinator.service import Coordinator
 from shoal.client.identity import Signer
 from shoal.spec.coordinator import ProbeRendezvous, Role
 

@@ -12,7 +12,7 @@ from fastapi import Depends, FastAPI, Path, Query, Response
 from fastapi.responses import FileResponse
 
 from shoal.coordinator.api.auth import coordinator_of, raw_body, signed
-from shoal.coordinator.services.coordinator import Coordinator
+from shoal.coordinator.service import Coordinator
 from shoal.client.identity import Signer
 from shoal.spec.audit import (
     ChallengeView, Challenges, DisputeFiling, DisputeView, JobFile, ProofEpochView, RecordUpload,

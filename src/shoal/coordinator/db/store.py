@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
+
+from shoal.coordinator.db.schema import EventRow
 
 
 class Store:
@@ -28,3 +31,9 @@ class Store:
         loaded after the commit, so a caller may build its answer from them."""
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session
+
+
+def record_event(session: Session, at_s: float, actor: str, kind: str,
+                 job_id: str | None = None, **detail: Any) -> None:
+    """An auditable event, written in the transaction of the change it records."""
+    session.add(EventRow(at_s=at_s, actor=actor, kind=kind, job_id=job_id, detail=detail))

@@ -24,11 +24,13 @@ from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.coordinator.proofs.keeper_checks import WrongParams
 from shoal.coordinator.proofs.keeper_routing import KeeperRouting
 from shoal.coordinator.services.speed_marks import lease_of
-from shoal.coordinator.proofs.plants import FETCH_BASE, LATE, ForcedErrorService
+from shoal.coordinator.proofs.plants import LATE, ForcedErrorService
+from shoal.coordinator.services.numbering import FETCH_BASE
 from shoal.coordinator.proofs.referee import own_file_challenges, vouched_steps
 from shoal.coordinator.db.schema import (
     AgentRow, ChallengeRow, ForcedPlanRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
+from shoal.coordinator.db.store import record_event
 from shoal.proof.epochs import final_lineage, params_keepers, window_epoch
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, VerdictFiling, VerdictView,
@@ -39,7 +41,7 @@ from shoal.train.files import write_whole
 
 
 class AuditService(ForcedErrorService, KeeperRouting):
-    """Uses the Coordinator's `engine`, `settings`, `referee`, `_change`, `_event`, `now_s`,
+    """Uses the Coordinator's `engine`, `settings`, `referee`, `_change`, `now_s`,
     and ProofService's `proof_dir`, `job_spec` and `_proof_job`. Which keeper a step's
     parameters are asked of, and checking its answer: keeper_routing.py."""
 
@@ -75,9 +77,9 @@ class AuditService(ForcedErrorService, KeeperRouting):
                                        requested_at_s=now, agent_id=agent_id)
                     session.add(row)
                     session.flush()
-                    self._event(session, now, verifier, "challenge_raised", job_id,
-                                challenge=row.challenge, worker=item.worker, step=item.step,
-                                blob=item.kind.value, agent_id=row.agent_id)
+                    record_event(session, now, verifier, "challenge_raised", job_id,
+                                 challenge=row.challenge, worker=item.worker, step=item.step,
+                                 blob=item.kind.value, agent_id=row.agent_id)
                 out.append(_challenge_view(row))
         with self._challenge_lock:
             for view in out:
@@ -234,8 +236,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
         if plant is not None:  # what the verifier downloads, and must be able to check
             row.sha256 = plant.sha256
             size = self.plant_path(row.job_id, row.worker, row.step).stat().st_size
-        self._event(session, now, provider, "challenge_answered", row.job_id,
-                    challenge=row.challenge, bytes=size, sha256=row.sha256)
+        record_event(session, now, provider, "challenge_answered", row.job_id,
+                     challenge=row.challenge, bytes=size, sha256=row.sha256)
         return _challenge_view(row)
 
     @staticmethod
@@ -298,8 +300,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
             kinds: dict[str, int] = defaultdict(int)
             for view in out:
                 kinds[view.verdict.kind.value] += 1
-            self._event(session, now, verifier, "verdicts_filed", job_id, kinds=dict(kinds),
-                        guilty=[(v.verdict.worker, v.verdict.step, v.verdict.kind.value)
+            record_event(session, now, verifier, "verdicts_filed", job_id, kinds=dict(kinds),
+                         guilty=[(v.verdict.worker, v.verdict.step, v.verdict.kind.value)
                                 for v in out if v.verdict.guilty])
         if guilty and self.referee is not None:
             self.referee.rule_later(job_id, guilty)

@@ -33,6 +33,7 @@ from sqlalchemy import select
 from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.coordinator.proofs.referee import PLANT, REJECTED, UNDECIDED, UPHELD
 from shoal.coordinator.db.schema import DisputeRow, JobRow, WorkRecordRow
+from shoal.coordinator.db.store import record_event
 from shoal.verify.roles.dispute import bisect_trajectories
 from shoal.verify.roles.needed import params_requests, record_files
 from shoal.ledger import LedgerError
@@ -58,7 +59,7 @@ class Deferred(Exception):
 
 class DisputeService:
     """Uses the Coordinator's `engine`, `settlement`, `referee`, `now_s`, `_change`,
-    `_event`, `drop_provider`; UnfiledDisputes' `check_filing_in_time`; ForcedErrorService's
+    `drop_provider`; UnfiledDisputes' `check_filing_in_time`; ForcedErrorService's
     `served_epochs`, `served_records` and `is_plant`; AuditService's `raise_challenges` and
     `challenges`."""
 
@@ -117,9 +118,9 @@ class DisputeService:
                              epoch=filing.epoch, challenger=opened.challenger, provider=provider,
                              filed_at_s=now, trajectory=list(filing.trajectory), why="")
             session.add(row)
-            self._event(session, now, challenger, "dispute_filed", job_id,
-                        dispute=filing.dispute, worker=filing.worker, epoch=filing.epoch,
-                        provider=provider, bond_wei=str(opened.bond_wei))
+            record_event(session, now, challenger, "dispute_filed", job_id,
+                         dispute=filing.dispute, worker=filing.worker, epoch=filing.epoch,
+                         provider=provider, bond_wei=str(opened.bond_wei))
             view = _dispute_view(row)
         self.referee.later(lambda: self.rule_dispute(job_id, filing.dispute))
         return view
@@ -235,9 +236,9 @@ class DisputeService:
             row.why = f"{why} ({held})" if held else why
             row.tx, row.chain_state = note.get("tx"), chain_state
             provider = row.provider
-            self._event(session, self.now_s(), COORDINATOR, f"dispute_{ruling}", job_id,
-                        dispute=dispute, worker=row.worker, step=step, provider=provider,
-                        challenger=row.challenger, why=why, chain=held or chain_state, **note)
+            record_event(session, self.now_s(), COORDINATOR, f"dispute_{ruling}", job_id,
+                         dispute=dispute, worker=row.worker, step=step, provider=provider,
+                         challenger=row.challenger, why=why, chain=held or chain_state, **note)
         if ruling == UPHELD and self.referee.penalties.first_slash(job_id, provider):
             self.bar_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
             self.drop_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
@@ -292,8 +293,8 @@ class DisputeService:
             with self._change() as session:
                 row = session.get(DisputeRow, dispute)
                 row.chain_state, row.tx = chain_state, note.get("tx", row.tx)
-                self._event(session, self.now_s(), COORDINATOR, "dispute_enforced", job_id,
-                            dispute=dispute, ruling=ruling, chain=chain_state, **note)
+                record_event(session, self.now_s(), COORDINATOR, "dispute_enforced", job_id,
+                             dispute=dispute, ruling=ruling, chain=chain_state, **note)
 
 
 def _dispute_view(row: DisputeRow) -> DisputeView:

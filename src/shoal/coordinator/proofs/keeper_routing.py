@@ -25,6 +25,7 @@ from shoal.coordinator.proofs.keeper_checks import (
     check_params, expected_params_sha256, read_params,
 )
 from shoal.coordinator.db.schema import AgentRow, ChallengeRow, WorkRecordRow
+from shoal.coordinator.db.store import record_event
 from shoal.proof.epochs import final_lineage, params_keepers
 from shoal.spec.audit import BlobKind, ChallengeRequest
 from shoal.spec.coordinator import COORDINATOR
@@ -58,7 +59,7 @@ Move = tuple[str, ChallengeRow, bool, bool]
 
 class KeeperRouting:
     """Uses the Coordinator's `engine`, `settings`, `referee`, `job_spec`, `_change`,
-    `_event`, `now_s`; AuditService's `_pending`, `_challenge_lock`, `_view`,
+    `now_s`; AuditService's `_pending`, `_challenge_lock`, `_view`,
     `_seated_agent` and `_seated_keepers`."""
 
     def _keeper_init(self) -> None:
@@ -168,8 +169,8 @@ class KeeperRouting:
         asked = self._asked.setdefault((row.job_id, row.step), {})
         agent_id = asked[keeper].agent_id if keeper in asked else row.agent_id
         asked[keeper] = Asked(agent_id, refused=True)
-        self._event(session, now, provider, "params_refused", row.job_id,
-                    challenge=row.challenge, step=row.step, keeper=keeper, why=why)
+        record_event(session, now, provider, "params_refused", row.job_id,
+                     challenge=row.challenge, step=row.step, keeper=keeper, why=why)
         if keeper != row.worker:  # a keeper it left already: the holder is still asked
             return f"challenge {row.challenge} is asked of {row.worker} now", None
         others = [k for k in self._unrefused_keepers(session, row.job_id, row.step)
@@ -238,9 +239,9 @@ class KeeperRouting:
         asked.setdefault(row.worker, Asked(row.agent_id, refused=False))
         asked.setdefault(keeper.worker, Asked(keeper.agent_id, refused=False))
         left = row.agent_id
-        self._event(session, now, COORDINATOR, "params_rerouted", row.job_id,
-                    challenge=row.challenge, step=row.step, keeper=row.worker,
-                    to=keeper.worker, agent_id=keeper.agent_id, why=why)
+        record_event(session, now, COORDINATOR, "params_rerouted", row.job_id,
+                     challenge=row.challenge, step=row.step, keeper=row.worker,
+                     to=keeper.worker, agent_id=keeper.agent_id, why=why)
         row.worker, row.agent_id, row.requested_at_s = keeper.worker, keeper.agent_id, now
         session.flush()
         return left, row, True, why != "refused"

@@ -12,17 +12,15 @@ chain: the rulings are only recorded.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from eth_account.signers.local import LocalAccount
 
 from shoal.coordinator.db.schema import JobRow, VerdictRow
+from shoal.coordinator.db.store import record_event
+from shoal.coordinator.proofs.court import Court
 from shoal.ledger import LedgerError
 from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.proof import Verdict, VerdictKind
-
-if TYPE_CHECKING:
-    from shoal.coordinator.services.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
 UPHELD, REJECTED = "upheld", "rejected"  # the referee's rulings that move money
@@ -34,7 +32,7 @@ LAZY_VERDICT_PENALTY_WEI = 10**15
 
 
 class Penalties:
-    def __init__(self, coordinator: Coordinator, account: LocalAccount | None) -> None:
+    def __init__(self, coordinator: Court, account: LocalAccount | None) -> None:
         """`account`: the contract's referee key (None: rulings are recorded, not enforced)."""
         self.coordinator, self.account = coordinator, account
         self._slashed: set[tuple[str, str]] = set()  # (job, provider) slashed already
@@ -76,9 +74,9 @@ class Penalties:
                 provider or co.settlement.operator.address))
         with co._change() as session:
             session.get(VerdictRow, seq).ruling = ruling
-            co._event(session, co.now_s(), COORDINATOR, kind, job_id, verdict=seq,
-                      worker=verdict.worker, step=verdict.step, verifier=verdict.verifier,
-                      provider=provider, why=why, **chain_note)
+            record_event(session, co.now_s(), COORDINATOR, kind, job_id, verdict=seq,
+                         worker=verdict.worker, step=verdict.step, verifier=verdict.verifier,
+                         provider=provider, why=why, **chain_note)
         if kind == "worker_slashed":
             log.warning("job %s: provider %s slashed for %s's step %d: %s", job_id, provider,
                         verdict.worker, verdict.step, why)
@@ -101,9 +99,9 @@ class Penalties:
                 self.account, v.verifier, LAZY_VERDICT_PENALTY_WEI, upheld.verifier)) \
                 if enforce else {}
             with co._change() as session:
-                co._event(session, co.now_s(), COORDINATOR, "verifier_slashed", job_id,
-                          verifier=v.verifier, worker=v.worker, step=v.step,
-                          shown_by=upheld.verifier, **note)
+                record_event(session, co.now_s(), COORDINATOR, "verifier_slashed", job_id,
+                             verifier=v.verifier, worker=v.worker, step=v.step,
+                             shown_by=upheld.verifier, **note)
             log.warning("job %s: verifier %s signed valid on %s step %d, shown wrong by %s",
                         job_id, v.verifier, v.worker, v.step, upheld.verifier)
 

@@ -36,10 +36,12 @@ from sqlalchemy.orm import Session
 from shoal.coordinator.proofs import windows
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.proofs.plant_files import planted_reveal, with_plants
+from shoal.coordinator.services.numbering import FETCH_BASE
 from shoal.coordinator.db.schema import (
     AgentRow, ForcedPlanRow, JobRow, PlantRow, ProofEpochRow, ServedEpochRow, VerdictRow,
     WorkRecordRow,
 )
+from shoal.coordinator.db.store import record_event
 from shoal.proof.epochs import final_lineage, steps_of
 from shoal.proof.forced import ForcedErrors
 from shoal.proof.merkle import epoch_tree
@@ -49,9 +51,6 @@ from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
 from shoal.train.files import write_whole
 
 log = logging.getLogger(__name__)
-# The numbers agents answer plants' fetches under: apart from verifiers' challenges, so
-# the public challenge list has no gaps where plants were fetched.
-FETCH_BASE = 2**48
 FETCHING, READY, DROPPED = "fetching", "ready", "dropped"
 MISSED, CAUGHT, ABSTAINED, LATE = "plant_missed", "plant_caught", "plant_abstained", "plant_late"
 
@@ -62,7 +61,7 @@ def new_secret() -> bytes:
 
 class ForcedErrorService:
     """Uses the Coordinator's `engine`, `settings`, `settlement`, `referee`, `_change`,
-    `_event`, `now_s`; ProofService's `job_spec`, `work_records`, `proof_epochs`,
+    `now_s`; ProofService's `job_spec`, `work_records`, `proof_epochs`,
     `proof_dir`; AuditService's `_pending` and `_challenge_lock`."""
 
     def _forced_init(self) -> None:
@@ -126,8 +125,8 @@ class ForcedErrorService:
                                  commitment=forced.commitment(), rate=forced.rate,
                                  committed_at_s=now)
             session.add(plan)
-            self._event(session, now, COORDINATOR, "forced_errors_committed", job_id,
-                        commitment=plan.commitment, rate=plan.rate)
+            record_event(session, now, COORDINATOR, "forced_errors_committed", job_id,
+                         commitment=plan.commitment, rate=plan.rate)
         return plan
 
     def _schedule(self, session: Session, job: JobRow, plan: ForcedPlanRow, epoch: int,
@@ -164,8 +163,8 @@ class ForcedErrorService:
         row.root, row.published_at_s = "0x" + tree.root.hex(), now
         # On record: the operator is held to the tree it served (and the reveal shows which
         # of its leaves were plants).
-        self._event(session, now, COORDINATOR, "proof_epoch_served", row.job_id,
-                    epoch=row.epoch, root=row.root)
+        record_event(session, now, COORDINATOR, "proof_epoch_served", row.job_id,
+                     epoch=row.epoch, root=row.root)
         return [_fetch_view(plant) for plant in late]
 
     # ------------------------------------------------------------ what verifiers see
@@ -308,10 +307,10 @@ class ForcedErrorService:
                     if row.ruling == MISSED and verdict.verifier.lower() not in named:
                         named.add(verdict.verifier.lower())
                         misses.append((row.seq, verdict.verifier, worker, step, catcher))
-            self._event(session, now, COORDINATOR, "forced_errors_revealed", job_id,
-                        secret=plan.secret, commitment=plan.commitment, rate=plan.rate,
-                        plants=[[p.epoch, p.worker, p.step, p.state] for p in plants],
-                        missed=[[m[1], m[2], m[3]] for m in misses])
+            record_event(session, now, COORDINATOR, "forced_errors_revealed", job_id,
+                         secret=plan.secret, commitment=plan.commitment, rate=plan.rate,
+                         plants=[[p.epoch, p.worker, p.step, p.state] for p in plants],
+                         missed=[[m[1], m[2], m[3]] for m in misses])
         for seq, verifier, worker, step, catcher in misses:
             self._penalise_miss(job_id, seq, verifier, worker, step, catcher)
 
@@ -321,8 +320,8 @@ class ForcedErrorService:
         to = catcher or (self.settlement.operator.address if self.settlement else None)
         note = self.referee.penalties.penalise_missed_plant(verifier, to) if to else {}
         with self._change() as session:
-            self._event(session, self.now_s(), COORDINATOR, "forced_error_missed", job_id,
-                        verdict=seq, verifier=verifier, worker=worker, step=step, **note)
+            record_event(session, self.now_s(), COORDINATOR, "forced_error_missed", job_id,
+                         verdict=seq, verifier=verifier, worker=worker, step=step, **note)
         log.warning("job %s: verifier %s signed valid on a planted record (%s step %d)",
                     job_id, verifier, worker, step)
 

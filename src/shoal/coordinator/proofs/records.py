@@ -31,12 +31,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.coordinator.services.numbering import worker_prefix
 from shoal.coordinator.services.speed_marks import lease_of
 from shoal.coordinator.proofs.published_epochs import PublishedEpochs
 from shoal.elastic.job_host import read_reached
 from shoal.coordinator.db.schema import (
     EventRow, JobRow, LeaseRow, OfferRow, ProofEpochRow, WorkRecordRow,
 )
+from shoal.coordinator.db.store import record_event
 from shoal.ledger import LedgerError
 from shoal.proof.dues import Dues, record_dues
 from shoal.proof.epochs import final_lineage, is_complete, steps_of
@@ -59,13 +61,8 @@ ROOT_AFTER_EPOCHS = 2
 RECORDS_GRACE_BEATS = 5  # how long a finished job waits for its last records, in heartbeats
 
 
-def worker_prefix(agent_id: str, lease: int) -> str:
-    """What every worker id of `lease` on `agent_id` starts with (see control.agent.leases)."""
-    return f"{agent_id}-l{lease}-"
-
-
 class ProofService:
-    """Uses the Coordinator's `engine`, `settings`, `settlement`, `hosts`, `_change`, `_event`,
+    """Uses the Coordinator's `engine`, `settings`, `settlement`, `hosts`, `_change`,
     `now_s`; ForcedErrorService's `forced_errors_on` and `_plan` (the secret that seals
     anchors while forced errors are served)."""
 
@@ -134,8 +131,8 @@ class ProofService:
                 stored += 1
             if stored:
                 steps = [r.step for r in upload.records]
-                self._event(session, now, provider, "work_records_stored", job_id,
-                            lease=lease.lease, records=stored, steps=[min(steps), max(steps)])
+                record_event(session, now, provider, "work_records_stored", job_id,
+                             lease=lease.lease, records=stored, steps=[min(steps), max(steps)])
             return UploadReceipt(stored=stored, known=known)
 
     def _proof_job(self, session: Session, job_id: str) -> JobRow:
@@ -257,9 +254,9 @@ class ProofService:
                                 records=len(ordered), complete=complete, rooted_at_s=now)
             session.add(row)
             self._anchor(session, job, row)
-            self._event(session, now, COORDINATOR, "proof_epoch_rooted", job.job_id, epoch=epoch,
-                        root=row.root, records=row.records, complete=complete,
-                        chain_epoch=row.chain_epoch)
+            record_event(session, now, COORDINATOR, "proof_epoch_rooted", job.job_id, epoch=epoch,
+                         root=row.root, records=row.records, complete=complete,
+                         chain_epoch=row.chain_epoch)
             if not complete:
                 log.warning("job %s: proof epoch %d rooted with steps missing records (a lost "
                             "worker's unsent records): verifiers judge those shares from what "

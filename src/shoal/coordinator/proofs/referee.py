@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from shoal.coordinator.services.speed_marks import lease_of
 from shoal.coordinator.proofs.penalties import REJECTED, UPHELD, Penalties
+from shoal.coordinator.proofs.court import Court
 from shoal.coordinator.db.schema import (
     AgentRow, ChallengeRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
@@ -36,7 +37,6 @@ from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
 from shoal.verify.audit.unrecorded_round import record_less_rounds
 
 if TYPE_CHECKING:
-    from shoal.coordinator.services.coordinator import Coordinator
     from shoal.verify.audit.record import Auditor
     from shoal.verify.replay import Replayer
 
@@ -49,7 +49,7 @@ ROUND_AUDITORS_KEPT = 4
 
 
 class Referee:
-    def __init__(self, coordinator: Coordinator, account: LocalAccount | None,
+    def __init__(self, coordinator: Court, account: LocalAccount | None,
                  replayer: Callable[[JobSpec], Replayer] | None,
                  withheld_grace_s: float = 30.0) -> None:
         """`account`: the contract's referee key (None: rulings are recorded, not enforced);

@@ -27,6 +27,7 @@ from sqlalchemy import select
 
 from shoal.coordinator.errors import Conflict
 from shoal.coordinator.db.schema import DisputeRow, JobRow
+from shoal.coordinator.db.store import record_event
 from shoal.ledger import LedgerError
 from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.ledger import Dispute, DisputeState
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 class UnfiledDisputes:
     """Uses the Coordinator's `engine`, `settlement`, `referee`, `settings`, `now_s`,
-    `_change` and `_event`."""
+    `_change`."""
 
     def _unfiled_init(self) -> None:
         self._next_dispute = 1  # the first dispute id not read yet
@@ -121,10 +122,10 @@ class UnfiledDisputes:
         why = (f"nobody brought it to the referee within {self.settings.unfiled_dispute_grace_s:g}"
                " s of its opening")
         with self._change() as session:
-            self._event(session, self.now_s(), COORDINATOR, "dispute_dismissed", job_id,
-                        dispute=opened.dispute, provider=opened.provider,
-                        challenger=opened.challenger, bond_wei=str(opened.bond_wei),
-                        opened_at=opened.opened_at, why=why, **note)
+            record_event(session, self.now_s(), COORDINATOR, "dispute_dismissed", job_id,
+                         dispute=opened.dispute, provider=opened.provider,
+                         challenger=opened.challenger, bond_wei=str(opened.bond_wei),
+                         opened_at=opened.opened_at, why=why, **note)
         log.warning("job %s: dispute %d on %s rejected unheard: %s", job_id, opened.dispute,
                     opened.provider, why)
         return True

@@ -34,6 +34,7 @@ from shoal.coordinator.services.speed_marks import lease_of
 from shoal.errors import ControlError
 from shoal.elastic.netaddr import parse_endpoint
 from shoal.coordinator.db.schema import EventRow, JobRow, LeaseRow, OfferRow
+from shoal.coordinator.db.store import record_event
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.progress import MembershipChange
 
@@ -52,7 +53,7 @@ class _JoinsRead:
 
 class LeaseAttendance:
     """Uses the Coordinator's `engine`, `settings`, `hosts`, `membership`, `now_s`,
-    `_change`, `_event`, `bar_provider` and `withdraw_offer`; the job host's store (on
+    `_change`, `bar_provider` and `withdraw_offer`; the job host's store (on
     this machine, inside its gate) before a job's first epoch."""
 
     def _attendance_init(self) -> None:
@@ -142,8 +143,8 @@ class LeaseAttendance:
             log.warning("job %s: %s lost with their agent; exits reported to the job's host",
                         job_id, ", ".join(workers))
             with self._change() as session:
-                self._event(session, self.now_s(), COORDINATOR, "workers_lost", job_id,
-                            workers=workers)
+                record_event(session, self.now_s(), COORDINATOR, "workers_lost", job_id,
+                             workers=workers)
             reported[job_id] = workers
         return reported
 

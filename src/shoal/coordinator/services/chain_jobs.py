@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from shoal.coordinator.errors import Conflict, Forbidden
 from shoal.coordinator.services import journal
 from shoal.coordinator.db.schema import ChainLeaseRow, EventRow, JobRow, LeaseRow
+from shoal.coordinator.db.store import record_event
 from shoal.ledger import LedgerError
 from shoal.market import charge_wei
 from shoal.proof.dues import Dues
@@ -32,7 +33,7 @@ KEEP_ACTIVE_PER_SILENCE = 4  # a live job's chain job is touched this often per 
 
 class ChainSettlement:
     """Uses the Coordinator's `settlement`, `settings`, `market`, `engine`, `now_s`, `_change`,
-    `_command`, `_event` and `end_job`; LeaseAttendance's
+    `_command` and `end_job`; LeaseAttendance's
     `attended_leases` (a lease whose worker never joined the job books nothing); ProofService's
     `record_dues` (a lease is paid the share of its owed work records it filed)."""
 
@@ -103,10 +104,10 @@ class ChainSettlement:
             bookable = terms.price_wei_per_s * terms.term_s
             self._command(session, journal.AllowProvider(job=job.job_id, provider=provider,
                                                          wei=bookable), now)
-            self._event(session, now, provider, "chain_lease_accepted", job.job_id,
-                        chain_job=job.chain_job, price_wei_per_s=str(terms.price_wei_per_s),
-                        term_s=terms.term_s, accepted_at=accepted_at,
-                        bookable_wei=str(bookable))
+            record_event(session, now, provider, "chain_lease_accepted", job.job_id,
+                         chain_job=job.chain_job, price_wei_per_s=str(terms.price_wei_per_s),
+                         term_s=terms.term_s, accepted_at=accepted_at,
+                         bookable_wei=str(bookable))
 
     def tend_chain_jobs(self) -> None:
         """Once a round: settle again the ended jobs whose settlement failed, and keep the
@@ -217,18 +218,18 @@ class ChainSettlement:
             escrow = self.settlement.escrow(job.chain_job)
             if escrow.settled_at:  # reclaimed, or settled by a try whose receipt was lost
                 log.error("job %s: chain job %s was already settled", job.job_id, job.chain_job)
-                self._event(session, now, COORDINATOR, "chain_job_closed", job.job_id,
-                            chain_job=job.chain_job, owed_wei=str(escrow.owed_wei),
-                            metered_wei={p: str(w) for p, w in metered.items()})
+                record_event(session, now, COORDINATOR, "chain_job_closed", job.job_id,
+                             chain_job=job.chain_job, owed_wei=str(escrow.owed_wei),
+                             metered_wei={p: str(w) for p, w in metered.items()})
                 return
             booking = self.settlement.settle(job.chain_job, seconds)
         except (LedgerError, Conflict) as error:
             log.error("job %s: settling chain job %s failed: %s", job.job_id, job.chain_job, error)
-            self._event(session, now, COORDINATOR, "settlement_failed", job.job_id,
-                        chain_job=job.chain_job, reason=str(error))
+            record_event(session, now, COORDINATOR, "settlement_failed", job.job_id,
+                         chain_job=job.chain_job, reason=str(error))
             return
-        self._event(session, now, COORDINATOR, "job_settled", job.job_id, chain_job=job.chain_job,
-                    root=booking.root, seconds=booking.seconds,
-                    wei={p: str(w) for p, w in booking.wei.items()},
-                    metered_wei={p: str(w) for p, w in metered.items()}, unpaid_leases=unpaid,
-                    records_withheld=withheld)
+        record_event(session, now, COORDINATOR, "job_settled", job.job_id, chain_job=job.chain_job,
+                     root=booking.root, seconds=booking.seconds,
+                     wei={p: str(w) for p, w in booking.wei.items()},
+                     metered_wei={p: str(w) for p, w in metered.items()}, unpaid_leases=unpaid,
+                     records_withheld=withheld)

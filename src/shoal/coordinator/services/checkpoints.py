@@ -42,6 +42,7 @@ from shoal.coordinator.services.checkpoint_checks import check_cursor, check_opt
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.services.speed_marks import lease_of
 from shoal.coordinator.db.schema import JobRow, LeaseRow, OfferRow
+from shoal.coordinator.db.store import record_event
 from shoal.proof.epochs import final_lineage
 from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.errors import SpecError
@@ -66,7 +67,7 @@ class NotYetVerifiable(Conflict):
 
 class CheckpointCarry:
     """Uses the Coordinator's `engine`, `settings`, `referee`, `job_spec`, `work_records`,
-    `_published`, `_change`, `_event`, `now_s`."""
+    `_published`, `_change`, `now_s`."""
 
     def _carry_init(self) -> None:
         # One upload checked and written at a time (they share the job's model to hash
@@ -115,9 +116,9 @@ class CheckpointCarry:
             verified = self._verify(job_id, spec, step, state, records)
             view = self._write(job_id, spec, step, data, lease_number, provider, verified)
         with self._change() as session:
-            self._event(session, view.at_s, provider, "checkpoint_carried", job_id,
-                        step=step, lease=lease_number, bytes=view.bytes, sha256=view.sha256,
-                        verified=verified)
+            record_event(session, view.at_s, provider, "checkpoint_carried", job_id,
+                         step=step, lease=lease_number, bytes=view.bytes, sha256=view.sha256,
+                         verified=verified)
         log.info("job %s: checkpoint of step %d carried from lease %d (%d bytes%s)", job_id,
                  step, lease_number, view.bytes, ", verified" if verified else "")
         return view

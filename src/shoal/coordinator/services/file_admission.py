@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from shoal.coordinator.services.checkpoints import UPLOAD_GRACE_S
 from shoal.coordinator.errors import Forbidden, NotFound
-from shoal.coordinator.proofs.plants import FETCH_BASE
+from shoal.coordinator.services.numbering import FETCH_BASE
 from shoal.client.identity import Signer, Unauthenticated, verify_signed_headers
 from shoal.coordinator.db import beats
 from shoal.spec.coordinator import Role

@@ -16,6 +16,7 @@ from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.services import journal
 from shoal.coordinator.services.views import job_view
 from shoal.coordinator.db.schema import JobRow
+from shoal.coordinator.db.store import record_event
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus, JobSubmission, JobView, Role
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
@@ -29,7 +30,7 @@ WINDOW_BEATS = 5
 
 class JobLifecycle:
     """Uses the Coordinator's `market`, `settlement`, `hosts`, `role_of`, `_change`,
-    `_command`, `_event`, `_store_leases`, `now_s`; ChainSettlement's
+    `_command`, `_store_leases`, `now_s`; ChainSettlement's
     `_check_chain_escrow`, `_refuse_used_chain_job` and `_settle`; ProofService's `close_proofs`."""
 
     def submit_job(self, submitter: str, submission: JobSubmission) -> JobView:
@@ -57,9 +58,9 @@ class JobLifecycle:
                          status=JobStatus.waiting.value, created_at_s=now,
                          chain_job=submission.chain_job)
             session.add(row)
-            self._event(session, now, submitter, "job_submitted", job_id,
-                        workers=bid.workers, budget_wei=str(bid.budget_wei),
-                        max_price_wei_per_s=str(bid.max_price_wei_per_s))
+            record_event(session, now, submitter, "job_submitted", job_id,
+                         workers=bid.workers, budget_wei=str(bid.budget_wei),
+                         max_price_wei_per_s=str(bid.max_price_wei_per_s))
             return job_view(row, self.market.meter(job_id), now)
 
     def top_up(self, submitter: str, job_id: str, amount_wei: int) -> JobView:
@@ -75,8 +76,8 @@ class JobLifecycle:
             if row.status == JobStatus.paused.value:
                 self._command(session, journal.Resume(job=job_id), now)
                 row.status = JobStatus.waiting.value
-            self._event(session, now, submitter, "job_topped_up", job_id,
-                        amount_wei=str(amount_wei))
+            record_event(session, now, submitter, "job_topped_up", job_id,
+                         amount_wei=str(amount_wei))
             return job_view(row, self.market.meter(job_id), now)
 
     def set_paused(self, actor: str, job_id: str, paused: bool) -> JobView:
@@ -89,7 +90,7 @@ class JobLifecycle:
             else:
                 self._command(session, journal.Resume(job=job_id), now)
                 row.status = JobStatus.waiting.value
-            self._event(session, now, actor, "job_paused" if paused else "job_resumed", job_id)
+            record_event(session, now, actor, "job_paused" if paused else "job_resumed", job_id)
             return job_view(row, self.market.meter(job_id), now)
 
     def end_job(self, actor: str, job_id: str, status: JobStatus, **detail: Any) -> JobView:
@@ -100,8 +101,8 @@ class JobLifecycle:
             meter = self._command(session, journal.Finish(job=job_id), now)
             self._store_leases(session, meter.leases)
             row.status = status.value
-            self._event(session, now, actor, f"job_{status.value}", job_id,
-                        spent_wei=str(meter.accrued_wei(now)), **detail)
+            record_event(session, now, actor, f"job_{status.value}", job_id,
+                         spent_wei=str(meter.accrued_wei(now)), **detail)
             if status is not JobStatus.finished:
                 self.hosts.stop(job_id, row.host_pid)
             self.close_proofs(session, row)  # the last epochs' roots go before the bill

@@ -14,11 +14,12 @@ from shoal.client.identity import Signer, Unauthenticated
 from shoal.coordinator.db import beats
 from shoal.coordinator.db.database import write_transaction
 from shoal.coordinator.db.schema import ParticipantRow
+from shoal.coordinator.db.store import record_event
 from shoal.spec.coordinator import SELF_SERVICE_ROLES, Grant, Participant, Registration, Role
 
 
 class Participants:
-    """Uses the Coordinator's `engine`, `settings`, `now_s`, `_change` and `_event`."""
+    """Uses the Coordinator's `engine`, `settings`, `now_s`, `_change`."""
 
     def consume_nonce(self, signer: Signer) -> None:
         """A nonce counts once: a replayed request is refused before it is looked at."""
@@ -52,7 +53,7 @@ class Participants:
                                      name=registration.name, registered_at_s=now)
                 session.add(row)
             row.name = registration.name
-            self._event(session, now, signer, "registered", role=row.role, name=row.name)
+            record_event(session, now, signer, "registered", role=row.role, name=row.name)
             return participant_view(row)
 
     def grant(self, operator: str, grant: Grant) -> Participant:
@@ -67,8 +68,8 @@ class Participants:
             row.role, row.name = grant.role.value, grant.name
             if grant.max_priority is not None:
                 row.max_priority = grant.max_priority
-            self._event(session, now, operator, "granted", address=address, role=row.role,
-                        max_priority=row.max_priority or 0)
+            record_event(session, now, operator, "granted", address=address, role=row.role,
+                         max_priority=row.max_priority or 0)
             return participant_view(row)
 
     def check_priority(self, submitter: str, priority: int) -> None:

@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session
 from shoal.coordinator.errors import NotFound
 from shoal.coordinator.services.speed_marks import lease_of
 from shoal.coordinator.db.schema import AgentRow, EventRow, JobRow, LeaseRow, OfferRow
+from shoal.coordinator.db.store import record_event
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.job import BYTE_VOCAB, JobSpec
 from shoal.spec.plan import Cluster, Device, ModelProfile, Plan, SyncMode, gpt_profile
@@ -50,7 +51,7 @@ MEASURED_STEPS = 20  # the measured step time is the median of the last this man
 
 class JobPlanning:
     """Uses the Coordinator's `engine`, `job_spec`, `membership`, `recent_progress`,
-    `_change`, `_event`, `now_s`."""
+    `_change`, `now_s`."""
 
     def _planning_init(self) -> None:
         self._plans: dict[str, tuple[tuple[str, ...], Plan]] = {}  # job -> (members, plan)
@@ -111,8 +112,8 @@ class JobPlanning:
             links="probed" if cluster.latency_ms is not None else "region defaults",
             advice=_advice(spec, plan))
         with self._change() as session:
-            self._event(session, view.t, COORDINATOR, "job_planned", job_id,
-                        **json.loads(view.model_dump_json()))
+            record_event(session, view.t, COORDINATOR, "job_planned", job_id,
+                         **json.loads(view.model_dump_json()))
         log.info("job %s: planned epoch %d (%d members): %.4f s a step predicted, %s%s",
                  job_id, latest.epoch, len(latest.members), plan.step_time_s, plan.mode.value,
                  f"; {view.advice}" if view.advice else "")

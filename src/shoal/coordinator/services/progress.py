@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
-from shoal.coordinator.proofs.records import worker_prefix
+from shoal.coordinator.services.numbering import worker_prefix
 from shoal.coordinator.db.schema import JobRow, LeaseRow, OfferRow, StepProgressRow
 from shoal.spec.progress import MembershipChange, ProgressUpload, StepProgress
 

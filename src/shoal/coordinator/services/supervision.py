@@ -12,12 +12,13 @@ from shoal.coordinator.services import journal
 from shoal.coordinator.services.speed_marks import lease_of, marked_down
 from shoal.elastic.job_host import read_speeds
 from shoal.coordinator.db.schema import AgentRow, JobRow, LeaseRow, OfferRow
+from shoal.coordinator.db.store import record_event
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 
 
 class JobSupervision:
     """Uses the Coordinator's `engine`, `hosts`, `market`, `settings`, `_speeds_seen`,
-    `_change`, `_event`, `end_job` and `withdraw_offer`; LeaseAttendance's
+    `_change`, `end_job` and `withdraw_offer`; LeaseAttendance's
     `hold_leases_to_membership` and `report_lost_workers`."""
 
     def supervise_jobs(self) -> None:
@@ -96,21 +97,21 @@ class JobSupervision:
                     update={"speed_samples_per_s": speed})
                 self._command(session, journal.PostOffer(offer=offer), now)
             row.speed_samples_per_s, row.marked_down = speed, True
-            self._event(session, now, COORDINATOR, "offer_marked_down", job_id, offer_id=offer_id,
-                        claimed_samples_per_s=claimed, marked_samples_per_s=round(speed, 3))
+            record_event(session, now, COORDINATOR, "offer_marked_down", job_id, offer_id=offer_id,
+                         claimed_samples_per_s=claimed, marked_samples_per_s=round(speed, 3))
 
     def _start_host(self, job_id: str, min_workers: int) -> None:
         with self._change() as session:
             row = session.get(JobRow, job_id)
             row.host_pid = self.hosts.start(job_id, min_workers)
-            self._event(session, self.now_s(), COORDINATOR, "job_host_started", job_id,
-                        pid=row.host_pid)
+            record_event(session, self.now_s(), COORDINATOR, "job_host_started", job_id,
+                         pid=row.host_pid)
 
     def _set_rendezvous(self, job_id: str, endpoint: str) -> None:
         with self._change() as session:
             session.get(JobRow, job_id).rendezvous = endpoint
-            self._event(session, self.now_s(), COORDINATOR, "job_rendezvous", job_id,
-                        rendezvous=endpoint)
+            record_event(session, self.now_s(), COORDINATOR, "job_rendezvous", job_id,
+                         rendezvous=endpoint)
 
     def reap_lost_agents(self) -> list[str]:
         """Withdraw the offers of agents silent past the timeout: their leases end, and the

@@ -55,6 +55,7 @@ from shoal.coordinator.db.store import Store
 from shoal.coordinator.db.schema import (
     AgentRow, EventRow, JobRow, LeaseRow, MarketCommandRow, NonceRow, OfferRow,
 )
+from shoal.coordinator.db.store import record_event
 from shoal.market import Clearing, Market, MarketConfig, MarketError
 from shoal.spec.coordinator import (
     COORDINATOR, ENDED, AgentRegistration, AgentView, Assignment, Heartbeat, HeartbeatReply,
@@ -153,11 +154,6 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
         session.add(MarketCommandRow(at_s=at_s, kind=kind, payload=payload))
         return result
 
-    @staticmethod
-    def _event(session: Session, at_s: float, actor: str, kind: str,
-               job_id: str | None = None, **detail: Any) -> None:
-        session.add(EventRow(at_s=at_s, actor=actor, kind=kind, job_id=job_id, detail=detail))
-
     # ------------------------------------------------------------ providers
     def register_agent(self, provider: str, registration: AgentRegistration) -> AgentView:
         bad = [d.device_kind for d in registration.devices if not d.collective_ok]
@@ -177,8 +173,8 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
                                devices=devices, last_seen_s=now)
                 session.add(row)
             row.region, row.devices, row.last_seen_s = registration.region, devices, now
-            self._event(session, now, provider, "agent_registered",
-                        agent_id=row.agent_id, region=row.region, devices=devices)
+            record_event(session, now, provider, "agent_registered",
+                         agent_id=row.agent_id, region=row.region, devices=devices)
             return agent_view(row, now, self.settings.agent_timeout_s)
 
     def post_offer(self, provider: str, terms: OfferTerms) -> OfferView:
@@ -207,8 +203,8 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
             row.region, row.speed_samples_per_s, row.memory_gb = offer.region, speed, offer.memory_gb
             row.price_wei_per_s, row.tenancy = offer.price_wei_per_s, offer.tenancy.value
             row.reference_wei_per_s, row.withdrawn = reference, False
-            self._event(session, now, provider, "offer_posted", offer_id=offer.offer_id,
-                        price_wei_per_s=str(offer.price_wei_per_s), tenancy=offer.tenancy.value)
+            record_event(session, now, provider, "offer_posted", offer_id=offer.offer_id,
+                         price_wei_per_s=str(offer.price_wei_per_s), tenancy=offer.tenancy.value)
             return offer_view(row)
 
     def bar_provider(self, job_id: str, provider: str, reason: str) -> None:
@@ -217,8 +213,8 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
         with self._change() as session:
             now = self.now_s()
             self._command(session, journal.BarProvider(job=job_id, provider=provider), now)
-            self._event(session, now, COORDINATOR, "provider_barred", job_id,
-                        provider=provider, reason=reason)
+            record_event(session, now, COORDINATOR, "provider_barred", job_id,
+                         provider=provider, reason=reason)
 
     def withdraw_offer(self, actor: str, offer_id: str, reason: str = "withdrawn") -> OfferView:
         with self._change() as session:
@@ -233,8 +229,8 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
                     session, journal.WithdrawOffer(offer_id=offer_id, provider=row.provider), now)
                 self._store_leases(session, ended)
                 row.withdrawn = True
-                self._event(session, now, actor, "offer_withdrawn", offer_id=offer_id,
-                            reason=reason, ended_leases=[lease.lease for lease in ended])
+                record_event(session, now, actor, "offer_withdrawn", offer_id=offer_id,
+                             reason=reason, ended_leases=[lease.lease for lease in ended])
             return offer_view(row)
 
     def heartbeat(self, provider: str, agent_id: str, beat: Heartbeat,
@@ -292,9 +288,9 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
             session.add(MarketCommandRow(at_s=now, kind=kind, payload=payload))
             self._store_leases(session, clearing.stopped)
             for job_id, provider in clearing.spent:
-                self._event(session, now, COORDINATOR, "provider_term_spent", job_id,
-                            provider=provider, reason="its leases of the job billed all its "
-                            "chain lease can book: they stop, and it takes no more of the job")
+                record_event(session, now, COORDINATOR, "provider_term_spent", job_id,
+                             provider=provider, reason="its leases of the job billed all its "
+                             "chain lease can book: they stop, and it takes no more of the job")
             for fill in clearing.fills:
                 self._store_leases(session, fill.new_leases)
                 self._store_leases(session, [n.lease for n in fill.notices])
@@ -311,10 +307,10 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
                   FillStatus.paused: JobStatus.paused}[fill.status]
         if status.value != row.status or fill.new_leases or fill.notices:
             row.status = status.value
-            self._event(session, now, COORDINATOR, "job_filled", fill.job,
-                        status=fill.status.value, held=fill.held, reason=fill.reason,
-                        new_leases=[lease.lease for lease in fill.new_leases],
-                        notices=[n.lease.lease for n in fill.notices])
+            record_event(session, now, COORDINATOR, "job_filled", fill.job,
+                         status=fill.status.value, held=fill.held, reason=fill.reason,
+                         new_leases=[lease.lease for lease in fill.new_leases],
+                         notices=[n.lease.lease for n in fill.notices])
 
     def _store_leases(self, session: Session, leases: Any) -> None:
         for lease in leases:

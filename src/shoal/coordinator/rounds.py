@@ -9,7 +9,7 @@ import logging
 import threading
 
 from shoal.coordinator.api.metrics import CoordinatorMetrics
-from shoal.coordinator.services.coordinator import Coordinator
+from shoal.coordinator.service import Coordinator
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 30  # rounds between nonce prunes
