@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Scope
 
-from shoal.coordinator.errors import Forbidden
 from shoal.coordinator.service import Coordinator
-from shoal.client.identity import Signer, Unauthenticated, verify_request
-from shoal.coordinator.db import beats
+from shoal.coordinator.services.participants import refuse_role
+from shoal.client.identity import Signer, verify_request
 from shoal.spec.coordinator import Heartbeat, Role
-
-REPLAYED = "this nonce was already used: a replayed request is refused; sign the request again"
 
 
 async def coordinator_of(request: Request) -> Coordinator:
@@ -32,13 +30,6 @@ def target_of(scope: Scope) -> str:
     target = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
     query = scope.get("query_string", b"").decode("latin-1")
     return f"{target}?{query}" if query else target
-
-
-def _refuse_role(address: str, role: Role | None, roles: tuple[Role, ...]) -> None:
-    if role not in roles:
-        held = f"a {role.value}" if role else "not registered"
-        wanted = " or ".join(r.value for r in roles)
-        raise Forbidden(f"{address} is {held}; this call needs the {wanted} role")
 
 
 def signed(*roles: Role) -> Callable[..., Awaitable[Signer]]:
@@ -58,7 +49,7 @@ def signed(*roles: Role) -> Callable[..., Awaitable[Signer]]:
                                 coordinator.now_s(), settings.max_skew_s)
         coordinator.consume_nonce(signer)
         if roles:
-            _refuse_role(signer.address, coordinator.role_of(signer.address), roles)
+            refuse_role(signer.address, coordinator.role_of(signer.address), roles)
         return signer
 
     async def dependency(request: Request, body: bytes = Depends(raw_body),
@@ -71,7 +62,7 @@ def signed(*roles: Role) -> Callable[..., Awaitable[Signer]]:
 
 
 async def signed_beat(coordinator: Coordinator, scope: Scope, body: bytes, agent_id: str,
-                      beat: Heartbeat) -> tuple[Signer, beats.BeatTaken]:
+                      beat: Heartbeat) -> tuple[Signer, Any]:  # Any: the store's BeatTaken
     """A provider's signed heartbeat, checked as `signed(Role.provider)` checks any call,
     and taken with its nonce and role check in one group-committed transaction.
 
@@ -84,13 +75,7 @@ async def signed_beat(coordinator: Coordinator, scope: Scope, body: bytes, agent
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
     signer = verify_request(headers, settings.audience, scope["method"], target_of(scope), body,
                             now, settings.max_skew_s)
-    operator = signer.address in settings.operators
-    note = beats.BeatNote(signer.address, agent_id, sorted(set(beat.running)), now,
-                          nonce=signer.nonce, role_needed=Role.provider.value,
-                          known_role=Role.operator.value if operator else None)
-    taken = await asyncio.wrap_future(beats.beat_committer(coordinator.engine).submit(note))
-    if taken.outcome is beats.BeatOutcome.replayed:
-        raise Unauthenticated(REPLAYED)
-    if taken.outcome is beats.BeatOutcome.wrong_role:
-        _refuse_role(signer.address, Role(taken.role) if taken.role else None, (Role.provider,))
+    taken = await asyncio.wrap_future(
+        coordinator.take_signed_beat(signer, agent_id, beat.running, now))
+    coordinator.refuse_signed_beat(signer.address, taken)
     return signer, taken

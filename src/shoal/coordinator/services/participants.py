@@ -4,6 +4,9 @@ roles an operator grants."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from concurrent.futures import Future
+
 from eth_utils import to_checksum_address
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -17,6 +20,16 @@ from shoal.coordinator.db.schema import ParticipantRow
 from shoal.coordinator.db.store import record_event
 from shoal.spec.coordinator import SELF_SERVICE_ROLES, Grant, Participant, Registration, Role
 
+REPLAYED = "this nonce was already used: a replayed request is refused; sign the request again"
+
+
+def refuse_role(address: str, role: Role | None, roles: tuple[Role, ...]) -> None:
+    """`Forbidden`, naming the role held and the one needed, unless `role` is in `roles`."""
+    if role not in roles:
+        held = f"a {role.value}" if role else "not registered"
+        wanted = " or ".join(r.value for r in roles)
+        raise Forbidden(f"{address} is {held}; this call needs the {wanted} role")
+
 
 class Participants:
     """Uses the Coordinator's `engine`, `settings`, `now_s`, `_change`."""
@@ -28,8 +41,25 @@ class Participants:
             with write_transaction(self.engine) as connection:
                 beats.record_nonce(connection, signer.address, signer.nonce, now)
         except IntegrityError:
-            raise Unauthenticated("this nonce was already used: a replayed request "
-                                  "is refused; sign the request again") from None
+            raise Unauthenticated(REPLAYED) from None
+
+    def take_signed_beat(self, signer: Signer, agent_id: str, running: Iterable[int],
+                         now_s: float) -> Future[beats.BeatTaken]:
+        """A provider's signed heartbeat, taken with its nonce and role check in one
+        group-committed transaction; the future resolves once that has committed."""
+        operator = signer.address in self.settings.operators
+        note = beats.BeatNote(signer.address, agent_id, sorted(set(running)), now_s,
+                              nonce=signer.nonce, role_needed=Role.provider.value,
+                              known_role=Role.operator.value if operator else None)
+        return beats.beat_committer(self.engine).submit(note)
+
+    @staticmethod
+    def refuse_signed_beat(address: str, taken: beats.BeatTaken) -> None:
+        """`Unauthenticated` for a replayed beat, `Forbidden` for one not of a provider."""
+        if taken.outcome is beats.BeatOutcome.replayed:
+            raise Unauthenticated(REPLAYED)
+        if taken.outcome is beats.BeatOutcome.wrong_role:
+            refuse_role(address, Role(taken.role) if taken.role else None, (Role.provider,))
 
     def role_of(self, address: str) -> Role | None:
         if address in self.settings.operators:
