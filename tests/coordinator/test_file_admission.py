@@ -115,7 +115,7 @@ def test_a_replayed_or_answered_large_upload_is_refused_unread(challenged):
     served, a, _, challenge, _ = challenged
     path = f"/v1/challenges/{challenge}/answer"
     headers = sign_request(a.account, "shoal-test", "PUT", path, b"x" * LARGE)
-    served.app.state.coordinator.consume_nonce(Signer(
+    served.app.state.coordinator.participants.consume_nonce(Signer(
         a.account.address, headers["x-shoal-nonce"], int(headers["x-shoal-timestamp"])))
     got, detail, read = drive(served, a.account, path, b"x" * LARGE, headers=headers)
     assert (got, read) == (401, 0) and "nonce" in detail

@@ -1,10 +1,11 @@
-"""The coordinator's service: who may do what, the market, and the store, kept
-in step. No HTTP here: the API calls these methods with the verified signer.
+"""The coordinator's composition root: who may do what, the market, and the store,
+kept in step. No HTTP here: the API calls these methods with the verified signer.
 
 Every change is one transaction that writes the market's journal, the rows
 the API reads, and an audit event together, so the store never shows a
 lease the market would not rebuild after a restart. Participants and their
-roles (participants.py), jobs as submitters drive them (jobs.py), reads
+roles (services/participants.py) are a service it holds (`participants`);
+jobs as submitters drive them (jobs.py), reads
 (reads.py), the watch over running work (supervision.py), leases held to the
 jobs' membership (attendance.py), settlement on a chain (chain_jobs.py), work
 records and proof epochs (proofs.py), challenges and verdicts (audits.py),
@@ -68,7 +69,7 @@ log = logging.getLogger(__name__)
 _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
-class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
+class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
                   ChainSettlement, ProofService, AuditService, DisputeService, UnfiledDisputes,
                   JobProgress,
                   CheckpointCarry, FileAdmission, NetworkProbing, JobPlanning, LeaseAttendance):
@@ -87,6 +88,7 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
         self.settlement = settlement  # None: escrow is the store's bookkeeping only
         self.engine = engine or open_store_engine(settings.store_url)
         self.store = Store(self.engine)
+        self.participants = Participants(self.store, settings, self.now_s, self._change)
         self._clock = clock
         self._lock = threading.RLock()  # one writer: the market is not thread-safe
         self.market = Market(settings.price_table(),

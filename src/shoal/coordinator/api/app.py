@@ -181,16 +181,16 @@ def _routes(app: FastAPI) -> None:
     @app.post("/v1/participants", tags=["identity"], status_code=201)
     def register(body: Registration, co: Co,
                  signer: AnySigner) -> Participant:
-        return co.register(signer.address, body)
+        return co.participants.register(signer.address, body)
 
     @app.post("/v1/grants", tags=["identity"], status_code=201)
     def grant(body: Grant, co: Co,
               signer: OperatorSigner) -> Participant:
-        return co.grant(signer.address, body)
+        return co.participants.grant(signer.address, body)
 
     @app.get("/v1/participants", tags=["identity"])
     def participants(co: Co) -> list[Participant]:
-        return co.participants()
+        return co.participants.registered()
 
     # ---------------------------------------------------------------- providers
     @app.post("/v1/agents", tags=["providers"], status_code=201)
@@ -232,7 +232,7 @@ def _routes(app: FastAPI) -> None:
         return [ProviderView(address=p.address, name=p.name,
                              agents=tuple(a for a in agents if a.provider == p.address),
                              offers=tuple(o for o in offers if o.provider == p.address))
-                for p in co.participants() if p.role is Role.provider]
+                for p in co.participants.registered() if p.role is Role.provider]
 
     # ---------------------------------------------------------------- submitters
     @app.post("/v1/jobs", tags=["jobs"], status_code=201)

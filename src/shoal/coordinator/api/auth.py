@@ -47,9 +47,9 @@ def signed(*roles: Role) -> Callable[..., Awaitable[Signer]]:
         signer = verify_request({k.lower(): v for k, v in request.headers.items()},
                                 settings.audience, request.method, target_of(request.scope), body,
                                 coordinator.now_s(), settings.max_skew_s)
-        coordinator.consume_nonce(signer)
+        coordinator.participants.consume_nonce(signer)
         if roles:
-            refuse_role(signer.address, coordinator.role_of(signer.address), roles)
+            refuse_role(signer.address, coordinator.participants.role_of(signer.address), roles)
         return signer
 
     async def dependency(request: Request, body: bytes = Depends(raw_body),
@@ -76,6 +76,6 @@ async def signed_beat(coordinator: Coordinator, scope: Scope, body: bytes, agent
     signer = verify_request(headers, settings.audience, scope["method"], target_of(scope), body,
                             now, settings.max_skew_s)
     taken = await asyncio.wrap_future(
-        coordinator.take_signed_beat(signer, agent_id, beat.running, now))
-    coordinator.refuse_signed_beat(signer.address, taken)
+        coordinator.participants.take_signed_beat(signer, agent_id, beat.running, now))
+    coordinator.participants.refuse_signed_beat(signer.address, taken)
     return signer, taken

@@ -47,7 +47,7 @@ class FileAdmission:
             if beats.nonce_seen(connection, signer.address, signer.nonce):
                 raise Unauthenticated("this nonce was already used: a replayed request is "
                                       "refused; sign the request again")
-        if self.role_of(signer.address) is not Role.provider:
+        if self.participants.role_of(signer.address) is not Role.provider:
             raise Forbidden(f"{signer.address} is not a provider: only the provider "
                             "whose worker wrote a file may send it")
         with self.store.read() as session:

@@ -41,7 +41,7 @@ class JobLifecycle:
                             "window (how long after an epoch is served verifiers may ask for its "
                             f"files); at least {shortest:g} s ({WINDOW_BEATS} beats) is needed for "
                             "anyone to ask and an agent to answer: raise it")
-        self.check_priority(submitter, submission.priority)
+        self.participants.check_priority(submitter, submission.priority)
         self._check_chain_escrow(submitter, submission)
         job_id = f"{submission.name}-{secrets.token_hex(4)}"
         # On a chain, one device per provider: the contract holds one lease per job and
@@ -114,7 +114,8 @@ class JobLifecycle:
         row = session.get(JobRow, job_id)
         if row is None:
             raise NotFound(f"no job '{job_id}'")
-        if actor not in (row.submitter, COORDINATOR) and self.role_of(actor) is not Role.operator:
+        if actor not in (row.submitter, COORDINATOR) \
+                and self.participants.role_of(actor) is not Role.operator:
             raise Forbidden(f"job '{job_id}' belongs to another submitter")
         if JobStatus(row.status) in ENDED:
             raise Conflict(f"job '{job_id}' is {row.status}; submit a new job")

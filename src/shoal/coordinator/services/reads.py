@@ -9,11 +9,11 @@ from sqlalchemy import select
 
 from shoal.coordinator.errors import NotFound
 from shoal.coordinator.services.views import (
-    agent_view, event_view, job_view, offer_view, participant_view,
+    agent_view, event_view, job_view, offer_view,
 )
-from shoal.coordinator.db.schema import AgentRow, EventRow, JobRow, OfferRow, ParticipantRow
+from shoal.coordinator.db.schema import AgentRow, EventRow, JobRow, OfferRow
 from shoal.market import MarketError
-from shoal.spec.coordinator import AgentView, Event, JobView, OfferView, Participant
+from shoal.spec.coordinator import AgentView, Event, JobView, OfferView
 
 
 class CoordinatorReads:
@@ -50,11 +50,6 @@ class CoordinatorReads:
         with self.store.read() as session:
             return [offer_view(row) for row in
                     session.scalars(select(OfferRow).order_by(OfferRow.offer_id))]
-
-    def participants(self) -> list[Participant]:
-        with self.store.read() as session:
-            return [participant_view(row) for row in
-                    session.scalars(select(ParticipantRow).order_by(ParticipantRow.address))]
 
     def events(self, job_id: str | None = None, after: int = 0, limit: int = 200) -> list[Event]:
         with self.store.read() as session:
