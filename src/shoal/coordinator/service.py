@@ -12,7 +12,7 @@ records and proof epochs (proofs.py), challenges and verdicts (audits.py),
 bonded challengers' disputes (disputes.py),
 job progress (progress.py), checkpoints carried between machines
 (checkpoints.py), who may send a large file before it is read (file_admission.py),
-agents' network probes (probe.py) and plans of each job's
+agents' network probes (probe.py, held as `probing`) and plans of each job's
 members (planning.py) are mixed in.
 """
 
@@ -40,7 +40,7 @@ from shoal.coordinator.services.job_hosts import JobHosts
 from shoal.coordinator.services.jobs import JobLifecycle
 from shoal.coordinator.services.participants import Participants
 from shoal.coordinator.services.planning import JobPlanning
-from shoal.coordinator.services.probe import NetworkProbing
+from shoal.coordinator.services.probe import NetworkProbes, NetworkProbing
 from shoal.coordinator.services.progress import JobProgress
 from shoal.coordinator.proofs.records import ProofService
 from shoal.coordinator.services.reads import CoordinatorReads
@@ -72,7 +72,7 @@ _CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
                   ChainSettlement, ProofService, AuditService, DisputeService, UnfiledDisputes,
                   JobProgress,
-                  CheckpointCarry, FileAdmission, NetworkProbing, JobPlanning, LeaseAttendance):
+                  CheckpointCarry, FileAdmission, JobPlanning, LeaseAttendance):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
@@ -89,6 +89,9 @@ class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
         self.engine = engine or open_store_engine(settings.store_url)
         self.store = Store(self.engine)
         self.participants = Participants(self.store, settings, self.now_s, self._change)
+        self.probes = NetworkProbes(settings.rendezvous_address, settings.probe_deadline_s,
+                                    self.now_s)
+        self.probing = NetworkProbing(self.store, settings, self.probes)
         self._clock = clock
         self._lock = threading.RLock()  # one writer: the market is not thread-safe
         self.market = Market(settings.price_table(),
@@ -101,7 +104,6 @@ class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
         self._rebuild()
         self._proof_init()
         self._audit_init()
-        self._probe_init()
         self._carry_init()
         self._planning_init()
         self._attendance_init()
@@ -162,7 +164,8 @@ class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
         if bad:
             raise Conflict(f"agent '{registration.agent_id}': the pre-flight collective failed "
                            f"on {bad}; fix the backend before offering these devices")
-        measured = self.probed_devices(provider, registration)  # the link as our probe saw it
+        # The link as our probe saw it, not as the agent states it.
+        measured = self.probing.probed_devices(provider, registration)
         with self._change() as session:
             now = self.now_s()
             row = session.get(AgentRow, registration.agent_id)

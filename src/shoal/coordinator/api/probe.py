@@ -22,4 +22,4 @@ def probe_routes(app: FastAPI) -> None:
     def open_probe(agent_id: AgentPath, co: Co, signer: ProviderSigner) -> ProbeRendezvous:
         """Open a network probe for this agent: join it (a two-rank gloo group) on the
         coordinator's host at the port named, then register the agent."""
-        return co.open_probe(signer.address, agent_id)
+        return co.probing.open_probe(signer.address, agent_id)
