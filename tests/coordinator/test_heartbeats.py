@@ -82,7 +82,7 @@ def test_many_beats_at_once_all_land(served: Served):
     for i, account in enumerate(providers):
         provider_with_agent(served.client(account), f"agent-{i}")
     coordinator = served.app.state.coordinator
-    start_s = coordinator.now_s()
+    start_s = coordinator.desk.now_s()
 
     def beat(i: int) -> None:
         account = providers[i % len(providers)]

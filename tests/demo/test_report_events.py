@@ -12,7 +12,7 @@ from tests.coordinator.conftest import make_settings
 def test_every_event_of_the_job_is_read_past_the_first_page(tmp_path):
     co = Coordinator(make_settings(f"sqlite:///{tmp_path}/store.db"))
     try:
-        with co._change() as session:
+        with co.desk.change() as session:
             for i in range(2345):
                 record_event(session, float(i), "someone", "challenge_raised", None, n=i)
             record_event(session, 9999.0, "coordinator", "verifier_slashed", None, step=1)

@@ -18,14 +18,11 @@ members (planning.py) are mixed in.
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine, delete, select
+from sqlalchemy import Engine, delete
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.services import journal
@@ -34,10 +31,11 @@ from shoal.coordinator.proofs.challenges import AuditService
 from shoal.coordinator.services.chain_jobs import ChainSettlement
 from shoal.coordinator.services.checkpoints import CheckpointCarry
 from shoal.coordinator.proofs.disputes import DisputeService
-from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
+from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.services.file_admission import FileAdmission
 from shoal.coordinator.services.job_hosts import JobHosts
 from shoal.coordinator.services.jobs import JobLifecycle
+from shoal.coordinator.services.market_desk import MarketDesk
 from shoal.coordinator.services.participants import Participants
 from shoal.coordinator.services.planning import JobPlanning
 from shoal.coordinator.services.probe import NetworkProbes, NetworkProbing
@@ -49,24 +47,16 @@ from shoal.coordinator.services.settlement import Settlement
 from shoal.coordinator.services.supervision import JobSupervision
 from shoal.coordinator.proofs.unfiled_disputes import UnfiledDisputes
 from shoal.coordinator.services.views import agent_view, offer_view
-from shoal.client.identity import Unauthenticated
 from shoal.coordinator.db import beats
 from shoal.coordinator.db.database import open_store_engine
-from shoal.coordinator.db.store import Store
-from shoal.coordinator.db.schema import (
-    AgentRow, EventRow, JobRow, LeaseRow, MarketCommandRow, NonceRow, OfferRow,
-)
-from shoal.coordinator.db.store import record_event
-from shoal.market import Clearing, Market, MarketConfig, MarketError
+from shoal.coordinator.db.schema import AgentRow, JobRow, NonceRow, OfferRow
+from shoal.coordinator.db.store import Store, record_event
+from shoal.market import Clearing, MarketConfig
 from shoal.spec.coordinator import (
     COORDINATOR, ENDED, AgentRegistration, AgentView, Assignment, Heartbeat, HeartbeatReply,
     JobStatus, OfferTerms, OfferView,
 )
-from shoal.spec.errors import SpecError
 from shoal.spec.market import DeviceLease, FillStatus, Offer
-
-log = logging.getLogger(__name__)
-_CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
 
 class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
@@ -88,20 +78,15 @@ class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
         self.settlement = settlement  # None: escrow is the store's bookkeeping only
         self.engine = engine or open_store_engine(settings.store_url)
         self.store = Store(self.engine)
-        self.participants = Participants(self.store, settings, self.now_s, self._change)
+        self.desk = MarketDesk(self.store, settings.price_table(),
+                               MarketConfig(notice_period_s=settings.notice_period_s), clock)
+        self.participants = Participants(self.store, settings, self.desk.now_s, self.desk.change)
         self.probes = NetworkProbes(settings.rendezvous_address, settings.probe_deadline_s,
-                                    self.now_s)
+                                    self.desk.now_s)
         self.probing = NetworkProbing(self.store, settings, self.probes)
-        self._clock = clock
-        self._lock = threading.RLock()  # one writer: the market is not thread-safe
-        self.market = Market(settings.price_table(),
-                             MarketConfig(notice_period_s=settings.notice_period_s))
-        self._fill_status: dict[str, str] = {}
         self._speeds_seen: dict[str, int] = {}  # job -> mtime of the speeds last judged
-        self._last_s = 0.0
         self.hosts = JobHosts(settings.data_dir / "jobs", settings.rendezvous_address,
                               settings.stall_deadline_s)
-        self._rebuild()
         self._proof_init()
         self._audit_init()
         self._carry_init()
@@ -110,53 +95,7 @@ class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
         self.referee = Referee(self, referee_key, replayer)
         self._disputes_init()
         self._unfiled_init()
-        self.started_s = self.now_s()
-
-    # ------------------------------------------------------------ time and transactions
-    def now_s(self) -> float:
-        """Wall time that never runs backwards (the market refuses a clock that does).
-
-        Its own small lock, not the coordinator's: every signed request reads
-        the time, and must not wait for a market round to finish.
-        """
-        with _CLOCK_LOCK:
-            self._last_s = max(self._last_s, self._clock())
-            return self._last_s
-
-    @contextmanager
-    def _change(self) -> Iterator[Session]:
-        """The lock and one transaction; a failed commit rebuilds the market from the store."""
-        with self._lock:
-            try:
-                with self.store.change() as session:
-                    yield session
-            except (MarketError, SpecError, Conflict, Forbidden, Gone, NotFound, Unauthenticated):
-                raise  # refused before anything was applied to the market
-            except Exception:
-                log.exception("store write failed; rebuilding the market from the journal")
-                self._rebuild()
-                raise
-
-    def _rebuild(self) -> None:
-        with self._lock, self.store.read() as session:
-            self.market = Market(self.market.prices, self.market.config)
-            rows = session.scalars(select(MarketCommandRow).order_by(MarketCommandRow.seq))
-            count = 0
-            for row in rows:
-                result = journal.apply(self.market, journal.parsed(row.kind, row.payload),
-                                       row.at_s)
-                if isinstance(result, Clearing):
-                    self._fill_status.update({f.job: f.status.value for f in result.fills})
-                self._last_s = max(self._last_s, row.at_s)
-                count += 1
-            if count:
-                log.info("market rebuilt from %d journaled commands", count)
-
-    def _command(self, session: Session, command: journal.MarketCommand, at_s: float) -> Any:
-        result = journal.apply(self.market, command, at_s)
-        kind, payload = journal.stored(command)
-        session.add(MarketCommandRow(at_s=at_s, kind=kind, payload=payload))
-        return result
+        self.started_s = self.desk.now_s()
 
     # ------------------------------------------------------------ providers
     def register_agent(self, provider: str, registration: AgentRegistration) -> AgentView:
@@ -166,8 +105,8 @@ class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
                            f"on {bad}; fix the backend before offering these devices")
         # The link as our probe saw it, not as the agent states it.
         measured = self.probing.probed_devices(provider, registration)
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = session.get(AgentRow, registration.agent_id)
             if row is not None and row.provider != provider:
                 raise Forbidden(f"agent '{registration.agent_id}' belongs to another provider")
@@ -183,8 +122,8 @@ class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
             return agent_view(row, now, self.settings.agent_timeout_s)
 
     def post_offer(self, provider: str, terms: OfferTerms) -> OfferView:
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             agent = self._own_agent(session, provider, terms.agent_id)
             if terms.device >= len(agent.devices):
                 raise NotFound(f"agent '{agent.agent_id}' measured {len(agent.devices)} "
@@ -200,7 +139,7 @@ class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
                           device_kind=measured["device_kind"], speed_samples_per_s=speed,
                           memory_gb=measured["memory_gb"], region=agent.region,
                           price_wei_per_s=terms.price_wei_per_s, tenancy=terms.tenancy)
-            reference = self._command(session, journal.PostOffer(offer=offer), now)
+            reference = self.desk.command(session, journal.PostOffer(offer=offer), now)
             if row is None:
                 row = OfferRow(offer_id=offer.offer_id, provider=provider, marked_down=False)
                 session.add(row)
@@ -215,24 +154,24 @@ class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
     def bar_provider(self, job_id: str, provider: str, reason: str) -> None:
         """Lease none of `provider`'s devices to `job_id` again (removed from it: its worker
         stayed out, or it was slashed); a re-posted offer would otherwise win it back."""
-        with self._change() as session:
-            now = self.now_s()
-            self._command(session, journal.BarProvider(job=job_id, provider=provider), now)
+        with self.desk.change() as session:
+            now = self.desk.now_s()
+            self.desk.command(session, journal.BarProvider(job=job_id, provider=provider), now)
             record_event(session, now, COORDINATOR, "provider_barred", job_id,
                          provider=provider, reason=reason)
 
     def withdraw_offer(self, actor: str, offer_id: str, reason: str = "withdrawn") -> OfferView:
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = session.get(OfferRow, offer_id)
             if row is None:
                 raise NotFound(f"no offer '{offer_id}'")
             if actor not in (row.provider, COORDINATOR):
                 raise Forbidden(f"offer '{offer_id}' belongs to another provider")
             if not row.withdrawn:
-                ended = self._command(
+                ended = self.desk.command(
                     session, journal.WithdrawOffer(offer_id=offer_id, provider=row.provider), now)
-                self._store_leases(session, ended)
+                self.desk.store_leases(session, ended)
                 row.withdrawn = True
                 record_event(session, now, actor, "offer_withdrawn", offer_id=offer_id,
                              reason=reason, ended_leases=[lease.lease for lease in ended])
@@ -250,7 +189,7 @@ class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
         """
         if taken is None:
             taken = beats.beat_committer(self.engine).submit(beats.BeatNote(
-                provider, agent_id, sorted(set(beat.running)), self.now_s())).result()
+                provider, agent_id, sorted(set(beat.running)), self.desk.now_s())).result()
         if taken.outcome is beats.BeatOutcome.no_agent:
             raise NotFound(f"no agent '{agent_id}': register it (POST /v1/agents) first")
         if taken.outcome is beats.BeatOutcome.not_owner:
@@ -284,23 +223,22 @@ class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
     # ------------------------------------------------------------ the market's rounds
     def clear(self) -> Clearing:
         """One market round; journaled and stored only when it changed something."""
-        with self._change() as session:
-            now = self.now_s()
-            clearing = self.market.clear(now)
-            if not journal.changed(clearing, self._fill_status):
+        with self.desk.change() as session:
+            now = self.desk.now_s()
+            clearing = self.desk.market.clear(now)
+            if not journal.changed(clearing, self.desk.fill_status):
                 return clearing
-            kind, payload = journal.stored(journal.Clear())
-            session.add(MarketCommandRow(at_s=now, kind=kind, payload=payload))
-            self._store_leases(session, clearing.stopped)
+            self.desk.record(session, journal.Clear(), now)
+            self.desk.store_leases(session, clearing.stopped)
             for job_id, provider in clearing.spent:
                 record_event(session, now, COORDINATOR, "provider_term_spent", job_id,
                              provider=provider, reason="its leases of the job billed all its "
                              "chain lease can book: they stop, and it takes no more of the job")
             for fill in clearing.fills:
-                self._store_leases(session, fill.new_leases)
-                self._store_leases(session, [n.lease for n in fill.notices])
+                self.desk.store_leases(session, fill.new_leases)
+                self.desk.store_leases(session, [n.lease for n in fill.notices])
                 self._note_fill(session, now, fill)
-            self._fill_status.update({f.job: f.status.value for f in clearing.fills})
+            self.desk.fill_status.update({f.job: f.status.value for f in clearing.fills})
             return clearing
 
     def _note_fill(self, session: Session, now: float, fill: Any) -> None:
@@ -317,19 +255,8 @@ class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
                          new_leases=[lease.lease for lease in fill.new_leases],
                          notices=[n.lease.lease for n in fill.notices])
 
-    def _store_leases(self, session: Session, leases: Any) -> None:
-        for lease in leases:
-            lease = self.market.book.leases.get(lease.lease, lease)  # the latest ends_at_s
-            row = session.get(LeaseRow, lease.lease)
-            if row is None:
-                row = LeaseRow(lease=lease.lease, job_id=lease.job, offer_id=lease.offer_id,
-                               provider=lease.provider, price_wei_per_s=lease.price_wei_per_s,
-                               start_s=lease.start_s)
-                session.add(row)
-            row.ends_at_s, row.value = lease.ends_at_s, lease.model_dump(mode="json")
-
     def prune_nonces(self) -> int:
         """Forget nonces older than two skew windows: their requests are refused as stale."""
-        horizon = self.now_s() - 2 * self.settings.max_skew_s
+        horizon = self.desk.now_s() - 2 * self.settings.max_skew_s
         with self.store.change() as session:
             return session.execute(delete(NonceRow).where(NonceRow.seen_at_s < horizon)).rowcount

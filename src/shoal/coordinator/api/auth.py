@@ -46,7 +46,7 @@ def signed(*roles: Role) -> Callable[..., Awaitable[Signer]]:
         settings = coordinator.settings
         signer = verify_request({k.lower(): v for k, v in request.headers.items()},
                                 settings.audience, request.method, target_of(request.scope), body,
-                                coordinator.now_s(), settings.max_skew_s)
+                                coordinator.desk.now_s(), settings.max_skew_s)
         coordinator.participants.consume_nonce(signer)
         if roles:
             refuse_role(signer.address, coordinator.participants.role_of(signer.address), roles)
@@ -71,7 +71,7 @@ async def signed_beat(coordinator: Coordinator, scope: Scope, body: bytes, agent
     this returns only after the transaction holding the nonce has committed.
     """
     settings = coordinator.settings
-    now = coordinator.now_s()
+    now = coordinator.desk.now_s()
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
     signer = verify_request(headers, settings.audience, scope["method"], target_of(scope), body,
                             now, settings.max_skew_s)

@@ -57,8 +57,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
     def raise_challenges(self, verifier: str, job_id: str,
                          items: tuple[ChallengeRequest, ...]) -> list[ChallengeView]:
         out = []
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             self._proof_job(session, job_id)
             for item in items:
                 if item.kind is not BlobKind.params:  # a worker's own file
@@ -168,7 +168,7 @@ class AuditService(ForcedErrorService, KeeperRouting):
         agent last beat (0.0: never). A parameters challenge whose keeper is silent is
         handed to the step's other keeper first, if that one's agent is online."""
         self._reroute_silent(job_id, only)
-        horizon = self.now_s() - self.settings.agent_timeout_s
+        horizon = self.desk.now_s() - self.settings.agent_timeout_s
         query = select(ChallengeRow).where(ChallengeRow.job_id == job_id)
         if only is not None:
             query = query.where(ChallengeRow.challenge.in_(only))
@@ -199,8 +199,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
                 self._check_keeper_answer(job_id, step, data)
             except WrongParams as error:
                 refusal = str(error)
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = self._answerable(session, provider, challenge)
             keeper = self._answering_keeper(session, row, provider)
             if refusal is not None:
@@ -270,8 +270,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
         from shoal.verify.roles.verdicts import SignedVerdict
 
         out, guilty = [], []
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             job = self._proof_job(session, job_id)
             name = self.job_spec(job_id, job.job_file).name
             plan = session.get(ForcedPlanRow, job_id)

@@ -4,15 +4,12 @@ builds them and so must not be imported back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
-from sqlalchemy.orm import Session
-
 from shoal.coordinator.db.store import Store
 from shoal.coordinator.proofs.published_epochs import PublishedEpochs
+from shoal.coordinator.services.market_desk import MarketDesk
 from shoal.coordinator.services.settlement import Settlement
 from shoal.spec.audit import ProofEpochView, VerdictView
 from shoal.spec.job import JobSpec
@@ -23,13 +20,9 @@ class Court(Protocol):
     """The coordinator as the referee sees it: the store, the chain, the proof services."""
 
     store: Store
+    desk: MarketDesk  # the market, the clock and the one writer
     settlement: Settlement | None  # None: escrow is the store's bookkeeping only
     _published: PublishedEpochs  # the membership epochs each job's host published
-
-    def now_s(self) -> float: ...
-
-    def _change(self) -> AbstractContextManager[Session]:
-        """The coordinator's one writer: its lock and one transaction."""
 
     def job_spec(self, job_id: str, job_file: str | None = None) -> JobSpec: ...
 

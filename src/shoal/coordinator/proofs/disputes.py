@@ -109,11 +109,11 @@ class DisputeService:
             raise Conflict(f"worker '{filing.worker}' has {len(records)} records in proof epoch "
                            f"{filing.epoch}: a trajectory is {len(records) + 1} states (before the "
                            f"first record and after each), not {len(filing.trajectory)}")
-        with self._change() as session:  # under the coordinator's lock: one filing wins
+        with self.desk.change() as session:  # under the coordinator's lock: one filing wins
             if session.get(DisputeRow, filing.dispute) is not None:
                 raise Conflict(f"dispute {filing.dispute} was brought already")
             self.check_filing_in_time(opened)  # or rejected unheard (`unfiled_disputes`)
-            now = self.now_s()
+            now = self.desk.now_s()
             row = DisputeRow(dispute=filing.dispute, job_id=job_id, worker=filing.worker,
                              epoch=filing.epoch, challenger=opened.challenger, provider=provider,
                              filed_at_s=now, trajectory=list(filing.trajectory), why="")
@@ -230,13 +230,13 @@ class DisputeService:
     def _settle_dispute(self, job_id: str, dispute: int, ruling: str, why: str,
                         step: int | None, rounds: int | None) -> None:
         note, chain_state, held = self._enforce(dispute, ruling)
-        with self._change() as session:
+        with self.desk.change() as session:
             row = session.get(DisputeRow, dispute)
             row.ruling, row.step, row.rounds = ruling, step, rounds
             row.why = f"{why} ({held})" if held else why
             row.tx, row.chain_state = note.get("tx"), chain_state
             provider = row.provider
-            record_event(session, self.now_s(), COORDINATOR, f"dispute_{ruling}", job_id,
+            record_event(session, self.desk.now_s(), COORDINATOR, f"dispute_{ruling}", job_id,
                          dispute=dispute, worker=row.worker, step=step, provider=provider,
                          challenger=row.challenger, why=why, chain=held or chain_state, **note)
         if ruling == UPHELD and self.referee.penalties.first_slash(job_id, provider):
@@ -290,10 +290,10 @@ class DisputeService:
             note, chain_state, _ = self._enforce(dispute, ruling)
             if chain_state == BEHIND:
                 continue
-            with self._change() as session:
+            with self.desk.change() as session:
                 row = session.get(DisputeRow, dispute)
                 row.chain_state, row.tx = chain_state, note.get("tx", row.tx)
-                record_event(session, self.now_s(), COORDINATOR, "dispute_enforced", job_id,
+                record_event(session, self.desk.now_s(), COORDINATOR, "dispute_enforced", job_id,
                              dispute=dispute, ruling=ruling, chain=chain_state, **note)
 
 

@@ -95,7 +95,7 @@ class KeeperRouting:
     def _keepers_by_presence(self, session: Session, keepers: list[Keeper]) -> list[Keeper]:
         """Online agents first, then those with a record, the most recently seen first."""
         seen = self._last_seen(session, {k.agent_id for k in keepers})
-        horizon = self.now_s() - self.settings.agent_timeout_s
+        horizon = self.desk.now_s() - self.settings.agent_timeout_s
         return sorted(keepers, key=lambda k: (seen.get(k.agent_id, 0.0) < horizon,
                                               not k.recorded, -seen.get(k.agent_id, 0.0),
                                               k.rank))
@@ -190,7 +190,7 @@ class KeeperRouting:
         asked, before a verifier reads it as `holder_offline` and gives up on the step.
         The silent keeper is still asked (it may be only slow): the first right answer
         stands. Judged at most once a heartbeat per challenge: verifiers poll often."""
-        now = self.now_s()
+        now = self.desk.now_s()
         horizon = now - self.settings.agent_timeout_s
         with self.store.read() as session:
             rows = session.scalars(select(ChallengeRow).where(
@@ -203,7 +203,7 @@ class KeeperRouting:
         if not due:
             return
         moves = []
-        with self._change() as session:
+        with self.desk.change() as session:
             for number in due:
                 self._rerouted_s[number] = now
                 row = session.get(ChallengeRow, number)

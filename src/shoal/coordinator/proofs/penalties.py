@@ -72,9 +72,9 @@ class Penalties:
             chain_note = self.transact(lambda: co.settlement.ledger.slash_verifier(
                 self.account, verdict.verifier, FALSE_ACCUSATION_PENALTY_WEI,
                 provider or co.settlement.operator.address))
-        with co._change() as session:
+        with co.desk.change() as session:
             session.get(VerdictRow, seq).ruling = ruling
-            record_event(session, co.now_s(), COORDINATOR, kind, job_id, verdict=seq,
+            record_event(session, co.desk.now_s(), COORDINATOR, kind, job_id, verdict=seq,
                          worker=verdict.worker, step=verdict.step, verifier=verdict.verifier,
                          provider=provider, why=why, **chain_note)
         if kind == "worker_slashed":
@@ -98,8 +98,8 @@ class Penalties:
             note = self.transact(lambda: co.settlement.ledger.slash_verifier(
                 self.account, v.verifier, LAZY_VERDICT_PENALTY_WEI, upheld.verifier)) \
                 if enforce else {}
-            with co._change() as session:
-                record_event(session, co.now_s(), COORDINATOR, "verifier_slashed", job_id,
+            with co.desk.change() as session:
+                record_event(session, co.desk.now_s(), COORDINATOR, "verifier_slashed", job_id,
                              verifier=v.verifier, worker=v.worker, step=v.step,
                              shown_by=upheld.verifier, **note)
             log.warning("job %s: verifier %s signed valid on %s step %d, shown wrong by %s",

@@ -92,8 +92,8 @@ class ForcedErrorService:
     def _advance(self, job_id: str) -> bool:
         """One step of the job's plan; True when its audits are over (time to reveal)."""
         fetches, dropped = [], []
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             job = session.get(JobRow, job_id)
             plan = self._plan(session, job_id, now)
             served = {r.epoch: r for r in session.scalars(
@@ -178,7 +178,7 @@ class ForcedErrorService:
     def served_epochs(self, job_id: str) -> list[ProofEpochView]:
         """The rooted epochs verifiers may audit, with the roots of the trees they are served."""
         views = self.proof_epochs(job_id)
-        keep_s, now = self.job_spec(job_id).proof.keep_s, self.now_s()
+        keep_s, now = self.job_spec(job_id).proof.keep_s, self.desk.now_s()
         with self.store.read() as session:
             served = windows.served_at(session, job_id, self.forced_errors_on)
             roots = dict(session.execute(select(ServedEpochRow.epoch, ServedEpochRow.root).where(
@@ -244,8 +244,8 @@ class ForcedErrorService:
         return row
 
     def answer_plant(self, provider: str, challenge: int, data: bytes) -> ChallengeView:
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = self.plant_fetch(session, provider, challenge)
             if row.state != FETCHING:
                 raise Conflict(f"challenge {challenge} was answered already; an answer is final")
@@ -274,8 +274,8 @@ class ForcedErrorService:
         slash) each verifier that signed `valid` on one. Only once the job has ended: the
         secret decides its later epochs' plants too."""
         misses: list[tuple[int, str, str, int, str | None]] = []
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             job, plan = session.get(JobRow, job_id), session.get(ForcedPlanRow, job_id)
             if job is None or plan is None or plan.revealed_at_s is not None:
                 return
@@ -319,8 +319,8 @@ class ForcedErrorService:
         # The stake goes in part to a verifier that caught the same plant, else the operator.
         to = catcher or (self.settlement.operator.address if self.settlement else None)
         note = self.referee.penalties.penalise_missed_plant(verifier, to) if to else {}
-        with self._change() as session:
-            record_event(session, self.now_s(), COORDINATOR, "forced_error_missed", job_id,
+        with self.desk.change() as session:
+            record_event(session, self.desk.now_s(), COORDINATOR, "forced_error_missed", job_id,
                          verdict=seq, verifier=verifier, worker=worker, step=step, **note)
         log.warning("job %s: verifier %s signed valid on a planted record (%s step %d)",
                     job_id, verifier, worker, step)

@@ -93,8 +93,8 @@ class ProofService:
 
     # ------------------------------------------------------------ records (agents)
     def upload_records(self, provider: str, job_id: str, upload: RecordUpload) -> UploadReceipt:
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             job = self._proof_job(session, job_id)
             spec = self.job_spec(job_id, job.job_file)
             lease = session.get(LeaseRow, upload.lease)
@@ -192,7 +192,7 @@ class ProofService:
             return None
         stored = session.scalars(select(EventRow.detail).where(
             EventRow.job_id == job_id, EventRow.kind == "work_records_stored",
-            EventRow.at_s >= self.now_s() - 2 * self.settings.agent_timeout_s)).all()
+            EventRow.at_s >= self.desk.now_s() - 2 * self.settings.agent_timeout_s)).all()
         recent = {detail.get("lease") for detail in stored} & newest.keys()
         steps = sorted((newest[lease] for lease in recent or newest), reverse=True)
         return steps[1] if len(steps) > 1 else steps[0]
@@ -211,7 +211,7 @@ class ProofService:
                     continue
             except (SpecError, tomllib.TOMLDecodeError, NotFound):
                 continue
-            with self._change() as session:
+            with self.desk.change() as session:
                 rooted += self._root_job_epochs(session, session.get(JobRow, job), final=False)
         return rooted
 
@@ -243,7 +243,7 @@ class ProofService:
             # filing steps ahead under an old epoch that seated only them would otherwise
             # complete it before their peers of the next epoch could file.
             ran = final or host is None or host >= steps.stop - 1
-            now = self.now_s()
+            now = self.desk.now_s()
             left_behind = behind // per_epoch >= epoch + ROOT_AFTER_EPOCHS and \
                 self._waited_for_records(job.job_id, epoch, now)
             if not (complete and ran or left_behind or final) or not records:
@@ -283,7 +283,7 @@ class ProofService:
         except LedgerError as error:  # the epoch stays rooted here; the chain is told nothing
             log.error("job %s: anchoring proof epoch %d failed: %s", job.job_id, row.epoch, error)
             return
-        row.chain_epoch, row.anchored_at_s = chain_epoch, self.now_s()
+        row.chain_epoch, row.anchored_at_s = chain_epoch, self.desk.now_s()
         row.anchor_tx, row.anchored_root = outcome.tx_hash, value
 
     def _anchored_value(self, session: Session, job_id: str, row: ProofEpochRow) -> str:
@@ -292,7 +292,7 @@ class ProofService:
         `shoal.proof.forced.sealed_root`)."""
         if not self.forced_errors_on:
             return row.root
-        plan = self._plan(session, job_id, self.now_s())  # the secret is committed first
+        plan = self._plan(session, job_id, self.desk.now_s())  # the secret is committed first
         salt = ForcedErrors(bytes.fromhex(plan.secret), plan.rate).anchor_salt(job_id, row.epoch)
         return "0x" + sealed_root(bytes.fromhex(row.root[2:]), salt).hex()
 
@@ -316,7 +316,7 @@ class ProofService:
             return False
         if not spec.proof.enabled:
             return False
-        now = self.now_s()
+        now = self.desk.now_s()
         first = self._final_seen.setdefault(job_id, now)
         if now - first > RECORDS_GRACE_BEATS * self.settings.heartbeat_s + 1.0:
             return False

@@ -104,7 +104,7 @@ class UnfiledDisputes:
 
     def _dismiss(self, job_id: str, opened: Dispute) -> bool:
         """Reject `opened` unheard unless it was filed; True once nothing is left to do."""
-        with self._change() as session:  # under the lock `file_dispute` inserts under
+        with self.desk.change() as session:  # under the lock `file_dispute` inserts under
             if session.get(DisputeRow, opened.dispute) is not None:
                 return True  # brought in time: the referee rules it
             self._dismissed.add(opened.dispute)
@@ -121,8 +121,8 @@ class UnfiledDisputes:
             return False  # an older dispute on the lease goes first; or the node is down
         why = (f"nobody brought it to the referee within {self.settings.unfiled_dispute_grace_s:g}"
                " s of its opening")
-        with self._change() as session:
-            record_event(session, self.now_s(), COORDINATOR, "dispute_dismissed", job_id,
+        with self.desk.change() as session:
+            record_event(session, self.desk.now_s(), COORDINATOR, "dispute_dismissed", job_id,
                          dispute=opened.dispute, provider=opened.provider,
                          challenger=opened.challenger, bond_wei=str(opened.bond_wei),
                          opened_at=opened.opened_at, why=why, **note)

@@ -64,7 +64,7 @@ class LeaseAttendance:
         grace (before its first epoch: never asked its host to join); returns their
         numbers."""
         changes = self.membership(job_id)
-        now, grace = self.now_s(), self.settings.member_grace_s
+        now, grace = self.desk.now_s(), self.settings.member_grace_s
         with self.store.read() as session:
             job = session.get(JobRow, job_id)
             if job is None or job.status != JobStatus.running.value:
@@ -142,8 +142,8 @@ class LeaseAttendance:
                 continue
             log.warning("job %s: %s lost with their agent; exits reported to the job's host",
                         job_id, ", ".join(workers))
-            with self._change() as session:
-                record_event(session, self.now_s(), COORDINATOR, "workers_lost", job_id,
+            with self.desk.change() as session:
+                record_event(session, self.desk.now_s(), COORDINATOR, "workers_lost", job_id,
                              workers=workers)
             reported[job_id] = workers
         return reported

@@ -82,7 +82,7 @@ class ChainSettlement:
         """Open the provider's chain lease for the job this device lease belongs to."""
         if self.settlement is None:
             raise Conflict("this coordinator does not settle on a chain")
-        with self._change() as session:
+        with self.desk.change() as session:
             lease = session.get(LeaseRow, lease_number)
             if lease is None or lease.provider != provider or acceptance.provider != provider:
                 raise Forbidden(f"lease {lease_number} is not yours to accept")
@@ -97,12 +97,12 @@ class ChainSettlement:
             session.add(ChainLeaseRow(job_id=job.job_id, provider=provider,
                                       price_wei_per_s=terms.price_wei_per_s, term_s=terms.term_s,
                                       accepted_at=accepted_at))
-            now = self.now_s()
+            now = self.desk.now_s()
             # The chain lease books at most its term at its price, whatever top-ups come
             # later: past that the provider's leases of the job stop (the market's
             # allowance), rather than run on for pay the chain cannot book.
             bookable = terms.price_wei_per_s * terms.term_s
-            self._command(session, journal.AllowProvider(job=job.job_id, provider=provider,
+            self.desk.command(session, journal.AllowProvider(job=job.job_id, provider=provider,
                                                          wei=bookable), now)
             record_event(session, now, provider, "chain_lease_accepted", job.job_id,
                          chain_job=job.chain_job, price_wei_per_s=str(terms.price_wei_per_s),
@@ -121,7 +121,7 @@ class ChainSettlement:
     def _retry_settlements(self) -> None:
         """Until the chain shows it settled, a job's work is unbooked there and a `reclaim`
         would refund it all: a failed settlement is tried again, backing off, each try logged."""
-        now = self.now_s()
+        now = self.desk.now_s()
         with self.store.read() as session:
             tries: dict[str, list[float]] = {}
             for job_id, at_s in session.execute(select(EventRow.job_id, EventRow.at_s).where(
@@ -135,9 +135,9 @@ class ChainSettlement:
             if job_id in done or now - max(failed_at) < wait_s:
                 continue
             log.warning("job %s: retrying its settlement (failed %d times)", job_id, len(failed_at))
-            with self._change() as session:
+            with self.desk.change() as session:
                 job = session.get(JobRow, job_id)
-                self._settle(session, job, self.market.meter(job_id), now)
+                self._settle(session, job, self.desk.market.meter(job_id), now)
 
     def _keep_chain_jobs_active(self) -> None:
         """Work is booked only at a job's end, so while a job is live its chain job must not
@@ -164,7 +164,7 @@ class ChainSettlement:
         providers' stake freed. Else a submitter could pause a job for good and lock its
         providers' stake for as long as this coordinator runs."""
         limit_s = self.settings.idle_chain_job_s or self.settlement.config.silence_timeout_s
-        now = self.now_s()
+        now = self.desk.now_s()
         live = [job_id for job_id, _ in self._live_chain_jobs()]
         with self.store.read() as session:
             accepted = set(session.scalars(select(ChainLeaseRow.job_id).where(
@@ -189,7 +189,7 @@ class ChainSettlement:
     def _idle_s(self, job_id: str, now: float) -> float:
         """How long the job has held no device (0 while it holds one; since its last lease
         ended; inf if it never held one)."""
-        leases = self.market.meter(job_id).leases
+        leases = self.desk.market.meter(job_id).leases
         if any(lease.ends_at_s is None or lease.ends_at_s > now for lease in leases):
             return 0.0
         return now - max((lease.ends_at_s for lease in leases), default=-float("inf"))

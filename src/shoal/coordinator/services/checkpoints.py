@@ -115,7 +115,7 @@ class CheckpointCarry:
             self._check_writer(job_id, step, lease_number, records)
             verified = self._verify(job_id, spec, step, state, records)
             view = self._write(job_id, spec, step, data, lease_number, provider, verified)
-        with self._change() as session:
+        with self.desk.change() as session:
             record_event(session, view.at_s, provider, "checkpoint_carried", job_id,
                          step=step, lease=lease_number, bytes=view.bytes, sha256=view.sha256,
                          verified=verified)
@@ -142,7 +142,7 @@ class CheckpointCarry:
                       number: int | None, grace_s: float) -> LeaseRow:
         """A lease of `provider` on the job that has not ended, or ended less than `grace_s`
         ago (`number`: that lease)."""
-        now = self.now_s()
+        now = self.desk.now_s()
         query = select(LeaseRow).where(LeaseRow.job_id == job_id,
                                        LeaseRow.provider == provider)
         if number is not None:
@@ -235,7 +235,7 @@ class CheckpointCarry:
         write_whole(folder / f"{name}.pt", data)
         manifest = {"format": 1, "step": step, "payload": f"{name}.pt", "bytes": len(data),
                     "sha256": hashlib.sha256(data).hexdigest(),
-                    "identity": spec.resume_identity(), "written_at": self.now_s(),
+                    "identity": spec.resume_identity(), "written_at": self.desk.now_s(),
                     "lease": lease, "provider": provider, "verified": verified}
         write_whole(folder / f"{name}.json", json.dumps(manifest, indent=1).encode())
         prune_checkpoints(folder, KEEP)

@@ -42,7 +42,7 @@ class FileAdmission:
         `Unauthenticated`, `Forbidden` or `NotFound` saying why (nothing is changed)."""
         settings = self.settings
         signer = verify_signed_headers(headers, settings.audience, method, target,
-                                       self.now_s(), settings.max_skew_s)
+                                       self.desk.now_s(), settings.max_skew_s)
         with self.engine.connect() as connection:
             if beats.nonce_seen(connection, signer.address, signer.nonce):
                 raise Unauthenticated("this nonce was already used: a replayed request is "

@@ -49,10 +49,10 @@ class JobLifecycle:
         # second device in the job would work unpaid.
         bid = Bid(job=job_id, max_devices_per_provider=1 if submission.chain_job else None,
                   **submission.model_dump(exclude={"name", "job_file", "chain_job"}))
-        with self._change() as session:
+        with self.desk.change() as session:
             self._refuse_used_chain_job(session, submission.chain_job)  # under the lock: once
-            now = self.now_s()
-            self._command(session, journal.Submit(bid=bid), now)
+            now = self.desk.now_s()
+            self.desk.command(session, journal.Submit(bid=bid), now)
             row = JobRow(job_id=job_id, name=submission.name, submitter=submitter,
                          job_file=submission.job_file, bid=bid.model_dump(mode="json"),
                          status=JobStatus.waiting.value, created_at_s=now,
@@ -61,45 +61,45 @@ class JobLifecycle:
             record_event(session, now, submitter, "job_submitted", job_id,
                          workers=bid.workers, budget_wei=str(bid.budget_wei),
                          max_price_wei_per_s=str(bid.max_price_wei_per_s))
-            return job_view(row, self.market.meter(job_id), now)
+            return job_view(row, self.desk.market.meter(job_id), now)
 
     def top_up(self, submitter: str, job_id: str, amount_wei: int) -> JobView:
         """Add escrow; a job paused for want of it resumes at the next round."""
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = self._own_job(session, submitter, job_id)
             if self.settlement is not None and row.chain_job is not None:
-                budget = self.market.meter(job_id).budget_wei + amount_wei
+                budget = self.desk.market.meter(job_id).budget_wei + amount_wei
                 self.settlement.check_escrow(row.chain_job, submitter, budget,
                                              int(row.bid["max_price_wei_per_s"]))
-            self._command(session, journal.TopUp(job=job_id, amount_wei=amount_wei), now)
+            self.desk.command(session, journal.TopUp(job=job_id, amount_wei=amount_wei), now)
             if row.status == JobStatus.paused.value:
-                self._command(session, journal.Resume(job=job_id), now)
+                self.desk.command(session, journal.Resume(job=job_id), now)
                 row.status = JobStatus.waiting.value
             record_event(session, now, submitter, "job_topped_up", job_id,
                          amount_wei=str(amount_wei))
-            return job_view(row, self.market.meter(job_id), now)
+            return job_view(row, self.desk.market.meter(job_id), now)
 
     def set_paused(self, actor: str, job_id: str, paused: bool) -> JobView:
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = self._own_job(session, actor, job_id)
             if paused:
-                self._store_leases(session, self._command(session, journal.Pause(job=job_id), now))
+                self.desk.store_leases(session, self.desk.command(session, journal.Pause(job=job_id), now))
                 row.status = JobStatus.paused.value
             else:
-                self._command(session, journal.Resume(job=job_id), now)
+                self.desk.command(session, journal.Resume(job=job_id), now)
                 row.status = JobStatus.waiting.value
             record_event(session, now, actor, "job_paused" if paused else "job_resumed", job_id)
-            return job_view(row, self.market.meter(job_id), now)
+            return job_view(row, self.desk.market.meter(job_id), now)
 
     def end_job(self, actor: str, job_id: str, status: JobStatus, **detail: Any) -> JobView:
         """Finish or cancel: every lease ends now, so nothing bills idle."""
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = self._own_job(session, actor, job_id)
-            meter = self._command(session, journal.Finish(job=job_id), now)
-            self._store_leases(session, meter.leases)
+            meter = self.desk.command(session, journal.Finish(job=job_id), now)
+            self.desk.store_leases(session, meter.leases)
             row.status = status.value
             record_event(session, now, actor, f"job_{status.value}", job_id,
                          spent_wei=str(meter.accrued_wei(now)), **detail)

@@ -105,13 +105,13 @@ class JobPlanning:
         plan = _search(cluster, model, known[1] if known else None)
         self._plans[job_id] = (members, plan)
         view = JobPlanView(
-            t=self.now_s(), epoch=latest.epoch, members=latest.members, dp=plan.dp, pp=plan.pp,
+            t=self.desk.now_s(), epoch=latest.epoch, members=latest.members, dp=plan.dp, pp=plan.pp,
             mode=plan.mode, inner_steps=plan.inner_steps, codec=plan.codec, slt=plan.slt,
             step_time_s=plan.step_time_s, compute_s=plan.breakdown.compute_s,
             exchange_s=plan.breakdown.exchange_s, unused=plan.unused,
             links="probed" if cluster.latency_ms is not None else "region defaults",
             advice=_advice(spec, plan))
-        with self._change() as session:
+        with self.desk.change() as session:
             record_event(session, view.t, COORDINATOR, "job_planned", job_id,
                          **json.loads(view.model_dump_json()))
         log.info("job %s: planned epoch %d (%d members): %.4f s a step predicted, %s%s",

@@ -24,7 +24,7 @@ class JobProgress:
     def record_progress(self, provider: str, job_id: str, upload: ProgressUpload) -> int:
         """Store the steps not known yet; the number stored. The first report of a step
         stands (every member logs the same loss; only rank 0's agent sends it)."""
-        with self._change() as session:
+        with self.desk.change() as session:
             lease = session.get(LeaseRow, upload.lease)
             if lease is None or lease.job_id != job_id:
                 raise NotFound(f"job '{job_id}' has no lease {upload.lease}")

@@ -20,28 +20,28 @@ class CoordinatorReads:
     """Uses the Coordinator's `engine`, `market`, `settings`, `now_s` and `_lock`."""
 
     def job(self, job_id: str) -> JobView:
-        with self._lock, self.store.read() as session:
+        with self.desk.lock, self.store.read() as session:
             row = session.get(JobRow, job_id)
             if row is None:
                 raise NotFound(f"no job '{job_id}'")
-            return job_view(row, self._meter(job_id), self.now_s())
+            return job_view(row, self._meter(job_id), self.desk.now_s())
 
     def jobs(self, submitter: str | None = None) -> list[JobView]:
-        with self._lock, self.store.read() as session:
+        with self.desk.lock, self.store.read() as session:
             query = select(JobRow).order_by(JobRow.created_at_s)
             if submitter:
                 query = query.where(JobRow.submitter == submitter)
-            now = self.now_s()
+            now = self.desk.now_s()
             return [job_view(row, self._meter(row.job_id), now) for row in session.scalars(query)]
 
     def _meter(self, job_id: str) -> Any:
         try:
-            return self.market.meter(job_id)
+            return self.desk.market.meter(job_id)
         except MarketError:
             return None
 
     def agents(self) -> list[AgentView]:
-        now = self.now_s()
+        now = self.desk.now_s()
         with self.store.read() as session:
             return [agent_view(row, now, self.settings.agent_timeout_s)
                     for row in session.scalars(select(AgentRow).order_by(AgentRow.agent_id))]

@@ -53,7 +53,7 @@ class JobSupervision:
         """Tell the job host's gate which leases ended: their tokens stay valid HMACs, and
         a provider ended for staying out, slashed or preempted must not keep writing the
         job's store (its worker is stopped by its agent; one that is not is cut off)."""
-        now = self.now_s()
+        now = self.desk.now_s()
         with self.store.read() as session:
             ended = set(session.scalars(select(LeaseRow.lease).where(
                 LeaseRow.job_id == job_id, LeaseRow.ends_at_s.is_not(None),
@@ -90,33 +90,33 @@ class JobSupervision:
             self._mark_down(offer_id, speed, claimed[offer_id], job_id)
 
     def _mark_down(self, offer_id: str, speed: float, claimed: float, job_id: str) -> None:
-        with self._change() as session:
-            now, row = self.now_s(), session.get(OfferRow, offer_id)
+        with self.desk.change() as session:
+            now, row = self.desk.now_s(), session.get(OfferRow, offer_id)
             if not row.withdrawn:
-                offer = self.market.book.offer(offer_id).model_copy(
+                offer = self.desk.market.book.offer(offer_id).model_copy(
                     update={"speed_samples_per_s": speed})
-                self._command(session, journal.PostOffer(offer=offer), now)
+                self.desk.command(session, journal.PostOffer(offer=offer), now)
             row.speed_samples_per_s, row.marked_down = speed, True
             record_event(session, now, COORDINATOR, "offer_marked_down", job_id, offer_id=offer_id,
                          claimed_samples_per_s=claimed, marked_samples_per_s=round(speed, 3))
 
     def _start_host(self, job_id: str, min_workers: int) -> None:
-        with self._change() as session:
+        with self.desk.change() as session:
             row = session.get(JobRow, job_id)
             row.host_pid = self.hosts.start(job_id, min_workers)
-            record_event(session, self.now_s(), COORDINATOR, "job_host_started", job_id,
+            record_event(session, self.desk.now_s(), COORDINATOR, "job_host_started", job_id,
                          pid=row.host_pid)
 
     def _set_rendezvous(self, job_id: str, endpoint: str) -> None:
-        with self._change() as session:
+        with self.desk.change() as session:
             session.get(JobRow, job_id).rendezvous = endpoint
-            record_event(session, self.now_s(), COORDINATOR, "job_rendezvous", job_id,
+            record_event(session, self.desk.now_s(), COORDINATOR, "job_rendezvous", job_id,
                          rendezvous=endpoint)
 
     def reap_lost_agents(self) -> list[str]:
         """Withdraw the offers of agents silent past the timeout: their leases end, and the
         next round leases replacements. Returns the agents found lost."""
-        now = self.now_s()
+        now = self.desk.now_s()
         if now - self.started_s < self.settings.agent_timeout_s:
             return []  # back from a restart: no one could be heard while we were down
         with self.store.read() as session:
