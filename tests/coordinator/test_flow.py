@@ -141,7 +141,7 @@ def test_a_restarted_coordinator_rebuilds_the_same_market(store_url, operator):
     assert meter.leases == before.leases and meter.budget_wei == before.budget_wei
     again.clear()  # a round after the restart leases nothing twice
     assert again.desk.market.meter(job.job_id).leases == before.leases
-    assert again.job(job.job_id).status is JobStatus.running
+    assert again.reads.job(job.job_id).status is JobStatus.running
     coordinator.hosts.stop_all()
     again.engine.dispose()
 

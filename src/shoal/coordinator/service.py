@@ -3,17 +3,17 @@ kept in step. No HTTP here: the API calls these methods with the verified signer
 
 Every change is one transaction that writes the market's journal, the rows
 the API reads, and an audit event together, so the store never shows a
-lease the market would not rebuild after a restart. Participants and their
-roles (services/participants.py) are a service it holds (`participants`);
-jobs as submitters drive them (jobs.py), reads
-(reads.py), the watch over running work (supervision.py), leases held to the
+lease the market would not rebuild after a restart (services/market_desk.py).
+Services it builds and holds: `desk` (the market, its clock and its writer),
+`participants`, `reads`, `probing` (agents' network probes). Still mixed in,
+until each becomes a service of its own: jobs as submitters drive them
+(jobs.py), the watch over running work (supervision.py), leases held to the
 jobs' membership (attendance.py), settlement on a chain (chain_jobs.py), work
-records and proof epochs (proofs.py), challenges and verdicts (audits.py),
-bonded challengers' disputes (disputes.py),
-job progress (progress.py), checkpoints carried between machines
-(checkpoints.py), who may send a large file before it is read (file_admission.py),
-agents' network probes (probe.py, held as `probing`) and plans of each job's
-members (planning.py) are mixed in.
+records and proof epochs (records.py), challenges and verdicts (challenges.py),
+bonded challengers' disputes (disputes.py), job progress (progress.py),
+checkpoints carried between machines (checkpoints.py), who may send a large
+file before it is read (file_admission.py) and plans of each job's members
+(planning.py).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from shoal.spec.coordinator import (
 from shoal.spec.market import DeviceLease, FillStatus, Offer
 
 
-class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
+class Coordinator(JobLifecycle, JobSupervision,
                   ChainSettlement, ProofService, AuditService, DisputeService, UnfiledDisputes,
                   JobProgress,
                   CheckpointCarry, FileAdmission, JobPlanning, LeaseAttendance):
@@ -84,6 +84,7 @@ class Coordinator(JobLifecycle, CoordinatorReads, JobSupervision,
         self.probes = NetworkProbes(settings.rendezvous_address, settings.probe_deadline_s,
                                     self.desk.now_s)
         self.probing = NetworkProbing(self.store, settings, self.probes)
+        self.reads = CoordinatorReads(self.store, self.desk, settings)
         self._speeds_seen: dict[str, int] = {}  # job -> mtime of the speeds last judged
         self.hosts = JobHosts(settings.data_dir / "jobs", settings.rendezvous_address,
                               settings.stall_deadline_s)

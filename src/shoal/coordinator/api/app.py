@@ -199,7 +199,7 @@ def _routes(app: FastAPI) -> None:
 
     @app.get("/v1/agents", tags=["providers"])
     def agents(co: Co) -> list[AgentView]:
-        return co.agents()
+        return co.reads.agents()
 
     @app.post("/v1/agents/{agent_id}/heartbeat", tags=["providers"])
     def heartbeat(agent_id: LabelPath, body: Heartbeat, co: Co, signer: ProviderSigner,
@@ -224,11 +224,11 @@ def _routes(app: FastAPI) -> None:
 
     @app.get("/v1/offers", tags=["providers"])
     def offers(co: Co) -> list[OfferView]:
-        return co.offers()
+        return co.reads.offers()
 
     @app.get("/v1/providers", tags=["providers"])
     def providers(co: Co) -> list[ProviderView]:
-        agents, offers = co.agents(), co.offers()
+        agents, offers = co.reads.agents(), co.reads.offers()
         return [ProviderView(address=p.address, name=p.name,
                              agents=tuple(a for a in agents if a.provider == p.address),
                              offers=tuple(o for o in offers if o.provider == p.address))
@@ -241,11 +241,11 @@ def _routes(app: FastAPI) -> None:
 
     @app.get("/v1/jobs", tags=["jobs"])
     def jobs(co: Co, submitter: Annotated[str | None, Query(max_length=42)] = None) -> list[JobView]:
-        return co.jobs(submitter)
+        return co.reads.jobs(submitter)
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"])
     def job(job_id: LabelPath, co: Co) -> JobView:
-        return co.job(job_id)
+        return co.reads.job(job_id)
 
     @app.post("/v1/jobs/{job_id}/top-up", tags=["jobs"])
     def top_up(job_id: LabelPath, body: TopUp, co: Co, signer: SubmitterSigner) -> JobView:
@@ -268,7 +268,7 @@ def _routes(app: FastAPI) -> None:
     def events(co: Co, job: Annotated[str | None, Query(max_length=64)] = None,
                after: Annotated[int, Query(ge=0, le=2**62)] = 0,
                limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> list[Event]:
-        return co.events(job, after, limit)
+        return co.reads.events(job, after, limit)
 
 
 # ---------------------------------------------------------------- the heartbeat's lean path

@@ -60,7 +60,7 @@ def proof_routes(app: FastAPI) -> None:
     @app.get("/v1/jobs/{job_id}/proof/records", tags=["proof"])
     def records(job_id: JobPath, co: Co,
                 epoch: Annotated[int, Query(ge=0, le=2**62)]) -> list[WorkRecord]:
-        co.job(job_id)  # 404 for a job that does not exist
+        co.reads.job(job_id)  # 404 for a job that does not exist
         return co.served_records(job_id, epoch)  # forced errors in (plants.py)
 
     @app.get("/v1/jobs/{job_id}/job-file", tags=["jobs"])
@@ -78,7 +78,7 @@ def proof_routes(app: FastAPI) -> None:
 
     @app.get("/v1/jobs/{job_id}/proof/challenges", tags=["proof"])
     def challenges(job_id: JobPath, co: Co) -> list[ChallengeView]:
-        co.job(job_id)
+        co.reads.job(job_id)
         return co.challenges(job_id)
 
     @app.put("/v1/challenges/{challenge}/answer", tags=["proof"], openapi_extra=FILE_BODY)
@@ -98,7 +98,7 @@ def proof_routes(app: FastAPI) -> None:
 
     @app.get("/v1/jobs/{job_id}/proof/verdicts", tags=["proof"])
     def verdicts(job_id: JobPath, co: Co) -> list[VerdictView]:
-        co.job(job_id)
+        co.reads.job(job_id)
         return co.verdicts(job_id)
 
     @app.post("/v1/jobs/{job_id}/proof/disputes", tags=["proof"], status_code=201)
@@ -108,5 +108,5 @@ def proof_routes(app: FastAPI) -> None:
 
     @app.get("/v1/jobs/{job_id}/proof/disputes", tags=["proof"])
     def disputes(job_id: JobPath, co: Co) -> list[DisputeView]:
-        co.job(job_id)
+        co.reads.job(job_id)
         return co.disputes(job_id)

@@ -1,5 +1,5 @@
-"""What the coordinator's API reads, mixed into `Coordinator`: jobs with their
-bills by now, agents, offers, participants and the audit log."""
+"""What the coordinator's API reads, a service it holds: jobs with their bills
+by now, agents, offers and the audit log."""
 
 from __future__ import annotations
 
@@ -12,12 +12,18 @@ from shoal.coordinator.services.views import (
     agent_view, event_view, job_view, offer_view,
 )
 from shoal.coordinator.db.schema import AgentRow, EventRow, JobRow, OfferRow
+from shoal.coordinator.db.store import Store
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.settings import CoordinatorSettings
 from shoal.market import MarketError
 from shoal.spec.coordinator import AgentView, Event, JobView, OfferView
 
 
 class CoordinatorReads:
-    """Uses the Coordinator's `engine`, `market`, `settings`, `now_s` and `_lock`."""
+    """Reads of the store, with the market's meters for the bills of running jobs."""
+
+    def __init__(self, store: Store, desk: MarketDesk, settings: CoordinatorSettings) -> None:
+        self.store, self.desk, self.settings = store, desk, settings
 
     def job(self, job_id: str) -> JobView:
         with self.desk.lock, self.store.read() as session:
