@@ -89,7 +89,7 @@ def test_a_squatter_cannot_hold_a_job_that_has_not_formed(store_url, operator):
         time.sleep(0.7)
         for agent, client in clients.items():
             client.heartbeat(agent, Heartbeat(running=(leases[f"{agent}-d0"],)))
-        assert co.membership(job.job_id) == []  # no epoch yet: the job has not formed
+        assert co.progress.membership(job.job_id) == []  # no epoch yet: the job has not formed
         assert co.hold_leases_to_membership(job.job_id) == [leases["s-d0"]]
         held = {lease.offer_id: lease for lease in alice.job(job.job_id).leases}
         assert held["s-d0"].ends_at_s is not None  # the squatter holds nothing now

@@ -5,12 +5,12 @@ Every change is one transaction that writes the market's journal, the rows
 the API reads, and an audit event together, so the store never shows a
 lease the market would not rebuild after a restart (services/market_desk.py).
 Services it builds and holds: `desk` (the market, its clock and its writer),
-`participants`, `reads`, `probing` (agents' network probes). Still mixed in,
-until each becomes a service of its own: jobs as submitters drive them
-(jobs.py), the watch over running work (supervision.py), leases held to the
-jobs' membership (attendance.py), settlement on a chain (chain_jobs.py), work
-records and proof epochs (records.py), challenges and verdicts (challenges.py),
-bonded challengers' disputes (disputes.py), job progress (progress.py),
+`participants`, `reads`, `probing` (agents' network probes) and `progress`.
+Still mixed in, until each becomes a service of its own: jobs as submitters
+drive them (jobs.py), the watch over running work (supervision.py), leases
+held to the jobs' membership (attendance.py), settlement on a chain
+(chain_jobs.py), work records and proof epochs (records.py), challenges and
+verdicts (challenges.py), bonded challengers' disputes (disputes.py),
 checkpoints carried between machines (checkpoints.py), who may send a large
 file before it is read (file_admission.py) and plans of each job's members
 (planning.py).
@@ -61,7 +61,6 @@ from shoal.spec.market import DeviceLease, FillStatus, Offer
 
 class Coordinator(JobLifecycle, JobSupervision,
                   ChainSettlement, ProofService, AuditService, DisputeService, UnfiledDisputes,
-                  JobProgress,
                   CheckpointCarry, FileAdmission, JobPlanning, LeaseAttendance):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
@@ -89,6 +88,8 @@ class Coordinator(JobLifecycle, JobSupervision,
         self.hosts = JobHosts(settings.data_dir / "jobs", settings.rendezvous_address,
                               settings.stall_deadline_s)
         self._proof_init()
+        self.progress = JobProgress(self.store, self.desk, self.job_spec,
+                                    self._published.changes)
         self._audit_init()
         self._carry_init()
         self._planning_init()

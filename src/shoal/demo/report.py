@@ -49,7 +49,7 @@ def build_report(demo: Demo) -> DemoReport:
     steps = lineage(records)
     _, skipped, duplicated = coverage(steps)
     events = job_events(co, job_id)
-    progress = co.progress(job_id)
+    progress = co.progress.steps(job_id)
     final = json.loads((co.hosts.run_dir(job_id) / "final.json").read_text()).get("final", {})
 
     faults = [_fault(f.event.provider, FAULT_NAMES[f.event.kind], f.t, started, records, steps)
@@ -93,7 +93,7 @@ def build_report(demo: Demo) -> DemoReport:
         anchors=tuple(AnchorReport(epoch=e.epoch, root=e.root, anchored=e.anchored_root,
                                    tx=e.anchor_tx)
                       for e in co.proof_epochs(job_id)),
-        progress=tuple(progress), membership=tuple(co.membership(job_id)), verdicts=verdicts,
+        progress=tuple(progress), membership=tuple(co.progress.membership(job_id)), verdicts=verdicts,
         rechecked=rechecked, verifier_slashes=verifier_slashes)
 
 

@@ -37,16 +37,16 @@ def proof_routes(app: FastAPI) -> None:
     @app.post("/v1/jobs/{job_id}/progress", tags=["jobs"])
     def upload_progress(job_id: JobPath, body: ProgressUpload, co: Co,
                         signer: ProviderSigner) -> dict[str, int]:
-        return {"stored": co.record_progress(signer.address, job_id, body)}
+        return {"stored": co.progress.record(signer.address, job_id, body)}
 
     @app.get("/v1/jobs/{job_id}/progress", tags=["jobs"])
     def progress(job_id: JobPath, co: Co,
                  after: Annotated[int, Query(ge=-1, le=2**62)] = -1) -> list[StepProgress]:
-        return co.progress(job_id, after)
+        return co.progress.steps(job_id, after)
 
     @app.get("/v1/jobs/{job_id}/membership", tags=["jobs"])
     def membership(job_id: JobPath, co: Co) -> list[MembershipChange]:
-        return co.membership(job_id)
+        return co.progress.membership(job_id)
 
     @app.get("/v1/jobs/{job_id}/plan", tags=["jobs"])
     def plan(job_id: JobPath, co: Co) -> JobPlanView | None:

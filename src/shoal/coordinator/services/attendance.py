@@ -52,8 +52,8 @@ class _JoinsRead:
 
 
 class LeaseAttendance:
-    """Uses the Coordinator's `engine`, `settings`, `hosts`, `membership`, `now_s`,
-    `_change`, `bar_provider` and `withdraw_offer`; the job host's store (on
+    """Uses the Coordinator's `store`, `desk`, `settings`, `hosts`, `progress`,
+    `bar_provider` and `withdraw_offer`; the job host's store (on
     this machine, inside its gate) before a job's first epoch."""
 
     def _attendance_init(self) -> None:
@@ -63,7 +63,7 @@ class LeaseAttendance:
         """End the running leases of a running job whose workers stayed out of it past the
         grace (before its first epoch: never asked its host to join); returns their
         numbers."""
-        changes = self.membership(job_id)
+        changes = self.progress.membership(job_id)
         now, grace = self.desk.now_s(), self.settings.member_grace_s
         with self.store.read() as session:
             job = session.get(JobRow, job_id)
@@ -126,7 +126,7 @@ class LeaseAttendance:
             jobs = session.scalars(select(JobRow).where(JobRow.status.in_(LIVE),
                                                         JobRow.rendezvous.is_not(None))).all()
             for job in jobs:
-                changes = self.membership(job.job_id)
+                changes = self.progress.membership(job.job_id)
                 gone = [w for w in (changes[-1].members if changes else ())
                         if _agent_of(session, job.job_id, w) in agents]
                 endpoint = self.hosts.store_endpoint(job.job_id, job.rendezvous)
@@ -150,7 +150,7 @@ class LeaseAttendance:
 
     def attended_leases(self, job_id: str) -> set[int]:
         """Leases whose worker was a member of at least one of the job's epochs."""
-        return {n for change in self.membership(job_id) for w in change.members
+        return {n for change in self.progress.membership(job_id) for w in change.members
                 if (n := lease_of(w)) is not None}
 
 

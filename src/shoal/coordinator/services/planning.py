@@ -50,8 +50,7 @@ MEASURED_STEPS = 20  # the measured step time is the median of the last this man
 
 
 class JobPlanning:
-    """Uses the Coordinator's `engine`, `job_spec`, `membership`, `recent_progress`,
-    `_change`, `now_s`."""
+    """Uses the Coordinator's `store`, `desk`, `job_spec` and `progress`."""
 
     def _planning_init(self) -> None:
         self._plans: dict[str, tuple[tuple[str, ...], Plan]] = {}  # job -> (members, plan)
@@ -87,7 +86,7 @@ class JobPlanning:
 
     # ------------------------------------------------------------ one job
     def _plan_job(self, job_id: str) -> JobPlanView | None:
-        changes = self.membership(job_id)
+        changes = self.progress.membership(job_id)
         if not changes or not changes[-1].members:
             return None
         latest = changes[-1]
@@ -143,7 +142,7 @@ class JobPlanning:
 
     def _measured_step_s(self, job_id: str, since: float) -> float | None:
         # The newest steps, not the job's first (a read of progress starts at step 0).
-        steps = [p for p in self.recent_progress(job_id, MEASURED_STEPS + 1) if p.t >= since]
+        steps = [p for p in self.progress.recent(job_id, MEASURED_STEPS + 1) if p.t >= since]
         gaps = [b.t - a.t for a, b in zip(steps, steps[1:]) if b.step == a.step + 1]
         return statistics.median(gaps) if gaps else None
 
