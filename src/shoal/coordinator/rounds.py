@@ -37,7 +37,7 @@ class RoundLoop:
         clearing = self.coordinator.clear()
         self.coordinator.supervise_jobs()
         self.coordinator.tend_chain_jobs()
-        self.coordinator.plan_jobs()
+        self.coordinator.planning.plan_jobs()
         self.coordinator.root_epochs()
         self.coordinator.plant_forced_errors()
         self.coordinator.enforce_rulings()

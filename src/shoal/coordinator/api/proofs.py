@@ -50,7 +50,7 @@ def proof_routes(app: FastAPI) -> None:
 
     @app.get("/v1/jobs/{job_id}/plan", tags=["jobs"])
     def plan(job_id: JobPath, co: Co) -> JobPlanView | None:
-        return co.job_plan(job_id)
+        return co.planning.job_plan(job_id)
 
     @app.post("/v1/jobs/{job_id}/proof/records", tags=["proof"])
     def upload_records(job_id: JobPath, body: RecordUpload, co: Co,

@@ -1,5 +1,5 @@
 """The reconciler asks the planner for a layout when a job's membership
-changes, mixed into `Coordinator`.
+changes, a service the coordinator holds.
 
 Each time the job's host publishes an epoch with other members, the
 coordinator describes them to `shoal.plan` as they are: each member's
@@ -28,6 +28,7 @@ import json
 import logging
 import re
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -36,7 +37,9 @@ from sqlalchemy.orm import Session
 from shoal.coordinator.errors import NotFound
 from shoal.coordinator.services.speed_marks import lease_of
 from shoal.coordinator.db.schema import AgentRow, EventRow, JobRow, LeaseRow, OfferRow
-from shoal.coordinator.db.store import record_event
+from shoal.coordinator.db.store import Store, record_event
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.services.progress import JobProgress
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.job import BYTE_VOCAB, JobSpec
 from shoal.spec.plan import Cluster, Device, ModelProfile, Plan, SyncMode, gpt_profile
@@ -50,9 +53,13 @@ MEASURED_STEPS = 20  # the measured step time is the median of the last this man
 
 
 class JobPlanning:
-    """Uses the Coordinator's `store`, `desk`, `job_spec` and `progress`."""
+    """The plan of each running job's current members, made again when they change."""
 
-    def _planning_init(self) -> None:
+    def __init__(self, store: Store, desk: MarketDesk, progress: JobProgress,
+                 job_spec: Callable[[str, str | None], JobSpec]) -> None:
+        """`job_spec`: a job's spec (the proof services'); `progress`: its membership
+        and the step times its rank 0 reported."""
+        self.store, self.desk, self.progress, self.job_spec = store, desk, progress, job_spec
         self._plans: dict[str, tuple[tuple[str, ...], Plan]] = {}  # job -> (members, plan)
 
     def plan_jobs(self) -> list[JobPlanView]:
