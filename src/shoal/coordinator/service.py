@@ -5,15 +5,15 @@ Every change is one transaction that writes the market's journal, the rows
 the API reads, and an audit event together, so the store never shows a
 lease the market would not rebuild after a restart (services/market_desk.py).
 Services it builds and holds: `desk` (the market, its clock and its writer),
-`participants`, `reads`, `probing` (agents' network probes), `progress` and
-`planning` (the plan of each job's members).
-Still mixed in, until each becomes a service of its own: jobs as submitters
-drive them (jobs.py), the watch over running work (supervision.py), leases
-held to the jobs' membership (attendance.py), settlement on a chain
-(chain_jobs.py), work records and proof epochs (records.py), challenges and
-verdicts (challenges.py), bonded challengers' disputes (disputes.py),
-checkpoints carried between machines (checkpoints.py) and who may send a
-large file before it is read (file_admission.py).
+`participants`, `reads`, `probing` (agents' network probes), `progress`,
+`planning` (the plan of each job's members) and `attendance` (leases held to
+the jobs' membership). Still mixed in, until each becomes a service of its
+own: jobs as submitters drive them (jobs.py), the watch over running work
+(supervision.py), settlement on a chain (chain_jobs.py), work records and
+proof epochs (records.py), challenges and verdicts (challenges.py), bonded
+challengers' disputes (disputes.py), checkpoints carried between machines
+(checkpoints.py) and who may send a large file before it is read
+(file_admission.py).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from shoal.spec.market import DeviceLease, FillStatus, Offer
 
 class Coordinator(JobLifecycle, JobSupervision,
                   ChainSettlement, ProofService, AuditService, DisputeService, UnfiledDisputes,
-                  CheckpointCarry, FileAdmission, LeaseAttendance):
+                  CheckpointCarry, FileAdmission):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
@@ -93,7 +93,9 @@ class Coordinator(JobLifecycle, JobSupervision,
         self._audit_init()
         self._carry_init()
         self.planning = JobPlanning(self.store, self.desk, self.progress, self.job_spec)
-        self._attendance_init()
+        self.attendance = LeaseAttendance(self.store, self.desk, settings, self.hosts,
+                                          self.progress, self.bar_provider,
+                                          self.withdraw_offer)
         self.referee = Referee(self, referee_key, replayer)
         self._disputes_init()
         self._unfiled_init()

@@ -1,4 +1,4 @@
-"""Leases held to the job's membership, mixed into `Coordinator`: a lease is
+"""Leases held to the job's membership, a service the coordinator holds: a lease is
 paid for a worker in the job, not for an agent that says it runs one.
 
 An agent's heartbeat says which leases it runs, but only the job's host
@@ -25,6 +25,7 @@ coordinator, which reaps the agent, reports their exits in its place.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -34,7 +35,11 @@ from shoal.coordinator.services.speed_marks import lease_of
 from shoal.errors import ControlError
 from shoal.elastic.netaddr import parse_endpoint
 from shoal.coordinator.db.schema import EventRow, JobRow, LeaseRow, OfferRow
-from shoal.coordinator.db.store import record_event
+from shoal.coordinator.db.store import Store, record_event
+from shoal.coordinator.services.job_hosts import JobHosts
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.services.progress import JobProgress
+from shoal.coordinator.settings import CoordinatorSettings
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.progress import MembershipChange
 
@@ -52,11 +57,18 @@ class _JoinsRead:
 
 
 class LeaseAttendance:
-    """Uses the Coordinator's `store`, `desk`, `settings`, `hosts`, `progress`,
-    `bar_provider` and `withdraw_offer`; the job host's store (on
-    this machine, inside its gate) before a job's first epoch."""
+    """Each running lease held to its job's membership, as the job's host publishes it
+    (before a job's first epoch: its store, on this machine, inside its gate)."""
 
-    def _attendance_init(self) -> None:
+    def __init__(self, store: Store, desk: MarketDesk, settings: CoordinatorSettings,
+                 hosts: JobHosts, progress: JobProgress,
+                 bar_provider: Callable[[str, str, str], None],
+                 withdraw_offer: Callable[..., object]) -> None:
+        """`bar_provider(job, provider, reason)` and `withdraw_offer(actor, offer, reason=)`:
+        the market's, to end a squatter's lease and keep it from winning the job back."""
+        self.store, self.desk, self.settings, self.hosts = store, desk, settings, hosts
+        self.progress = progress
+        self.bar_provider, self.withdraw_offer = bar_provider, withdraw_offer
         self._joins_read: dict[str, _JoinsRead] = {}  # per job not formed yet
 
     def hold_leases_to_membership(self, job_id: str) -> list[int]:

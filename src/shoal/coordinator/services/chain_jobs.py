@@ -32,9 +32,9 @@ KEEP_ACTIVE_PER_SILENCE = 4  # a live job's chain job is touched this often per 
 
 
 class ChainSettlement:
-    """Uses the Coordinator's `settlement`, `settings`, `market`, `engine`, `now_s`, `_change`,
-    `_command` and `end_job`; LeaseAttendance's
-    `attended_leases` (a lease whose worker never joined the job books nothing); ProofService's
+    """Uses the Coordinator's `settlement`, `settings`, `store`, `desk` and `end_job`;
+    `attendance.attended_leases` (a lease whose worker never joined the job books
+    nothing); ProofService's
     `record_dues` (a lease is paid the share of its owed work records it filed)."""
 
     def _check_chain_escrow(self, submitter: str, submission: JobSubmission) -> None:
@@ -200,7 +200,7 @@ class ChainSettlement:
         chain_leases = {row.provider: row for row in session.scalars(
             select(ChainLeaseRow).where(ChainLeaseRow.job_id == job.job_id))}
         metered: dict[str, int] = {}
-        attended = self.attended_leases(job.job_id)
+        attended = self.attendance.attended_leases(job.job_id)
         unpaid = sorted(lease.lease for lease in meter.leases if lease.lease not in attended)
         # A contribution without its record cannot be audited: each lease is paid the share
         # of the records its workers owed that they filed (shoal.proof.dues).

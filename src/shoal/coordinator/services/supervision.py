@@ -17,9 +17,8 @@ from shoal.spec.coordinator import COORDINATOR, JobStatus
 
 
 class JobSupervision:
-    """Uses the Coordinator's `engine`, `hosts`, `market`, `settings`, `_speeds_seen`,
-    `_change`, `end_job` and `withdraw_offer`; LeaseAttendance's
-    `hold_leases_to_membership` and `report_lost_workers`."""
+    """Uses the Coordinator's `store`, `desk`, `hosts`, `settings`, `_speeds_seen`,
+    `end_job`, `withdraw_offer` and `attendance`."""
 
     def supervise_jobs(self) -> None:
         """Start a host for each job that holds devices; finish jobs whose host says so."""
@@ -46,7 +45,7 @@ class JobSupervision:
                 if state.rendezvous and state.rendezvous != row.rendezvous:
                     self._set_rendezvous(row.job_id, state.rendezvous)
                 self.hold_offers_to_speeds(row.job_id)
-                self.hold_leases_to_membership(row.job_id)
+                self.attendance.hold_leases_to_membership(row.job_id)
                 self.revoke_ended_leases(row.job_id)
 
     def revoke_ended_leases(self, job_id: str) -> None:
@@ -127,5 +126,5 @@ class JobSupervision:
         for offer_id in offers:
             self.withdraw_offer(COORDINATOR, offer_id, reason="agent lost")
         if offers:  # once per loss: a reaped agent has no offers left
-            self.report_lost_workers(list(lost))
+            self.attendance.report_lost_workers(list(lost))
         return list(lost) if offers else []
