@@ -6,14 +6,13 @@ the API reads, and an audit event together, so the store never shows a
 lease the market would not rebuild after a restart (services/market_desk.py).
 Services it builds and holds: `desk` (the market, its clock and its writer),
 `participants`, `reads`, `probing` (agents' network probes), `progress`,
-`planning` (the plan of each job's members) and `attendance` (leases held to
-the jobs' membership). Still mixed in, until each becomes a service of its
-own: jobs as submitters drive them (jobs.py), the watch over running work
-(supervision.py), settlement on a chain (chain_jobs.py), work records and
-proof epochs (records.py), challenges and verdicts (challenges.py), bonded
-challengers' disputes (disputes.py), checkpoints carried between machines
-(checkpoints.py) and who may send a large file before it is read
-(file_admission.py).
+`planning` (the plan of each job's members), `attendance` (leases held to the
+jobs' membership) and `files` (who may send a large file before it is read).
+Still mixed in, until each becomes a service of its own: jobs as submitters
+drive them (jobs.py), the watch over running work (supervision.py), settlement
+on a chain (chain_jobs.py), work records and proof epochs (records.py),
+challenges and verdicts (challenges.py), bonded challengers' disputes
+(disputes.py) and checkpoints carried between machines (checkpoints.py).
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ from shoal.spec.market import DeviceLease, FillStatus, Offer
 
 class Coordinator(JobLifecycle, JobSupervision,
                   ChainSettlement, ProofService, AuditService, DisputeService, UnfiledDisputes,
-                  CheckpointCarry, FileAdmission):
+                  CheckpointCarry):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
@@ -97,6 +96,8 @@ class Coordinator(JobLifecycle, JobSupervision,
                                           self.progress, self.bar_provider,
                                           self.withdraw_offer)
         self.referee = Referee(self, referee_key, replayer)
+        self.files = FileAdmission(self.store, self.desk, settings, self.participants,
+                                   self._active_lease, self._answerable, self.plant_fetch)
         self._disputes_init()
         self._unfiled_init()
         self.started_s = self.desk.now_s()

@@ -93,7 +93,8 @@ def build_report(demo: Demo) -> DemoReport:
         anchors=tuple(AnchorReport(epoch=e.epoch, root=e.root, anchored=e.anchored_root,
                                    tx=e.anchor_tx)
                       for e in co.proof_epochs(job_id)),
-        progress=tuple(progress), membership=tuple(co.progress.membership(job_id)), verdicts=verdicts,
+        progress=tuple(progress), membership=tuple(co.progress.membership(job_id)),
+        verdicts=verdicts,
         rechecked=rechecked, verifier_slashes=verifier_slashes)
 
 

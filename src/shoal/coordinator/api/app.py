@@ -139,7 +139,7 @@ def _file_admission(coordinator: Coordinator, metrics: CoordinatorMetrics):
     def check(scope: Scope) -> tuple[int, str] | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            coordinator.admit_file(headers, scope["method"], scope["path"], target_of(scope),
+            coordinator.files.admit_file(headers, scope["method"], scope["path"], target_of(scope),
                                    scope.get("query_string", b"").decode("latin-1"))
         except Exception as error:  # noqa: BLE001 - mapped as the API's handlers map it
             for family, status, reason in STATUS:

@@ -85,7 +85,8 @@ class JobLifecycle:
             now = self.desk.now_s()
             row = self._own_job(session, actor, job_id)
             if paused:
-                self.desk.store_leases(session, self.desk.command(session, journal.Pause(job=job_id), now))
+                ended = self.desk.command(session, journal.Pause(job=job_id), now)
+                self.desk.store_leases(session, ended)
                 row.status = JobStatus.paused.value
             else:
                 self.desk.command(session, journal.Resume(job=job_id), now)
