@@ -25,7 +25,7 @@ ALLOWED = {
     "train": {"spec", "plan", "proof", "market"},
     "verify": {"spec", "plan", "proof", "market", "train", "client", "ledger"},
     "elastic": {"spec", "train"},
-    "models": {"spec", "train", "verify"},
+    "models": {"spec", "proof", "train", "verify"},
     "agent": {"spec", "proof", "market", "ledger", "client", "elastic", "train", "verify"},
     "coordinator": {"spec", "market", "plan", "proof", "ledger", "client", "elastic", "train",
                     "verify"},
@@ -190,3 +190,15 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_no_import_cycles():
     cycles = _cycles(_import_graph())
     assert not cycles, "modules that import each other: " + "; ".join(map(", ".join, cycles))
+
+
+def test_coordinator_opens_sessions_only_in_db():
+    """`db/store.py` is the one place a session is made: services ask it for one."""
+    for path in (PACKAGE / "coordinator").rglob("*.py"):
+        if "db" in path.relative_to(PACKAGE / "coordinator").parts[:1]:
+            continue
+        text = path.read_text()
+        for needle in ("Session(", "sessionmaker"):
+            assert needle not in text, (
+                f"coordinator/{path.relative_to(PACKAGE / 'coordinator')} opens a session "
+                f"({needle}): use the Store in coordinator/db/store.py")

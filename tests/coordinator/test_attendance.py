@@ -84,19 +84,19 @@ def test_a_squatter_cannot_hold_a_job_that_has_not_formed(store_url, operator):
         leases = leases_of(alice, job)
         co._set_rendezvous(job.job_id, f"127.0.0.1:{host.port}")  # the host serves from now
         host.rdzv.request_join(f"a-l{leases['a-d0']}-a0-w0")
-        assert co.hold_leases_to_membership(job.job_id) == []  # within the grace: nobody
+        assert co.attendance.hold_leases_to_membership(job.job_id) == []  # within the grace: nobody
 
         time.sleep(0.7)
         for agent, client in clients.items():
             client.heartbeat(agent, Heartbeat(running=(leases[f"{agent}-d0"],)))
-        assert co.membership(job.job_id) == []  # no epoch yet: the job has not formed
-        assert co.hold_leases_to_membership(job.job_id) == [leases["s-d0"]]
+        assert co.progress.membership(job.job_id) == []  # no epoch yet: the job has not formed
+        assert co.attendance.hold_leases_to_membership(job.job_id) == [leases["s-d0"]]
         held = {lease.offer_id: lease for lease in alice.job(job.job_id).leases}
         assert held["s-d0"].ends_at_s is not None  # the squatter holds nothing now
         assert held["a-d0"].ends_at_s is None  # the honest worker waiting for a peer stays
         (withdrawn,) = [e for e in alice.events(job=None) if e.kind == "offer_withdrawn"]
         assert withdrawn.detail["offer_id"] == "s-d0"
-        assert co.hold_leases_to_membership(job.job_id) == []  # a is not judged again
+        assert co.attendance.hold_leases_to_membership(job.job_id) == []  # a is not judged again
     finally:
         host.close()
         served.stop()
@@ -129,7 +129,7 @@ def test_a_provider_ended_for_staying_out_cannot_post_its_way_back_into_the_job(
         co._set_rendezvous(job.job_id, f"127.0.0.1:{host.port}")
         host.rdzv.request_join(f"a-l{leases['a-d0']}-a0-w0")
         time.sleep(0.7)
-        assert co.hold_leases_to_membership(job.job_id) == [leases["s-d0"]]
+        assert co.attendance.hold_leases_to_membership(job.job_id) == [leases["s-d0"]]
 
         clients["s"].post_offer(OfferTerms(offer_id="s-d0", agent_id="s",
                                            price_wei_per_s=PRICE // 2))  # back, cheapest

@@ -20,7 +20,7 @@ import torch
 from eth_account import Account
 
 from shoal.agent.checkpoints import CheckpointRelay, checkpoint_dir
-from shoal.coordinator.services.coordinator import Coordinator
+from shoal.coordinator.service import Coordinator
 from shoal.models.gpt_replay import gpt_replayer
 from shoal.models.optim import build_optimizer
 from shoal.models.model import GPT

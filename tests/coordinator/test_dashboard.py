@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 from shoal.coordinator import Coordinator
 from shoal.coordinator.db.schema import ProofEpochRow
+from shoal.coordinator.db.store import record_event
 from shoal.spec.audit import RecordUpload
 from shoal.spec.coordinator import COORDINATOR, JobSubmission, OfferTerms, Registration
 from shoal.spec.progress import ProgressUpload, StepProgress
@@ -106,14 +107,14 @@ class Job:
                     record(self.worker(agent), s, epoch=1, rank=rank, shares=(4, 4))
                     for s in range(5))))
         self.served.app.state.rounds.once()
-        with self.co._change() as session:
+        with self.co.desk.change() as session:
             row = session.scalar(select(ProofEpochRow).where(ProofEpochRow.job_id == self.job_id))
             row.chain_epoch, row.anchored_at_s, row.anchor_tx = 0, time.time(), ANCHOR_TX
             return row.root
 
     def event(self, kind: str, **detail: object) -> None:
-        with self.co._change() as session:
-            self.co._event(session, self.co.now_s(), COORDINATOR, kind, self.job_id, **detail)
+        with self.co.desk.change() as session:
+            record_event(session, self.co.desk.now_s(), COORDINATOR, kind, self.job_id, **detail)
 
 
 def text_of(driver, element_id: str) -> str:

@@ -12,7 +12,7 @@ import hashlib
 import pytest
 from eth_account import Account
 
-from shoal.coordinator.proofs.plants import FETCH_BASE
+from shoal.coordinator.services.numbering import FETCH_BASE
 from shoal.client.identity import BODY_SHA256, Signer, sign_request
 from shoal.spec.audit import ChallengeRequest
 from shoal.spec.coordinator import Registration
@@ -115,7 +115,7 @@ def test_a_replayed_or_answered_large_upload_is_refused_unread(challenged):
     served, a, _, challenge, _ = challenged
     path = f"/v1/challenges/{challenge}/answer"
     headers = sign_request(a.account, "shoal-test", "PUT", path, b"x" * LARGE)
-    served.app.state.coordinator.consume_nonce(Signer(
+    served.app.state.coordinator.participants.consume_nonce(Signer(
         a.account.address, headers["x-shoal-nonce"], int(headers["x-shoal-timestamp"])))
     got, detail, read = drive(served, a.account, path, b"x" * LARGE, headers=headers)
     assert (got, read) == (401, 0) and "nonce" in detail

@@ -137,11 +137,11 @@ def test_a_restarted_coordinator_rebuilds_the_same_market(store_url, operator):
     coordinator.engine.dispose()
 
     again = Coordinator(make_settings(store_url, operator))
-    meter = again.market.meter(job.job_id)
+    meter = again.desk.market.meter(job.job_id)
     assert meter.leases == before.leases and meter.budget_wei == before.budget_wei
     again.clear()  # a round after the restart leases nothing twice
-    assert again.market.meter(job.job_id).leases == before.leases
-    assert again.job(job.job_id).status is JobStatus.running
+    assert again.desk.market.meter(job.job_id).leases == before.leases
+    assert again.reads.job(job.job_id).status is JobStatus.running
     coordinator.hosts.stop_all()
     again.engine.dispose()
 
@@ -179,7 +179,8 @@ def test_an_offer_slower_than_its_claim_is_marked_down(served: Served):
     views = {o["offer_id"]: o for o in served.client().request("GET", "/v1/offers", sign=False)}
     assert views["inflated"]["marked_down"] and not views["honest-1"]["marked_down"]
     assert views["inflated"]["speed_samples_per_s"] < 110.0  # what it showed, not 400
-    assert coordinator.market.book.offer("inflated").speed_samples_per_s < 110.0  # the auction too
+    market = coordinator.desk.market
+    assert market.book.offer("inflated").speed_samples_per_s < 110.0  # the auction too
     coordinator.hold_offers_to_speeds(job.job_id)  # judged once: no second mark
     marks = [e for e in submitter.events() if e.kind == "offer_marked_down"]
     assert [e.detail["offer_id"] for e in marks] == ["inflated"]
@@ -188,7 +189,7 @@ def test_an_offer_slower_than_its_claim_is_marked_down(served: Served):
     reposted = providers["inflated"].post_offer(
         OfferTerms(offer_id="inflated", agent_id="inflated", price_wei_per_s=PRICE))
     assert reposted.marked_down and reposted.speed_samples_per_s < 110.0
-    assert coordinator.market.book.offer("inflated").speed_samples_per_s < 110.0
+    assert coordinator.desk.market.book.offer("inflated").speed_samples_per_s < 110.0
 
 
 def test_metrics_count_what_happened(served: Served):

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from shoal.coordinator import Coordinator
 from shoal.coordinator.proofs import plants as plants_module
-from shoal.coordinator.proofs.plants import FETCH_BASE
+from shoal.coordinator.services.numbering import FETCH_BASE
 from shoal.coordinator.proofs.penalties import LAZY_VERDICT_PENALTY_WEI
 from shoal.coordinator.services.settlement import Settlement
 from shoal.coordinator.db.schema import JobRow

@@ -29,7 +29,7 @@ def send(served: Served, target: str, headers: dict[str, str]) -> httpx.Response
 
 def last_seen(served: Served, agent_id: str = "agent-a") -> float:
     coordinator = served.app.state.coordinator
-    return next(a.last_seen_s for a in coordinator.agents() if a.agent_id == agent_id)
+    return next(a.last_seen_s for a in coordinator.reads.agents() if a.agent_id == agent_id)
 
 
 def test_a_replayed_beat_is_refused_even_after_a_restart(store_url, operator):
@@ -82,13 +82,13 @@ def test_many_beats_at_once_all_land(served: Served):
     for i, account in enumerate(providers):
         provider_with_agent(served.client(account), f"agent-{i}")
     coordinator = served.app.state.coordinator
-    start_s = coordinator.now_s()
+    start_s = coordinator.desk.now_s()
 
     def beat(i: int) -> None:
         account = providers[i % len(providers)]
-        coordinator.consume_nonce(Signer(account.address, f"nonce-{i:06d}", 0))
+        coordinator.participants.consume_nonce(Signer(account.address, f"nonce-{i:06d}", 0))
         coordinator.heartbeat(account.address, f"agent-{i % len(providers)}", Heartbeat())
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(beat, range(400)))  # raises what any beat raised
-    assert all(a.last_seen_s >= start_s for a in coordinator.agents())
+    assert all(a.last_seen_s >= start_s for a in coordinator.reads.agents())

@@ -41,17 +41,17 @@ def test_a_membership_change_is_planned_once_and_the_plan_says_what_it_would_do(
     submitter, job_id, leases = market(served, {"eu1": "eu", "us1": "us", "us2": "us"}, 3)
     assert submitter.job_plan(job_id) is None  # no membership yet: nothing to plan
     publish(co, job_id, [worker("eu1", leases), worker("us1", leases)], "start")
-    (first,) = co.plan_jobs()
+    (first,) = co.planning.plan_jobs()
     assert (first.epoch, first.dp, first.pp, first.links) == (0, 2, 1, "region defaults")
     # Across regions (80 ms, 1 Gbit/s by default) a tiny model's every-step exchange is all
     # latency: the planner would rather take many local steps between exchanges.
     assert first.mode is SyncMode.diloco and first.inner_steps > 1
     assert "diloco" in first.advice and "the job runs allreduce" in first.advice
-    assert co.plan_jobs() == []  # the same members: not planned again
+    assert co.planning.plan_jobs() == []  # the same members: not planned again
     assert submitter.job_plan(job_id).epoch == 0
 
     publish(co, job_id, [worker(a, leases) for a in ("eu1", "us1", "us2")], "join")
-    (second,) = co.plan_jobs()
+    (second,) = co.planning.plan_jobs()
     assert (second.epoch, second.dp, len(second.members)) == (1, 3, 3)
     planned = [e for e in submitter.events(job=job_id) if e.kind == "job_planned"]
     assert [e.detail["epoch"] for e in planned] == [0, 1]
@@ -65,17 +65,17 @@ def test_links_come_from_the_coordinators_own_probes_when_every_agent_has_one(se
             row = session.get(AgentRow, agent_id)
             row.devices = [{**d, "rtt_ms": rtt, "bandwidth_gbps": bandwidth} for d in row.devices]
     publish(co, job_id, [worker("a1", leases), worker("a2", leases)], "start")
-    (fast,) = co.plan_jobs()
+    (fast,) = co.planning.plan_jobs()
     assert fast.links == "probed" and fast.dp == 2
 
     with Session(co.engine) as session, session.begin():
         row = session.get(AgentRow, "a2")  # a2 comes back from behind a slow link
         row.devices = [{**d, "rtt_ms": 300.0, "bandwidth_gbps": 0.01} for d in row.devices]
     publish(co, job_id, [worker("a1", leases)], "exit")
-    (alone,) = co.plan_jobs()
+    (alone,) = co.planning.plan_jobs()
     assert alone.dp == 1 and alone.exchange_s == 0.0
     publish(co, job_id, [worker("a1", leases), worker("a2", leases)], "join")
-    (slow,) = co.plan_jobs()
+    (slow,) = co.planning.plan_jobs()
     assert slow.links == "probed" and slow.epoch == 2
     # The planner saw the slow link: more local steps between exchanges, and a compressed
     # one or one in the background, applied late (bounded staleness, said in the advice).
@@ -94,7 +94,7 @@ def test_the_measured_step_time_is_the_newest_steps_pace(served):
     co = served.app.state.coordinator
     submitter, job_id, leases = market(served, {"a1": "eu"}, 1)
     publish(co, job_id, [worker("a1", leases)], "start")
-    (planned,) = co.plan_jobs()
+    (planned,) = co.planning.plan_jobs()
     steps = MAX_STEPS_PER_READ + 100
     with Session(co.engine) as session, session.begin():
         session.add_all(StepProgressRow(  # 0.1 s a step, then 0.5 s for the last 50

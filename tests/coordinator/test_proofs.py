@@ -274,7 +274,7 @@ def test_a_jobs_end_roots_every_epoch_with_records_however_far_its_leases_got(pa
         record(wb, s, rank=1, shares=(4, 4)) for s in range(3))))
     served.app.state.rounds.once()
     assert a.proof_epochs(job_id) == []  # epoch 0 waits for b's steps 3 and 4
-    with coordinator._change() as session:
+    with coordinator.desk.change() as session:
         coordinator.close_proofs(session, session.get(JobRow, job_id))
     assert [(e.epoch, e.records) for e in a.proof_epochs(job_id)] == [(0, 8), (1, 5), (2, 3)]
 

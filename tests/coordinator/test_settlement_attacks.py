@@ -411,10 +411,10 @@ def test_a_job_topped_up_past_its_chain_leases_terms_stops_each_provider_where_t
     s.rounds()
     spent = s.events(job.job_id, "provider_term_spent")
     assert {e.detail["provider"] for e in spent} == {s.p1.address, s.p2.address}
-    meter = s.coordinator.market.meter(job.job_id)
+    meter = s.coordinator.desk.market.meter(job.job_id)
     for lease in meter.leases:
         assert lease.ends_at_s is not None and lease.ends_at_s - lease.start_s <= 200.0
-    assert sum(meter.charges(s.coordinator.now_s()).values()) <= 2 * 200 * PRICE
+    assert sum(meter.charges(s.coordinator.desk.now_s()).values()) <= 2 * 200 * PRICE
     s.chain.advance_time(260)
     s.coordinator.end_job(s.alice.address, job.job_id, JobStatus.cancelled)
     (settled,) = s.events(job.job_id, "job_settled")

@@ -3,6 +3,7 @@ and the verifiers' penalties come last, and the full demo records thousands."""
 
 from __future__ import annotations
 
+from shoal.coordinator.db.store import record_event
 from shoal.coordinator import Coordinator
 from shoal.demo.report import job_events
 from tests.coordinator.conftest import make_settings
@@ -11,10 +12,10 @@ from tests.coordinator.conftest import make_settings
 def test_every_event_of_the_job_is_read_past_the_first_page(tmp_path):
     co = Coordinator(make_settings(f"sqlite:///{tmp_path}/store.db"))
     try:
-        with co._change() as session:
+        with co.desk.change() as session:
             for i in range(2345):
-                co._event(session, float(i), "someone", "challenge_raised", None, n=i)
-            co._event(session, 9999.0, "coordinator", "verifier_slashed", None, step=1)
+                record_event(session, float(i), "someone", "challenge_raised", None, n=i)
+            record_event(session, 9999.0, "coordinator", "verifier_slashed", None, step=1)
         events = job_events(co, None)
         assert [e.detail.get("n") for e in events[:-1]] == list(range(2345))
         assert events[-1].kind == "verifier_slashed"  # before: beyond the 1000 read

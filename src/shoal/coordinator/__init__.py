@@ -5,7 +5,7 @@ HTTP API with signed requests over it; `RoundLoop` runs the market rounds.
 """
 
 from shoal.coordinator.api.app import create_app
-from shoal.coordinator.services.coordinator import Coordinator
+from shoal.coordinator.service import Coordinator
 from shoal.coordinator.settings import CoordinatorSettings
 
 __all__ = ["Coordinator", "CoordinatorSettings", "create_app"]

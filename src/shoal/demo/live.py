@@ -24,9 +24,9 @@ def render(demo: Demo) -> Panel:
     parts = [head]
     if s.job_id and demo.coordinator is not None:
         co = demo.coordinator
-        progress = co.progress(s.job_id, after=-1)[-40:] if s.phase != "done" else []
-        job = co.job(s.job_id)
-        members = co.membership(s.job_id)
+        progress = co.progress.steps(s.job_id, after=-1)[-40:] if s.phase != "done" else []
+        job = co.reads.job(s.job_id)
+        members = co.progress.membership(s.job_id)
         if progress:
             last = progress[-1]
             span = progress[-1].t - progress[0].t
@@ -40,7 +40,7 @@ def render(demo: Demo) -> Panel:
                               f"(escrow left {job.remaining_wei / 1e18:.6f})")
         faults = Table("t", "fault", "provider", "recovery", title="scenario",
                        title_justify="left")
-        commits = [p.t for p in co.progress(s.job_id, after=max(-1, s.committed - 400))]
+        commits = [p.t for p in co.progress.steps(s.job_id, after=max(-1, s.committed - 400))]
         for fired in s.fired:
             at = fired.t - (s.started_t or fired.t)
             # Live, the time until the job committed again; the report's RTO (back to 90%
@@ -48,7 +48,7 @@ def render(demo: Demo) -> Panel:
             after = [t for t in commits if t > fired.t]
             resumed = f"steps again after {after[0] - fired.t:.2f} s" if after else "…"
             faults.add_row(f"{at:.0f} s", fired.event.kind.value, fired.event.provider, resumed)
-        for e in co.events(s.job_id, limit=1000):
+        for e in co.reads.events(s.job_id, limit=1000):
             if e.kind in ("worker_slashed", "offer_withdrawn", "verdict_rejected"):
                 at = e.at_s - (s.started_t or e.at_s)
                 faults.add_row(f"{at:.0f} s", e.kind.replace("_", " "),

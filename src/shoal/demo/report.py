@@ -49,7 +49,7 @@ def build_report(demo: Demo) -> DemoReport:
     steps = lineage(records)
     _, skipped, duplicated = coverage(steps)
     events = job_events(co, job_id)
-    progress = co.progress(job_id)
+    progress = co.progress.steps(job_id)
     final = json.loads((co.hosts.run_dir(job_id) / "final.json").read_text()).get("final", {})
 
     faults = [_fault(f.event.provider, FAULT_NAMES[f.event.kind], f.t, started, records, steps)
@@ -67,7 +67,7 @@ def build_report(demo: Demo) -> DemoReport:
                                        tx=e.detail.get("tx"), why=str(e.detail.get("why", ""))))
     faults.sort(key=lambda f: f.at_s)
 
-    job = co.job(job_id)
+    job = co.reads.job(job_id)
     providers = [_provider(demo, p, job, progress) for p in demo.scenario.providers]
     gas, fees = chain.gas()
     budget = demo.scenario.budget_wei
@@ -93,7 +93,8 @@ def build_report(demo: Demo) -> DemoReport:
         anchors=tuple(AnchorReport(epoch=e.epoch, root=e.root, anchored=e.anchored_root,
                                    tx=e.anchor_tx)
                       for e in co.proof_epochs(job_id)),
-        progress=tuple(progress), membership=tuple(co.membership(job_id)), verdicts=verdicts,
+        progress=tuple(progress), membership=tuple(co.progress.membership(job_id)),
+        verdicts=verdicts,
         rechecked=rechecked, verifier_slashes=verifier_slashes)
 
 
@@ -102,7 +103,7 @@ def job_events(co, job_id: str | None) -> list:  # noqa: ANN001 - a Coordinator;
     one several thousand: the settlement and the verifiers' penalties come last, and a
     first page alone would leave them out of the report."""
     events, after = [], 0
-    while page := co.events(job_id, after=after, limit=1000):
+    while page := co.reads.events(job_id, after=after, limit=1000):
         events += page
         after = page[-1].seq
     return events
@@ -171,7 +172,7 @@ def _provider(demo: Demo, p, job, progress) -> ProviderReport:  # noqa: ANN001
 
 
 def _speed(demo: Demo, name: str) -> float:
-    for agent in demo.coordinator.agents():
+    for agent in demo.coordinator.reads.agents():
         if agent.agent_id == name and agent.devices:
             return round(agent.devices[0].speed_samples_per_s, 1)
     return 0.0

@@ -179,7 +179,7 @@ class Demo:
         keys = self.run_dir / "keys"
         while True:
             job = self.submitter.job(s.job_id)
-            done = self.coordinator.progress(s.job_id, after=s.committed - 1)
+            done = self.coordinator.progress.steps(s.job_id, after=s.committed - 1)
             if done:
                 s.started_t = s.started_t or done[0].t
                 s.committed = done[-1].step + 1
@@ -220,7 +220,7 @@ class Demo:
 
     def _at_strength(self) -> bool:
         """Whether the job's newest membership has the scenario's number of workers."""
-        epochs = self.coordinator.membership(self.state.job_id)
+        epochs = self.coordinator.progress.membership(self.state.job_id)
         return bool(epochs) and len(epochs[-1].members) >= self.scenario.workers
 
     def _fire(self, event: ScenarioEvent, keys: Path) -> None:

@@ -25,7 +25,7 @@ def register_agent(body: AgentRegistration, co: Co, signer: ProviderSigner) -> A
 
 @router.get("/v1/agents")
 def agents(co: Co) -> list[AgentView]:
-    return co.agents()
+    return co.reads.agents()
 
 
 @router.post("/v1/agents/{agent_id}/heartbeat")
@@ -55,16 +55,16 @@ def accept_lease(lease: NumberPath, body: LeaseAcceptance, co: Co,
 
 @router.get("/v1/offers")
 def offers(co: Co) -> list[OfferView]:
-    return co.offers()
+    return co.reads.offers()
 
 
 @router.get("/v1/providers")
 def providers(co: Co) -> list[ProviderView]:
-    agents, offers = co.agents(), co.offers()
+    agents, offers = co.reads.agents(), co.reads.offers()
     return [ProviderView(address=p.address, name=p.name,
                          agents=tuple(a for a in agents if a.provider == p.address),
                          offers=tuple(o for o in offers if o.provider == p.address))
-            for p in co.participants() if p.role is Role.provider]
+            for p in co.participants.registered() if p.role is Role.provider]
 
 
 # The declared beat, which the lean path hands anything it does not take as it is.

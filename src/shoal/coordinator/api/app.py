@@ -22,8 +22,8 @@ from shoal.coordinator.api.fast_heartbeat import serve_heartbeats_fast
 from shoal.coordinator.api.limits import limit_bodies
 from shoal.coordinator.api.metrics import CoordinatorMetrics, TimedRequests, state_gauges
 from shoal.coordinator.dashboard.routes import dashboard_routes
-from shoal.coordinator.services.coordinator import Coordinator
-from shoal.coordinator.services.rounds import RoundLoop
+from shoal.coordinator.service import Coordinator
+from shoal.coordinator.rounds import RoundLoop
 
 ROUTERS: tuple[APIRouter, ...] = (
     health.router, participants.router, agents.router, jobs.router, events.router,

@@ -7,8 +7,8 @@ from fastapi import Request
 from starlette.types import Scope
 
 from shoal.client.identity import Signer, verify_request
-from shoal.coordinator.services.coordinator import Coordinator
-from shoal.coordinator.services.signed_beats import refuse_role
+from shoal.coordinator.service import Coordinator
+from shoal.coordinator.services.participants import refuse_role
 from shoal.spec.coordinator import Role
 
 
@@ -26,10 +26,10 @@ def verified_signer(coordinator: Coordinator, request: Request, body: bytes,
     settings = coordinator.settings
     signer = verify_request({k.lower(): v for k, v in request.headers.items()},
                             settings.audience, request.method, target_of(request.scope), body,
-                            coordinator.now_s(), settings.max_skew_s)
-    coordinator.consume_nonce(signer)
+                            coordinator.desk.now_s(), settings.max_skew_s)
+    coordinator.participants.consume_nonce(signer)
     if roles:
-        refuse_role(signer.address, coordinator.role_of(signer.address), roles)
+        refuse_role(signer.address, coordinator.participants.role_of(signer.address), roles)
     return signer
 
 

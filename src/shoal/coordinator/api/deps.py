@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from shoal.client.identity import Signer
 from shoal.coordinator.api.auth import verified_signer
-from shoal.coordinator.services.coordinator import Coordinator
+from shoal.coordinator.service import Coordinator
 from shoal.spec.coordinator import Role
 
 

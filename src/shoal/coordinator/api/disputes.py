@@ -20,5 +20,5 @@ def file_dispute(job_id: LabelPath, body: DisputeFiling, co: Co,
 
 @router.get("/v1/jobs/{job_id}/proof/disputes")
 def disputes(job_id: LabelPath, co: Co) -> list[DisputeView]:
-    co.job(job_id)
+    co.reads.job(job_id)
     return co.disputes(job_id)

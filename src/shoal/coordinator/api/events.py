@@ -18,4 +18,4 @@ router = APIRouter(tags=["events"], responses=PROBLEMS)
 def events(co: Co, job: Annotated[str | None, Query(max_length=64)] = None,
            after: Annotated[int, Query(ge=0, le=2**62)] = 0,
            limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> list[Event]:
-    return co.events(job, after, limit)
+    return co.reads.events(job, after, limit)

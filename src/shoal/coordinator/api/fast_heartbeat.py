@@ -4,6 +4,7 @@ beat skips FastAPI's per-request machinery, through the same checks and the same
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 from fastapi import FastAPI
@@ -14,8 +15,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from shoal.coordinator.api.auth import beat_signer
 from shoal.coordinator.api.metrics import CoordinatorMetrics
-from shoal.coordinator.services.coordinator import Coordinator
-from shoal.coordinator.services.signed_beats import take_signed_beat
+from shoal.coordinator.service import Coordinator
 from shoal.spec.coordinator import Heartbeat
 
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # deps.LabelPath, matched whole
@@ -58,9 +58,14 @@ class FastHeartbeat(Route):
         if beat is None:
             await self.declared.handle(scope, _replayed(body), send)
             return
-        now = self.coordinator.now_s()
+        now = self.coordinator.desk.now_s()
         signer = beat_signer(self.coordinator, scope, body, now)
-        taken = await take_signed_beat(self.coordinator, signer, agent_id, beat, now)
+        participants = self.coordinator.participants
+        # The store work waits on the group commit without holding the event loop, and
+        # the beat is answered only once the transaction holding its nonce has committed.
+        taken = await asyncio.wrap_future(
+            participants.take_signed_beat(signer, agent_id, beat.running, now))
+        participants.refuse_signed_beat(signer.address, taken)
         reply = self.coordinator.heartbeat(signer.address, agent_id, beat, taken)
         self.metrics.heartbeats.inc()
         payload = reply.model_dump_json().encode()

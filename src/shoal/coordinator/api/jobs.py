@@ -21,12 +21,12 @@ def submit(body: JobSubmission, co: Co, signer: SubmitterSigner) -> JobView:
 
 @router.get("/v1/jobs")
 def jobs(co: Co, submitter: Annotated[str | None, Query(max_length=42)] = None) -> list[JobView]:
-    return co.jobs(submitter)
+    return co.reads.jobs(submitter)
 
 
 @router.get("/v1/jobs/{job_id}")
 def job(job_id: LabelPath, co: Co) -> JobView:
-    return co.job(job_id)
+    return co.reads.job(job_id)
 
 
 @router.post("/v1/jobs/{job_id}/top-up")

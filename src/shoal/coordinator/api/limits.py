@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shoal.coordinator.api.auth import target_of
 from shoal.coordinator.api.errors import refusal_of
 from shoal.coordinator.api.metrics import CoordinatorMetrics
-from shoal.coordinator.services.coordinator import Coordinator
+from shoal.coordinator.service import Coordinator
 from shoal.coordinator.services.file_admission import FILE_UPLOADS
 
 # Checks a large file's signed headers before its body is read: returns None to admit
@@ -106,8 +106,8 @@ def _file_admission(coordinator: Coordinator, metrics: CoordinatorMetrics) -> Ad
     def check(scope: Scope) -> tuple[int, str] | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            coordinator.admit_file(headers, scope["method"], scope["path"], target_of(scope),
-                                   scope.get("query_string", b"").decode("latin-1"))
+            coordinator.files.admit_file(headers, scope["method"], scope["path"], target_of(scope),
+                                         scope.get("query_string", b"").decode("latin-1"))
         except Exception as error:  # noqa: BLE001 - mapped as the API's handlers map it
             refusal = refusal_of(error)
             if refusal is None:

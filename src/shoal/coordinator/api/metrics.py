@@ -72,15 +72,15 @@ def state_gauges(coordinator) -> Collector:  # noqa: ANN001 - a Coordinator; avo
 
     class _State(Collector):
         def collect(self):  # noqa: ANN202
-            jobs = coordinator.jobs()
+            jobs = coordinator.reads.jobs()
             by_status = GaugeMetricFamily("shoal_jobs", "Jobs by status", labels=["status"])
             for status in JobStatus:
                 by_status.add_metric([status.value], sum(j.status is status for j in jobs))
             yield by_status
-            agents = coordinator.agents()
+            agents = coordinator.reads.agents()
             yield GaugeMetricFamily("shoal_agents_online", "Agents heard from within the timeout",
                                     value=sum(a.online for a in agents))
-            now = coordinator.now_s()
+            now = coordinator.desk.now_s()
             workers = sum(1 for j in jobs for lease in j.leases
                           if lease.start_s <= now and (lease.ends_at_s is None or lease.ends_at_s > now))
             yield GaugeMetricFamily("shoal_workers_leased", "Devices leased right now", value=workers)

@@ -14,14 +14,14 @@ router = APIRouter(tags=["identity"], responses=PROBLEMS)
 
 @router.post("/v1/participants", status_code=201)
 def register(body: Registration, co: Co, signer: AnySigner) -> Participant:
-    return co.register(signer.address, body)
+    return co.participants.register(signer.address, body)
 
 
 @router.post("/v1/grants", status_code=201)
 def grant(body: Grant, co: Co, signer: OperatorSigner) -> Participant:
-    return co.grant(signer.address, body)
+    return co.participants.grant(signer.address, body)
 
 
 @router.get("/v1/participants")
 def participants(co: Co) -> list[Participant]:
-    return co.participants()
+    return co.participants.registered()

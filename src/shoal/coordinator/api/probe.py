@@ -16,4 +16,4 @@ router = APIRouter(tags=["providers"], responses=PROBLEMS)
 def open_probe(agent_id: LabelPath, co: Co, signer: ProviderSigner) -> ProbeRendezvous:
     """Open a network probe for this agent: join it (a two-rank gloo group) on the
     coordinator's host at the port named, then register the agent."""
-    return co.open_probe(signer.address, agent_id)
+    return co.probing.open_probe(signer.address, agent_id)

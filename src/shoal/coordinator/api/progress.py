@@ -18,23 +18,23 @@ router = APIRouter(tags=["jobs"], responses=PROBLEMS)
 @router.post("/v1/jobs/{job_id}/progress")
 def upload_progress(job_id: LabelPath, body: ProgressUpload, co: Co,
                     signer: ProviderSigner) -> dict[str, int]:
-    return {"stored": co.record_progress(signer.address, job_id, body)}
+    return {"stored": co.progress.record(signer.address, job_id, body)}
 
 
 @router.get("/v1/jobs/{job_id}/progress")
 def progress(job_id: LabelPath, co: Co,
              after: Annotated[int, Query(ge=-1, le=2**62)] = -1) -> list[StepProgress]:
-    return co.progress(job_id, after)
+    return co.progress.steps(job_id, after)
 
 
 @router.get("/v1/jobs/{job_id}/membership")
 def membership(job_id: LabelPath, co: Co) -> list[MembershipChange]:
-    return co.membership(job_id)
+    return co.progress.membership(job_id)
 
 
 @router.get("/v1/jobs/{job_id}/plan")
 def plan(job_id: LabelPath, co: Co) -> JobPlanView | None:
-    return co.job_plan(job_id)
+    return co.planning.job_plan(job_id)
 
 
 @router.get("/v1/jobs/{job_id}/job-file")

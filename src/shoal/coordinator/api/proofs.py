@@ -31,7 +31,7 @@ def upload_records(job_id: LabelPath, body: RecordUpload, co: Co,
 @router.get("/v1/jobs/{job_id}/proof/records")
 def records(job_id: LabelPath, co: Co,
             epoch: Annotated[int, Query(ge=0, le=2**62)]) -> list[WorkRecord]:
-    co.job(job_id)  # 404 for a job that does not exist
+    co.reads.job(job_id)  # 404 for a job that does not exist
     return co.served_records(job_id, epoch)  # forced errors in (plants.py)
 
 
@@ -48,7 +48,7 @@ def raise_challenges(job_id: LabelPath, body: Challenges, co: Co,
 
 @router.get("/v1/jobs/{job_id}/proof/challenges")
 def challenges(job_id: LabelPath, co: Co) -> list[ChallengeView]:
-    co.job(job_id)
+    co.reads.job(job_id)
     return co.challenges(job_id)
 
 
@@ -70,5 +70,5 @@ def file_verdicts(job_id: LabelPath, body: VerdictFiling, co: Co,
 
 @router.get("/v1/jobs/{job_id}/proof/verdicts")
 def verdicts(job_id: LabelPath, co: Co) -> list[VerdictView]:
-    co.job(job_id)
+    co.reads.job(job_id)
     return co.verdicts(job_id)

@@ -23,11 +23,13 @@ from shoal.coordinator.proofs import windows
 from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.coordinator.proofs.keeper_checks import WrongParams
 from shoal.coordinator.proofs.keeper_routing import KeeperRouting
-from shoal.coordinator.proofs.plants import FETCH_BASE, ForcedErrorService
+from shoal.coordinator.services.numbering import FETCH_BASE
+from shoal.coordinator.proofs.plants import ForcedErrorService
 from shoal.coordinator.proofs.referee import own_file_challenges, vouched_steps
 from shoal.coordinator.db.schema import (
     AgentRow, ChallengeRow, ForcedPlanRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
+from shoal.coordinator.db.store import record_event
 from shoal.proof.epochs import final_lineage, params_keepers, window_epoch
 from shoal.proof.layout import ProofLayout
 from shoal.spec.audit import (
@@ -40,14 +42,14 @@ from shoal.train.files import write_whole
 
 
 class AuditService(ForcedErrorService, KeeperRouting):
-    """Uses the Coordinator's `engine`, `settings`, `referee`, `_change`, `_event`, `now_s`,
+    """Uses the Coordinator's `engine`, `settings`, `referee`, `_change`, `now_s`,
     and ProofService's `proof_dir`, `job_spec` and `_proof_job`. Which keeper a step's
     parameters are asked of, and checking its answer: keeper_routing.py."""
 
     def _audit_init(self) -> None:
         self._challenge_lock = threading.Lock()
         self._pending: dict[str, dict[int, ChallengeView]] = defaultdict(dict)  # agent -> open
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             for row in session.scalars(select(ChallengeRow).where(ChallengeRow.answered_at_s.is_(None))):
                 self._pending[row.agent_id][row.challenge] = _challenge_view(row)
         self._forced_init()
@@ -56,8 +58,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
     def raise_challenges(self, verifier: str, job_id: str,
                          items: tuple[ChallengeRequest, ...]) -> list[ChallengeView]:
         out = []
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             self._proof_job(session, job_id)
             for item in items:
                 if item.kind is not BlobKind.params:  # a worker's own file
@@ -76,9 +78,9 @@ class AuditService(ForcedErrorService, KeeperRouting):
                                        requested_at_s=now, agent_id=agent_id)
                     session.add(row)
                     session.flush()
-                    self._event(session, now, verifier, "challenge_raised", job_id,
-                                challenge=row.challenge, worker=item.worker, step=item.step,
-                                blob=item.kind.value, agent_id=row.agent_id)
+                    record_event(session, now, verifier, "challenge_raised", job_id,
+                                 challenge=row.challenge, worker=item.worker, step=item.step,
+                                 blob=item.kind.value, agent_id=row.agent_id)
                 out.append(_challenge_view(row))
         with self._challenge_lock:
             for view in out:
@@ -167,11 +169,11 @@ class AuditService(ForcedErrorService, KeeperRouting):
         agent last beat (0.0: never). A parameters challenge whose keeper is silent is
         handed to the step's other keeper first, if that one's agent is online."""
         self._reroute_silent(job_id, only)
-        horizon = self.now_s() - self.settings.agent_timeout_s
+        horizon = self.desk.now_s() - self.settings.agent_timeout_s
         query = select(ChallengeRow).where(ChallengeRow.job_id == job_id)
         if only is not None:
             query = query.where(ChallengeRow.challenge.in_(only))
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             rows = session.scalars(query.order_by(ChallengeRow.challenge)).all()
             seen = dict(session.execute(select(AgentRow.agent_id, AgentRow.last_seen_s).where(
                 AgentRow.agent_id.in_({row.agent_id for row in rows}))).all())
@@ -189,7 +191,7 @@ class AuditService(ForcedErrorService, KeeperRouting):
             raise Conflict("an answer is the file the worker wrote; the body is empty")
         if challenge >= FETCH_BASE:
             return self.answer_plant(provider, challenge, data)
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             row = self._answerable(session, provider, challenge)
             job_id, step, kind = row.job_id, row.step, row.kind
         refusal = None
@@ -198,8 +200,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
                 self._check_keeper_answer(job_id, step, data)
             except WrongParams as error:
                 refusal = str(error)
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = self._answerable(session, provider, challenge)
             keeper = self._answering_keeper(session, row, provider)
             if refusal is not None:
@@ -235,8 +237,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
         if plant is not None:  # what the verifier downloads, and must be able to check
             row.sha256 = plant.sha256
             size = self.plant_path(row.job_id, row.worker, row.step).stat().st_size
-        self._event(session, now, provider, "challenge_answered", row.job_id,
-                    challenge=row.challenge, bytes=size, sha256=row.sha256)
+        record_event(session, now, provider, "challenge_answered", row.job_id,
+                     challenge=row.challenge, bytes=size, sha256=row.sha256)
         return _challenge_view(row)
 
     @staticmethod
@@ -248,7 +250,7 @@ class AuditService(ForcedErrorService, KeeperRouting):
                                                             row.step)
 
     def challenge_file(self, challenge: int) -> Path:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             row = session.get(ChallengeRow, challenge)
             if row is None:
                 raise NotFound(f"no challenge {challenge}")
@@ -265,8 +267,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
         from shoal.verify.roles.verdicts import SignedVerdict
 
         out, guilty = [], []
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             job = self._proof_job(session, job_id)
             name = self.job_spec(job_id, job.job_file).name
             plan = session.get(ForcedPlanRow, job_id)
@@ -295,15 +297,15 @@ class AuditService(ForcedErrorService, KeeperRouting):
             kinds: dict[str, int] = defaultdict(int)
             for view in out:
                 kinds[view.verdict.kind.value] += 1
-            self._event(session, now, verifier, "verdicts_filed", job_id, kinds=dict(kinds),
-                        guilty=[(v.verdict.worker, v.verdict.step, v.verdict.kind.value)
+            record_event(session, now, verifier, "verdicts_filed", job_id, kinds=dict(kinds),
+                         guilty=[(v.verdict.worker, v.verdict.step, v.verdict.kind.value)
                                 for v in out if v.verdict.guilty])
         if guilty and self.referee is not None:
             self.referee.rule_later(job_id, guilty)
         return out
 
     def verdicts(self, job_id: str) -> list[VerdictView]:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             rows = session.scalars(select(VerdictRow).where(VerdictRow.job_id == job_id)
                                    .order_by(VerdictRow.seq))
             return [_verdict_view(row) for row in rows]

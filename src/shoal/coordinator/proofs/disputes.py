@@ -29,10 +29,10 @@ import logging
 import time
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.coordinator.db.schema import DisputeRow, JobRow, WorkRecordRow
+from shoal.coordinator.db.store import record_event
 from shoal.verify.roles.dispute import bisect_trajectories
 from shoal.verify.roles.needed import params_requests, record_files
 from shoal.ledger import LedgerError
@@ -58,7 +58,7 @@ class Deferred(Exception):
 
 class DisputeService:
     """Uses the Coordinator's `engine`, `settlement`, `referee`, `now_s`, `_change`,
-    `_event`, `drop_provider`; UnfiledDisputes' `check_filing_in_time`; ForcedErrorService's
+    `drop_provider`; UnfiledDisputes' `check_filing_in_time`; ForcedErrorService's
     `served_epochs`, `served_records` and `is_plant`; AuditService's `raise_challenges` and
     `challenges`."""
 
@@ -67,7 +67,7 @@ class DisputeService:
     def _disputes_init(self) -> None:
         """Disputes filed but not ruled when the coordinator last stopped go back to the
         referee (those that landed on a plant come back unruled again)."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             waiting = session.execute(select(DisputeRow.job_id, DisputeRow.dispute).where(
                 DisputeRow.ruling.is_(None))).all()
         for job_id, dispute in waiting:
@@ -78,7 +78,7 @@ class DisputeService:
         if self.settlement is None:
             raise Conflict("this coordinator does not settle on a chain: there is no contract "
                            "to hold a dispute's bond")
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             job = session.get(JobRow, job_id)
             if job is None:
                 raise NotFound(f"no job '{job_id}'")
@@ -108,24 +108,24 @@ class DisputeService:
             raise Conflict(f"worker '{filing.worker}' has {len(records)} records in proof epoch "
                            f"{filing.epoch}: a trajectory is {len(records) + 1} states (before the "
                            f"first record and after each), not {len(filing.trajectory)}")
-        with self._change() as session:  # under the coordinator's lock: one filing wins
+        with self.desk.change() as session:  # under the coordinator's lock: one filing wins
             if session.get(DisputeRow, filing.dispute) is not None:
                 raise Conflict(f"dispute {filing.dispute} was brought already")
             self.check_filing_in_time(opened)  # or rejected unheard (`unfiled_disputes`)
-            now = self.now_s()
+            now = self.desk.now_s()
             row = DisputeRow(dispute=filing.dispute, job_id=job_id, worker=filing.worker,
                              epoch=filing.epoch, challenger=opened.challenger, provider=provider,
                              filed_at_s=now, trajectory=list(filing.trajectory), why="")
             session.add(row)
-            self._event(session, now, challenger, "dispute_filed", job_id,
-                        dispute=filing.dispute, worker=filing.worker, epoch=filing.epoch,
-                        provider=provider, bond_wei=str(opened.bond_wei))
+            record_event(session, now, challenger, "dispute_filed", job_id,
+                         dispute=filing.dispute, worker=filing.worker, epoch=filing.epoch,
+                         provider=provider, bond_wei=str(opened.bond_wei))
             view = _dispute_view(row)
         self.referee.later(lambda: self.rule_dispute(job_id, filing.dispute))
         return view
 
     def disputes(self, job_id: str) -> list[DisputeView]:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             rows = session.scalars(select(DisputeRow).where(DisputeRow.job_id == job_id)
                                    .order_by(DisputeRow.dispute)).all()
             return [_dispute_view(row) for row in rows]
@@ -145,7 +145,7 @@ class DisputeService:
 
     # ------------------------------------------------------------ the referee's thread
     def rule_dispute(self, job_id: str, dispute: int) -> Ruling:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             row = session.get(DisputeRow, dispute)
             if row is None or row.ruling is not None:
                 return Ruling(row.ruling) if row is not None else Ruling.undecided
@@ -229,15 +229,15 @@ class DisputeService:
     def _settle_dispute(self, job_id: str, dispute: int, ruling: Ruling, why: str,
                         step: int | None, rounds: int | None) -> None:
         note, chain_state, held = self._enforce(dispute, ruling)
-        with self._change() as session:
+        with self.desk.change() as session:
             row = session.get(DisputeRow, dispute)
             row.ruling, row.step, row.rounds = ruling, step, rounds
             row.why = f"{why} ({held})" if held else why
             row.tx, row.chain_state = note.get("tx"), chain_state
             provider = row.provider
-            self._event(session, self.now_s(), COORDINATOR, f"dispute_{ruling}", job_id,
-                        dispute=dispute, worker=row.worker, step=step, provider=provider,
-                        challenger=row.challenger, why=why, chain=held or chain_state, **note)
+            record_event(session, self.desk.now_s(), COORDINATOR, f"dispute_{ruling}", job_id,
+                         dispute=dispute, worker=row.worker, step=step, provider=provider,
+                         challenger=row.challenger, why=why, chain=held or chain_state, **note)
         if ruling == Ruling.upheld and self.referee.penalties.first_slash(job_id, provider):
             self.bar_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
             self.drop_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
@@ -248,7 +248,7 @@ class DisputeService:
         """Move the money for a ruling: (the transaction's note, the dispute's state on
         chain once final, what holds it back while it is not)."""
         referee, ledger = self.referee, self.settlement.ledger
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             row = session.get(DisputeRow, dispute)
             provider, challenger = row.provider, row.challenger
             chain_job = session.get(JobRow, row.job_id).chain_job
@@ -281,7 +281,7 @@ class DisputeService:
         lease (a rejected one); stop once the chain has the final word."""
         if self.settlement is None or self.referee.account is None:
             return
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             pending = session.execute(select(DisputeRow.dispute, DisputeRow.job_id,
                                              DisputeRow.ruling).where(
                 DisputeRow.chain_state == BEHIND)).all()
@@ -289,11 +289,11 @@ class DisputeService:
             note, chain_state, _ = self._enforce(dispute, ruling)
             if chain_state == BEHIND:
                 continue
-            with self._change() as session:
+            with self.desk.change() as session:
                 row = session.get(DisputeRow, dispute)
                 row.chain_state, row.tx = chain_state, note.get("tx", row.tx)
-                self._event(session, self.now_s(), COORDINATOR, "dispute_enforced", job_id,
-                            dispute=dispute, ruling=ruling, chain=chain_state, **note)
+                record_event(session, self.desk.now_s(), COORDINATOR, "dispute_enforced", job_id,
+                             dispute=dispute, ruling=ruling, chain=chain_state, **note)
 
 
 def _dispute_view(row: DisputeRow) -> DisputeView:

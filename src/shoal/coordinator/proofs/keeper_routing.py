@@ -25,6 +25,7 @@ from shoal.coordinator.proofs.keeper_checks import (
     check_params, expected_params_sha256, read_params,
 )
 from shoal.coordinator.db.schema import AgentRow, ChallengeRow, WorkRecordRow
+from shoal.coordinator.db.store import record_event
 from shoal.proof.epochs import final_lineage, params_keepers
 from shoal.spec.audit import BlobKind, ChallengeRequest
 from shoal.spec.coordinator import COORDINATOR
@@ -58,7 +59,7 @@ Move = tuple[str, ChallengeRow, bool, bool]
 
 class KeeperRouting:
     """Uses the Coordinator's `engine`, `settings`, `referee`, `job_spec`, `_change`,
-    `_event`, `now_s`; AuditService's `_pending`, `_challenge_lock`, `_view`,
+    `now_s`; AuditService's `_pending`, `_challenge_lock`, `_view`,
     `_seated_agent` and `_seated_keepers`."""
 
     def _keeper_init(self) -> None:
@@ -94,7 +95,7 @@ class KeeperRouting:
     def _keepers_by_presence(self, session: Session, keepers: list[Keeper]) -> list[Keeper]:
         """Online agents first, then those with a record, the most recently seen first."""
         seen = self._last_seen(session, {k.agent_id for k in keepers})
-        horizon = self.now_s() - self.settings.agent_timeout_s
+        horizon = self.desk.now_s() - self.settings.agent_timeout_s
         return sorted(keepers, key=lambda k: (seen.get(k.agent_id, 0.0) < horizon,
                                               not k.recorded, -seen.get(k.agent_id, 0.0),
                                               k.rank))
@@ -139,7 +140,7 @@ class KeeperRouting:
         claim (a tie), or no replayer to build the job's model with, nothing can tell a
         right state from a wrong one, and any readable one is taken."""
         state = read_params(data, step)
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             bodies = session.scalars(select(WorkRecordRow.body).where(
                 WorkRecordRow.job_id == job_id, WorkRecordRow.step == step)).all()
         expected = expected_params_sha256(WorkRecord.model_validate(b) for b in bodies)
@@ -168,8 +169,8 @@ class KeeperRouting:
         asked = self._asked.setdefault((row.job_id, row.step), {})
         agent_id = asked[keeper].agent_id if keeper in asked else row.agent_id
         asked[keeper] = Asked(agent_id, refused=True)
-        self._event(session, now, provider, "params_refused", row.job_id,
-                    challenge=row.challenge, step=row.step, keeper=keeper, why=why)
+        record_event(session, now, provider, "params_refused", row.job_id,
+                     challenge=row.challenge, step=row.step, keeper=keeper, why=why)
         if keeper != row.worker:  # a keeper it left already: the holder is still asked
             return f"challenge {row.challenge} is asked of {row.worker} now", None
         others = [k for k in self._unrefused_keepers(session, row.job_id, row.step)
@@ -189,9 +190,9 @@ class KeeperRouting:
         asked, before a verifier reads it as `holder_offline` and gives up on the step.
         The silent keeper is still asked (it may be only slow): the first right answer
         stands. Judged at most once a heartbeat per challenge: verifiers poll often."""
-        now = self.now_s()
+        now = self.desk.now_s()
         horizon = now - self.settings.agent_timeout_s
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             rows = session.scalars(select(ChallengeRow).where(
                 ChallengeRow.job_id == job_id, ChallengeRow.kind == BlobKind.params.value,
                 ChallengeRow.answered_at_s.is_(None))).all()
@@ -202,7 +203,7 @@ class KeeperRouting:
         if not due:
             return
         moves = []
-        with self._change() as session:
+        with self.desk.change() as session:
             for number in due:
                 self._rerouted_s[number] = now
                 row = session.get(ChallengeRow, number)
@@ -238,9 +239,9 @@ class KeeperRouting:
         asked.setdefault(row.worker, Asked(row.agent_id, refused=False))
         asked.setdefault(keeper.worker, Asked(keeper.agent_id, refused=False))
         left = row.agent_id
-        self._event(session, now, COORDINATOR, "params_rerouted", row.job_id,
-                    challenge=row.challenge, step=row.step, keeper=row.worker,
-                    to=keeper.worker, agent_id=keeper.agent_id, why=why)
+        record_event(session, now, COORDINATOR, "params_rerouted", row.job_id,
+                     challenge=row.challenge, step=row.step, keeper=row.worker,
+                     to=keeper.worker, agent_id=keeper.agent_id, why=why)
         row.worker, row.agent_id, row.requested_at_s = keeper.worker, keeper.agent_id, now
         session.flush()
         return left, row, True, why != "refused"

@@ -12,18 +12,15 @@ chain: the rulings are only recorded.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from eth_account.signers.local import LocalAccount
-from sqlalchemy.orm import Session
 
 from shoal.coordinator.db.schema import JobRow, VerdictRow
+from shoal.coordinator.db.store import record_event
+from shoal.coordinator.proofs.court import Court
 from shoal.ledger import LedgerError
 from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.proof import Ruling, Verdict, VerdictKind
-
-if TYPE_CHECKING:
-    from shoal.coordinator.services.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
 # A verifier that accused falsely loses this much stake (wei), part of it to the accused;
@@ -34,7 +31,7 @@ LAZY_VERDICT_PENALTY_WEI = 10**15
 
 
 class Penalties:
-    def __init__(self, coordinator: Coordinator, account: LocalAccount | None) -> None:
+    def __init__(self, coordinator: Court, account: LocalAccount | None) -> None:
         """`account`: the contract's referee key (None: rulings are recorded, not enforced)."""
         self.coordinator, self.account = coordinator, account
         self._slashed: set[tuple[str, str]] = set()  # (job, provider) slashed already
@@ -53,7 +50,7 @@ class Penalties:
         slash (the worker's provider, once per job, or lazy or accusing verifiers)."""
         co = self.coordinator
         chain_note: dict[str, str] = {}
-        with Session(co.engine) as session:
+        with co.store.read() as session:
             job = session.get(JobRow, job_id)
         chain_job = job.chain_job if job is not None else None
         enforce = self.account is not None and co.settlement is not None and chain_job is not None
@@ -74,11 +71,11 @@ class Penalties:
             chain_note = self.transact(lambda: co.settlement.ledger.slash_verifier(
                 self.account, verdict.verifier, FALSE_ACCUSATION_PENALTY_WEI,
                 provider or co.settlement.operator.address))
-        with co._change() as session:
+        with co.desk.change() as session:
             session.get(VerdictRow, seq).ruling = ruling
-            co._event(session, co.now_s(), COORDINATOR, kind, job_id, verdict=seq,
-                      worker=verdict.worker, step=verdict.step, verifier=verdict.verifier,
-                      provider=provider, why=why, **chain_note)
+            record_event(session, co.desk.now_s(), COORDINATOR, kind, job_id, verdict=seq,
+                         worker=verdict.worker, step=verdict.step, verifier=verdict.verifier,
+                         provider=provider, why=why, **chain_note)
         if kind == "worker_slashed":
             log.warning("job %s: provider %s slashed for %s's step %d: %s", job_id, provider,
                         verdict.worker, verdict.step, why)
@@ -100,10 +97,10 @@ class Penalties:
             note = self.transact(lambda: co.settlement.ledger.slash_verifier(
                 self.account, v.verifier, LAZY_VERDICT_PENALTY_WEI, upheld.verifier)) \
                 if enforce else {}
-            with co._change() as session:
-                co._event(session, co.now_s(), COORDINATOR, "verifier_slashed", job_id,
-                          verifier=v.verifier, worker=v.worker, step=v.step,
-                          shown_by=upheld.verifier, **note)
+            with co.desk.change() as session:
+                record_event(session, co.desk.now_s(), COORDINATOR, "verifier_slashed", job_id,
+                             verifier=v.verifier, worker=v.worker, step=v.step,
+                             shown_by=upheld.verifier, **note)
             log.warning("job %s: verifier %s signed valid on %s step %d, shown wrong by %s",
                         job_id, v.verifier, v.worker, v.step, upheld.verifier)
 

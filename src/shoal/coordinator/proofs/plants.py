@@ -36,10 +36,12 @@ from sqlalchemy.orm import Session
 from shoal.coordinator.proofs import windows
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.proofs.plant_files import planted_reveal, with_plants
+from shoal.coordinator.services.numbering import FETCH_BASE
 from shoal.coordinator.db.schema import (
     AgentRow, ForcedPlanRow, JobRow, PlantRow, ProofEpochRow, ServedEpochRow, VerdictRow,
     WorkRecordRow,
 )
+from shoal.coordinator.db.store import record_event
 from shoal.proof.epochs import epoch_of, final_lineage, steps_of
 from shoal.proof.forced import ForcedErrors
 from shoal.proof.layout import ProofLayout
@@ -50,9 +52,6 @@ from shoal.spec.proof import Ruling, Verdict, VerdictKind, WorkRecord
 from shoal.train.files import write_whole
 
 log = logging.getLogger(__name__)
-# The numbers agents answer plants' fetches under: apart from verifiers' challenges, so
-# the public challenge list has no gaps where plants were fetched.
-FETCH_BASE = 2**48
 FETCHING, READY, DROPPED = "fetching", "ready", "dropped"
 
 
@@ -62,11 +61,11 @@ def new_secret() -> bytes:
 
 class ForcedErrorService:
     """Uses the Coordinator's `engine`, `settings`, `settlement`, `referee`, `_change`,
-    `_event`, `now_s`; ProofService's `job_spec`, `work_records`, `proof_epochs`,
+    `now_s`; ProofService's `job_spec`, `work_records`, `proof_epochs`,
     `proof_dir`; AuditService's `_pending` and `_challenge_lock`."""
 
     def _forced_init(self) -> None:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             for row in session.scalars(select(PlantRow).where(PlantRow.state == FETCHING)):
                 self._pending[row.agent_id][FETCH_BASE + row.plant] = _fetch_view(row)
 
@@ -79,7 +78,7 @@ class ForcedErrorService:
         """Plan, fetch plants for, publish and (after a job's end) reveal each job's epochs."""
         if not self.forced_errors_on:
             return
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             rooted = set(session.scalars(select(ProofEpochRow.job_id).distinct()))
             revealed = set(session.scalars(select(ForcedPlanRow.job_id).where(
                 ForcedPlanRow.revealed_at_s.is_not(None))))
@@ -93,8 +92,8 @@ class ForcedErrorService:
     def _advance(self, job_id: str) -> bool:
         """One step of the job's plan; True when its audits are over (time to reveal)."""
         fetches, dropped = [], []
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             job = session.get(JobRow, job_id)
             plan = self._plan(session, job_id, now)
             served = {r.epoch: r for r in session.scalars(
@@ -126,8 +125,8 @@ class ForcedErrorService:
                                  commitment=forced.commitment(), rate=forced.rate,
                                  committed_at_s=now)
             session.add(plan)
-            self._event(session, now, COORDINATOR, "forced_errors_committed", job_id,
-                        commitment=plan.commitment, rate=plan.rate)
+            record_event(session, now, COORDINATOR, "forced_errors_committed", job_id,
+                         commitment=plan.commitment, rate=plan.rate)
         return plan
 
     def _schedule(self, session: Session, job: JobRow, plan: ForcedPlanRow, epoch: int,
@@ -164,8 +163,8 @@ class ForcedErrorService:
         row.root, row.published_at_s = "0x" + tree.root.hex(), now
         # On record: the operator is held to the tree it served (and the reveal shows which
         # of its leaves were plants).
-        self._event(session, now, COORDINATOR, "proof_epoch_served", row.job_id,
-                    epoch=row.epoch, root=row.root)
+        record_event(session, now, COORDINATOR, "proof_epoch_served", row.job_id,
+                     epoch=row.epoch, root=row.root)
         return [_fetch_view(plant) for plant in late]
 
     # ------------------------------------------------------------ what verifiers see
@@ -179,8 +178,8 @@ class ForcedErrorService:
     def served_epochs(self, job_id: str) -> list[ProofEpochView]:
         """The rooted epochs verifiers may audit, with the roots of the trees they are served."""
         views = self.proof_epochs(job_id)
-        keep_s, now = self.job_spec(job_id).proof.keep_s, self.now_s()
-        with Session(self.engine) as session:
+        keep_s, now = self.job_spec(job_id).proof.keep_s, self.desk.now_s()
+        with self.store.read() as session:
             served = windows.served_at(session, job_id, self.forced_errors_on)
             roots = dict(session.execute(select(ServedEpochRow.epoch, ServedEpochRow.root).where(
                 ServedEpochRow.job_id == job_id, ServedEpochRow.published_at_s.is_not(None))).all()) \
@@ -199,7 +198,7 @@ class ForcedErrorService:
     def served_records(self, job_id: str, epoch: int) -> list[WorkRecord]:
         if not self.forced_errors_on:
             return self.work_records(job_id, epoch)
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             self._check_served(session, job_id, epoch)
             return self._served(session, job_id, epoch)
 
@@ -223,7 +222,7 @@ class ForcedErrorService:
             PlantRow.state == READY))
 
     def is_plant(self, job_id: str, worker: str, step: int) -> bool:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             return self.plant_of(session, job_id, worker, step) is not None
 
     def plant_path(self, job_id: str, worker: str, step: int) -> Path:
@@ -245,8 +244,8 @@ class ForcedErrorService:
         return row
 
     def answer_plant(self, provider: str, challenge: int, data: bytes) -> ChallengeView:
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = self.plant_fetch(session, provider, challenge)
             if row.state != FETCHING:
                 raise Conflict(f"challenge {challenge} was answered already; an answer is final")
@@ -275,8 +274,8 @@ class ForcedErrorService:
         slash) each verifier that signed `valid` on one. Only once the job has ended: the
         secret decides its later epochs' plants too."""
         misses: list[tuple[int, str, str, int, str | None]] = []
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             job, plan = session.get(JobRow, job_id), session.get(ForcedPlanRow, job_id)
             if job is None or plan is None or plan.revealed_at_s is not None:
                 return
@@ -308,10 +307,10 @@ class ForcedErrorService:
                     if row.ruling == Ruling.plant_missed and verdict.verifier.lower() not in named:
                         named.add(verdict.verifier.lower())
                         misses.append((row.seq, verdict.verifier, worker, step, catcher))
-            self._event(session, now, COORDINATOR, "forced_errors_revealed", job_id,
-                        secret=plan.secret, commitment=plan.commitment, rate=plan.rate,
-                        plants=[[p.epoch, p.worker, p.step, p.state] for p in plants],
-                        missed=[[m[1], m[2], m[3]] for m in misses])
+            record_event(session, now, COORDINATOR, "forced_errors_revealed", job_id,
+                         secret=plan.secret, commitment=plan.commitment, rate=plan.rate,
+                         plants=[[p.epoch, p.worker, p.step, p.state] for p in plants],
+                         missed=[[m[1], m[2], m[3]] for m in misses])
         for seq, verifier, worker, step, catcher in misses:
             self._penalise_miss(job_id, seq, verifier, worker, step, catcher)
 
@@ -320,9 +319,9 @@ class ForcedErrorService:
         # The stake goes in part to a verifier that caught the same plant, else the operator.
         to = catcher or (self.settlement.operator.address if self.settlement else None)
         note = self.referee.penalties.penalise_missed_plant(verifier, to) if to else {}
-        with self._change() as session:
-            self._event(session, self.now_s(), COORDINATOR, "forced_error_missed", job_id,
-                        verdict=seq, verifier=verifier, worker=worker, step=step, **note)
+        with self.desk.change() as session:
+            record_event(session, self.desk.now_s(), COORDINATOR, "forced_error_missed", job_id,
+                         verdict=seq, verifier=verifier, worker=worker, step=step, **note)
         log.warning("job %s: verifier %s signed valid on a planted record (%s step %d)",
                     job_id, verifier, worker, step)
 

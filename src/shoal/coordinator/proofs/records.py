@@ -36,6 +36,7 @@ from shoal.elastic.job_host import read_reached
 from shoal.coordinator.db.schema import (
     EventRow, JobRow, LeaseRow, OfferRow, ProofEpochRow, WorkRecordRow,
 )
+from shoal.coordinator.db.store import record_event
 from shoal.ledger import LedgerError
 from shoal.proof.dues import Dues, record_dues
 from shoal.proof.epochs import epoch_of, final_lineage, is_complete, steps_of
@@ -60,7 +61,7 @@ RECORDS_GRACE_BEATS = 5  # how long a finished job waits for its last records, i
 
 
 class ProofService:
-    """Uses the Coordinator's `engine`, `settings`, `settlement`, `hosts`, `_change`, `_event`,
+    """Uses the Coordinator's `engine`, `settings`, `settlement`, `hosts`, `_change`,
     `now_s`; ForcedErrorService's `forced_errors_on` and `_plan` (the secret that seals
     anchors while forced errors are served)."""
 
@@ -77,7 +78,7 @@ class ProofService:
         return self.settings.data_dir / "proof" / job_id
 
     def job_file(self, job_id: str) -> str:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             row = session.get(JobRow, job_id)
             if row is None:
                 raise NotFound(f"no job '{job_id}'")
@@ -91,8 +92,8 @@ class ProofService:
 
     # ------------------------------------------------------------ records (agents)
     def upload_records(self, provider: str, job_id: str, upload: RecordUpload) -> UploadReceipt:
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             job = self._proof_job(session, job_id)
             spec = self.job_spec(job_id, job.job_file)
             lease = session.get(LeaseRow, upload.lease)
@@ -128,8 +129,8 @@ class ProofService:
                 stored += 1
             if stored:
                 steps = [r.step for r in upload.records]
-                self._event(session, now, provider, "work_records_stored", job_id,
-                            lease=lease.lease, records=stored, steps=[min(steps), max(steps)])
+                record_event(session, now, provider, "work_records_stored", job_id,
+                             lease=lease.lease, records=stored, steps=[min(steps), max(steps)])
             return UploadReceipt(stored=stored, known=known)
 
     def _proof_job(self, session: Session, job_id: str) -> JobRow:
@@ -142,7 +143,7 @@ class ProofService:
 
     def work_records(self, job_id: str, epoch: int | None = None) -> list[WorkRecord]:
         spec = self.job_spec(job_id)
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             query = select(WorkRecordRow.body).where(WorkRecordRow.job_id == job_id)
             if epoch is not None:
                 steps = steps_of(epoch, spec.proof.epoch_steps, spec.steps)
@@ -189,7 +190,7 @@ class ProofService:
             return None
         stored = session.scalars(select(EventRow.detail).where(
             EventRow.job_id == job_id, EventRow.kind == "work_records_stored",
-            EventRow.at_s >= self.now_s() - 2 * self.settings.agent_timeout_s)).all()
+            EventRow.at_s >= self.desk.now_s() - 2 * self.settings.agent_timeout_s)).all()
         recent = {detail.get("lease") for detail in stored} & newest.keys()
         steps = sorted((newest[lease] for lease in recent or newest), reverse=True)
         return steps[1] if len(steps) > 1 else steps[0]
@@ -198,7 +199,7 @@ class ProofService:
     def root_epochs(self, job_id: str | None = None) -> list[ProofEpochView]:
         """Root (and anchor) every epoch that is complete, or that the job has left behind."""
         rooted: list[ProofEpochView] = []
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             query = select(JobRow.job_id).where(JobRow.status.in_(
                 [JobStatus.running.value, JobStatus.paused.value, JobStatus.waiting.value]))
             jobs = [job_id] if job_id else session.scalars(query).all()
@@ -208,7 +209,7 @@ class ProofService:
                     continue
             except (SpecError, tomllib.TOMLDecodeError, NotFound):
                 continue
-            with self._change() as session:
+            with self.desk.change() as session:
                 rooted += self._root_job_epochs(session, session.get(JobRow, job), final=False)
         return rooted
 
@@ -240,7 +241,7 @@ class ProofService:
             # filing steps ahead under an old epoch that seated only them would otherwise
             # complete it before their peers of the next epoch could file.
             ran = final or host is None or host >= steps.stop - 1
-            now = self.now_s()
+            now = self.desk.now_s()
             left_behind = behind >= 0 and epoch_of(behind, per_epoch) >= epoch + ROOT_AFTER_EPOCHS and \
                 self._waited_for_records(job.job_id, epoch, now)
             if not (complete and ran or left_behind or final) or not records:
@@ -251,9 +252,9 @@ class ProofService:
                                 records=len(ordered), complete=complete, rooted_at_s=now)
             session.add(row)
             self._anchor(session, job, row)
-            self._event(session, now, COORDINATOR, "proof_epoch_rooted", job.job_id, epoch=epoch,
-                        root=row.root, records=row.records, complete=complete,
-                        chain_epoch=row.chain_epoch)
+            record_event(session, now, COORDINATOR, "proof_epoch_rooted", job.job_id, epoch=epoch,
+                         root=row.root, records=row.records, complete=complete,
+                         chain_epoch=row.chain_epoch)
             if not complete:
                 log.warning("job %s: proof epoch %d rooted with steps missing records (a lost "
                             "worker's unsent records): verifiers judge those shares from what "
@@ -280,7 +281,7 @@ class ProofService:
         except LedgerError as error:  # the epoch stays rooted here; the chain is told nothing
             log.error("job %s: anchoring proof epoch %d failed: %s", job.job_id, row.epoch, error)
             return
-        row.chain_epoch, row.anchored_at_s = chain_epoch, self.now_s()
+        row.chain_epoch, row.anchored_at_s = chain_epoch, self.desk.now_s()
         row.anchor_tx, row.anchored_root = outcome.tx_hash, value
 
     def _anchored_value(self, session: Session, job_id: str, row: ProofEpochRow) -> str:
@@ -289,12 +290,12 @@ class ProofService:
         `shoal.proof.forced.sealed_root`)."""
         if not self.forced_errors_on:
             return row.root
-        plan = self._plan(session, job_id, self.now_s())  # the secret is committed first
+        plan = self._plan(session, job_id, self.desk.now_s())  # the secret is committed first
         salt = ForcedErrors(bytes.fromhex(plan.secret), plan.rate).anchor_salt(job_id, row.epoch)
         return "0x" + sealed_root(bytes.fromhex(row.root[2:]), salt).hex()
 
     def proof_epochs(self, job_id: str) -> list[ProofEpochView]:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFound(f"no job '{job_id}'")
             rows = session.scalars(select(ProofEpochRow).where(ProofEpochRow.job_id == job_id)
@@ -313,11 +314,11 @@ class ProofService:
             return False
         if not spec.proof.enabled:
             return False
-        now = self.now_s()
+        now = self.desk.now_s()
         first = self._final_seen.setdefault(job_id, now)
         if now - first > RECORDS_GRACE_BEATS * self.settings.heartbeat_s + 1.0:
             return False
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             last = [WorkRecord.model_validate(body) for body in session.scalars(
                 select(WorkRecordRow.body).where(WorkRecordRow.job_id == job_id,
                                                  WorkRecordRow.step == spec.steps - 1))]
@@ -326,7 +327,7 @@ class ProofService:
     def drop_provider(self, job_id: str, provider: str, reason: str) -> None:
         """A provider caught cheating: its offers that hold this job's leases are withdrawn,
         so its workers stop and the next round leases replacements."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             offers = set(session.scalars(select(LeaseRow.offer_id).where(
                 LeaseRow.job_id == job_id, LeaseRow.provider == provider)))
         for offer_id in sorted(offers):

@@ -24,6 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.proofs.penalties import Penalties
+from shoal.coordinator.proofs.court import Court
 from shoal.coordinator.db.schema import (
     AgentRow, ChallengeRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
@@ -36,7 +37,6 @@ from shoal.spec.worker import WorkerId
 from shoal.verify.audit.unrecorded_round import record_less_rounds
 
 if TYPE_CHECKING:
-    from shoal.coordinator.services.coordinator import Coordinator
     from shoal.verify.audit.record import Auditor
     from shoal.verify.replay import Replayer
 
@@ -47,7 +47,7 @@ ROUND_AUDITORS_KEPT = 4
 
 
 class Referee:
-    def __init__(self, coordinator: Coordinator, account: LocalAccount | None,
+    def __init__(self, coordinator: Court, account: LocalAccount | None,
                  replayer: Callable[[JobSpec], Replayer] | None,
                  withheld_grace_s: float = 30.0) -> None:
         """`account`: the contract's referee key (None: rulings are recorded, not enforced);
@@ -100,7 +100,7 @@ class Referee:
 
     def _rule(self, job_id: str, seq: int) -> Ruled:
         co = self.coordinator
-        with Session(co.engine) as session:
+        with co.store.read() as session:
             row = session.get(VerdictRow, seq)
             if row is None or row.ruling is not None:
                 return Ruled(Ruling(row.ruling) if row else Ruling.undecided)
@@ -148,7 +148,7 @@ class Referee:
         filed; a challenge answered after that gives Ruling.answered_late (the caller replays)."""
         steps = steps or range(verdict.step, verdict.step + 1)
         co = self.coordinator
-        with Session(co.engine) as session:
+        with co.store.read() as session:
             asked = own_file_challenges(session, job_id, verdict.worker, steps)
             agent = session.get(AgentRow, agent_id)
         unanswered = [c for c in asked if c.answered_at_s is None]
@@ -204,7 +204,7 @@ class Referee:
         if found.kind is VerdictKind.withheld:
             # No reveal here is the worker's fault only if it was asked and did not answer:
             # else an accuser could name a record nobody challenged and have it "withheld".
-            with Session(co.engine) as session:
+            with co.store.read() as session:
                 row = session.get(WorkRecordRow, (job_id, record.worker, record.step))
             ruling, why = self.withheld(job_id, found, row.agent_id if row else "",
                                         _vouched(record))
@@ -226,7 +226,7 @@ class Referee:
 
         co = self.coordinator
         named = WorkerId.leased(verdict.worker)
-        with Session(co.engine) as session:
+        with co.store.read() as session:
             lease = session.get(LeaseRow, named.lease) if named is not None else None
             if lease is not None and lease.job_id != job_id:
                 lease = None

@@ -24,10 +24,10 @@ from __future__ import annotations
 import logging
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict
 from shoal.coordinator.db.schema import DisputeRow, JobRow
+from shoal.coordinator.db.store import record_event
 from shoal.ledger import LedgerError
 from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.ledger import Dispute, DisputeState
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 class UnfiledDisputes:
     """Uses the Coordinator's `engine`, `settlement`, `referee`, `settings`, `now_s`,
-    `_change` and `_event`."""
+    `_change`."""
 
     def _unfiled_init(self) -> None:
         self._next_dispute = 1  # the first dispute id not read yet
@@ -94,7 +94,7 @@ class UnfiledDisputes:
 
     def _watch(self, disputes: range) -> None:
         """Watch those of `disputes` that are open on one of our jobs."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             ours = {chain_job: job_id for chain_job, job_id in session.execute(
                 select(JobRow.chain_job, JobRow.job_id).where(JobRow.chain_job.is_not(None)))}
         for dispute in disputes:
@@ -104,7 +104,7 @@ class UnfiledDisputes:
 
     def _dismiss(self, job_id: str, opened: Dispute) -> bool:
         """Reject `opened` unheard unless it was filed; True once nothing is left to do."""
-        with self._change() as session:  # under the lock `file_dispute` inserts under
+        with self.desk.change() as session:  # under the lock `file_dispute` inserts under
             if session.get(DisputeRow, opened.dispute) is not None:
                 return True  # brought in time: the referee rules it
             self._dismissed.add(opened.dispute)
@@ -121,11 +121,11 @@ class UnfiledDisputes:
             return False  # an older dispute on the lease goes first; or the node is down
         why = (f"nobody brought it to the referee within {self.settings.unfiled_dispute_grace_s:g}"
                " s of its opening")
-        with self._change() as session:
-            self._event(session, self.now_s(), COORDINATOR, "dispute_dismissed", job_id,
-                        dispute=opened.dispute, provider=opened.provider,
-                        challenger=opened.challenger, bond_wei=str(opened.bond_wei),
-                        opened_at=opened.opened_at, why=why, **note)
+        with self.desk.change() as session:
+            record_event(session, self.desk.now_s(), COORDINATOR, "dispute_dismissed", job_id,
+                         dispute=opened.dispute, provider=opened.provider,
+                         challenger=opened.challenger, bond_wei=str(opened.bond_wei),
+                         opened_at=opened.opened_at, why=why, **note)
         log.warning("job %s: dispute %d on %s rejected unheard: %s", job_id, opened.dispute,
                     opened.provider, why)
         return True

@@ -1,4 +1,4 @@
-"""Leases held to the job's membership, mixed into `Coordinator`: a lease is
+"""Leases held to the job's membership, a service the coordinator holds: a lease is
 paid for a worker in the job, not for an agent that says it runs one.
 
 An agent's heartbeat says which leases it runs, but only the job's host
@@ -25,6 +25,7 @@ coordinator, which reaps the agent, reports their exits in its place.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -33,6 +34,11 @@ from sqlalchemy.orm import Session
 from shoal.errors import ControlError
 from shoal.elastic.netaddr import parse_endpoint
 from shoal.coordinator.db.schema import EventRow, JobRow, LeaseRow, OfferRow
+from shoal.coordinator.db.store import Store, record_event
+from shoal.coordinator.services.job_hosts import JobHosts
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.services.progress import JobProgress
+from shoal.coordinator.settings import CoordinatorSettings
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.progress import MembershipChange
 from shoal.spec.worker import WorkerId
@@ -51,20 +57,27 @@ class _JoinsRead:
 
 
 class LeaseAttendance:
-    """Uses the Coordinator's `engine`, `settings`, `hosts`, `membership`, `now_s`,
-    `_change`, `_event`, `bar_provider` and `withdraw_offer`; the job host's store (on
-    this machine, inside its gate) before a job's first epoch."""
+    """Each running lease held to its job's membership, as the job's host publishes it
+    (before a job's first epoch: its store, on this machine, inside its gate)."""
 
-    def _attendance_init(self) -> None:
+    def __init__(self, store: Store, desk: MarketDesk, settings: CoordinatorSettings,
+                 hosts: JobHosts, progress: JobProgress,
+                 bar_provider: Callable[[str, str, str], None],
+                 withdraw_offer: Callable[..., object]) -> None:
+        """`bar_provider(job, provider, reason)` and `withdraw_offer(actor, offer, reason=)`:
+        the market's, to end a squatter's lease and keep it from winning the job back."""
+        self.store, self.desk, self.settings, self.hosts = store, desk, settings, hosts
+        self.progress = progress
+        self.bar_provider, self.withdraw_offer = bar_provider, withdraw_offer
         self._joins_read: dict[str, _JoinsRead] = {}  # per job not formed yet
 
     def hold_leases_to_membership(self, job_id: str) -> list[int]:
         """End the running leases of a running job whose workers stayed out of it past the
         grace (before its first epoch: never asked its host to join); returns their
         numbers."""
-        changes = self.membership(job_id)
-        now, grace = self.now_s(), self.settings.member_grace_s
-        with Session(self.engine) as session:
+        changes = self.progress.membership(job_id)
+        now, grace = self.desk.now_s(), self.settings.member_grace_s
+        with self.store.read() as session:
             job = session.get(JobRow, job_id)
             if job is None or job.status != JobStatus.running.value:
                 return []
@@ -121,11 +134,11 @@ class LeaseAttendance:
         if not agents:
             return {}
         found: list[tuple[str, str, list[str]]] = []  # (job, its host's endpoint, workers)
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             jobs = session.scalars(select(JobRow).where(JobRow.status.in_(LIVE),
                                                         JobRow.rendezvous.is_not(None))).all()
             for job in jobs:
-                changes = self.membership(job.job_id)
+                changes = self.progress.membership(job.job_id)
                 gone = [w for w in (changes[-1].members if changes else ())
                         if _agent_of(session, job.job_id, w) in agents]
                 endpoint = self.hosts.store_endpoint(job.job_id, job.rendezvous)
@@ -141,15 +154,15 @@ class LeaseAttendance:
                 continue
             log.warning("job %s: %s lost with their agent; exits reported to the job's host",
                         job_id, ", ".join(workers))
-            with self._change() as session:
-                self._event(session, self.now_s(), COORDINATOR, "workers_lost", job_id,
-                            workers=workers)
+            with self.desk.change() as session:
+                record_event(session, self.desk.now_s(), COORDINATOR, "workers_lost", job_id,
+                             workers=workers)
             reported[job_id] = workers
         return reported
 
     def attended_leases(self, job_id: str) -> set[int]:
         """Leases whose worker was a member of at least one of the job's epochs."""
-        return {w.lease for change in self.membership(job_id)
+        return {w.lease for change in self.progress.membership(job_id)
                 for w in map(WorkerId.leased, change.members) if w is not None}
 
 

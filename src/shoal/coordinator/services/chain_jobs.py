@@ -15,7 +15,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden
+from shoal.coordinator.services import journal
 from shoal.coordinator.db.schema import ChainLeaseRow, EventRow, JobRow, LeaseRow
+from shoal.coordinator.db.store import record_event
 from shoal.ledger import LedgerError
 from shoal.market import charge_wei
 from shoal.proof.dues import Dues
@@ -30,9 +32,9 @@ KEEP_ACTIVE_PER_SILENCE = 4  # a live job's chain job is touched this often per 
 
 
 class ChainSettlement:
-    """Uses the Coordinator's `settlement`, `settings`, `market`, `engine`, `now_s`, `_change`,
-    `_command`, `_event` and `end_job`; LeaseAttendance's
-    `attended_leases` (a lease whose worker never joined the job books nothing); ProofService's
+    """Uses the Coordinator's `settlement`, `settings`, `store`, `desk` and `end_job`;
+    `attendance.attended_leases` (a lease whose worker never joined the job books
+    nothing); ProofService's
     `record_dues` (a lease is paid the share of its owed work records it filed)."""
 
     def _check_chain_escrow(self, submitter: str, submission: JobSubmission) -> None:
@@ -61,7 +63,7 @@ class ChainSettlement:
         """Terms to sign for leases whose (job, provider) has no chain lease yet."""
         if self.settlement is None or not leases:
             return {}
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             jobs = {row.job_id: row for row in session.scalars(
                 select(JobRow).where(JobRow.job_id.in_({lease.job for lease in leases}),
                                      JobRow.chain_job.is_not(None)))}
@@ -80,7 +82,7 @@ class ChainSettlement:
         """Open the provider's chain lease for the job this device lease belongs to."""
         if self.settlement is None:
             raise Conflict("this coordinator does not settle on a chain")
-        with self._change() as session:
+        with self.desk.change() as session:
             lease = session.get(LeaseRow, lease_number)
             if lease is None or lease.provider != provider or acceptance.provider != provider:
                 raise Forbidden(f"lease {lease_number} is not yours to accept")
@@ -95,17 +97,17 @@ class ChainSettlement:
             session.add(ChainLeaseRow(job_id=job.job_id, provider=provider,
                                       price_wei_per_s=terms.price_wei_per_s, term_s=terms.term_s,
                                       accepted_at=accepted_at))
-            now = self.now_s()
+            now = self.desk.now_s()
             # The chain lease books at most its term at its price, whatever top-ups come
             # later: past that the provider's leases of the job stop (the market's
             # allowance), rather than run on for pay the chain cannot book.
             bookable = terms.price_wei_per_s * terms.term_s
-            self._command(session, "allow_provider", {"job": job.job_id, "provider": provider,
-                                                      "wei": str(bookable)}, now)
-            self._event(session, now, provider, "chain_lease_accepted", job.job_id,
-                        chain_job=job.chain_job, price_wei_per_s=str(terms.price_wei_per_s),
-                        term_s=terms.term_s, accepted_at=accepted_at,
-                        bookable_wei=str(bookable))
+            self.desk.command(session, journal.AllowProvider(job=job.job_id, provider=provider,
+                                                         wei=bookable), now)
+            record_event(session, now, provider, "chain_lease_accepted", job.job_id,
+                         chain_job=job.chain_job, price_wei_per_s=str(terms.price_wei_per_s),
+                         term_s=terms.term_s, accepted_at=accepted_at,
+                         bookable_wei=str(bookable))
 
     def tend_chain_jobs(self) -> None:
         """Once a round: settle again the ended jobs whose settlement failed, and keep the
@@ -119,8 +121,8 @@ class ChainSettlement:
     def _retry_settlements(self) -> None:
         """Until the chain shows it settled, a job's work is unbooked there and a `reclaim`
         would refund it all: a failed settlement is tried again, backing off, each try logged."""
-        now = self.now_s()
-        with Session(self.engine) as session:
+        now = self.desk.now_s()
+        with self.store.read() as session:
             tries: dict[str, list[float]] = {}
             for job_id, at_s in session.execute(select(EventRow.job_id, EventRow.at_s).where(
                     EventRow.kind == "settlement_failed")):
@@ -133,9 +135,9 @@ class ChainSettlement:
             if job_id in done or now - max(failed_at) < wait_s:
                 continue
             log.warning("job %s: retrying its settlement (failed %d times)", job_id, len(failed_at))
-            with self._change() as session:
+            with self.desk.change() as session:
                 job = session.get(JobRow, job_id)
-                self._settle(session, job, self.market.meter(job_id), now)
+                self._settle(session, job, self.desk.market.meter(job_id), now)
 
     def _keep_chain_jobs_active(self) -> None:
         """Work is booked only at a job's end, so while a job is live its chain job must not
@@ -162,9 +164,9 @@ class ChainSettlement:
         providers' stake freed. Else a submitter could pause a job for good and lock its
         providers' stake for as long as this coordinator runs."""
         limit_s = self.settings.idle_chain_job_s or self.settlement.config.silence_timeout_s
-        now = self.now_s()
+        now = self.desk.now_s()
         live = [job_id for job_id, _ in self._live_chain_jobs()]
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             accepted = set(session.scalars(select(ChainLeaseRow.job_id).where(
                 ChainLeaseRow.job_id.in_(live))))
         for job_id in live:
@@ -178,7 +180,7 @@ class ChainSettlement:
     def _live_chain_jobs(self) -> list[tuple[str, int]]:
         """(job, chain job) of every job not ended that settles on chain; waiting ones too:
         a resumed job waits for devices with its earlier work unbooked."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             return [tuple(row) for row in session.execute(
                 select(JobRow.job_id, JobRow.chain_job).where(
                     JobRow.chain_job.is_not(None),
@@ -187,7 +189,7 @@ class ChainSettlement:
     def _idle_s(self, job_id: str, now: float) -> float:
         """How long the job has held no device (0 while it holds one; since its last lease
         ended; inf if it never held one)."""
-        leases = self.market.meter(job_id).leases
+        leases = self.desk.market.meter(job_id).leases
         if any(lease.ends_at_s is None or lease.ends_at_s > now for lease in leases):
             return 0.0
         return now - max((lease.ends_at_s for lease in leases), default=-float("inf"))
@@ -198,7 +200,7 @@ class ChainSettlement:
         chain_leases = {row.provider: row for row in session.scalars(
             select(ChainLeaseRow).where(ChainLeaseRow.job_id == job.job_id))}
         metered: dict[str, int] = {}
-        attended = self.attended_leases(job.job_id)
+        attended = self.attendance.attended_leases(job.job_id)
         unpaid = sorted(lease.lease for lease in meter.leases if lease.lease not in attended)
         # A contribution without its record cannot be audited: each lease is paid the share
         # of the records its workers owed that they filed (shoal.proof.dues).
@@ -216,18 +218,18 @@ class ChainSettlement:
             escrow = self.settlement.escrow(job.chain_job)
             if escrow.settled_at:  # reclaimed, or settled by a try whose receipt was lost
                 log.error("job %s: chain job %s was already settled", job.job_id, job.chain_job)
-                self._event(session, now, COORDINATOR, "chain_job_closed", job.job_id,
-                            chain_job=job.chain_job, owed_wei=str(escrow.owed_wei),
-                            metered_wei={p: str(w) for p, w in metered.items()})
+                record_event(session, now, COORDINATOR, "chain_job_closed", job.job_id,
+                             chain_job=job.chain_job, owed_wei=str(escrow.owed_wei),
+                             metered_wei={p: str(w) for p, w in metered.items()})
                 return
             booking = self.settlement.settle(job.chain_job, seconds)
         except (LedgerError, Conflict) as error:
             log.error("job %s: settling chain job %s failed: %s", job.job_id, job.chain_job, error)
-            self._event(session, now, COORDINATOR, "settlement_failed", job.job_id,
-                        chain_job=job.chain_job, reason=str(error))
+            record_event(session, now, COORDINATOR, "settlement_failed", job.job_id,
+                         chain_job=job.chain_job, reason=str(error))
             return
-        self._event(session, now, COORDINATOR, "job_settled", job.job_id, chain_job=job.chain_job,
-                    root=booking.root, seconds=booking.seconds,
-                    wei={p: str(w) for p, w in booking.wei.items()},
-                    metered_wei={p: str(w) for p, w in metered.items()}, unpaid_leases=unpaid,
-                    records_withheld=withheld)
+        record_event(session, now, COORDINATOR, "job_settled", job.job_id, chain_job=job.chain_job,
+                     root=booking.root, seconds=booking.seconds,
+                     wei={p: str(w) for p, w in booking.wei.items()},
+                     metered_wei={p: str(w) for p, w in metered.items()}, unpaid_leases=unpaid,
+                     records_withheld=withheld)

@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 from shoal.coordinator.services.checkpoint_checks import check_cursor, check_optimizer
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.db.schema import JobRow, LeaseRow, OfferRow
+from shoal.coordinator.db.store import record_event
 from shoal.proof.epochs import epoch_of, final_lineage
 from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.errors import SpecError
@@ -66,7 +67,7 @@ class NotYetVerifiable(Conflict):
 
 class CheckpointCarry:
     """Uses the Coordinator's `engine`, `settings`, `referee`, `job_spec`, `work_records`,
-    `_published`, `_change`, `_event`, `now_s`."""
+    `_published`, `_change`, `now_s`."""
 
     def _carry_init(self) -> None:
         # One upload checked and written at a time (they share the job's model to hash
@@ -79,7 +80,7 @@ class CheckpointCarry:
 
     def carried(self, job_id: str) -> CheckpointView | None:
         """The newest carried checkpoint of a job, or None."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFound(f"no job '{job_id}'")
         return self._held(job_id)
@@ -95,7 +96,7 @@ class CheckpointCarry:
         writer, at the step's data cursor, and (with work records) verified."""
         if not data:
             raise Conflict("a checkpoint is the file the worker wrote; the body is empty")
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             job = session.get(JobRow, job_id)
             if job is None:
                 raise NotFound(f"no job '{job_id}'")
@@ -114,10 +115,10 @@ class CheckpointCarry:
             self._check_writer(job_id, step, lease_number, records)
             verified = self._verify(job_id, spec, step, state, records)
             view = self._write(job_id, spec, step, data, lease_number, provider, verified)
-        with self._change() as session:
-            self._event(session, view.at_s, provider, "checkpoint_carried", job_id,
-                        step=step, lease=lease_number, bytes=view.bytes, sha256=view.sha256,
-                        verified=verified)
+        with self.desk.change() as session:
+            record_event(session, view.at_s, provider, "checkpoint_carried", job_id,
+                         step=step, lease=lease_number, bytes=view.bytes, sha256=view.sha256,
+                         verified=verified)
         log.info("job %s: checkpoint of step %d carried from lease %d (%d bytes%s)", job_id,
                  step, lease_number, view.bytes, ", verified" if verified else "")
         return view
@@ -125,7 +126,7 @@ class CheckpointCarry:
     def checkpoint_file(self, reader: str, job_id: str) -> tuple[CheckpointView, Path]:
         """The newest carried checkpoint, for a provider with a live lease on the job or
         for the job's submitter: a job's model is theirs, not the public's."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             job = session.get(JobRow, job_id)
             if job is None:
                 raise NotFound(f"no job '{job_id}'")
@@ -141,7 +142,7 @@ class CheckpointCarry:
                       number: int | None, grace_s: float) -> LeaseRow:
         """A lease of `provider` on the job that has not ended, or ended less than `grace_s`
         ago (`number`: that lease)."""
-        now = self.now_s()
+        now = self.desk.now_s()
         query = select(LeaseRow).where(LeaseRow.job_id == job_id,
                                        LeaseRow.provider == provider)
         if number is not None:
@@ -180,7 +181,7 @@ class CheckpointCarry:
         members = self._published.all_members(job_id)
         epochs = {r.membership_epoch for r in records} if records else set(members)
         writers = {members[e][0] for e in epochs if members.get(e)}
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             sender = session.get(LeaseRow, number)
             agent = _agent_of(session, sender)
             for worker in writers:
@@ -235,7 +236,7 @@ class CheckpointCarry:
         write_whole(folder / f"{name}.pt", data)
         manifest = {"format": 1, "step": step, "payload": f"{name}.pt", "bytes": len(data),
                     "sha256": hashlib.sha256(data).hexdigest(),
-                    "identity": spec.resume_identity(), "written_at": self.now_s(),
+                    "identity": spec.resume_identity(), "written_at": self.desk.now_s(),
                     "lease": lease, "provider": provider, "verified": verified}
         write_whole(folder / f"{name}.json", json.dumps(manifest, indent=1).encode())
         prune_checkpoints(folder, KEEP)

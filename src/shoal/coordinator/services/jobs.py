@@ -13,8 +13,10 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.coordinator.services import journal
 from shoal.coordinator.services.views import job_view
 from shoal.coordinator.db.schema import JobRow
+from shoal.coordinator.db.store import record_event
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus, JobSubmission, JobView, Role
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
@@ -28,7 +30,7 @@ WINDOW_BEATS = 5
 
 class JobLifecycle:
     """Uses the Coordinator's `market`, `settlement`, `hosts`, `role_of`, `_change`,
-    `_command`, `_event`, `_store_leases`, `now_s`; ChainSettlement's
+    `_command`, `_store_leases`, `now_s`; ChainSettlement's
     `_check_chain_escrow`, `_refuse_used_chain_job` and `_settle`; ProofService's `close_proofs`."""
 
     def submit_job(self, submitter: str, submission: JobSubmission) -> JobView:
@@ -39,7 +41,7 @@ class JobLifecycle:
                             "window (how long after an epoch is served verifiers may ask for its "
                             f"files); at least {shortest:g} s ({WINDOW_BEATS} beats) is needed for "
                             "anyone to ask and an agent to answer: raise it")
-        self.check_priority(submitter, submission.priority)
+        self.participants.check_priority(submitter, submission.priority)
         self._check_chain_escrow(submitter, submission)
         job_id = f"{submission.name}-{secrets.token_hex(4)}"
         # On a chain, one device per provider: the contract holds one lease per job and
@@ -47,60 +49,61 @@ class JobLifecycle:
         # second device in the job would work unpaid.
         bid = Bid(job=job_id, max_devices_per_provider=1 if submission.chain_job else None,
                   **submission.model_dump(exclude={"name", "job_file", "chain_job"}))
-        with self._change() as session:
+        with self.desk.change() as session:
             self._refuse_used_chain_job(session, submission.chain_job)  # under the lock: once
-            now = self.now_s()
-            self._command(session, "submit", {"bid": bid.model_dump(mode="json")}, now)
+            now = self.desk.now_s()
+            self.desk.command(session, journal.Submit(bid=bid), now)
             row = JobRow(job_id=job_id, name=submission.name, submitter=submitter,
                          job_file=submission.job_file, bid=bid.model_dump(mode="json"),
                          status=JobStatus.waiting.value, created_at_s=now,
                          chain_job=submission.chain_job)
             session.add(row)
-            self._event(session, now, submitter, "job_submitted", job_id,
-                        workers=bid.workers, budget_wei=str(bid.budget_wei),
-                        max_price_wei_per_s=str(bid.max_price_wei_per_s))
-            return job_view(row, self.market.meter(job_id), now)
+            record_event(session, now, submitter, "job_submitted", job_id,
+                         workers=bid.workers, budget_wei=str(bid.budget_wei),
+                         max_price_wei_per_s=str(bid.max_price_wei_per_s))
+            return job_view(row, self.desk.market.meter(job_id), now)
 
     def top_up(self, submitter: str, job_id: str, amount_wei: int) -> JobView:
         """Add escrow; a job paused for want of it resumes at the next round."""
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = self._own_job(session, submitter, job_id)
             if self.settlement is not None and row.chain_job is not None:
-                budget = self.market.meter(job_id).budget_wei + amount_wei
+                budget = self.desk.market.meter(job_id).budget_wei + amount_wei
                 self.settlement.check_escrow(row.chain_job, submitter, budget,
                                              int(row.bid["max_price_wei_per_s"]))
-            self._command(session, "top_up", {"job": job_id, "amount_wei": str(amount_wei)}, now)
+            self.desk.command(session, journal.TopUp(job=job_id, amount_wei=amount_wei), now)
             if row.status == JobStatus.paused.value:
-                self._command(session, "resume", {"job": job_id}, now)
+                self.desk.command(session, journal.Resume(job=job_id), now)
                 row.status = JobStatus.waiting.value
-            self._event(session, now, submitter, "job_topped_up", job_id,
-                        amount_wei=str(amount_wei))
-            return job_view(row, self.market.meter(job_id), now)
+            record_event(session, now, submitter, "job_topped_up", job_id,
+                         amount_wei=str(amount_wei))
+            return job_view(row, self.desk.market.meter(job_id), now)
 
     def set_paused(self, actor: str, job_id: str, paused: bool) -> JobView:
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = self._own_job(session, actor, job_id)
             if paused:
-                self._store_leases(session, self._command(session, "pause", {"job": job_id}, now))
+                ended = self.desk.command(session, journal.Pause(job=job_id), now)
+                self.desk.store_leases(session, ended)
                 row.status = JobStatus.paused.value
             else:
-                self._command(session, "resume", {"job": job_id}, now)
+                self.desk.command(session, journal.Resume(job=job_id), now)
                 row.status = JobStatus.waiting.value
-            self._event(session, now, actor, "job_paused" if paused else "job_resumed", job_id)
-            return job_view(row, self.market.meter(job_id), now)
+            record_event(session, now, actor, "job_paused" if paused else "job_resumed", job_id)
+            return job_view(row, self.desk.market.meter(job_id), now)
 
     def end_job(self, actor: str, job_id: str, status: JobStatus, **detail: Any) -> JobView:
         """Finish or cancel: every lease ends now, so nothing bills idle."""
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = self._own_job(session, actor, job_id)
-            meter = self._command(session, "finish", {"job": job_id}, now)
-            self._store_leases(session, meter.leases)
+            meter = self.desk.command(session, journal.Finish(job=job_id), now)
+            self.desk.store_leases(session, meter.leases)
             row.status = status.value
-            self._event(session, now, actor, f"job_{status.value}", job_id,
-                        spent_wei=str(meter.accrued_wei(now)), **detail)
+            record_event(session, now, actor, f"job_{status.value}", job_id,
+                         spent_wei=str(meter.accrued_wei(now)), **detail)
             if status is not JobStatus.finished:
                 self.hosts.stop(job_id, row.host_pid)
             self.close_proofs(session, row)  # the last epochs' roots go before the bill
@@ -112,7 +115,8 @@ class JobLifecycle:
         row = session.get(JobRow, job_id)
         if row is None:
             raise NotFound(f"no job '{job_id}'")
-        if actor not in (row.submitter, COORDINATOR) and self.role_of(actor) is not Role.operator:
+        if actor not in (row.submitter, COORDINATOR) \
+                and self.participants.role_of(actor) is not Role.operator:
             raise Forbidden(f"job '{job_id}' belongs to another submitter")
         if JobStatus(row.status) in ENDED:
             raise Conflict(f"job '{job_id}' is {row.status}; submit a new job")

@@ -1,12 +1,17 @@
-"""Participants of a coordinator and their roles, mixed into `Coordinator`:
-nonces that count once, self-registration as a submitter or provider, and
-roles an operator grants."""
+"""Participants of a coordinator and their roles, a service of its own: nonces
+that count once, self-registration as a submitter or provider, roles an operator
+grants, and the signed heartbeats taken with their nonce and role check."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from contextlib import AbstractContextManager
 
 from eth_utils import to_checksum_address
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden
 from shoal.coordinator.services.views import participant_view
@@ -14,28 +19,69 @@ from shoal.client.identity import Signer, Unauthenticated
 from shoal.coordinator.db import beats
 from shoal.coordinator.db.database import write_transaction
 from shoal.coordinator.db.schema import ParticipantRow
+from shoal.coordinator.db.store import Store, record_event
+from shoal.coordinator.settings import CoordinatorSettings
 from shoal.spec.coordinator import SELF_SERVICE_ROLES, Grant, Participant, Registration, Role
+
+REPLAYED = "this nonce was already used: a replayed request is refused; sign the request again"
+
+
+def refuse_role(address: str, role: Role | None, roles: tuple[Role, ...]) -> None:
+    """`Forbidden`, naming the role held and the one needed, unless `role` is in `roles`."""
+    if role not in roles:
+        held = f"a {role.value}" if role else "not registered"
+        wanted = " or ".join(r.value for r in roles)
+        raise Forbidden(f"{address} is {held}; this call needs the {wanted} role")
 
 
 class Participants:
-    """Uses the Coordinator's `engine`, `settings`, `now_s`, `_change` and `_event`."""
+    """Who may sign what: each address's role, and the nonces already used."""
+
+    def __init__(self, store: Store, settings: CoordinatorSettings, now_s: Callable[[], float],
+                 change: Callable[[], AbstractContextManager[Session]]) -> None:
+        """`now_s`: the coordinator's clock; `change`: its one writer (the lock and one
+        transaction), which registrations and grants go through like every change."""
+        self.store, self.settings, self.now_s, self._change = store, settings, now_s, change
 
     def consume_nonce(self, signer: Signer) -> None:
         """A nonce counts once: a replayed request is refused before it is looked at."""
         now = self.now_s()
         try:
-            with write_transaction(self.engine) as connection:
+            with write_transaction(self.store.engine) as connection:
                 beats.record_nonce(connection, signer.address, signer.nonce, now)
         except IntegrityError:
-            raise Unauthenticated("this nonce was already used: a replayed request "
-                                  "is refused; sign the request again") from None
+            raise Unauthenticated(REPLAYED) from None
+
+    def take_signed_beat(self, signer: Signer, agent_id: str, running: Iterable[int],
+                         now_s: float) -> Future[beats.BeatTaken]:
+        """A provider's signed heartbeat, taken with its nonce and role check in one
+        group-committed transaction; the future resolves once that has committed."""
+        operator = signer.address in self.settings.operators
+        note = beats.BeatNote(signer.address, agent_id, sorted(set(running)), now_s,
+                              nonce=signer.nonce, role_needed=Role.provider.value,
+                              known_role=Role.operator.value if operator else None)
+        return beats.beat_committer(self.store.engine).submit(note)
+
+    @staticmethod
+    def refuse_signed_beat(address: str, taken: beats.BeatTaken) -> None:
+        """`Unauthenticated` for a replayed beat, `Forbidden` for one not of a provider."""
+        if taken.outcome is beats.BeatOutcome.replayed:
+            raise Unauthenticated(REPLAYED)
+        if taken.outcome is beats.BeatOutcome.wrong_role:
+            refuse_role(address, Role(taken.role) if taken.role else None, (Role.provider,))
 
     def role_of(self, address: str) -> Role | None:
         if address in self.settings.operators:
             return Role.operator
-        with self.engine.connect() as connection:
+        with self.store.engine.connect() as connection:
             role = beats.role_of(connection, address)
         return Role(role) if role else None
+
+    def registered(self) -> list[Participant]:
+        """Everyone registered or granted a role, by address."""
+        with self.store.read() as session:
+            return [participant_view(row) for row in
+                    session.scalars(select(ParticipantRow).order_by(ParticipantRow.address))]
 
     def register(self, signer: str, registration: Registration) -> Participant:
         if registration.role not in SELF_SERVICE_ROLES:
@@ -52,7 +98,7 @@ class Participants:
                                      name=registration.name, registered_at_s=now)
                 session.add(row)
             row.name = registration.name
-            self._event(session, now, signer, "registered", role=row.role, name=row.name)
+            record_event(session, now, signer, "registered", role=row.role, name=row.name)
             return participant_view(row)
 
     def grant(self, operator: str, grant: Grant) -> Participant:
@@ -67,8 +113,8 @@ class Participants:
             row.role, row.name = grant.role.value, grant.name
             if grant.max_priority is not None:
                 row.max_priority = grant.max_priority
-            self._event(session, now, operator, "granted", address=address, role=row.role,
-                        max_priority=row.max_priority or 0)
+            record_event(session, now, operator, "granted", address=address, role=row.role,
+                         max_priority=row.max_priority or 0)
             return participant_view(row)
 
     def check_priority(self, submitter: str, priority: int) -> None:
@@ -77,7 +123,7 @@ class Participants:
         budget, again and again. Up to the submitter's ceiling (0 unless granted)."""
         if priority <= 0:
             return
-        with self.engine.connect() as connection:
+        with self.store.engine.connect() as connection:
             row = connection.execute(select(ParticipantRow.max_priority).where(
                 ParticipantRow.address == submitter)).first()
         ceiling = row[0] if row is not None else 0

@@ -1,5 +1,5 @@
 """The reconciler asks the planner for a layout when a job's membership
-changes, mixed into `Coordinator`.
+changes, a service the coordinator holds.
 
 Each time the job's host publishes an epoch with other members, the
 coordinator describes them to `shoal.plan` as they are: each member's
@@ -28,6 +28,7 @@ import json
 import logging
 import re
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -35,6 +36,9 @@ from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import NotFound
 from shoal.coordinator.db.schema import AgentRow, EventRow, JobRow, LeaseRow, OfferRow
+from shoal.coordinator.db.store import Store, record_event
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.services.progress import JobProgress
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.job import BYTE_VOCAB, JobSpec
 from shoal.spec.plan import Cluster, Device, ModelProfile, Plan, SyncMode, gpt_profile
@@ -49,15 +53,18 @@ MEASURED_STEPS = 20  # the measured step time is the median of the last this man
 
 
 class JobPlanning:
-    """Uses the Coordinator's `engine`, `job_spec`, `membership`, `recent_progress`,
-    `_change`, `_event`, `now_s`."""
+    """The plan of each running job's current members, made again when they change."""
 
-    def _planning_init(self) -> None:
+    def __init__(self, store: Store, desk: MarketDesk, progress: JobProgress,
+                 job_spec: Callable[[str, str | None], JobSpec]) -> None:
+        """`job_spec`: a job's spec (the proof services'); `progress`: its membership
+        and the step times its rank 0 reported."""
+        self.store, self.desk, self.progress, self.job_spec = store, desk, progress, job_spec
         self._plans: dict[str, tuple[tuple[str, ...], Plan]] = {}  # job -> (members, plan)
 
     def plan_jobs(self) -> list[JobPlanView]:
         """Re-plan each running job whose membership changed since its last plan."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             jobs = session.scalars(select(JobRow.job_id).where(
                 JobRow.status == JobStatus.running.value)).all()
         out = []
@@ -73,7 +80,7 @@ class JobPlanning:
 
     def job_plan(self, job_id: str) -> JobPlanView | None:
         """The job's latest plan (from its `job_planned` event), with its measured step time."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFound(f"no job '{job_id}'")
             row = session.scalars(select(EventRow).where(
@@ -86,7 +93,7 @@ class JobPlanning:
 
     # ------------------------------------------------------------ one job
     def _plan_job(self, job_id: str) -> JobPlanView | None:
-        changes = self.membership(job_id)
+        changes = self.progress.membership(job_id)
         if not changes or not changes[-1].members:
             return None
         latest = changes[-1]
@@ -94,7 +101,7 @@ class JobPlanning:
         known = self._plans.get(job_id)
         if known is not None and known[0] == members:
             return None
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             job = session.get(JobRow, job_id)
             spec = self.job_spec(job_id, job.job_file)
             cluster = self._cluster(session, job_id, latest.members)
@@ -104,15 +111,15 @@ class JobPlanning:
         plan = _search(cluster, model, known[1] if known else None)
         self._plans[job_id] = (members, plan)
         view = JobPlanView(
-            t=self.now_s(), epoch=latest.epoch, members=latest.members, dp=plan.dp, pp=plan.pp,
+            t=self.desk.now_s(), epoch=latest.epoch, members=latest.members, dp=plan.dp, pp=plan.pp,
             mode=plan.mode, inner_steps=plan.inner_steps, codec=plan.codec, slt=plan.slt,
             step_time_s=plan.step_time_s, compute_s=plan.breakdown.compute_s,
             exchange_s=plan.breakdown.exchange_s, unused=plan.unused,
             links="probed" if cluster.latency_ms is not None else "region defaults",
             advice=_advice(spec, plan))
-        with self._change() as session:
-            self._event(session, view.t, COORDINATOR, "job_planned", job_id,
-                        **json.loads(view.model_dump_json()))
+        with self.desk.change() as session:
+            record_event(session, view.t, COORDINATOR, "job_planned", job_id,
+                         **json.loads(view.model_dump_json()))
         log.info("job %s: planned epoch %d (%d members): %.4f s a step predicted, %s%s",
                  job_id, latest.epoch, len(latest.members), plan.step_time_s, plan.mode.value,
                  f"; {view.advice}" if view.advice else "")
@@ -142,7 +149,7 @@ class JobPlanning:
 
     def _measured_step_s(self, job_id: str, since: float) -> float | None:
         # The newest steps, not the job's first (a read of progress starts at step 0).
-        steps = [p for p in self.recent_progress(job_id, MEASURED_STEPS + 1) if p.t >= since]
+        steps = [p for p in self.progress.recent(job_id, MEASURED_STEPS + 1) if p.t >= since]
         gaps = [b.t - a.t for a, b in zip(steps, steps[1:]) if b.step == a.step + 1]
         return statistics.median(gaps) if gaps else None
 

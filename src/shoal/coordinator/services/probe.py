@@ -1,4 +1,4 @@
-"""The coordinator's network probe, mixed into `Coordinator`: a registered
+"""The coordinator's network probe, a service it holds: a registered
 provider's agent asks for one before it offers anything, and joins a two-rank
 gloo group with the coordinator on a store opened for it alone.
 
@@ -18,12 +18,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden
 from shoal.errors import ControlError
 from shoal.elastic.link_probe import COORDINATOR_RANK, LinkFigures, exchange, probe_group
 from shoal.coordinator.db.schema import AgentRow
+from shoal.coordinator.db.store import Store
+from shoal.coordinator.settings import CoordinatorSettings
 from shoal.spec.coordinator import AgentRegistration, Preflight, ProbeRendezvous
 
 log = logging.getLogger(__name__)
@@ -145,14 +146,13 @@ def _measure(bind: str, store, plan: ProbeRendezvous) -> LinkFigures:  # noqa: A
 
 
 class NetworkProbing:
-    """Uses the Coordinator's `engine`, `settings` and `now_s`."""
+    """Probes opened for providers' agents, and the devices they register measured by them."""
 
-    def _probe_init(self) -> None:
-        self.probes = NetworkProbes(self.settings.rendezvous_address,
-                                    self.settings.probe_deadline_s, self.now_s)
+    def __init__(self, store: Store, settings: CoordinatorSettings, probes: NetworkProbes) -> None:
+        self.store, self.settings, self.probes = store, settings, probes
 
     def open_probe(self, provider: str, agent_id: str) -> ProbeRendezvous:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             agent = session.get(AgentRow, agent_id)
             if agent is not None and agent.provider != provider:
                 raise Forbidden(f"agent '{agent_id}' belongs to another provider")

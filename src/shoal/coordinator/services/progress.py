@@ -1,4 +1,4 @@
-"""How each job is doing, mixed into `Coordinator`: agents send the committed
+"""How each job is doing, a service the coordinator holds: agents send the committed
 steps their worker logged while it was rank 0 (loss, world, batch), and the
 job host's membership epochs are read from its run directory. What a
 dashboard or a report draws its curves and timelines from, and nothing more:
@@ -7,11 +7,15 @@ got is its host's word, `ProofService.host_reached`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.db.schema import JobRow, LeaseRow, OfferRow, StepProgressRow
+from shoal.coordinator.db.store import Store
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.spec.job import JobSpec
 from shoal.spec.progress import MembershipChange, ProgressUpload, StepProgress
 from shoal.spec.worker import runs_on
 
@@ -19,13 +23,20 @@ MAX_STEPS_PER_READ = 5000
 
 
 class JobProgress:
-    """Uses the Coordinator's `engine`, `_change`; ProofService's `_published` (the epochs
-    each job's host published, read incrementally) and `job_spec`."""
+    """Each job's committed steps as its rank 0 reported them, and its membership epochs."""
 
-    def record_progress(self, provider: str, job_id: str, upload: ProgressUpload) -> int:
+    def __init__(self, store: Store, desk: MarketDesk,
+                 job_spec: Callable[[str, str | None], JobSpec],
+                 published_changes: Callable[[str], list[MembershipChange]]) -> None:
+        """`job_spec`: a job's spec, from its job file; `published_changes`: the membership
+        changes its host published, read incrementally (both the proof services')."""
+        self.store, self.desk = store, desk
+        self.job_spec, self.published_changes = job_spec, published_changes
+
+    def record(self, provider: str, job_id: str, upload: ProgressUpload) -> int:
         """Store the steps not known yet; the number stored. The first report of a step
         stands (every member logs the same loss; only rank 0's agent sends it)."""
-        with self._change() as session:
+        with self.desk.change() as session:
             lease = session.get(LeaseRow, upload.lease)
             if lease is None or lease.job_id != job_id:
                 raise NotFound(f"job '{job_id}' has no lease {upload.lease}")
@@ -47,8 +58,8 @@ class JobProgress:
                                                 worker=upload.worker))
             return len(steps) - len(known)
 
-    def progress(self, job_id: str, after: int = -1) -> list[StepProgress]:
-        with Session(self.engine) as session:
+    def steps(self, job_id: str, after: int = -1) -> list[StepProgress]:
+        with self.store.read() as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFound(f"no job '{job_id}'")
             rows = session.scalars(select(StepProgressRow).where(
@@ -57,16 +68,16 @@ class JobProgress:
             return [StepProgress(step=r.step, t=r.t, loss=r.loss, world=r.world,
                                  samples=r.samples) for r in rows]
 
-    def recent_progress(self, job_id: str, count: int) -> list[StepProgress]:
+    def recent(self, job_id: str, count: int) -> list[StepProgress]:
         """The job's last `count` committed steps, in step order."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             rows = session.scalars(select(StepProgressRow).where(StepProgressRow.job_id == job_id)
                                    .order_by(StepProgressRow.step.desc()).limit(count)).all()
             return [StepProgress(step=r.step, t=r.t, loss=r.loss, world=r.world,
                                  samples=r.samples) for r in reversed(rows)]
 
     def membership(self, job_id: str) -> list[MembershipChange]:
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFound(f"no job '{job_id}'")
-        return self._published.changes(job_id)
+        return self.published_changes(job_id)

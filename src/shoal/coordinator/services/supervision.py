@@ -7,23 +7,23 @@ their leases are replaced."""
 from __future__ import annotations
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
 
+from shoal.coordinator.services import journal
 from shoal.coordinator.services.speed_marks import marked_down
 from shoal.elastic.job_host import read_speeds
 from shoal.coordinator.db.schema import AgentRow, JobRow, LeaseRow, OfferRow
+from shoal.coordinator.db.store import record_event
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.worker import WorkerId
 
 
 class JobSupervision:
-    """Uses the Coordinator's `engine`, `hosts`, `market`, `settings`, `_speeds_seen`,
-    `_change`, `_event`, `end_job` and `withdraw_offer`; LeaseAttendance's
-    `hold_leases_to_membership` and `report_lost_workers`."""
+    """Uses the Coordinator's `store`, `desk`, `hosts`, `settings`, `_speeds_seen`,
+    `end_job`, `withdraw_offer` and `attendance`."""
 
     def supervise_jobs(self) -> None:
         """Start a host for each job that holds devices; finish jobs whose host says so."""
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             live = session.scalars(select(JobRow).where(JobRow.status.in_(
                 [JobStatus.waiting.value, JobStatus.running.value, JobStatus.paused.value]))).all()
         for row in live:
@@ -46,15 +46,15 @@ class JobSupervision:
                 if state.rendezvous and state.rendezvous != row.rendezvous:
                     self._set_rendezvous(row.job_id, state.rendezvous)
                 self.hold_offers_to_speeds(row.job_id)
-                self.hold_leases_to_membership(row.job_id)
+                self.attendance.hold_leases_to_membership(row.job_id)
                 self.revoke_ended_leases(row.job_id)
 
     def revoke_ended_leases(self, job_id: str) -> None:
         """Tell the job host's gate which leases ended: their tokens stay valid HMACs, and
         a provider ended for staying out, slashed or preempted must not keep writing the
         job's store (its worker is stopped by its agent; one that is not is cut off)."""
-        now = self.now_s()
-        with Session(self.engine) as session:
+        now = self.desk.now_s()
+        with self.store.read() as session:
             ended = set(session.scalars(select(LeaseRow.lease).where(
                 LeaseRow.job_id == job_id, LeaseRow.ends_at_s.is_not(None),
                 LeaseRow.ends_at_s <= now)).all())
@@ -76,7 +76,7 @@ class JobSupervision:
         observed_by_worker = read_speeds(run_dir)
         if len(observed_by_worker) < 2:
             return
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             offers: dict[str, OfferRow] = {}
             observed: dict[str, float] = {}
             for worker, speed in observed_by_worker.items():
@@ -90,36 +90,36 @@ class JobSupervision:
             self._mark_down(offer_id, speed, claimed[offer_id], job_id)
 
     def _mark_down(self, offer_id: str, speed: float, claimed: float, job_id: str) -> None:
-        with self._change() as session:
-            now, row = self.now_s(), session.get(OfferRow, offer_id)
+        with self.desk.change() as session:
+            now, row = self.desk.now_s(), session.get(OfferRow, offer_id)
             if not row.withdrawn:
-                offer = self.market.book.offer(offer_id).model_copy(
+                offer = self.desk.market.book.offer(offer_id).model_copy(
                     update={"speed_samples_per_s": speed})
-                self._command(session, "post_offer", {"offer": offer.model_dump(mode="json")}, now)
+                self.desk.command(session, journal.PostOffer(offer=offer), now)
             row.speed_samples_per_s, row.marked_down = speed, True
-            self._event(session, now, COORDINATOR, "offer_marked_down", job_id, offer_id=offer_id,
-                        claimed_samples_per_s=claimed, marked_samples_per_s=round(speed, 3))
+            record_event(session, now, COORDINATOR, "offer_marked_down", job_id, offer_id=offer_id,
+                         claimed_samples_per_s=claimed, marked_samples_per_s=round(speed, 3))
 
     def _start_host(self, job_id: str, min_workers: int) -> None:
-        with self._change() as session:
+        with self.desk.change() as session:
             row = session.get(JobRow, job_id)
             row.host_pid = self.hosts.start(job_id, min_workers)
-            self._event(session, self.now_s(), COORDINATOR, "job_host_started", job_id,
-                        pid=row.host_pid)
+            record_event(session, self.desk.now_s(), COORDINATOR, "job_host_started", job_id,
+                         pid=row.host_pid)
 
     def _set_rendezvous(self, job_id: str, endpoint: str) -> None:
-        with self._change() as session:
+        with self.desk.change() as session:
             session.get(JobRow, job_id).rendezvous = endpoint
-            self._event(session, self.now_s(), COORDINATOR, "job_rendezvous", job_id,
-                        rendezvous=endpoint)
+            record_event(session, self.desk.now_s(), COORDINATOR, "job_rendezvous", job_id,
+                         rendezvous=endpoint)
 
     def reap_lost_agents(self) -> list[str]:
         """Withdraw the offers of agents silent past the timeout: their leases end, and the
         next round leases replacements. Returns the agents found lost."""
-        now = self.now_s()
+        now = self.desk.now_s()
         if now - self.started_s < self.settings.agent_timeout_s:
             return []  # back from a restart: no one could be heard while we were down
-        with Session(self.engine) as session:
+        with self.store.read() as session:
             lost = session.scalars(select(AgentRow.agent_id).where(
                 AgentRow.last_seen_s < now - self.settings.agent_timeout_s)).all()
             offers = session.scalars(select(OfferRow.offer_id).where(
@@ -127,5 +127,5 @@ class JobSupervision:
         for offer_id in offers:
             self.withdraw_offer(COORDINATOR, offer_id, reason="agent lost")
         if offers:  # once per loss: a reaped agent has no offers left
-            self.report_lost_workers(list(lost))
+            self.attendance.report_lost_workers(list(lost))
         return list(lost) if offers else []

@@ -9,7 +9,7 @@ import logging
 import threading
 
 from shoal.coordinator.api.metrics import CoordinatorMetrics
-from shoal.coordinator.services.coordinator import Coordinator
+from shoal.coordinator.service import Coordinator
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 30  # rounds between nonce prunes
@@ -37,7 +37,7 @@ class RoundLoop:
         clearing = self.coordinator.clear()
         self.coordinator.supervise_jobs()
         self.coordinator.tend_chain_jobs()
-        self.coordinator.plan_jobs()
+        self.coordinator.planning.plan_jobs()
         self.coordinator.root_epochs()
         self.coordinator.plant_forced_errors()
         self.coordinator.enforce_rulings()

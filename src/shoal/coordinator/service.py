@@ -1,30 +1,27 @@
-"""The coordinator's service: who may do what, the market, and the store, kept
-in step. No HTTP here: the API calls these methods with the verified signer.
+"""The coordinator's composition root: who may do what, the market, and the store,
+kept in step. No HTTP here: the API calls these methods with the verified signer.
 
 Every change is one transaction that writes the market's journal, the rows
 the API reads, and an audit event together, so the store never shows a
-lease the market would not rebuild after a restart. Participants and their
-roles (participants.py), jobs as submitters drive them (jobs.py), reads
-(reads.py), the watch over running work (supervision.py), leases held to the
-jobs' membership (attendance.py), settlement on a chain (chain_jobs.py), work
-records and proof epochs (proofs.py), challenges and verdicts (audits.py),
-bonded challengers' disputes (disputes.py),
-job progress (progress.py), checkpoints carried between machines
-(checkpoints.py), who may send a large file before it is read (file_admission.py),
-agents' network probes (probe.py) and plans of each job's
-members (planning.py) are mixed in.
+lease the market would not rebuild after a restart (services/market_desk.py).
+Services it builds and holds: `desk` (the market, its clock and its writer),
+`participants`, `reads`, `probing` (agents' network probes), `progress`,
+`planning` (the plan of each job's members), `attendance` (leases held to the
+jobs' membership) and `files` (who may send a large file before it is read).
+Still mixed in, until each becomes a service of its own: jobs as submitters
+drive them (jobs.py), the watch over running work (supervision.py), settlement
+on a chain (chain_jobs.py), work records and proof epochs (records.py),
+challenges and verdicts (challenges.py), bonded challengers' disputes
+(disputes.py) and checkpoints carried between machines (checkpoints.py).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine, delete, select
+from sqlalchemy import Engine, delete
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.services import journal
@@ -33,13 +30,14 @@ from shoal.coordinator.proofs.challenges import AuditService
 from shoal.coordinator.services.chain_jobs import ChainSettlement
 from shoal.coordinator.services.checkpoints import CheckpointCarry
 from shoal.coordinator.proofs.disputes import DisputeService
-from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
+from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.services.file_admission import FileAdmission
 from shoal.coordinator.services.job_hosts import JobHosts
 from shoal.coordinator.services.jobs import JobLifecycle
+from shoal.coordinator.services.market_desk import MarketDesk
 from shoal.coordinator.services.participants import Participants
 from shoal.coordinator.services.planning import JobPlanning
-from shoal.coordinator.services.probe import NetworkProbing
+from shoal.coordinator.services.probe import NetworkProbes, NetworkProbing
 from shoal.coordinator.services.progress import JobProgress
 from shoal.coordinator.proofs.records import ProofService
 from shoal.coordinator.services.reads import CoordinatorReads
@@ -48,28 +46,21 @@ from shoal.coordinator.services.settlement import Settlement
 from shoal.coordinator.services.supervision import JobSupervision
 from shoal.coordinator.proofs.unfiled_disputes import UnfiledDisputes
 from shoal.coordinator.services.views import agent_view, offer_view
-from shoal.client.identity import Unauthenticated
 from shoal.coordinator.db import beats
 from shoal.coordinator.db.database import open_store_engine
-from shoal.coordinator.db.schema import (
-    AgentRow, EventRow, JobRow, LeaseRow, MarketCommandRow, NonceRow, OfferRow,
-)
-from shoal.market import Clearing, Market, MarketConfig, MarketError
+from shoal.coordinator.db.schema import AgentRow, JobRow, NonceRow, OfferRow
+from shoal.coordinator.db.store import Store, record_event
+from shoal.market import Clearing, MarketConfig
 from shoal.spec.coordinator import (
     COORDINATOR, ENDED, AgentRegistration, AgentView, Assignment, Heartbeat, HeartbeatReply,
     JobStatus, OfferTerms, OfferView,
 )
-from shoal.spec.errors import SpecError
 from shoal.spec.market import DeviceLease, FillStatus, Offer
 
-log = logging.getLogger(__name__)
-_CLOCK_LOCK = threading.Lock()  # `Coordinator.now_s`'s
 
-
-class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
+class Coordinator(JobLifecycle, JobSupervision,
                   ChainSettlement, ProofService, AuditService, DisputeService, UnfiledDisputes,
-                  JobProgress,
-                  CheckpointCarry, FileAdmission, NetworkProbing, JobPlanning, LeaseAttendance):
+                  CheckpointCarry):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
@@ -84,75 +75,32 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
         self.settings = settings
         self.settlement = settlement  # None: escrow is the store's bookkeeping only
         self.engine = engine or open_store_engine(settings.store_url)
-        self._clock = clock
-        self._lock = threading.RLock()  # one writer: the market is not thread-safe
-        self.market = Market(settings.price_table(),
-                             MarketConfig(notice_period_s=settings.notice_period_s))
-        self._fill_status: dict[str, str] = {}
+        self.store = Store(self.engine)
+        self.desk = MarketDesk(self.store, settings.price_table(),
+                               MarketConfig(notice_period_s=settings.notice_period_s), clock)
+        self.participants = Participants(self.store, settings, self.desk.now_s, self.desk.change)
+        self.probes = NetworkProbes(settings.rendezvous_address, settings.probe_deadline_s,
+                                    self.desk.now_s)
+        self.probing = NetworkProbing(self.store, settings, self.probes)
+        self.reads = CoordinatorReads(self.store, self.desk, settings)
         self._speeds_seen: dict[str, int] = {}  # job -> mtime of the speeds last judged
-        self._last_s = 0.0
         self.hosts = JobHosts(settings.data_dir / "jobs", settings.rendezvous_address,
                               settings.stall_deadline_s)
-        self._rebuild()
         self._proof_init()
+        self.progress = JobProgress(self.store, self.desk, self.job_spec,
+                                    self._published.changes)
         self._audit_init()
-        self._probe_init()
         self._carry_init()
-        self._planning_init()
-        self._attendance_init()
+        self.planning = JobPlanning(self.store, self.desk, self.progress, self.job_spec)
+        self.attendance = LeaseAttendance(self.store, self.desk, settings, self.hosts,
+                                          self.progress, self.bar_provider,
+                                          self.withdraw_offer)
         self.referee = Referee(self, referee_key, replayer)
+        self.files = FileAdmission(self.store, self.desk, settings, self.participants,
+                                   self._active_lease, self._answerable, self.plant_fetch)
         self._disputes_init()
         self._unfiled_init()
-        self.started_s = self.now_s()
-
-    # ------------------------------------------------------------ time and transactions
-    def now_s(self) -> float:
-        """Wall time that never runs backwards (the market refuses a clock that does).
-
-        Its own small lock, not the coordinator's: every signed request reads
-        the time, and must not wait for a market round to finish.
-        """
-        with _CLOCK_LOCK:
-            self._last_s = max(self._last_s, self._clock())
-            return self._last_s
-
-    @contextmanager
-    def _change(self) -> Iterator[Session]:
-        """The lock and one transaction; a failed commit rebuilds the market from the store."""
-        with self._lock:
-            try:
-                with Session(self.engine, expire_on_commit=False) as session, session.begin():
-                    yield session
-            except (MarketError, SpecError, Conflict, Forbidden, Gone, NotFound, Unauthenticated):
-                raise  # refused before anything was applied to the market
-            except Exception:
-                log.exception("store write failed; rebuilding the market from the journal")
-                self._rebuild()
-                raise
-
-    def _rebuild(self) -> None:
-        with self._lock, Session(self.engine) as session:
-            self.market = Market(self.market.prices, self.market.config)
-            rows = session.scalars(select(MarketCommandRow).order_by(MarketCommandRow.seq))
-            count = 0
-            for row in rows:
-                result = journal.apply(self.market, row.kind, row.payload, row.at_s)
-                if isinstance(result, Clearing):
-                    self._fill_status.update({f.job: f.status.value for f in result.fills})
-                self._last_s = max(self._last_s, row.at_s)
-                count += 1
-            if count:
-                log.info("market rebuilt from %d journaled commands", count)
-
-    def _command(self, session: Session, kind: str, payload: dict[str, Any], at_s: float) -> Any:
-        result = journal.apply(self.market, kind, payload, at_s)
-        session.add(MarketCommandRow(at_s=at_s, kind=kind, payload=payload))
-        return result
-
-    @staticmethod
-    def _event(session: Session, at_s: float, actor: str, kind: str,
-               job_id: str | None = None, **detail: Any) -> None:
-        session.add(EventRow(at_s=at_s, actor=actor, kind=kind, job_id=job_id, detail=detail))
+        self.started_s = self.desk.now_s()
 
     # ------------------------------------------------------------ providers
     def register_agent(self, provider: str, registration: AgentRegistration) -> AgentView:
@@ -160,9 +108,10 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
         if bad:
             raise Conflict(f"agent '{registration.agent_id}': the pre-flight collective failed "
                            f"on {bad}; fix the backend before offering these devices")
-        measured = self.probed_devices(provider, registration)  # the link as our probe saw it
-        with self._change() as session:
-            now = self.now_s()
+        # The link as our probe saw it, not as the agent states it.
+        measured = self.probing.probed_devices(provider, registration)
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = session.get(AgentRow, registration.agent_id)
             if row is not None and row.provider != provider:
                 raise Forbidden(f"agent '{registration.agent_id}' belongs to another provider")
@@ -173,13 +122,13 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
                                devices=devices, last_seen_s=now)
                 session.add(row)
             row.region, row.devices, row.last_seen_s = registration.region, devices, now
-            self._event(session, now, provider, "agent_registered",
-                        agent_id=row.agent_id, region=row.region, devices=devices)
+            record_event(session, now, provider, "agent_registered",
+                         agent_id=row.agent_id, region=row.region, devices=devices)
             return agent_view(row, now, self.settings.agent_timeout_s)
 
     def post_offer(self, provider: str, terms: OfferTerms) -> OfferView:
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             agent = self._own_agent(session, provider, terms.agent_id)
             if terms.device >= len(agent.devices):
                 raise NotFound(f"agent '{agent.agent_id}' measured {len(agent.devices)} "
@@ -195,8 +144,7 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
                           device_kind=measured["device_kind"], speed_samples_per_s=speed,
                           memory_gb=measured["memory_gb"], region=agent.region,
                           price_wei_per_s=terms.price_wei_per_s, tenancy=terms.tenancy)
-            reference = self._command(session, "post_offer",
-                                      {"offer": offer.model_dump(mode="json")}, now)
+            reference = self.desk.command(session, journal.PostOffer(offer=offer), now)
             if row is None:
                 row = OfferRow(offer_id=offer.offer_id, provider=provider, marked_down=False)
                 session.add(row)
@@ -204,34 +152,34 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
             row.region, row.speed_samples_per_s, row.memory_gb = offer.region, speed, offer.memory_gb
             row.price_wei_per_s, row.tenancy = offer.price_wei_per_s, offer.tenancy.value
             row.reference_wei_per_s, row.withdrawn = reference, False
-            self._event(session, now, provider, "offer_posted", offer_id=offer.offer_id,
-                        price_wei_per_s=str(offer.price_wei_per_s), tenancy=offer.tenancy.value)
+            record_event(session, now, provider, "offer_posted", offer_id=offer.offer_id,
+                         price_wei_per_s=str(offer.price_wei_per_s), tenancy=offer.tenancy.value)
             return offer_view(row)
 
     def bar_provider(self, job_id: str, provider: str, reason: str) -> None:
         """Lease none of `provider`'s devices to `job_id` again (removed from it: its worker
         stayed out, or it was slashed); a re-posted offer would otherwise win it back."""
-        with self._change() as session:
-            now = self.now_s()
-            self._command(session, "bar_provider", {"job": job_id, "provider": provider}, now)
-            self._event(session, now, COORDINATOR, "provider_barred", job_id,
-                        provider=provider, reason=reason)
+        with self.desk.change() as session:
+            now = self.desk.now_s()
+            self.desk.command(session, journal.BarProvider(job=job_id, provider=provider), now)
+            record_event(session, now, COORDINATOR, "provider_barred", job_id,
+                         provider=provider, reason=reason)
 
     def withdraw_offer(self, actor: str, offer_id: str, reason: str = "withdrawn") -> OfferView:
-        with self._change() as session:
-            now = self.now_s()
+        with self.desk.change() as session:
+            now = self.desk.now_s()
             row = session.get(OfferRow, offer_id)
             if row is None:
                 raise NotFound(f"no offer '{offer_id}'")
             if actor not in (row.provider, COORDINATOR):
                 raise Forbidden(f"offer '{offer_id}' belongs to another provider")
             if not row.withdrawn:
-                ended = self._command(session, "withdraw_offer",
-                                      {"offer_id": offer_id, "provider": row.provider}, now)
-                self._store_leases(session, ended)
+                ended = self.desk.command(
+                    session, journal.WithdrawOffer(offer_id=offer_id, provider=row.provider), now)
+                self.desk.store_leases(session, ended)
                 row.withdrawn = True
-                self._event(session, now, actor, "offer_withdrawn", offer_id=offer_id,
-                            reason=reason, ended_leases=[lease.lease for lease in ended])
+                record_event(session, now, actor, "offer_withdrawn", offer_id=offer_id,
+                             reason=reason, ended_leases=[lease.lease for lease in ended])
             return offer_view(row)
 
     def heartbeat(self, provider: str, agent_id: str, beat: Heartbeat,
@@ -246,7 +194,7 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
         """
         if taken is None:
             taken = beats.beat_committer(self.engine).submit(beats.BeatNote(
-                provider, agent_id, sorted(set(beat.running)), self.now_s())).result()
+                provider, agent_id, sorted(set(beat.running)), self.desk.now_s())).result()
         if taken.outcome is beats.BeatOutcome.no_agent:
             raise NotFound(f"no agent '{agent_id}': register it (POST /v1/agents) first")
         if taken.outcome is beats.BeatOutcome.not_owner:
@@ -280,22 +228,22 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
     # ------------------------------------------------------------ the market's rounds
     def clear(self) -> Clearing:
         """One market round; journaled and stored only when it changed something."""
-        with self._change() as session:
-            now = self.now_s()
-            clearing = self.market.clear(now)
-            if not journal.changed(clearing, self._fill_status):
+        with self.desk.change() as session:
+            now = self.desk.now_s()
+            clearing = self.desk.market.clear(now)
+            if not journal.changed(clearing, self.desk.fill_status):
                 return clearing
-            session.add(MarketCommandRow(at_s=now, kind="clear", payload={}))
-            self._store_leases(session, clearing.stopped)
+            self.desk.record(session, journal.Clear(), now)
+            self.desk.store_leases(session, clearing.stopped)
             for job_id, provider in clearing.spent:
-                self._event(session, now, COORDINATOR, "provider_term_spent", job_id,
-                            provider=provider, reason="its leases of the job billed all its "
-                            "chain lease can book: they stop, and it takes no more of the job")
+                record_event(session, now, COORDINATOR, "provider_term_spent", job_id,
+                             provider=provider, reason="its leases of the job billed all its "
+                             "chain lease can book: they stop, and it takes no more of the job")
             for fill in clearing.fills:
-                self._store_leases(session, fill.new_leases)
-                self._store_leases(session, [n.lease for n in fill.notices])
+                self.desk.store_leases(session, fill.new_leases)
+                self.desk.store_leases(session, [n.lease for n in fill.notices])
                 self._note_fill(session, now, fill)
-            self._fill_status.update({f.job: f.status.value for f in clearing.fills})
+            self.desk.fill_status.update({f.job: f.status.value for f in clearing.fills})
             return clearing
 
     def _note_fill(self, session: Session, now: float, fill: Any) -> None:
@@ -307,24 +255,13 @@ class Coordinator(Participants, JobLifecycle, CoordinatorReads, JobSupervision,
                   FillStatus.paused: JobStatus.paused}[fill.status]
         if status.value != row.status or fill.new_leases or fill.notices:
             row.status = status.value
-            self._event(session, now, COORDINATOR, "job_filled", fill.job,
-                        status=fill.status.value, held=fill.held, reason=fill.reason,
-                        new_leases=[lease.lease for lease in fill.new_leases],
-                        notices=[n.lease.lease for n in fill.notices])
-
-    def _store_leases(self, session: Session, leases: Any) -> None:
-        for lease in leases:
-            lease = self.market.book.leases.get(lease.lease, lease)  # the latest ends_at_s
-            row = session.get(LeaseRow, lease.lease)
-            if row is None:
-                row = LeaseRow(lease=lease.lease, job_id=lease.job, offer_id=lease.offer_id,
-                               provider=lease.provider, price_wei_per_s=lease.price_wei_per_s,
-                               start_s=lease.start_s)
-                session.add(row)
-            row.ends_at_s, row.value = lease.ends_at_s, lease.model_dump(mode="json")
+            record_event(session, now, COORDINATOR, "job_filled", fill.job,
+                         status=fill.status.value, held=fill.held, reason=fill.reason,
+                         new_leases=[lease.lease for lease in fill.new_leases],
+                         notices=[n.lease.lease for n in fill.notices])
 
     def prune_nonces(self) -> int:
         """Forget nonces older than two skew windows: their requests are refused as stale."""
-        horizon = self.now_s() - 2 * self.settings.max_skew_s
-        with Session(self.engine) as session, session.begin():
+        horizon = self.desk.now_s() - 2 * self.settings.max_skew_s
+        with self.store.change() as session:
             return session.execute(delete(NonceRow).where(NonceRow.seen_at_s < horizon)).rowcount
