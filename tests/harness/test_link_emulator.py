@@ -98,7 +98,11 @@ def test_loss_drops_about_the_share_asked(network):
     a, b = network.add_host("a"), network.add_host("b")
     a.emulate(loss_pct=20.0)
     arrived = datagrams(b, a, count=2000)
-    assert 0.70 <= len(arrived) / 2000 <= 0.90  # 20 % +- 10 points: over 10 standard deviations
+    counts = a.link_counters()["down"]
+    # The emulator's own share (20 % +- 10 points: over 10 standard deviations). What arrives
+    # is not the measure: a loaded receiver drops datagrams of its own (CI saw 69.5 % arrive).
+    assert 0.10 <= counts["lost"] / counts["frames"] <= 0.30
+    assert 0 < len(arrived) <= counts["delivered"]
     assert arrived == sorted(set(arrived))
 
 
