@@ -32,6 +32,7 @@ from shoal.spec import JobSpec, load_job  # noqa: E402
 from shoal.spec.elastic import StepRecord  # noqa: E402
 from shoal.elastic.report import lineage  # noqa: E402
 from shoal.elastic.launcher import LaunchConfig, Launcher  # noqa: E402
+from shoal.train.run_config import RunSettings  # noqa: E402
 from shoal.train.step_log import read_step_logs  # noqa: E402
 
 from tests.harness.cgroups import CgroupUnavailable, CpuCap, CpuSlice, entering  # noqa: E402
@@ -131,8 +132,9 @@ class Measured:
 
 
 def launch(settings: Settings, caps: list[CpuCap], steps: int, warmup: int,
-           extra_env: dict[str, str]) -> Measured:
-    """One run of the job on len(caps) workers, worker i inside caps[i]."""
+           rebalance: int) -> Measured:
+    """One run of the job on len(caps) workers, worker i inside caps[i], re-weighting
+    shares every `rebalance` steps (0: never)."""
     with tempfile.TemporaryDirectory(prefix="shoal-het-") as scratch_name:
         scratch = Path(scratch_name)
         job = bench_job(settings, steps, scratch)
@@ -142,12 +144,10 @@ def launch(settings: Settings, caps: list[CpuCap], steps: int, warmup: int,
                               "--job-json", job.model_dump_json()]),
             workers=len(caps), run_dir=run_dir, timeout_s=1800.0,
             worker_env={i: cap.env() for i, cap in enumerate(caps)},
-            env={"SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,
-                 "SHOAL_CHECKPOINT_INTERVAL": str(job.checkpoint.interval_steps),
-                 "SHOAL_IDENTITY": json.dumps(job.resume_identity()),
-                 "SHOAL_REBALANCE": str(settings.rebalance),
-                 "OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS),
-                 **extra_env})
+            settings=RunSettings(checkpoint_dir=job.checkpoint_dir, identity=job.resume_identity(),
+                                 checkpoint_interval=job.checkpoint.interval_steps,
+                                 rebalance_interval=rebalance),
+            env={"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS)})
         sampler = UsageSampler(caps)
         try:
             report = Launcher(config).run()
@@ -184,10 +184,10 @@ def main() -> None:
         # The launcher (rendezvous store, authority) gets the slice's weight but no cap.
         slice_.cap("launcher", cores=None).add(os.getpid())
         caps = [slice_.cap(f"w{i}", cores, settings.period_s) for i, cores in enumerate(CAPS_CORES)]
-        balanced = launch(settings, caps, settings.steps, settings.warmup, {})
-        equal = launch(settings, caps, settings.equal_steps, settings.equal_warmup,
-                       {"SHOAL_REBALANCE": "0"})
-        alone = [launch(settings, [cap], alone_steps(settings, cores), settings.alone_warmup, {})
+        balanced = launch(settings, caps, settings.steps, settings.warmup, settings.rebalance)
+        equal = launch(settings, caps, settings.equal_steps, settings.equal_warmup, rebalance=0)
+        alone = [launch(settings, [cap], alone_steps(settings, cores), settings.alone_warmup,
+                        settings.rebalance)
                  for cap, cores in zip(caps, CAPS_CORES)]
     print(json.dumps(figures(settings, balanced, equal, alone)))
 

@@ -42,6 +42,7 @@ from shoal.elastic.report import lineage
 from shoal.spec import load_job
 from shoal.spec.elastic import ElasticReport
 from shoal.spec.job import Aggregation
+from shoal.train.run_config import RunSettings, WorkerOverrides
 from shoal.train.step_log import read_step_logs
 
 JOB = "examples/tiny-gpt.toml"
@@ -67,11 +68,10 @@ def train(rule: str, workers: int, steps: int, warmup: int, attacked: bool,
             command=[sys.executable, "-m", "shoal.models.gpt_worker", "--job-json",
                      job.model_dump_json()],
             workers=workers, run_dir=run_dir, timeout_s=1800,
-            worker_env={VICTIM: {"SHOAL_ADVERSARY": ADVERSARY}} if attacked else {},
-            env={"SHOAL_CHECKPOINT_DIR": str(Path(scratch) / "ckpt"),
-                 "SHOAL_CHECKPOINT_INTERVAL": str(steps + 1),  # no checkpoint inside the run
-                 "SHOAL_REPLICA_CHECK": "10",
-                 "SHOAL_IDENTITY": json.dumps(job.resume_identity())},
+            overrides={VICTIM: WorkerOverrides(adversary=ADVERSARY)} if attacked else {},
+            settings=RunSettings(checkpoint_dir=str(Path(scratch) / "ckpt"),
+                                 checkpoint_interval=steps + 1,  # no checkpoint inside the run
+                                 replica_check_interval=10, identity=job.resume_identity()),
         )
         report: ElasticReport = Launcher(config).run()
         records = lineage(read_step_logs(run_dir))

@@ -17,11 +17,12 @@ from pathlib import Path
 
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # before torch loads: see shoal.cli.main
 
-from shoal.spec import load_job  # noqa: E402
+from shoal.spec import JobSpec, load_job  # noqa: E402
 from shoal.spec.elastic import ElasticReport, StepRecord
 from shoal.elastic.chaos import parse_chaos
 from shoal.elastic.report import lineage
 from shoal.elastic.launcher import Launcher, LaunchConfig
+from shoal.train.run_config import RUN_DIR, WORKER, RunSettings
 from shoal.train.step_log import read_step_logs
 
 from bench.fault_plan import Applied, FaultPlan, drive
@@ -29,21 +30,22 @@ from bench.figures import Commit
 
 
 def run_shoal(job_path: str, workers: int, steps: int, chaos: str = "",
-              extra_env: dict[str, str] | None = None, timeout_s: float = 900.0,
-              spares: int = 0) -> tuple[ElasticReport, list[StepRecord]]:
+              timeout_s: float = 900.0, spares: int = 0) -> tuple[ElasticReport, list[StepRecord]]:
     job = load_job(job_path, overrides={"steps": steps})
     with tempfile.TemporaryDirectory(prefix="shoal-bench-") as scratch:
         run_dir = Path(scratch) / "run"
         config = LaunchConfig(
             command=[sys.executable, "-m", "shoal.models.gpt_worker", "--job-json", job.model_dump_json()],
             workers=workers, run_dir=run_dir, chaos=parse_chaos(chaos), timeout_s=timeout_s,
-            spares=spares,
-            env={"SHOAL_CHECKPOINT_DIR": str(Path(scratch) / "ckpt"),
-                 "SHOAL_CHECKPOINT_INTERVAL": str(job.checkpoint.interval_steps),
-                 "SHOAL_IDENTITY": json.dumps(job.resume_identity()), **(extra_env or {})},
+            spares=spares, settings=_run_settings(job, Path(scratch) / "ckpt"),
         )
         report = Launcher(config).run()
         return report, lineage(read_step_logs(run_dir))
+
+
+def _run_settings(job: JobSpec, checkpoint_dir: Path) -> RunSettings:
+    return RunSettings(checkpoint_dir=str(checkpoint_dir), identity=job.resume_identity(),
+                       checkpoint_interval=job.checkpoint.interval_steps)
 
 
 def samples_per_s(steps: list[StepRecord], warmup_steps: int) -> float:
@@ -145,7 +147,7 @@ class ShoalTarget:
 def worker_pids(run_dir: Path, worker: str) -> list[int]:
     """The process of shoal worker `worker` of the run in `run_dir`, found by its environment
     (so the launcher's internals, and which host runs it, do not matter)."""
-    wanted = {f"SHOAL_WORKER={worker}".encode(), f"SHOAL_RUN_DIR={run_dir}".encode()}
+    wanted = {f"{WORKER}={worker}".encode(), f"{RUN_DIR}={run_dir}".encode()}
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -177,9 +179,7 @@ def shoal_under_plan(job_path: str, plan: FaultPlan, steps: int, spares: int,
             command=[sys.executable, "-m", "shoal.models.gpt_worker", "--job-json", job.model_dump_json()],
             workers=plan.workers, run_dir=run_dir, chaos=parse_chaos(",".join(joins)),
             timeout_s=plan.end_s * 4 + 300, spares=spares, stall_deadline_s=stall_deadline_s,
-            env={"SHOAL_CHECKPOINT_DIR": str(Path(scratch) / "ckpt"),
-                 "SHOAL_CHECKPOINT_INTERVAL": str(job.checkpoint.interval_steps),
-                 "SHOAL_IDENTITY": json.dumps(job.resume_identity())},
+            settings=_run_settings(job, Path(scratch) / "ckpt"),
         )
         target = ShoalTarget(Launcher(config), run_dir)
         target.start()

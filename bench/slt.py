@@ -1,6 +1,6 @@
 """Bounded staleness against a slow exchange (issue 11): the small GPT of the sync
 tests on 3 local workers, DiLoCo with every outer exchange made to take at least
-`--delay-s` seconds (SHOAL_INJECT exchange-delay), at slt = 0 and at slt = 1, 2,
+`--delay-s` seconds (an injected exchange-delay), at slt = 0 and at slt = 1, 2,
 with the same delay, shares (no rebalancing) and steps.
 
 The delay stands for a slow link that the votes' few bytes do not queue behind
@@ -30,6 +30,7 @@ from pathlib import Path
 
 from bench.shoal_side import scratch_dir
 from shoal.elastic.launcher import LaunchConfig, Launcher
+from shoal.train.run_config import RunSettings
 from shoal.spec import parse_job
 from shoal.train.step_log import read_step_logs
 
@@ -51,13 +52,13 @@ def job_for(slt: int, steps: int, inner_steps: int):
 
 
 def train(job, delay_s: float, run_dir: Path) -> dict:
-    env = {"SHOAL_REBALANCE": "0", "SHOAL_INJECT": f"exchange-delay:{delay_s}",
-           "OMP_NUM_THREADS": "1"}
     config = LaunchConfig(
         command=[sys.executable, "-m", "shoal.models.gpt_worker", "--job-json", job.model_dump_json()],
         # Fencing waits 10 s, not 1: a whole second's exchange is not a stall (the same
         # for every slt; at 1 s the reference run at slt = 0 re-formed 8 times once).
-        workers=WORKERS, run_dir=run_dir, timeout_s=1800, env=env, stall_deadline_s=10.0)
+        workers=WORKERS, run_dir=run_dir, timeout_s=1800, stall_deadline_s=10.0,
+        settings=RunSettings(rebalance_interval=0, inject=f"exchange-delay:{delay_s}"),
+        env={"OMP_NUM_THREADS": "1"})
     report = Launcher(config).run()
     if report.steps != job.steps:
         raise RuntimeError(f"{job.name}: {report.steps} of {job.steps} steps")

@@ -28,7 +28,7 @@ def join(config=None, proof=None):  # noqa: ANN001, ANN201 - torch loads only wh
     from shoal.verify.step_proof import StepProof
 
     config = config or RunConfig.from_env()
-    adversary = load_adversary(config.adversary)
+    adversary = load_adversary(config.settings.adversary)
     if adversary is None and proof is None:
         return join_run(config)
     return join_run(config, hook=StepProof(config.worker, adversary, proof))

@@ -4,6 +4,7 @@ killed launcher, and SIGTERM becomes a graceful leave with a bounded grace."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ from shoal.errors import ControlError
 from shoal.elastic.launcher import LaunchConfig, Launcher
 from shoal.elastic.netaddr import interface_of, parse_endpoint
 from shoal.elastic.serve import RendezvousServer
+from shoal.train.run_config import RunSettings, WorkerOverrides
 from tests.conftest import REPO, shoal_command
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -83,10 +85,26 @@ def test_a_run_leaves_no_thread_and_no_store_behind(tmp_path):
     ({"rendezvous": "h:70000"}, "is not HOST:PORT"),
     ({"rendezvous": "h:1", "min_workers": 3}, "for the serving host"),
     ({"workers": 0}, "at least 1"),
+    ({"env": {"SHOAL_SLOWDOWN": "3"}}, "SHOAL_SLOWDOWN: a run's settings go in"),
+    ({"worker_env": {1: {"SHOAL_ADVERSARY": "zero"}}}, "SHOAL_ADVERSARY: a run's settings go in"),
 ])
 def test_config_refuses_what_cannot_work(tmp_path, fields, message):
     with pytest.raises(ControlError, match=message):
         LaunchConfig(**{"command": ["true"], "workers": 1, "run_dir": tmp_path, **fields})
+
+
+def test_each_worker_runs_with_the_runs_settings_and_its_own_overrides(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHOAL_ADVERSARY", "zero")  # the launcher's environment: not a worker's setting
+    config = LaunchConfig(command=[sys.executable, str(SCRIPTS / "settings_worker.py")], workers=2,
+                          run_dir=tmp_path / "run", timeout_s=60,
+                          settings=RunSettings(checkpoint_interval=7, inject="exchange-delay:0.1"),
+                          overrides={1: WorkerOverrides(slowdown=3.0, adversary="sign_flip")})
+    Launcher(config).run()
+    w0, w1 = (json.loads((tmp_path / "run" / f"w{i}.json").read_text()) for i in range(2))
+    assert (w0["slowdown"], w0["adversary"]) == (1.0, None)
+    assert (w1["slowdown"], w1["adversary"]) == (3.0, "sign_flip")
+    assert w0["checkpoint_interval"] == w1["checkpoint_interval"] == 7
+    assert w0["inject"] == w1["inject"] == "exchange-delay:0.1"
 
 
 def test_addresses():

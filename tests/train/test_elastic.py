@@ -14,6 +14,7 @@ from shoal.spec import parse_job
 from shoal.spec.elastic import ElasticReport, FaultKind
 from shoal.elastic.chaos import parse_chaos
 from shoal.elastic.launcher import Launcher, LaunchConfig
+from shoal.train.run_config import RunSettings, WorkerOverrides
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ def _job(tmp_path: Path, steps: int) -> dict:
 
 
 def launch(tmp_path: Path, workers: int, chaos: str, steps: int = 200, *,
-           worker_env: dict[int, dict[str, str]] | None = None, stall_s: float = 3.0,
+           overrides: dict[int, WorkerOverrides] | None = None, stall_s: float = 3.0,
            command: list[str] | None = None, spares: int = 0) -> ElasticReport:
     job = parse_job(_job(tmp_path, steps))
     config = LaunchConfig(
@@ -34,9 +35,9 @@ def launch(tmp_path: Path, workers: int, chaos: str, steps: int = 200, *,
                             job.model_dump_json()],
         workers=workers, spares=spares, run_dir=tmp_path / "run", chaos=parse_chaos(chaos),
         stall_s=stall_s,
-        stall_deadline_s=1.5, worker_env=worker_env or {}, timeout_s=240,
-        env={"SHOAL_REPLICA_CHECK": "1", "SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,
-             "SHOAL_CHECKPOINT_INTERVAL": "10", "SHOAL_IDENTITY": json.dumps(job.resume_identity())},
+        stall_deadline_s=1.5, overrides=overrides or {}, timeout_s=240,
+        settings=RunSettings(replica_check_interval=1, checkpoint_dir=job.checkpoint_dir,
+                             checkpoint_interval=10, identity=job.resume_identity()),
     )
     return Launcher(config).run()
 
@@ -109,8 +110,8 @@ def test_joiner_receives_live_state_and_contributes(tmp_path):
 
 
 def test_kill_during_state_transfer(tmp_path):
-    once = {"SHOAL_INJECT": "die-sending-state@once"}  # whichever sends first dies
-    report = launch(tmp_path, 2, "join@step20", steps=600, worker_env={0: once, 1: once})
+    once = WorkerOverrides(inject="die-sending-state@once")  # whichever sends first dies
+    report = launch(tmp_path, 2, "join@step20", steps=600, overrides={0: once, 1: once})
     assert_exact(report, 600)
     logs = [(tmp_path / "run" / f"w{i}.log").read_text() for i in range(3)]
     assert sum("injected fault: dying while sending state" in log for log in logs) == 1
@@ -128,7 +129,7 @@ def test_every_worker_killed_then_resume_from_disk_with_another_world_size(tmp_p
 
 
 def test_nan_step_is_skipped_not_applied(tmp_path):
-    report = launch(tmp_path, 2, "", steps=80, worker_env={1: {"SHOAL_INJECT": "nan-loss@w1:step30"}})
+    report = launch(tmp_path, 2, "", steps=80, overrides={1: WorkerOverrides(inject="nan-loss@w1:step30")})
     assert report.guard_skipped_steps == 1
     assert report.samples_skipped == 0 and report.replica_mismatches == 0
     assert report.train_loss is not None and report.train_loss == report.train_loss  # finite, not NaN
@@ -136,7 +137,7 @@ def test_nan_step_is_skipped_not_applied(tmp_path):
 
 
 def test_shares_follow_measured_speed(tmp_path):
-    launch(tmp_path, 2, "", steps=300, worker_env={1: {"SHOAL_SLOWDOWN": "4"}})
+    launch(tmp_path, 2, "", steps=300, overrides={1: WorkerOverrides(slowdown=4.0)})
     last = json.loads((tmp_path / "run" / "steps-w1.jsonl").read_text().splitlines()[-1])
     slow = last["shares"][last["rank"]]  # w1 is the slow one
     fast = last["shares"][1 - last["rank"]]
@@ -168,7 +169,7 @@ def test_warm_spare_joins_without_a_process_start(tmp_path):
     config = LaunchConfig(
         command=[sys.executable, "-m", "shoal.models.gpt_worker", "--job-json", job.model_dump_json()],
         workers=2, spares=1, run_dir=tmp_path / "run", chaos=parse_chaos("kill:1@step40,join@step41"),
-        timeout_s=240, env={"SHOAL_REPLICA_CHECK": "1"},
+        timeout_s=240, settings=RunSettings(replica_check_interval=1),
     )
     report = Launcher(config).run()
     assert_exact(report, 600)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.train.run_config import WorkerOverrides
 from tests.train.test_elastic import assert_exact, epochs, launch
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,7 @@ def _logs(tmp_path: Path) -> str:
 def test_a_stuck_but_alive_worker_is_fenced_and_the_others_go_on(tmp_path):
     # w1 hangs 3 s before step 40 (its process runs; no signal can show that it is stuck).
     report = launch(tmp_path, 3, "", steps=800,
-                    worker_env={1: {"SHOAL_INJECT": "hang@w1:step40:3"}})
+                    overrides={1: WorkerOverrides(inject="hang@w1:step40:3")})
     assert_exact(report, 800)
     reasons = [e["reason"] for e in epochs(tmp_path)]
     assert "stall:w1" in reasons
@@ -47,9 +48,10 @@ def test_a_rollback_restores_the_same_state_on_a_worker_that_joined_after_the_sn
     # w2 must have received with the live state.
     # Steps are slowed 8x so that the spare's join (bound by wall time, not steps) lands
     # inside that window even on a loaded machine (at 4x it once landed at step 95).
-    slow = {"SHOAL_SLOWDOWN": "8"}
+    slow = WorkerOverrides(slowdown=8.0)
     report = launch(tmp_path, 2, "join@step52", steps=200, spares=1,
-                    worker_env={0: {**slow, "SHOAL_INJECT": "nan-loss@w0:step95-97"}, 1: slow, 2: slow})
+                    overrides={0: WorkerOverrides(slowdown=8.0, inject="nan-loss@w0:step95-97"),
+                               1: slow, 2: slow})
     assert report.guard_skipped_steps == 3
     assert report.replica_mismatches == 0 and report.replica_checks >= 200
     assert report.samples_skipped == 0 and report.samples_duplicated == 0
@@ -61,7 +63,7 @@ def test_a_rollback_restores_the_same_state_on_a_worker_that_joined_after_the_sn
 
 def test_replicas_that_drift_apart_are_caught_at_that_step_and_resynced(tmp_path):
     report = launch(tmp_path, 3, "", steps=120,
-                    worker_env={2: {"SHOAL_INJECT": "diverge@w2:step50"}})
+                    overrides={2: WorkerOverrides(inject="diverge@w2:step50")})
     assert_exact(report, 120)
     resyncs = [e for e in epochs(tmp_path) if e["reason"] == "resync"]
     assert len(resyncs) == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from shoal.elastic.chaos import parse_chaos
 from shoal.elastic.launcher import Launcher, LaunchConfig
 from shoal.spec import parse_job
 from shoal.spec.elastic import ElasticReport, FaultKind
+from shoal.train.run_config import RunSettings
 from shoal.train.step_log import read_step_logs
 
 pytestmark = pytest.mark.slow
@@ -31,16 +33,14 @@ def launch(tmp_path: Path, sync: dict, *, workers: int = WORKERS, steps: int = S
                      "data": {"max_bytes": 300_000}, "schedule": {"warmup_steps": 5},
                      "checkpoint": {"dir": str(tmp_path / "ckpt"), "interval_steps": 10},
                      "sync": sync})
-    env = {"SHOAL_REPLICA_CHECK": "1", "SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,
-           "SHOAL_CHECKPOINT_INTERVAL": "10", "SHOAL_IDENTITY": json.dumps(job.resume_identity())}
+    settings = RunSettings(replica_check_interval=1, checkpoint_dir=job.checkpoint_dir,
+                           checkpoint_interval=10, identity=job.resume_identity(), slowdown=slowdown)
     if not rebalance:  # shares from measured speed make runs differ in their float sums
-        env["SHOAL_REBALANCE"] = "0"
-    if slowdown != 1.0:
-        env["SHOAL_SLOWDOWN"] = str(slowdown)
+        settings = replace(settings, rebalance_interval=0)
     config = LaunchConfig(
         command=[sys.executable, "-m", "shoal.models.gpt_worker", "--job-json", job.model_dump_json()],
         workers=workers, run_dir=tmp_path / "run", chaos=parse_chaos(chaos), stall_deadline_s=1.5,
-        timeout_s=240, env=env)
+        timeout_s=240, settings=settings)
     return Launcher(config).run()
 
 
@@ -132,7 +132,7 @@ def test_diloco_inner_steps_cross_no_network(tmp_path):
     script = Path(__file__).parent / "scripts" / "diloco_calls.py"
     config = LaunchConfig(
         command=[sys.executable, str(script), "40", "5"], workers=3, run_dir=tmp_path / "run",
-        timeout_s=120, env={"SHOAL_REPLICA_CHECK": "1", "SHOAL_INJECT": "nan-loss@w1:step7"})
+        timeout_s=120, settings=RunSettings(replica_check_interval=1, inject="nan-loss@w1:step7"))
     report = Launcher(config).run()
     assert report.steps == 40 and report.samples_skipped == report.samples_duplicated == 0
     assert report.replica_mismatches == 0 and report.replica_checks >= 8

@@ -52,8 +52,7 @@ def test_built_ins_change_what_they_say():
 
 
 def test_the_flag_names_worker_and_adversary():
-    assert parse_adversaries(["1=sign_flip", "3=mod:fn"]) == {
-        1: {"SHOAL_ADVERSARY": "sign_flip"}, 3: {"SHOAL_ADVERSARY": "mod:fn"}}
+    assert parse_adversaries(["1=sign_flip", "3=mod:fn"]) == {1: "sign_flip", 3: "mod:fn"}
     for bad in ("sign_flip", "x=zero", "1="):
         with pytest.raises(ShoalError, match="WORKER=NAME"):
             parse_adversaries([bad])
@@ -76,3 +75,16 @@ def test_an_adversary_at_a_rate_cheats_on_that_share_of_steps_only():
     for bad in ("sign_flip@0", "sign_flip@1.5", "sign_flip@x"):
         with pytest.raises(TrainError):
             load_adversary(bad)
+
+
+def test_a_worker_told_an_unknown_adversary_stops_at_join_and_names_the_built_ins():
+    from pathlib import Path
+
+    import shoal
+    from shoal.train.run_config import RunConfig, RunSettings, WorkerOverrides
+
+    settings = WorkerOverrides(adversary="flip_sign").over(RunSettings())
+    told = RunConfig.launched("127.0.0.1:9", "w1", Path("/tmp/run"), False, settings)
+    # Read back as the worker process reads it, and refused before it reaches the store.
+    with pytest.raises(TrainError, match="unknown adversary 'flip_sign'.*sign_flip"):
+        shoal.join(RunConfig.from_env(told.to_env()))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -17,40 +17,41 @@ from shoal import ShoalError
 if TYPE_CHECKING:
     from shoal.elastic.launcher import LaunchConfig
     from shoal.spec.coordinator import RendezvousPass
+    from shoal.train.run_config import RunSettings, WorkerOverrides
 
 
-def parse_slow(values: list[str]) -> dict[int, dict[str, str]]:
+def parse_slow(values: list[str]) -> dict[int, float]:
     """`--slow 1:3` makes worker 1 behave like a device 3x slower."""
-    env: dict[int, dict[str, str]] = {}
+    factors: dict[int, float] = {}
     for value in values:
         index, _, factor = value.partition(":")
         try:
             if float(factor) < 1.0:
                 raise ValueError
-            env[int(index)] = {"SHOAL_SLOWDOWN": factor}
+            factors[int(index)] = float(factor)
         except ValueError:
             raise ShoalError(f"--slow {value!r}: expected WORKER:FACTOR with FACTOR >= 1, e.g. 1:3") from None
-    return env
+    return factors
 
 
-def parse_adversaries(values: list[str]) -> dict[int, dict[str, str]]:
+def parse_adversaries(values: list[str]) -> dict[int, str]:
     """`--adversary 1=sign_flip` makes worker 1 cheat (a built-in NAME or module:callable)."""
-    env: dict[int, dict[str, str]] = {}
+    names: dict[int, str] = {}
     for value in values:
         index, _, name = value.partition("=")
         if not index.strip().isdigit() or not name.strip():
             raise ShoalError(f"--adversary {value!r}: expected WORKER=NAME, e.g. 1=sign_flip "
                              "(NAME: a built-in or module:callable)")
-        env[int(index)] = {"SHOAL_ADVERSARY": name.strip()}
-    return env
+        names[int(index)] = name.strip()
+    return names
 
 
-def _per_worker(*maps: dict[int, dict[str, str]]) -> dict[int, dict[str, str]]:
-    merged: dict[int, dict[str, str]] = {}
-    for mapping in maps:
-        for index, env in mapping.items():
-            merged.setdefault(index, {}).update(env)
-    return merged
+def worker_overrides(slow: dict[int, float], adversaries: dict[int, str]) -> dict[int, WorkerOverrides]:
+    """What each worker named by --slow or --adversary does differently."""
+    from shoal.train.run_config import WorkerOverrides
+
+    return {index: WorkerOverrides(slowdown=slow.get(index), adversary=adversaries.get(index))
+            for index in sorted({*slow, *adversaries})}
 
 
 def default_run_dir(name: str) -> Path:
@@ -109,18 +110,29 @@ class LaunchOptions:
     spares: int = 0
     hosts: HostOptions = HostOptions()
 
-    def config(self, command: list[str], name: str, env: dict[str, str] | None = None) -> LaunchConfig:
+    def config(self, command: list[str], name: str, settings: RunSettings) -> LaunchConfig:
+        """`settings`: the run's (`run_settings`), before these flags."""
         from shoal.elastic.chaos import parse_chaos
         from shoal.elastic.launcher import LaunchConfig
 
-        runtime = {"SHOAL_REPLICA_CHECK": str(self.replica_check_every)} if self.replica_check_every else {}
+        if self.replica_check_every:
+            settings = replace(settings, replica_check_interval=self.replica_check_every)
         return LaunchConfig(
             command=command, workers=self.workers, run_dir=self.run_dir or default_run_dir(name),
             chaos=parse_chaos(self.chaos), stall_s=self.stall_s,
-            stall_deadline_s=self.stall_deadline_s, worker_env=_per_worker(parse_slow(list(self.slow)),
-                                   parse_adversaries(list(self.adversaries))),
-            env={**(env or {}), **runtime}, spares=self.spares, **self.hosts.config_fields(),
+            stall_deadline_s=self.stall_deadline_s, settings=settings,
+            overrides=worker_overrides(parse_slow(list(self.slow)),
+                                       parse_adversaries(list(self.adversaries))),
+            spares=self.spares, **self.hosts.config_fields(),
         )
+
+
+def run_settings(**changes: Any) -> RunSettings:
+    """The run's settings: those the launcher's environment names (SHOAL_* variables, the
+    user's own), with what the command sets (`changes`, RunSettings fields) over them."""
+    from shoal.train.run_config import RunSettings
+
+    return replace(RunSettings.from_env(), **changes)
 
 
 def launch_and_report(config: LaunchConfig, report: Path | None) -> None:

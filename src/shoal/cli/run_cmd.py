@@ -11,7 +11,7 @@ from shoal import ShoalError
 from shoal.cli.launch_options import (
     ADVERSARY, BIND, CHAOS, CHECKPOINT_DIR, GRACE_S, MIN_WORKERS, NODE, RENDEZVOUS, REPLICA_CHECK,
     REPORT, RUN_DIR, SERVE, SLOW, SPARES, STALL_DEADLINE_S, STALL_S, WORKERS, HostOptions, LaunchOptions,
-    launch_and_report,
+    launch_and_report, run_settings,
 )
 
 
@@ -49,6 +49,7 @@ def run_command(
         slow=tuple(slow), adversaries=tuple(adversary), run_dir=run_dir,
         replica_check_every=replica_check_every, spares=spares,
         hosts=HostOptions(rendezvous, serve, bind, node, min_workers, grace_s))
-    env = {"SHOAL_CHECKPOINT_DIR": str(checkpoint_dir.resolve())} if checkpoint_dir else {}
+    settings = (run_settings(checkpoint_dir=str(checkpoint_dir.resolve())) if checkpoint_dir
+                else run_settings())
     command = worker_command(str(script), list(args or []))
-    launch_and_report(options.config(command, script.stem, env=env), report)
+    launch_and_report(options.config(command, script.stem, settings), report)

@@ -10,7 +10,7 @@ import typer
 from shoal.cli.launch_options import (
     ADVERSARY, BIND, CHAOS, GRACE_S, MIN_WORKERS, NODE, RENDEZVOUS, REPLICA_CHECK, RUN_DIR, SERVE,
     SLOW,
-    SPARES, STALL_DEADLINE_S, STALL_S, HostOptions, LaunchOptions, launch_and_report,
+    SPARES, STALL_DEADLINE_S, STALL_S, HostOptions, LaunchOptions, launch_and_report, run_settings,
 )
 from shoal.spec import JobSpec, load_job
 
@@ -79,7 +79,6 @@ def train_command(
 
 def _train_elastic(job: JobSpec, resume: bool, fresh: bool, options: LaunchOptions,
                    report: Optional[Path]) -> None:
-    import json
     import sys
 
     from shoal.models.single import open_checkpoints, open_proof_dir
@@ -90,9 +89,7 @@ def _train_elastic(job: JobSpec, resume: bool, fresh: bool, options: LaunchOptio
         open_checkpoints(job, resume, fresh).close()
         open_proof_dir(job, resume, fresh)
     command = [sys.executable, "-m", "shoal.models.gpt_worker", "--job-json", job.model_dump_json()]
-    config = options.config(command, job.name, env={
-        "SHOAL_CHECKPOINT_DIR": job.checkpoint_dir,
-        "SHOAL_CHECKPOINT_INTERVAL": str(job.checkpoint.interval_steps),
-        "SHOAL_IDENTITY": json.dumps(job.resume_identity()),
-    })
+    config = options.config(command, job.name, run_settings(
+        checkpoint_dir=job.checkpoint_dir, checkpoint_interval=job.checkpoint.interval_steps,
+        identity=job.resume_identity()))
     launch_and_report(config, report)

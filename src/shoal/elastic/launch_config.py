@@ -11,6 +11,7 @@ from shoal.elastic.chaos import ChaosEvent
 from shoal.errors import ControlError
 from shoal.elastic.netaddr import parse_endpoint
 from shoal.spec.coordinator import RendezvousPass
+from shoal.train.run_config import VARIABLES, RunSettings, WorkerOverrides
 
 
 @dataclass(frozen=True)
@@ -21,10 +22,14 @@ class LaunchConfig:
     chaos: list[ChaosEvent] = field(default_factory=list)  # on this host's workers
     stall_s: float = 5.0  # how long a `stall` keeps the worker stopped
     stall_deadline_s: float = 1.0  # least time a member may fall behind its peers before it is fenced
-    # Every worker's environment beyond the launcher's: the run's settings among it are
-    # checked and written by `shoal.train.run_config.RunConfig`.
+    # How the workers run, and where one of them differs (per launch index): each worker
+    # process is handed them, in its `shoal.train.run_config.RunConfig`, when it starts.
+    settings: RunSettings = field(default_factory=RunSettings)
+    overrides: dict[int, WorkerOverrides] = field(default_factory=dict)
+    # The workers' process environment beyond the launcher's own (threads, logging; per
+    # launch index, e.g. the cgroup a benchmark starts one in); never a run setting.
     env: dict[str, str] = field(default_factory=dict)
-    worker_env: dict[int, dict[str, str]] = field(default_factory=dict)  # per launch index
+    worker_env: dict[int, dict[str, str]] = field(default_factory=dict)
     timeout_s: float = 3600.0
     # Warm spares: started and ready (torch imported, model built) but idle until a
     # `join` calls one in, so a join costs a state transfer, not a process start.
@@ -59,6 +64,15 @@ class LaunchConfig:
             raise ControlError("--min-workers is for the serving host and must be at least 1")
         if self.grace_s < 0:
             raise ControlError("--grace-s cannot be negative")
+        for env in (self.env, *self.worker_env.values()):
+            if named := sorted(VARIABLES & set(env)):
+                raise ControlError(f"{', '.join(named)}: a run's settings go in LaunchConfig's "
+                                   "settings and overrides, not in its workers' environment")
+
+    def settings_of(self, index: int) -> RunSettings:
+        """The settings of the worker started at launch index `index`."""
+        overrides = self.overrides.get(index)
+        return self.settings if overrides is None else overrides.over(self.settings)
 
     @property
     def serves(self) -> bool:

@@ -15,7 +15,7 @@ from shoal.elastic.report import FaultEvent
 from shoal.elastic.launch_config import LaunchConfig
 from shoal.elastic.worker_process import WorkerProcess
 from shoal.spec.elastic import FaultKind
-from shoal.train.run_config import RunConfig
+from shoal.train.run_config import RunConfig, without_run_config
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,9 @@ class WorkerPool:
     def spawn(self, index: int, spare: bool = False) -> str:
         worker = self.worker_id(index)
         config = self.config
-        env = {**os.environ, **self.env, **config.worker_env.get(index, {})}
-        run = RunConfig.launched(self.rendezvous, worker, config.run_dir, spare, env)
+        env = {**without_run_config(os.environ), **self.env, **config.worker_env.get(index, {})}
+        run = RunConfig.launched(self.rendezvous, worker, config.run_dir, spare,
+                                 config.settings_of(index))
         env.update(run.to_env(), LOCAL_RANK=str(index), LOCAL_WORLD_SIZE=str(config.workers))
         # Like torchrun: without a cap, every worker starts one OpenMP thread per core, and
         # oversubscribed spinning threads make each step many times slower.

@@ -67,6 +67,7 @@ class Membership:
 
     def enter(self, replica: ReplicaState) -> bool:
         """Block until this worker is in a formed epoch; False once it has left."""
+        settings = self.config.settings
         while self.group is None:
             record = self._next_record(replica)
             if record is None:
@@ -76,8 +77,8 @@ class Membership:
                 formed = form_epoch(
                     self.rdzv, record, self.worker, step=replica.step, has_state=replica.held,
                     disk_step=replica.disk_step(),
-                    backend=self.config.backend, timeout_s=self.config.collective_timeout_s,
-                    poll_s=self.config.poll_s,
+                    backend=settings.backend, timeout_s=settings.collective_timeout_s,
+                    poll_s=settings.poll_s,
                     newer=lambda epoch=record.epoch: self._newer_than(epoch),
                     live_state=replica.state_dict, load_state=replica.load_state_dict,
                     load_from_disk=replica.load_checkpoint,
@@ -122,7 +123,7 @@ class Membership:
                     continue  # a warm spare: started, model built, waiting to be called in
                 self.rdzv.request_join(self.worker)
                 self._awaiting_admission = True
-            time.sleep(self.config.poll_s)
+            time.sleep(self.config.settings.poll_s)
 
     def drop_group(self) -> None:
         """Leave the current epoch's group (it goes to the graveyard, never reused)."""

@@ -79,16 +79,18 @@ class Run:
         self.worker = config.worker
         self.rdzv = Rendezvous(connect(config.host, config.port))
         self.left = False  # this worker handed over and left (SIGTERM)
-        self.balancer = ShareBalancer(config.worker, config.rebalance_interval,
-                                      config.speed_report_interval, config.slowdown)
-        self.guard = StepGuard(config.guard)
+        settings = config.settings
+        self.balancer = ShareBalancer(config.worker, settings.rebalance_interval,
+                                      settings.speed_report_interval, settings.slowdown)
+        self.guard = StepGuard(settings.guard)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.replica: ReplicaState | None = None
         self.attempt: Attempt | None = None  # the step being computed
         self._final: dict[str, object] | None = None
-        self.checkpoints = (CheckpointStore(config.checkpoint_dir, config.identity, config.checkpoint_keep)
-                            if config.checkpoint_dir else None)
+        self.checkpoints = (CheckpointStore(settings.checkpoint_dir, settings.identity,
+                                            settings.checkpoint_keep)
+                            if settings.checkpoint_dir else None)
         self.step_log = StepLog(config.run_dir, self.worker)
         self.progress = ProgressReporter(self.worker, self._connect)
         self.membership = Membership(config, self.rdzv, self.progress, faults)
@@ -138,7 +140,7 @@ class Run:
             raise TrainError("call run.wrap(model, optimizer) before run.batches(...)")
         order = DataOrder(_num_samples(dataset), seed)
         self.sync.plan(steps)
-        if self.config.spare and self.config.spare_warmup and self.record is None:
+        if self.config.spare and self.config.settings.spare_warmup and self.record is None:
             yield from self._warm_up(dataset, order, global_batch, micro_batch)
         while self._enter_membership():
             if self.step_index >= steps:
@@ -231,7 +233,7 @@ class Run:
         self.progress.reached(self.record.epoch, self.step_index, Phase.voted)
         try:
             decision = agree(self.rdzv, self.record, self.rank, self.step_index, ballot,
-                             poll_s=self.config.poll_s, leaving=self.membership.leave_posted,
+                             poll_s=self.config.settings.poll_s, leaving=self.membership.leave_posted,
                              proposer=Proposer(self._proposed_weights,
                                                lambda: _most_common(self.record.members, scalars),
                                                self.membership.lost_member),
@@ -389,8 +391,9 @@ def join(config: RunConfig | None = None, hook: StepHook | None = None) -> Run:
     `hook`: proof of learning's calls at each step; `shoal.join` builds it from the
     run's config, so a cheat the launcher asked for is never silently honest here."""
     config = config or RunConfig.from_env()
-    if hook is None and config.adversary:
-        raise TrainError(f"this worker was told to cheat as {config.adversary!r}: join with "
+    adversary = config.settings.adversary
+    if hook is None and adversary:
+        raise TrainError(f"this worker was told to cheat as {adversary!r}: join with "
                          "shoal.join(), which runs adversaries and records work")
-    faults = InjectedFaults.parse(config.inject, config.worker, config.run_dir)
+    faults = InjectedFaults.parse(config.settings.inject, config.worker, config.run_dir)
     return Run(config, hook if hook is not None else NoStepHook(), faults)

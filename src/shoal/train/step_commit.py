@@ -110,7 +110,7 @@ class StepCommitter:
         agreed = self.sync.consensus  # under DiLoCo, replicas agree only after outer steps
         self.replica.advance(attempt.global_batch, snapshot=applied and agreed)
         step = self.replica.step
-        check = self.config.replica_check_interval
+        check = self.config.settings.replica_check_interval
         self.hash_due = self.hash_due or bool(check and step % check == 0)
         full_hash = self.sync.agreed_sha256(self.model) if self.hash_due else None
         self.hash_due = self.hash_due and full_hash is None
@@ -119,5 +119,5 @@ class StepCommitter:
                             full_hash)
         if self.membership.rank == 0:
             self.progress.report_progress(step)
-            if self.checkpoints and step % self.config.checkpoint_interval == 0:
+            if self.checkpoints and step % self.config.settings.checkpoint_interval == 0:
                 self.checkpoints.save_async(self.replica.snapshot())

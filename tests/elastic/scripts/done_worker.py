@@ -1,8 +1,7 @@
 """A stand-in worker that ends the job at once: it marks it done in the store."""
 
-import os
-
 from shoal.train.rendezvous import Rendezvous, connect
+from shoal.train.run_config import RunConfig
 
-host, _, port = os.environ["SHOAL_RENDEZVOUS"].rpartition(":")
-Rendezvous(connect(host, int(port))).mark_done({"param_sha256": "0" * 64})
+config = RunConfig.from_env()
+Rendezvous(connect(config.host, config.port)).mark_done({"param_sha256": "0" * 64})

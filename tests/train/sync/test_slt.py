@@ -232,7 +232,7 @@ def test_converges_close_to_slt_zero_with_identical_replicas(tmp_path, diloco_va
     # theta_outer's fingerprint is compared at every step: a difference would have
     # discarded a step and re-formed the group.
     assert report.epochs == 1
-    # Hashed every step (SHOAL_REPLICA_CHECK=1): theta_outer mid-run, the model at the end.
+    # Hashed every step (replica_check_interval=1): theta_outer mid-run, the model at the end.
     assert report.replica_checks >= STEPS - 1
     final = [r for r in read_step_logs(tmp_path / "run") if r.step == STEPS - 1]
     assert len(final) == 3 and len({r.param_sha256 for r in final}) == 1

@@ -16,7 +16,7 @@ import torch
 from shoal.coordinator.errors import Conflict
 from shoal.proof.epochs import final_lineage
 from shoal.spec.proof import WorkRecord
-from shoal.verify.audit.local import majority_claim
+from shoal.verify.audit.round_start import majority_claim
 from shoal.train.hashing import param_sha256
 from shoal.verify.kept_files import UnreadableFile, params_from
 

@@ -36,25 +36,29 @@ through. The sampler puts each worker's round-end records first, each with
 one of the worker's inner steps (`shoal.proof.sampling`): the re-take applies
 committed gradients without replaying them, and a gradient itself (check 3)
 is replayed where it is sampled, as in every-step jobs.
+
+This module runs the chain; checks 1 and 2 live in `local_start`, 4 in
+`step_end`, 5 in `round_end`, and theta_outer is found by `round_start`.
 """
 
 from __future__ import annotations
 
-import collections
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from shoal.spec.proof import VerdictKind, WorkRecord
-from shoal.verify.audit.sent import sent_problem
+from shoal.verify.audit.local_start import StartCheck
+from shoal.verify.audit.round_end import RoundEnds
+from shoal.verify.audit.round_start import RoundStarts, majority_claim
 from shoal.verify.audit.slice import seeds_problem, slice_problem
+from shoal.verify.audit.step_end import StepEnds
 from shoal.verify.audit.walk import Finding, RoundWalk, opened_reveal
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
 from shoal.verify.known_records import KnownRecords
-from shoal.verify.proof_store import ProofStore, UnreadableFile
-from shoal.verify.replay import JobSeeds, Replayer, relative_distance
-
+from shoal.verify.proof_store import ProofStore
+from shoal.verify.replay import JobSeeds, Replayer
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,10 @@ class LocalAudit:
         """`records`: every record of the job so far (the store's, or a coordinator's)."""
         self.store, self.replayer, self.tolerance = store, replayer, tolerance
         self.records = records
-        self._rounds: dict[int, tuple[str, torch.Tensor] | None] = {}
-        self._fresh_sha256: str | None = None
+        self.round_starts = RoundStarts(store, replayer)
+        self.starts = StartCheck(store, replayer, self.round_starts)
+        self.step_ends = StepEnds(store, replayer, tolerance)
+        self.round_ends = RoundEnds(replayer, self.round_starts, tolerance)
         self._walk = RoundWalk(store, replayer)
         self._known: KnownRecords | None = None
 
@@ -90,7 +96,7 @@ class LocalAudit:
         everyone = self.known()
         # theta_outer is the state most of the round's first-step records claim (one
         # writer cannot forge it). Its values come from the first kept start checked
-        # against that claim (`_kept_start`), or else the keepers' snapshot.
+        # against that claim (`StartCheck.kept_start`), or else the keepers' snapshot.
         outer_sha256 = majority_claim([r.params_sha256
                                        for r in everyone.of_step(claim.round_start)])
         if outer_sha256 is None:
@@ -113,7 +119,7 @@ class LocalAudit:
         if not stated:
             walked = self._walk.walk(
                 before + [record], everyone,
-                lambda step: self._kept_start(step, mine, everyone, outer_sha256), judge)
+                lambda step: self.starts.kept_start(step, mine, everyone, outer_sha256), judge)
         if walked is None:
             found, carried = self._chain(before, stated, mine, everyone, outer_sha256)
             if found is not None:
@@ -122,7 +128,7 @@ class LocalAudit:
             if found is not None:
                 return found
         if claim.outer:
-            return self._outer_problem(record, mine, everyone, outer_sha256, walked[-1])
+            return self.round_ends.problem(record, mine, everyone, outer_sha256, walked[-1])
         return VerdictKind.valid, "", 0.0
 
     def _chain(self, before: list[WorkRecord], stated: dict[int, Finding],
@@ -131,7 +137,7 @@ class LocalAudit:
         """Re-take `before` (a worker's steps of a round, in order; `stated`: what
         `_stated_problems` found in them) step by step: each
         step's end hashed against its claim, and where one differs in its last bits,
-        measured against the kept state that starts there (`_end_problem`), the next
+        measured against the kept state that starts there (`StepEnds.problem`), the next
         going on from that. The first finding, and where the last step ended if bit for
         bit as claimed."""
         carried = None
@@ -157,36 +163,6 @@ class LocalAudit:
                  for r in before}
         return {step: problem for step, problem in found.items() if problem is not None}
 
-    def _kept_start(self, record: WorkRecord, mine: list[WorkRecord],
-                    everyone: KnownRecords, outer_sha256: str
-                    ) -> tuple[Finding | None, tuple[dict, dict] | None]:
-        """The state the step started from as its worker kept it, checked: the committed
-        one, and one its chain or the round's start allows (`_start_problem`)."""
-        try:
-            kept = self.store.load_local(record.worker, record.step)
-        except UnreadableFile as error:
-            return (VerdictKind.bad_commitment, f"the kept start state is not a state: {error}",
-                    None), None
-        if kept is None:
-            return (VerdictKind.withheld, "the state the step started from is not kept", None), None
-        params, state = kept
-        try:  # the worker wrote it: a state shaped for another model is not the committed one
-            self.replayer.load(params)
-        except (RuntimeError, KeyError, ValueError):
-            return (VerdictKind.bad_commitment, "the kept start state is not the committed one",
-                    None), None
-        if param_sha256(self.replayer.model) != record.params_sha256 or \
-                optimizer_state_sha256(state) != record.local.state_sha256:
-            return (VerdictKind.bad_commitment, "the kept start state is not the committed one",
-                    None), None
-        broken = self._start_problem(record, mine, everyone, outer_sha256)
-        if broken:
-            return (VerdictKind.wrong_params, broken, None), None
-        if record.params_sha256 == outer_sha256 and record.local.round_start not in self._rounds:
-            self._rounds[record.local.round_start] = (outer_sha256,
-                                                      self.replayer.flat_params().clone())
-        return None, kept
-
     def _step(self, record: WorkRecord, mine: list[WorkRecord], everyone: KnownRecords,
               outer_sha256: str, judge: Callable[[list[torch.Tensor]], Finding | None] | None,
               carried: Carried | None) -> tuple[Finding | None, Carried | None, list[torch.Tensor]]:
@@ -201,7 +177,7 @@ class LocalAudit:
         if carried_here:
             params, state = self.replayer.model.state_dict(), carried.state  # the model holds it
         else:
-            found, kept = self._kept_start(record, mine, everyone, outer_sha256)
+            found, kept = self.starts.kept_start(record, mine, everyone, outer_sha256)
             if found is not None:
                 return found, None, []
             params, state = kept
@@ -226,171 +202,7 @@ class LocalAudit:
         ended = (param_sha256(self.replayer.model), optimizer_state_sha256(new_state))
         if ended == (claim.end_params_sha256, claim.end_state_sha256):
             return None, Carried(ended, new_state), revealed
-        return self._end_problem(record, everyone, start, new_state), None, revealed
-
-    # -- the checks ------------------------------------------------------------------
-
-    def round_start_params(self, round_start: int, everyone: KnownRecords
-               ) -> tuple[str, torch.Tensor] | None:
-        """theta_outer of a round: the keepers' snapshot, if it is what most of the
-        round's first-step records claim (one writer cannot forge it). Kept once found;
-        a snapshot not fetched yet is looked for again next time."""
-        if round_start in self._rounds:
-            return self._rounds[round_start]
-        sha256 = load_agreed(self.store, self.replayer, round_start,
-                             [r.params_sha256 for r in everyone.of_step(round_start)])
-        if sha256 is None:
-            return None
-        self._rounds[round_start] = (sha256, self.replayer.flat_params().clone())
-        return self._rounds[round_start]
-
-    def _start_problem(self, record: WorkRecord, mine: list[WorkRecord],
-                       everyone: KnownRecords, outer_sha256: str) -> str:
-        """Why the step's start is not one the worker's chain of steps reached, or ""."""
-        claim = record.local
-        start = (record.params_sha256, claim.state_sha256)
-        before = [r for r in mine if r.step == record.step - 1 and r.local is not None
-                  and r.local.round_start == claim.round_start]
-        if record.step > claim.round_start and any(
-                start == (r.local.end_params_sha256, r.local.end_state_sha256)
-                # A round's last step that the guard skipped is undone: the round goes
-                # on from where that step started (had it been applied, a new round
-                # would have begun from a new theta_outer).
-                or (r.local.outer and start == (r.params_sha256, r.local.state_sha256))
-                for r in before):
-            return ""
-        if record.params_sha256 != outer_sha256:
-            return ("the step started neither where the worker's previous step of the round "
-                    "ended nor at the round's agreed parameters")
-        # At the round's agreed parameters: a fresh optimizer, or the state a step just
-        # before left (the previous round's end: its own, or the peer's it joined from or
-        # restored). Back there inside a round (a rollback, a join, a restore), also what
-        # any earlier round's end left: a rollback goes back to a snapshot, which may be
-        # rounds old. Not at a round's start: an old Adam state would push a round along
-        # old gradients.
-        restart = record.step > claim.round_start
-        if self.may_start_from(claim.state_sha256, record.step, everyone, restart=restart):
-            return ""
-        return ("the optimizer state it started from is not one the previous round's end left"
-                if not restart else "the optimizer state it started from is not one a step "
-                "just before or a round's end left")
-
-    def may_start_from(self, state_sha256: str, step: int, everyone: KnownRecords, *,
-                       restart: bool) -> bool:
-        """May a step at theta_outer start from this optimizer state: a fresh one, one a
-        record of the step just before ended with, or (a `restart` inside a round) one
-        any earlier round's end left?"""
-        if state_sha256 == self.fresh_state_sha256():
-            return True
-        return any(r.step == step - 1 or (restart and r.local.outer and r.step < step)
-                   for r in everyone.ending_at(state_sha256))
-
-    def fresh_state_sha256(self) -> str:
-        if self._fresh_sha256 is None:
-            self._fresh_sha256 = optimizer_state_sha256(self.replayer.fresh_optimizer_state())
-        return self._fresh_sha256
-
-    def _end_problem(self, record: WorkRecord, everyone: KnownRecords, start: dict,
-                     new_state: dict) -> Finding | None:
-        """Does the optimizer step end where the record claims? Bit for bit, or within
-        the tolerance of the claimed end as kept for a later step: the worker's own next
-        one, or else a peer's that started from the claimed optimizer state.
-
-        Peers count: a worker that claims an end it never reached and goes on from its
-        true state, while a colluding peer starts from the claim (its next round, or a
-        restart at theta_outer), would otherwise leave nothing to measure against
-        (`unavailable`, no verdict). Each kept file must be the state its record claims:
-        a peer's that is not cannot speak for or against this worker (one keeping the
-        true end under the forged claim's name would clear it), and the worker's own that
-        is not is its own broken commitment."""
-        claim = record.local
-        for later in next_kept_starts(record, everyone):
-            try:
-                kept = self.store.load_local(later.worker, later.step)
-            except UnreadableFile:
-                if later.worker == record.worker:
-                    return (VerdictKind.bad_commitment, f"the state its step {later.step} "
-                            "started from is not a state", None)
-                continue  # a peer's broken file speaks for nobody
-            if kept is None:
-                continue
-            next_params, next_state = kept
-            if optimizer_state_sha256(next_state) != claim.end_state_sha256:
-                if later.worker == record.worker:
-                    return (VerdictKind.bad_commitment, f"the state its step {later.step} "
-                            "started from is not the one its records claim", None)
-                continue
-            distance = relative_distance(state_tensors(new_state), state_tensors(next_state))
-            if not claim.outer and later.worker == record.worker:  # the parameters go on too
-                moved = self.replayer.flat_params()
-                names = _trainable(self.replayer.model)
-                base = torch.cat([start[k].reshape(-1) for k in names])
-                there = torch.cat([next_params[k].reshape(-1) for k in names])
-                distance = max(distance, relative_distance([moved - base], [there - base]))
-            if distance <= self.tolerance:
-                return None
-            return (VerdictKind.wrong_contribution,
-                    "the optimizer step does not end where the record says", distance)
-        return (VerdictKind.unavailable,
-                "the step's end differs in its last bits and no later step's state that "
-                "starts there is kept to measure by how much", None)
-
-    def _outer_problem(self, record: WorkRecord, mine: list[WorkRecord],
-                       everyone: KnownRecords, outer_sha256: str,
-                       pseudo: torch.Tensor) -> Finding:
-        """The round's end (the model holds where its last step ended): is the committed
-        `pseudo`-gradient (theta_outer − that) weighted by the samples its records show?"""
-        claim = record.local
-        outer = self._rounds.get(claim.round_start)
-        if outer is None or outer[0] != outer_sha256:  # no kept start at it was read here
-            end = {k: v.clone() for k, v in self.replayer.model.state_dict().items()}
-            outer = self.round_start_params(claim.round_start, everyone)
-            self.replayer.load(end)
-            if outer is None:
-                return (VerdictKind.unavailable, "no agreed parameters for the round starting "
-                        f"at step {claim.round_start}", None)
-        outer_flat = outer[1]
-        samples, expected = _round_counts(record, mine, everyone, outer_sha256)
-        if (claim.round_samples, claim.round_expected) != (samples, expected):
-            return (VerdictKind.wrong_samples,
-                    f"claims {claim.round_samples} of {claim.round_expected} samples for its "
-                    f"pseudo-gradient; its records of the round show {samples} of {expected}", None)
-        honest = (outer_flat - self.replayer.flat_params()) * (samples / expected)
-        distance = relative_distance([honest], [pseudo])
-        if distance > self.tolerance:
-            return VerdictKind.wrong_contribution, "the pseudo-gradient is not the round's", distance
-        # ... and it is what the worker put in the outer exchange, with that count.
-        found = sent_problem(record, everyone.of_step(record.step), [pseudo],
-                             self.tolerance, count=claim.round_samples)
-        return found if found is not None else (VerdictKind.valid, "", distance)
-
-
-def load_agreed(store: ProofStore, replayer: Replayer, step: int,
-                claims: list[str]) -> str | None:
-    """Load the keepers' snapshot of `step` into the replayer if it is the state most of
-    the step's records `claims` to start from (one writer cannot forge it); its SHA-256,
-    or None when there is no such snapshot. As many claims for another state as for the
-    snapshot's is no majority: in a step of two, a cheat's forged claim against its
-    peer's cannot be told apart, and whichever record is listed first must not decide."""
-    state = store.load_params(step)
-    if state is None or not claims:
-        return None
-    try:
-        replayer.load(state)
-    except (RuntimeError, KeyError):
-        return None
-    sha256 = param_sha256(replayer.model)
-    return sha256 if sha256 == majority_claim(claims) else None
-
-
-def majority_claim(claims: list[str]) -> str | None:
-    """The state more of a step's records claim to start from than any other, or None
-    (no claims, or a tie: one claim against another decides nothing). The coordinator
-    checks a keeper's answer by the same rule, so it refuses nothing a verifier takes."""
-    ranked = collections.Counter(claims).most_common(2)
-    if not ranked or (len(ranked) == 2 and ranked[0][1] == ranked[1][1]):
-        return None
-    return ranked[0][0]
+        return self.step_ends.problem(record, everyone, start, new_state), None, revealed
 
 
 def _stated_problem(record: WorkRecord, of_step: list[WorkRecord],
@@ -410,67 +222,3 @@ def _round_before(record: WorkRecord, mine: list[WorkRecord]) -> list[WorkRecord
     """The worker's records of the steps of `record`'s round before it, in order."""
     return sorted((r for r in mine if r.local is not None and r.step < record.step
                    and r.local.round_start == record.local.round_start), key=lambda r: r.step)
-
-
-def _round_counts(record: WorkRecord, mine: list[WorkRecord], everyone: KnownRecords,
-                  outer_sha256: str) -> tuple[int, int]:
-    """(samples behind this worker's pseudo-gradient, samples of the round's steps) as
-    `DiLoCo` counts them: a step back at theta_outer after the round's start (a
-    rollback, a join) drops this worker's samples before it; an earlier end of the
-    round that the guard skipped counts nowhere. A step the worker has no record of
-    (it joined mid-round) is counted as most of its records say; where it has one, its
-    own says (a peer's record cannot move it)."""
-    claim = record.local
-
-    def of_round(records: Iterable[WorkRecord]) -> list[WorkRecord]:
-        return [r for r in records if r.local is not None and r.local.round_start ==
-                claim.round_start and claim.round_start <= r.step <= record.step]
-
-    own = {r.step: r for r in of_round(mine)}
-    others: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-    for r in of_round(r for step in range(claim.round_start, record.step + 1)
-                      for r in everyone.of_step(step)):
-        others[r.step][(r.global_batch, r.local.outer)] += 1
-    samples = expected = 0
-    for step in range(claim.round_start, record.step + 1):
-        r = own.get(step)
-        if r is not None:
-            batch, skipped = r.global_batch, r.local.outer and step != record.step
-        elif others[step]:
-            batch, outer = others[step].most_common(1)[0][0]
-            skipped = outer
-        else:
-            continue  # nobody recorded it
-        if skipped:
-            continue
-        expected += batch
-        if r is not None:
-            if step > claim.round_start and r.params_sha256 == outer_sha256:
-                samples = 0
-            samples += r.samples if r.local.applied else 0
-    return samples, expected
-
-
-def next_kept_starts(record: WorkRecord, everyone: Iterable[WorkRecord]) -> list[WorkRecord]:
-    """The later records that start where `record` claims its step ended, in the order
-    an audit measures against them: the worker's own next (at the claimed parameters and
-    optimizer state; after a round's end, the state alone, the parameters going to the
-    outer step), then peers' that started from the claimed optimizer state (a joiner's,
-    or a restart at theta_outer), in step order."""
-    claim = record.local
-    own = [r for r in everyone if r.worker == record.worker and r.step > record.step
-           and r.local is not None and r.local.state_sha256 == claim.end_state_sha256
-           and (claim.outer or r.params_sha256 == claim.end_params_sha256)]
-    peers = [r for r in everyone if r.worker != record.worker and r.step > record.step
-             and r.local is not None and r.local.state_sha256 == claim.end_state_sha256]
-    return sorted(own, key=lambda r: r.step) + sorted(peers, key=lambda r: (r.step, r.worker))
-
-
-def state_tensors(state: dict) -> list[torch.Tensor]:
-    """An optimizer state's tensors in a fixed order (parameter, then name)."""
-    return [state[i][name].detach().reshape(-1).double() for i in sorted(state)
-            for name in sorted(state[i]) if isinstance(state[i][name], torch.Tensor)]
-
-
-def _trainable(model: torch.nn.Module) -> list[str]:
-    return [name for name, p in model.named_parameters() if p.requires_grad]

@@ -19,7 +19,9 @@ import torch
 
 from shoal.proof.merkle import verify_proof
 from shoal.spec.proof import Verdict, VerdictKind, WorkRecord
-from shoal.verify.audit.local import Finding, LocalAudit, load_agreed
+from shoal.verify.audit.local import LocalAudit
+from shoal.verify.audit.round_start import load_agreed
+from shoal.verify.audit.walk import Finding
 from shoal.verify.audit.sent import loss_problem, sent_problem
 from shoal.verify.audit.slice import seeds_problem, slice_problem
 from shoal.verify.audit.unrecorded import Members, Unrecorded, judge_unrecorded, stand_in

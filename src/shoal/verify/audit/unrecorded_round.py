@@ -39,7 +39,9 @@ import torch
 
 from shoal.proof.epochs import final_lineage
 from shoal.spec.proof import VerdictKind, WorkRecord
-from shoal.verify.audit.local import Finding, LocalAudit, state_tensors
+from shoal.verify.audit.local import LocalAudit
+from shoal.verify.audit.step_end import state_tensors
+from shoal.verify.audit.walk import Finding
 from shoal.verify.audit.sent import Declaration, declared_distance, loss_problem
 from shoal.verify.audit.unrecorded import UNRECORDED, Members, Unrecorded, stand_in
 from shoal.train.hashing import optimizer_state_sha256, param_sha256
@@ -127,7 +129,7 @@ class UnrecordedRounds:
         start = round_start(ends)
         expected = collections.Counter(r.local.round_expected for r in ends
                                        if r.local.outer).most_common(1)
-        outer = self.local.round_start_params(start, everyone)
+        outer = self.local.round_starts.params(start, everyone)
         if outer is None or not expected:
             return (VerdictKind.unavailable,
                     f"no agreed parameters or samples for the round starting at step {start}", None)
@@ -191,11 +193,11 @@ class UnrecordedRounds:
                        lineage: dict[int, list[WorkRecord]], everyone: KnownRecords, *,
                        restart: bool, depth: int) -> Finding | None:
         """None if the optimizer `state` a start at theta_outer shows is one the worker
-        may start from there (`LocalAudit.may_start_from`, or where its record-less
+        may start from there (`StartCheck.may_start_from`, or where its record-less
         previous round ended); else why not."""
         state_sha256 = optimizer_state_sha256(state)
-        if self._vouched.get((worker, step)) == state_sha256 or self.local.may_start_from(
-                state_sha256, step, everyone, restart=restart):
+        if self._vouched.get((worker, step)) == state_sha256 or \
+                self.local.starts.may_start_from(state_sha256, step, everyone, restart=restart):
             return None
         if step == first and depth > 0 and _after_record_less_round(worker, step, lineage):
             # Its previous round has no record of its end either: replay that round.

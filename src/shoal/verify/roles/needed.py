@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from shoal.proof.epochs import final_lineage, params_keepers
 from shoal.spec.audit import BlobKind, ChallengeRequest
 from shoal.spec.proof import WorkRecord
-from shoal.verify.audit.local import next_kept_starts
+from shoal.verify.audit.step_end import next_kept_starts
 
 
 def record_files(chosen: Iterable[WorkRecord], records: list[WorkRecord]
