@@ -59,8 +59,7 @@ from shoal.spec.market import DeviceLease, FillStatus, Offer
 
 
 class Coordinator(JobLifecycle, JobSupervision,
-                  ChainSettlement, ProofService, AuditService, DisputeService, UnfiledDisputes,
-                  CheckpointCarry):
+                  ChainSettlement, ProofService, AuditService, DisputeService, UnfiledDisputes):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
@@ -90,14 +89,15 @@ class Coordinator(JobLifecycle, JobSupervision,
         self.progress = JobProgress(self.store, self.desk, self.job_spec,
                                     self._published.changes)
         self._audit_init()
-        self._carry_init()
+        self.carry = CheckpointCarry(self.store, self.desk, settings, self.job_spec,
+                                     self.work_records, self._published.all_members, replayer)
         self.planning = JobPlanning(self.store, self.desk, self.progress, self.job_spec)
         self.attendance = LeaseAttendance(self.store, self.desk, settings, self.hosts,
                                           self.progress, self.bar_provider,
                                           self.withdraw_offer)
         self.referee = Referee(self, referee_key, replayer)
         self.files = FileAdmission(self.store, self.desk, settings, self.participants,
-                                   self._active_lease, self._answerable, self.plant_fetch)
+                                   self.carry.active_lease, self._answerable, self.plant_fetch)
         self._disputes_init()
         self._unfiled_init()
         self.started_s = self.desk.now_s()
