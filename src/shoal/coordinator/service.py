@@ -7,12 +7,13 @@ lease the market would not rebuild after a restart (services/market_desk.py).
 Services it builds and holds: `desk` (the market, its clock and its writer),
 `participants`, `reads`, `probing` (agents' network probes), `progress`,
 `planning` (the plan of each job's members), `attendance` (leases held to the
-jobs' membership) and `files` (who may send a large file before it is read).
-Still mixed in, until each becomes a service of its own: jobs as submitters
-drive them (jobs.py), the watch over running work (supervision.py), settlement
-on a chain (chain_jobs.py), work records and proof epochs (records.py),
-challenges and verdicts (challenges.py), bonded challengers' disputes
-(disputes.py) and checkpoints carried between machines (checkpoints.py).
+jobs' membership), `files` (who may send a large file before it is read),
+`jobs` (jobs as their submitters drive them), `supervision` (the watch over
+running work), `chain` (settlement on a chain) and `carry` (checkpoints carried
+between machines). Still mixed in, until each becomes a service of its own:
+work records and proof epochs (records.py), challenges and verdicts
+(challenges.py), bonded challengers' disputes (disputes.py) and disputes
+nobody filed (unfiled_disputes.py).
 """
 
 from __future__ import annotations
@@ -58,8 +59,7 @@ from shoal.spec.coordinator import (
 from shoal.spec.market import DeviceLease, FillStatus, Offer
 
 
-class Coordinator(JobLifecycle, JobSupervision,
-                  ChainSettlement, ProofService, AuditService, DisputeService, UnfiledDisputes):
+class Coordinator(ProofService, AuditService, DisputeService, UnfiledDisputes):
     """One coordinator's state: a market rebuilt from its journal, and the store."""
 
     def __init__(self, settings: CoordinatorSettings, engine: Engine | None = None,
@@ -82,7 +82,6 @@ class Coordinator(JobLifecycle, JobSupervision,
                                     self.desk.now_s)
         self.probing = NetworkProbing(self.store, settings, self.probes)
         self.reads = CoordinatorReads(self.store, self.desk, settings)
-        self._speeds_seen: dict[str, int] = {}  # job -> mtime of the speeds last judged
         self.hosts = JobHosts(settings.data_dir / "jobs", settings.rendezvous_address,
                               settings.stall_deadline_s)
         self._proof_init()
@@ -96,11 +95,17 @@ class Coordinator(JobLifecycle, JobSupervision,
                                           self.progress, self.bar_provider,
                                           self.withdraw_offer)
         self.referee = Referee(self, referee_key, replayer)
+        self.chain = ChainSettlement(self.store, self.desk, settings, settlement,
+                                     self.attendance, self.record_dues)
+        self.jobs = JobLifecycle(self.desk, settings, self.participants, self.hosts, settlement,
+                                 self.chain, self.close_proofs)
+        self.supervision = JobSupervision(self.store, self.desk, settings, self.hosts,
+                                          self.attendance, self.jobs.end, self.withdraw_offer,
+                                          self.awaiting_records)
         self.files = FileAdmission(self.store, self.desk, settings, self.participants,
                                    self.carry.active_lease, self._answerable, self.plant_fetch)
         self._disputes_init()
         self._unfiled_init()
-        self.started_s = self.desk.now_s()
 
     # ------------------------------------------------------------ providers
     def register_agent(self, provider: str, registration: AgentRegistration) -> AgentView:
@@ -203,7 +208,7 @@ class Coordinator(JobLifecycle, JobSupervision,
         current = [(DeviceLease.model_validate(value), job_file, rendezvous)
                    for value, job_file, rendezvous in taken.leases]
         open_numbers = {lease.lease for lease, _, _ in current if lease.start_s <= now}
-        terms = self._acceptance_terms(provider, [lease for lease, _, _ in current])
+        terms = self.chain.acceptance_terms(provider, [lease for lease, _, _ in current])
         return HeartbeatReply(
             at_s=now,
             # A worker is assigned once its job's host serves: it has a rendezvous to join.

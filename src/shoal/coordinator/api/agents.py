@@ -49,7 +49,7 @@ def withdraw_offer(offer_id: LabelPath, co: Co, signer: ProviderSigner) -> Offer
 @router.post("/v1/leases/{lease}/acceptance", status_code=204)
 def accept_lease(lease: NumberPath, body: LeaseAcceptance, co: Co,
                  signer: ProviderSigner) -> Response:
-    co.accept_lease(signer.address, lease, body)
+    co.chain.accept_lease(signer.address, lease, body)
     return Response(status_code=204)
 
 
