@@ -60,8 +60,8 @@ def test_a_lost_agents_workers_are_reported_exited_to_the_jobs_host(served):
         clients["b"].heartbeat("b", Heartbeat())
         with Session(co.engine) as session, session.begin():  # a fell silent long ago
             session.get(AgentRow, "a").last_seen_s = time.time() - 3600
-        co.started_s -= 60  # long up: losses count (not just back from a restart)
-        assert co.reap_lost_agents() == ["a"]
+        co.supervision.started_s -= 60  # long up: losses count (not just back from a restart)
+        assert co.supervision.reap_lost_agents() == ["a"]
         assert host.rdzv.exited(list(workers.values())) == [workers["a"]]  # b's is not
         (lost,) = [e for e in alice.events(job=job.job_id) if e.kind == "workers_lost"]
         assert lost.detail["workers"] == [workers["a"]]
@@ -82,7 +82,7 @@ def test_a_squatter_cannot_hold_a_job_that_has_not_formed(store_url, operator):
         clients, alice, job = offers_and_a_job(served, {"a": PRICE, "s": PRICE})
         served.app.state.rounds.once()
         leases = leases_of(alice, job)
-        co._set_rendezvous(job.job_id, f"127.0.0.1:{host.port}")  # the host serves from now
+        co.supervision._set_rendezvous(job.job_id, f"127.0.0.1:{host.port}")  # the host serves from now
         host.rdzv.request_join(f"a-l{leases['a-d0']}-a0-w0")
         assert co.attendance.hold_leases_to_membership(job.job_id) == []  # within the grace: nobody
 
@@ -126,7 +126,7 @@ def test_a_provider_ended_for_staying_out_cannot_post_its_way_back_into_the_job(
         round_with_everyone_heard()
         leases = leases_of(alice, job)
         assert set(leases) == {"a-d0", "s-d0"}  # the two cheapest
-        co._set_rendezvous(job.job_id, f"127.0.0.1:{host.port}")
+        co.supervision._set_rendezvous(job.job_id, f"127.0.0.1:{host.port}")
         host.rdzv.request_join(f"a-l{leases['a-d0']}-a0-w0")
         time.sleep(0.7)
         assert co.attendance.hold_leases_to_membership(job.job_id) == [leases["s-d0"]]
@@ -160,9 +160,9 @@ def test_a_lease_that_ends_loses_its_way_into_the_jobs_store(served):
     served.app.state.rounds.once()
     leases = leases_of(alice, job)
     keys = GateKeys.create_or_load(co.hosts.gate_dir(job.job_id))  # as the host's start does
-    co.revoke_ended_leases(job.job_id)
+    co.supervision.revoke_ended_leases(job.job_id)
     assert keys.revoked() == frozenset()
     clients["s"].withdraw_offer("s-d0")
-    co.revoke_ended_leases(job.job_id)
+    co.supervision.revoke_ended_leases(job.job_id)
     assert keys.revoked() == {lease_identity(leases["s-d0"])}
     assert keys.admits(lease_identity(leases["a-d0"]), keys.token(lease_identity(leases["a-d0"])))

@@ -148,7 +148,7 @@ def test_the_dashboard_draws_a_job_and_keeps_up(served, chromium, tmp_path):
     wait.until(lambda d: ANCHOR_TX in text_of(d, "anchors") and root in text_of(d, "anchors"))
 
     # Live: agent-b is lost and replaced, more steps commit, a worker is slashed, the job settles.
-    job.co.withdraw_offer(COORDINATOR, "dev-b", reason="agent lost")
+    job.co.offers.withdraw(COORDINATOR, "dev-b", reason="agent lost")
     served.app.state.rounds.once()  # leases agent-c in its place
     job.leased()
     worker_c = job.worker("agent-c")

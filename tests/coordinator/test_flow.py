@@ -174,14 +174,14 @@ def test_an_offer_slower_than_its_claim_is_marked_down(served: Served):
     shown = {"honest-1": 30.0, "honest-2": 31.0, "inflated": 30.5}
     (run_dir / "speeds.json").write_text(json.dumps({"epoch": 0, "speeds": {
         f"{name}-l{leases[name]}-a0-w0": speed for name, speed in shown.items()}}))
-    coordinator.hold_offers_to_speeds(job.job_id)
+    coordinator.supervision.hold_offers_to_speeds(job.job_id)
 
     views = {o["offer_id"]: o for o in served.client().request("GET", "/v1/offers", sign=False)}
     assert views["inflated"]["marked_down"] and not views["honest-1"]["marked_down"]
     assert views["inflated"]["speed_samples_per_s"] < 110.0  # what it showed, not 400
     market = coordinator.desk.market
     assert market.book.offer("inflated").speed_samples_per_s < 110.0  # the auction too
-    coordinator.hold_offers_to_speeds(job.job_id)  # judged once: no second mark
+    coordinator.supervision.hold_offers_to_speeds(job.job_id)  # judged once: no second mark
     marks = [e for e in submitter.events() if e.kind == "offer_marked_down"]
     assert [e.detail["offer_id"] for e in marks] == ["inflated"]
     # The liar re-posts its offer (and re-registers its agent's inflated figures): no gain.

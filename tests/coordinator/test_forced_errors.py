@@ -204,7 +204,7 @@ def test_a_lazy_verifier_is_caught_on_a_plant_and_the_honest_and_the_provider_ar
     # The job ends; its audits' window passes: the secret is revealed and the lazy verifier
     # pays for every plant it signed, on chain.
     s.co.settlement, s.co.referee.account = s.settlement, s.referee  # the referee slashes
-    s.co.end_job(s.submitter.account.address, s.job_id, JobStatus.finished)
+    s.co.jobs.end(s.submitter.account.address, s.job_id, JobStatus.finished)
     # agent-a is alive: the test's settings lose an agent after 1 s without a beat, and on a
     # loaded machine the filings above took longer (the round then withdrew its offer).
     s.a.heartbeat("agent-a", Heartbeat())
@@ -245,7 +245,7 @@ def test_withheld_filed_before_the_agent_could_answer_catches_no_plant(forced):
     refused(lambda: s.file(s.lazy, {0: VerdictKind.withheld}), 409)
     s.co.referee.wait()
     s.co.settlement, s.co.referee.account = s.settlement, s.referee
-    s.co.end_job(s.submitter.account.address, s.job_id, JobStatus.finished)
+    s.co.jobs.end(s.submitter.account.address, s.job_id, JobStatus.finished)
     s.a.heartbeat("agent-a", Heartbeat())
     s.served.app.state.rounds.once()
     assert s.events("forced_errors_revealed")
@@ -352,7 +352,7 @@ def test_the_chain_anchor_tells_no_verifier_which_epochs_hold_plants(forced, cha
     assert served.root != workers_root  # the plant: a verifier comparing would have known
 
     # Once the job is over and the secret revealed, anyone checks what was anchored.
-    s.co.end_job(s.submitter.account.address, s.job_id, JobStatus.finished)
+    s.co.jobs.end(s.submitter.account.address, s.job_id, JobStatus.finished)
     s.served.app.state.rounds.once()
     (reveal,) = s.events("forced_errors_revealed")
     salt = ForcedErrors(bytes.fromhex(reveal.detail["secret"]), RATE).anchor_salt(s.job_id, 0)

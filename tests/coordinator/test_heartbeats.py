@@ -87,7 +87,7 @@ def test_many_beats_at_once_all_land(served: Served):
     def beat(i: int) -> None:
         account = providers[i % len(providers)]
         coordinator.participants.consume_nonce(Signer(account.address, f"nonce-{i:06d}", 0))
-        coordinator.heartbeat(account.address, f"agent-{i % len(providers)}", Heartbeat())
+        coordinator.agents.heartbeat(account.address, f"agent-{i % len(providers)}", Heartbeat())
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(beat, range(400)))  # raises what any beat raised

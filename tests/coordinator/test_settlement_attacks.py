@@ -164,7 +164,7 @@ def test_a_job_that_spends_its_whole_budget_is_booked_with_the_fee(stage):
     s.rounds()
     assert s.submitter.job(job.job_id).status is JobStatus.paused  # for want of escrow
     s.chain.advance_time(110)
-    s.coordinator.end_job(s.alice.address, job.job_id, JobStatus.cancelled)
+    s.coordinator.jobs.end(s.alice.address, job.job_id, JobStatus.cancelled)
     (settled,) = s.events(job.job_id, "job_settled")
     escrow = s.ledger.job(chain_job)
     assert escrow.settled_at
@@ -416,7 +416,7 @@ def test_a_job_topped_up_past_its_chain_leases_terms_stops_each_provider_where_t
         assert lease.ends_at_s is not None and lease.ends_at_s - lease.start_s <= 200.0
     assert sum(meter.charges(s.coordinator.desk.now_s()).values()) <= 2 * 200 * PRICE
     s.chain.advance_time(260)
-    s.coordinator.end_job(s.alice.address, job.job_id, JobStatus.cancelled)
+    s.coordinator.jobs.end(s.alice.address, job.job_id, JobStatus.cancelled)
     (settled,) = s.events(job.job_id, "job_settled")
     for account in (s.p1, s.p2):
         booked = s.ledger.lease(chain_job, account.address).verified_s

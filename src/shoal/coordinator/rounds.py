@@ -29,14 +29,14 @@ class RoundLoop:
         self._thread.join(timeout=10)
 
     def once(self) -> None:
-        lost = self.coordinator.reap_lost_agents()
+        lost = self.coordinator.supervision.reap_lost_agents()
         if lost:
             self.metrics.lost_agents.inc(len(lost))
             log.warning("agents lost (silent > %.1f s): %s; their leases are replaced",
                         self.coordinator.settings.agent_timeout_s, ", ".join(lost))
         clearing = self.coordinator.clear()
-        self.coordinator.supervise_jobs()
-        self.coordinator.tend_chain_jobs()
+        self.coordinator.supervision.supervise_jobs()
+        self.coordinator.chain.tend(self.coordinator.jobs.end)
         self.coordinator.planning.plan_jobs()
         self.coordinator.root_epochs()
         self.coordinator.plant_forced_errors()

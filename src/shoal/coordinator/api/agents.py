@@ -20,7 +20,7 @@ router = APIRouter(tags=["providers"], responses=PROBLEMS)
 
 @router.post("/v1/agents", status_code=201)
 def register_agent(body: AgentRegistration, co: Co, signer: ProviderSigner) -> AgentView:
-    return co.register_agent(signer.address, body)
+    return co.agents.register(signer.address, body)
 
 
 @router.get("/v1/agents")
@@ -31,25 +31,25 @@ def agents(co: Co) -> list[AgentView]:
 @router.post("/v1/agents/{agent_id}/heartbeat")
 def heartbeat(agent_id: LabelPath, body: Heartbeat, co: Co, signer: ProviderSigner,
               request: Request) -> HeartbeatReply:
-    reply = co.heartbeat(signer.address, agent_id, body)
+    reply = co.agents.heartbeat(signer.address, agent_id, body)
     request.app.state.metrics.heartbeats.inc()
     return reply
 
 
 @router.post("/v1/offers", status_code=201)
 def post_offer(body: OfferTerms, co: Co, signer: ProviderSigner) -> OfferView:
-    return co.post_offer(signer.address, body)
+    return co.offers.post(signer.address, body)
 
 
 @router.delete("/v1/offers/{offer_id}")
 def withdraw_offer(offer_id: LabelPath, co: Co, signer: ProviderSigner) -> OfferView:
-    return co.withdraw_offer(signer.address, offer_id)
+    return co.offers.withdraw(signer.address, offer_id)
 
 
 @router.post("/v1/leases/{lease}/acceptance", status_code=204)
 def accept_lease(lease: NumberPath, body: LeaseAcceptance, co: Co,
                  signer: ProviderSigner) -> Response:
-    co.accept_lease(signer.address, lease, body)
+    co.chain.accept_lease(signer.address, lease, body)
     return Response(status_code=204)
 
 

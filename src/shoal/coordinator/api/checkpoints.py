@@ -22,19 +22,19 @@ router = APIRouter(tags=["checkpoints"], responses=PROBLEMS)
 
 @router.get("/v1/jobs/{job_id}/checkpoint")
 def newest(job_id: LabelPath, co: Co) -> CheckpointView | None:
-    return co.carried(job_id)
+    return co.carry.carried(job_id)
 
 
 @router.put("/v1/jobs/{job_id}/checkpoints/{step}", openapi_extra=FILE_BODY)
 def upload(job_id: LabelPath, step: StepPath, co: Co, signer: ProviderSigner, data: RawBody,
            lease: Annotated[int, Query(ge=1, le=2**62)]) -> CheckpointView:
-    return co.upload_checkpoint(signer.address, job_id, lease, step, data)
+    return co.carry.upload_checkpoint(signer.address, job_id, lease, step, data)
 
 
 @router.get("/v1/jobs/{job_id}/checkpoints/{step}/file", response_class=Response,
             responses=FILE_REPLY)
 def download(job_id: LabelPath, step: StepPath, co: Co, signer: AnySigner) -> FileResponse:
-    view, path = co.checkpoint_file(signer.address, job_id)
+    view, path = co.carry.checkpoint_file(signer.address, job_id)
     if view.step != step:
         raise NotFound(f"job '{job_id}' carries step {view.step}, not {step}; ask "
                        f"/v1/jobs/{job_id}/checkpoint for the newest")

@@ -66,7 +66,7 @@ class FastHeartbeat(Route):
         taken = await asyncio.wrap_future(
             participants.take_signed_beat(signer, agent_id, beat.running, now))
         participants.refuse_signed_beat(signer.address, taken)
-        reply = self.coordinator.heartbeat(signer.address, agent_id, beat, taken)
+        reply = self.coordinator.agents.heartbeat(signer.address, agent_id, beat, taken)
         self.metrics.heartbeats.inc()
         payload = reply.model_dump_json().encode()
         await send({"type": "http.response.start", "status": 200,

@@ -16,7 +16,7 @@ router = APIRouter(tags=["jobs"], responses=PROBLEMS)
 
 @router.post("/v1/jobs", status_code=201)
 def submit(body: JobSubmission, co: Co, signer: SubmitterSigner) -> JobView:
-    return co.submit_job(signer.address, body)
+    return co.jobs.submit(signer.address, body)
 
 
 @router.get("/v1/jobs")
@@ -31,19 +31,19 @@ def job(job_id: LabelPath, co: Co) -> JobView:
 
 @router.post("/v1/jobs/{job_id}/top-up")
 def top_up(job_id: LabelPath, body: TopUp, co: Co, signer: SubmitterSigner) -> JobView:
-    return co.top_up(signer.address, job_id, body.amount_wei)
+    return co.jobs.top_up(signer.address, job_id, body.amount_wei)
 
 
 @router.post("/v1/jobs/{job_id}/pause")
 def pause(job_id: LabelPath, co: Co, signer: OwnerSigner) -> JobView:
-    return co.set_paused(signer.address, job_id, True)
+    return co.jobs.set_paused(signer.address, job_id, True)
 
 
 @router.post("/v1/jobs/{job_id}/resume")
 def resume(job_id: LabelPath, co: Co, signer: OwnerSigner) -> JobView:
-    return co.set_paused(signer.address, job_id, False)
+    return co.jobs.set_paused(signer.address, job_id, False)
 
 
 @router.post("/v1/jobs/{job_id}/cancel")
 def cancel(job_id: LabelPath, co: Co, signer: OwnerSigner) -> JobView:
-    return co.end_job(signer.address, job_id, JobStatus.cancelled)
+    return co.jobs.end(signer.address, job_id, JobStatus.cancelled)

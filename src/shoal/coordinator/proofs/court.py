@@ -10,6 +10,7 @@ from typing import Protocol
 from shoal.coordinator.db.store import Store
 from shoal.coordinator.proofs.published_epochs import PublishedEpochs
 from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.services.providers import ProviderOffers
 from shoal.coordinator.services.settlement import Settlement
 from shoal.spec.audit import ProofEpochView, VerdictView
 from shoal.spec.job import JobSpec
@@ -23,6 +24,7 @@ class Court(Protocol):
     desk: MarketDesk  # the market, the clock and the one writer
     settlement: Settlement | None  # None: escrow is the store's bookkeeping only
     _published: PublishedEpochs  # the membership epochs each job's host published
+    offers: ProviderOffers  # bars a slashed provider from the job
 
     def job_spec(self, job_id: str, job_file: str | None = None) -> JobSpec: ...
 
@@ -35,7 +37,5 @@ class Court(Protocol):
     def verdicts(self, job_id: str) -> list[VerdictView]: ...
 
     def is_plant(self, job_id: str, worker: str, step: int) -> bool: ...
-
-    def bar_provider(self, job_id: str, provider: str, reason: str) -> None: ...
 
     def drop_provider(self, job_id: str, provider: str, reason: str) -> None: ...

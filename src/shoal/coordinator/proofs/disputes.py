@@ -239,7 +239,7 @@ class DisputeService:
                          dispute=dispute, worker=row.worker, step=step, provider=provider,
                          challenger=row.challenger, why=why, chain=held or chain_state, **note)
         if ruling == Ruling.upheld and self.referee.penalties.first_slash(job_id, provider):
-            self.bar_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
+            self.offers.bar_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
             self.drop_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
         log.warning("job %s: dispute %d on %s %s at step %s: %s", job_id, dispute, row.worker,
                     ruling, step, row.why)

@@ -63,7 +63,7 @@ class Penalties:
             if enforce:
                 chain_note = self.transact(lambda: co.settlement.ledger.slash(
                     self.account, chain_job, provider, verdict.verifier))
-            co.bar_provider(job_id, provider, reason=f"slashed: {why}")
+            co.offers.bar_provider(job_id, provider, reason=f"slashed: {why}")
             co.drop_provider(job_id, provider, reason=f"slashed: {why}")
         if ruling == Ruling.upheld:
             self._lazy_verifiers(job_id, verdict, enforce, chain_job)

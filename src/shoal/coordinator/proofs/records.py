@@ -331,7 +331,7 @@ class ProofService:
             offers = set(session.scalars(select(LeaseRow.offer_id).where(
                 LeaseRow.job_id == job_id, LeaseRow.provider == provider)))
         for offer_id in sorted(offers):
-            self.withdraw_offer(COORDINATOR, offer_id, reason=reason)
+            self.offers.withdraw(COORDINATOR, offer_id, reason=reason)
 
     def close_proofs(self, session: Session, job: JobRow) -> None:
         """At a job's end: root (and anchor) what is left, before the bill is anchored."""

@@ -1,4 +1,4 @@
-"""The coordinator's side of settlement on a chain, mixed into `Coordinator`:
+"""The coordinator's side of settlement on a chain, a service it holds:
 a job is taken only against its own escrow there (one chain job backs one
 job), providers accept their chain leases by signature, a live job's chain
 job is kept from looking abandoned (one that holds no device, no longer than
@@ -9,6 +9,7 @@ store metered, retried until the chain shows it settled
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -17,7 +18,11 @@ from sqlalchemy.orm import Session
 from shoal.coordinator.errors import Conflict, Forbidden
 from shoal.coordinator.services import journal
 from shoal.coordinator.db.schema import ChainLeaseRow, EventRow, JobRow, LeaseRow
-from shoal.coordinator.db.store import record_event
+from shoal.coordinator.db.store import Store, record_event
+from shoal.coordinator.services.attendance import LeaseAttendance
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.services.settlement import Settlement
+from shoal.coordinator.settings import CoordinatorSettings
 from shoal.ledger import LedgerError
 from shoal.market import charge_wei
 from shoal.proof.dues import Dues
@@ -30,14 +35,29 @@ SETTLE_RETRY_S = 30.0  # wait after a failed settlement before the first retry; 
 SETTLE_RETRY_MAX_S = 3600.0
 KEEP_ACTIVE_PER_SILENCE = 4  # a live job's chain job is touched this often per silence timeout
 
+# The proof services' count, per lease, of the work records its workers owed and filed
+# (job, finished).
+RecordDues = Callable[[str, bool], dict[int, Dues]]
+# The job lifecycle's end of a job: (actor, job, status, **detail). It settles the job
+# here, so it is handed to `tend` rather than held: neither service holds the other both ways.
+EndJob = Callable[..., object]
+
 
 class ChainSettlement:
-    """Uses the Coordinator's `settlement`, `settings`, `store`, `desk` and `end_job`;
-    `attendance.attended_leases` (a lease whose worker never joined the job books
-    nothing); ProofService's
-    `record_dues` (a lease is paid the share of its owed work records it filed)."""
+    """A job's escrow and its providers' leases on chain, and its settlement there."""
 
-    def _check_chain_escrow(self, submitter: str, submission: JobSubmission) -> None:
+    def __init__(self, store: Store, desk: MarketDesk, settings: CoordinatorSettings,
+                 settlement: Settlement | None, attendance: LeaseAttendance,
+                 record_dues: RecordDues) -> None:
+        """`settlement` None: escrow is the store's bookkeeping only. `attendance`: a lease
+        whose worker never joined the job books nothing; `record_dues` (the proof
+        services'): a lease is paid the share of its owed work records it filed."""
+        self.store, self.desk, self.settings = store, desk, settings
+        self.settlement, self.attendance, self.record_dues = settlement, attendance, record_dues
+
+    def check_escrow(self, submitter: str, submission: JobSubmission) -> None:
+        """Refuse a submission whose escrow this coordinator cannot hold it to: a chain
+        job where none settles, none where one does, or one its escrow does not cover."""
         if self.settlement is None:
             if submission.chain_job is not None:
                 raise Conflict("this coordinator does not settle on a chain; drop chain_job")
@@ -48,7 +68,7 @@ class ChainSettlement:
         self.settlement.check_escrow(submission.chain_job, submitter, submission.budget_wei,
                                      submission.max_price_wei_per_s)
 
-    def _refuse_used_chain_job(self, session: Session, chain_job: int | None) -> None:
+    def refuse_used_chain_job(self, session: Session, chain_job: int | None) -> None:
         """A chain job's escrow backs one coordinator job, once: settling either of two
         jobs on it would refund the escrow while the other's providers work on unpaid."""
         if chain_job is None:
@@ -59,7 +79,7 @@ class ChainSettlement:
                            "backs one job only: create a new chain job with the contract's "
                            "create_job, fund it, and submit with its id")
 
-    def _acceptance_terms(self, provider: str, leases: list[DeviceLease]) -> dict[int, Any]:
+    def acceptance_terms(self, provider: str, leases: list[DeviceLease]) -> dict[int, Any]:
         """Terms to sign for leases whose (job, provider) has no chain lease yet."""
         if self.settlement is None or not leases:
             return {}
@@ -109,14 +129,15 @@ class ChainSettlement:
                          term_s=terms.term_s, accepted_at=accepted_at,
                          bookable_wei=str(bookable))
 
-    def tend_chain_jobs(self) -> None:
+    def tend(self, end_job: EndJob) -> None:
         """Once a round: settle again the ended jobs whose settlement failed, and keep the
-        chain jobs of live jobs active (or end a live job whose chain job was settled)."""
+        chain jobs of live jobs active (or end, by `end_job`, a live job whose chain job
+        was settled or that held no device too long)."""
         if self.settlement is None:
             return
         self._retry_settlements()
-        self._end_idle_chain_jobs()
-        self._keep_chain_jobs_active()
+        self._end_idle_chain_jobs(end_job)
+        self._keep_chain_jobs_active(end_job)
 
     def _retry_settlements(self) -> None:
         """Until the chain shows it settled, a job's work is unbooked there and a `reclaim`
@@ -137,9 +158,9 @@ class ChainSettlement:
             log.warning("job %s: retrying its settlement (failed %d times)", job_id, len(failed_at))
             with self.desk.change() as session:
                 job = session.get(JobRow, job_id)
-                self._settle(session, job, self.desk.market.meter(job_id), now)
+                self.settle(session, job, self.desk.market.meter(job_id), now)
 
-    def _keep_chain_jobs_active(self) -> None:
+    def _keep_chain_jobs_active(self, end_job: EndJob) -> None:
         """Work is booked only at a job's end, so while a job is live its chain job must not
         look abandoned: past the contract's silence timeout its submitter could `reclaim` the
         whole escrow. A cheap operator transaction refreshes it well before then."""
@@ -148,7 +169,7 @@ class ChainSettlement:
             try:
                 escrow = self.settlement.escrow(chain_job)
                 if escrow.settled_at:
-                    self.end_job(COORDINATOR, job_id, JobStatus.failed,
+                    end_job(COORDINATOR, job_id, JobStatus.failed,
                                  reason=f"its chain job {chain_job} was settled outside this "
                                         "coordinator: no escrow is left to pay for more work")
                 elif self.settlement.keep_active(escrow, every_s):
@@ -157,7 +178,7 @@ class ChainSettlement:
                 log.error("job %s: keeping chain job %d active failed: %s",
                           job_id, chain_job, error)
 
-    def _end_idle_chain_jobs(self) -> None:
+    def _end_idle_chain_jobs(self, end_job: EndJob) -> None:
         """The accepted leases' collateral stays locked until the job is settled, so a
         job that holds no device (paused, or waiting) is kept alive no longer than the
         contract's silence timeout (`idle_chain_job_s`): then it is ended and settled, its
@@ -172,7 +193,7 @@ class ChainSettlement:
         for job_id in live:
             idle_s = self._idle_s(job_id, now)
             if job_id in accepted and idle_s > limit_s:
-                self.end_job(COORDINATOR, job_id, JobStatus.cancelled,
+                end_job(COORDINATOR, job_id, JobStatus.cancelled,
                              reason=f"it held no device for {idle_s:.0f} s while its "
                                     "providers' collateral stayed locked on chain: ended and "
                                     "settled (submit a new job, from its checkpoint, to go on)")
@@ -194,9 +215,9 @@ class ChainSettlement:
             return 0.0
         return now - max((lease.ends_at_s for lease in leases), default=-float("inf"))
 
-    def _settle(self, session: Session, job: JobRow, meter: Any, now: float) -> None:
+    def settle(self, session: Session, job: JobRow, meter: Any, now: float) -> None:
         """Book each provider's metered wei (at its chain price, whole seconds) and settle.
-        A failure is logged as `settlement_failed`; `_retry_settlements` tries again."""
+        A failure is logged as `settlement_failed`; `tend` tries again."""
         chain_leases = {row.provider: row for row in session.scalars(
             select(ChainLeaseRow).where(ChainLeaseRow.job_id == job.job_id))}
         metered: dict[str, int] = {}

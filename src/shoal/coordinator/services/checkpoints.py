@@ -1,4 +1,4 @@
-"""Checkpoints carried between machines, mixed into `Coordinator`.
+"""Checkpoints carried between machines, a service the coordinator holds.
 
 Only a job's rank 0 writes checkpoints, on its own machine. When the last
 worker holding the job's live state is lost (its machine reclaimed or
@@ -32,6 +32,7 @@ import io
 import json
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,9 @@ from sqlalchemy.orm import Session
 from shoal.coordinator.services.checkpoint_checks import check_cursor, check_optimizer
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.db.schema import JobRow, LeaseRow, OfferRow
-from shoal.coordinator.db.store import record_event
+from shoal.coordinator.db.store import Store, record_event
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.settings import CoordinatorSettings
 from shoal.proof.epochs import epoch_of, final_lineage
 from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.errors import SpecError
@@ -60,22 +63,37 @@ UPLOAD_GRACE_S = 120.0
 # coordinator runs many jobs, and keeps only the most recently used.
 MODELS_KEPT = 4
 
+# What the proof services hand in: a job's spec (job, its job file if at hand), the work
+# records of a job's epoch, and every published epoch's members in rank order.
+SpecOf = Callable[[str, str | None], JobSpec]
+RecordsOf = Callable[[str, int], list[WorkRecord]]
+MembersOf = Callable[[str], dict[int, tuple[str, ...]]]
+
 
 class NotYetVerifiable(Conflict):
     """The records of the checkpoint's step are not here yet: send it again later."""
 
 
 class CheckpointCarry:
-    """Uses the Coordinator's `engine`, `settings`, `referee`, `job_spec`, `work_records`,
-    `_published`, `_change`, `now_s`."""
+    """Each job's newest checkpoint, taken from its writer's agent once checked against
+    the job's work records, and served to its providers and its submitter."""
 
-    def _carry_init(self) -> None:
+    def __init__(self, store: Store, desk: MarketDesk, settings: CoordinatorSettings,
+                 job_spec: SpecOf, work_records: RecordsOf, published_members: MembersOf,
+                 replayer: Callable[[JobSpec], Any] | None) -> None:
+        """`job_spec`, `work_records`, `published_members`: the proof services';
+        `replayer` builds a job's replayer, whose model hashes an upload's parameters
+        (None: a job with work records cannot have its checkpoints carried)."""
+        self.store, self.desk, self.settings = store, desk, settings
+        self.job_spec, self.work_records = job_spec, work_records
+        self.published_members, self.replayer = published_members, replayer
         # One upload checked and written at a time (they share the job's model to hash
         # parameters with); reads never wait on it. Uploads are one per checkpoint interval.
-        self._carry_lock = threading.Lock()
-        self._carry_models: dict[str, tuple[JobSpec, Any]] = {}
+        self._lock = threading.Lock()
+        self._models: dict[str, tuple[JobSpec, Any]] = {}
 
     def carried_dir(self, job_id: str) -> Path:
+        """The job's folder of carried checkpoints, laid out as a worker's own."""
         return self.settings.data_dir / "checkpoints" / job_id
 
     def carried(self, job_id: str) -> CheckpointView | None:
@@ -100,14 +118,14 @@ class CheckpointCarry:
             job = session.get(JobRow, job_id)
             if job is None:
                 raise NotFound(f"no job '{job_id}'")
-            self._active_lease(session, provider, job_id, lease_number, UPLOAD_GRACE_S)
+            self.active_lease(session, provider, job_id, lease_number, UPLOAD_GRACE_S)
             spec = self.job_spec(job_id, job.job_file)
         held = self._held(job_id)
         if held is not None and held.step >= step:
             return held.model_copy(update={"stored": False})
         state = _load(data, step)
         check_cursor(spec, step, state)
-        with self._carry_lock:
+        with self._lock:
             held = self._held(job_id)
             if held is not None and held.step >= step:  # another agent's upload won the race
                 return held.model_copy(update={"stored": False})
@@ -131,17 +149,18 @@ class CheckpointCarry:
             if job is None:
                 raise NotFound(f"no job '{job_id}'")
             if reader.lower() != job.submitter.lower():
-                self._active_lease(session, reader, job_id, None, 0.0)
+                self.active_lease(session, reader, job_id, None, 0.0)
         view = self._held(job_id)
         if view is None:
             raise NotFound(f"job '{job_id}' has no carried checkpoint yet")
         return view, self.carried_dir(job_id) / f"step-{view.step:010d}.pt"
 
     # ------------------------------------------------------------ checks
-    def _active_lease(self, session: Session, provider: str, job_id: str,
-                      number: int | None, grace_s: float) -> LeaseRow:
+    def active_lease(self, session: Session, provider: str, job_id: str,
+                     number: int | None, grace_s: float) -> LeaseRow:
         """A lease of `provider` on the job that has not ended, or ended less than `grace_s`
-        ago (`number`: that lease)."""
+        ago (`number`: that lease); else `Forbidden`. File admission asks it too, before an
+        upload's body is read."""
         now = self.desk.now_s()
         query = select(LeaseRow).where(LeaseRow.job_id == job_id,
                                        LeaseRow.provider == provider)
@@ -178,7 +197,7 @@ class CheckpointCarry:
         published epoch, a weaker bound. An agent names one of its leases per job (it
         keeps one checkpoint folder per job), so another lease of the same agent and
         provider stands for the writer's."""
-        members = self._published.all_members(job_id)
+        members = self.published_members(job_id)
         epochs = {r.membership_epoch for r in records} if records else set(members)
         writers = {members[e][0] for e in epochs if members.get(e)}
         with self.store.read() as session:
@@ -211,16 +230,15 @@ class CheckpointCarry:
 
     def _loaded_model(self, job_id: str, spec: JobSpec, state: dict[str, Any]) -> Any:
         """The job's model (kept per job), holding the checkpoint's parameters."""
-        replayer = getattr(self.referee, "replayer", None)
-        if replayer is None:
+        if self.replayer is None:
             raise Conflict("this coordinator cannot build the job's model to check a "
                            "checkpoint against its work records (start it with a replayer)")
-        cached = self._carry_models.pop(job_id, None)
+        cached = self._models.pop(job_id, None)
         if cached is None or cached[0] != spec:
-            cached = (spec, replayer(spec).model)
-        self._carry_models[job_id] = cached  # the newest last: the oldest go first
-        while len(self._carry_models) > MODELS_KEPT:
-            self._carry_models.pop(next(iter(self._carry_models)))
+            cached = (spec, self.replayer(spec).model)
+        self._models[job_id] = cached  # the newest last: the oldest go first
+        while len(self._models) > MODELS_KEPT:
+            self._models.pop(next(iter(self._models)))
         model = cached[1]
         try:
             model.load_state_dict(state["model"])

@@ -1,4 +1,4 @@
-"""Jobs as their submitters drive them, mixed into `Coordinator`: submitted
+"""Jobs as their submitters drive them, a service the coordinator holds: submitted
 (the job file checked as a provider's agent would check it, the escrow on
 chain when there is one), topped up (a job paused for want of escrow
 resumes), paused and resumed, and ended (every lease ends at once; the last
@@ -8,15 +8,22 @@ from __future__ import annotations
 
 import secrets
 import tomllib
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.services import journal
+from shoal.coordinator.services.chain_jobs import ChainSettlement
+from shoal.coordinator.services.job_hosts import JobHosts
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.services.participants import Participants
+from shoal.coordinator.services.settlement import Settlement
 from shoal.coordinator.services.views import job_view
 from shoal.coordinator.db.schema import JobRow
 from shoal.coordinator.db.store import record_event
+from shoal.coordinator.settings import CoordinatorSettings
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus, JobSubmission, JobView, Role
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
@@ -27,13 +34,25 @@ from shoal.spec.market import Bid
 # ask, and the agent hear the challenge at its next beat and answer at the one after.
 WINDOW_BEATS = 5
 
+# The proof services' last word on an ending job, in its closing transaction: the last
+# epochs rooted (and anchored) before the bill is.
+CloseProofs = Callable[[Session, JobRow], None]
+
 
 class JobLifecycle:
-    """Uses the Coordinator's `market`, `settlement`, `hosts`, `role_of`, `_change`,
-    `_command`, `_store_leases`, `now_s`; ChainSettlement's
-    `_check_chain_escrow`, `_refuse_used_chain_job` and `_settle`; ProofService's `close_proofs`."""
+    """A submitter's jobs from submission to their end, each change one transaction."""
 
-    def submit_job(self, submitter: str, submission: JobSubmission) -> JobView:
+    def __init__(self, desk: MarketDesk, settings: CoordinatorSettings,
+                 participants: Participants, hosts: JobHosts, settlement: Settlement | None,
+                 chain: ChainSettlement, close_proofs: CloseProofs) -> None:
+        """`settlement` None: escrow is the store's bookkeeping only; else `chain` holds
+        each job to its escrow on chain and settles it at its end."""
+        self.desk, self.settings, self.participants, self.hosts = desk, settings, \
+            participants, hosts
+        self.settlement, self.chain, self.close_proofs = settlement, chain, close_proofs
+
+    def submit(self, submitter: str, submission: JobSubmission) -> JobView:
+        """Take a job whose job file providers would run, against its escrow."""
         spec = _check_job_file(submission.job_file)
         shortest = WINDOW_BEATS * self.settings.heartbeat_s
         if spec.proof.enabled and spec.proof.keep_s < shortest:
@@ -42,7 +61,7 @@ class JobLifecycle:
                             f"files); at least {shortest:g} s ({WINDOW_BEATS} beats) is needed for "
                             "anyone to ask and an agent to answer: raise it")
         self.participants.check_priority(submitter, submission.priority)
-        self._check_chain_escrow(submitter, submission)
+        self.chain.check_escrow(submitter, submission)
         job_id = f"{submission.name}-{secrets.token_hex(4)}"
         # On a chain, one device per provider: the contract holds one lease per job and
         # provider, booked for at most the time since it was accepted, so a provider's
@@ -50,7 +69,7 @@ class JobLifecycle:
         bid = Bid(job=job_id, max_devices_per_provider=1 if submission.chain_job else None,
                   **submission.model_dump(exclude={"name", "job_file", "chain_job"}))
         with self.desk.change() as session:
-            self._refuse_used_chain_job(session, submission.chain_job)  # under the lock: once
+            self.chain.refuse_used_chain_job(session, submission.chain_job)  # under the lock: once
             now = self.desk.now_s()
             self.desk.command(session, journal.Submit(bid=bid), now)
             row = JobRow(job_id=job_id, name=submission.name, submitter=submitter,
@@ -81,6 +100,7 @@ class JobLifecycle:
             return job_view(row, self.desk.market.meter(job_id), now)
 
     def set_paused(self, actor: str, job_id: str, paused: bool) -> JobView:
+        """Pause (its leases end, its escrow waits) or resume a job."""
         with self.desk.change() as session:
             now = self.desk.now_s()
             row = self._own_job(session, actor, job_id)
@@ -94,7 +114,7 @@ class JobLifecycle:
             record_event(session, now, actor, "job_paused" if paused else "job_resumed", job_id)
             return job_view(row, self.desk.market.meter(job_id), now)
 
-    def end_job(self, actor: str, job_id: str, status: JobStatus, **detail: Any) -> JobView:
+    def end(self, actor: str, job_id: str, status: JobStatus, **detail: Any) -> JobView:
         """Finish or cancel: every lease ends now, so nothing bills idle."""
         with self.desk.change() as session:
             now = self.desk.now_s()
@@ -108,7 +128,7 @@ class JobLifecycle:
                 self.hosts.stop(job_id, row.host_pid)
             self.close_proofs(session, row)  # the last epochs' roots go before the bill
             if self.settlement is not None and row.chain_job is not None:
-                self._settle(session, row, meter, now)
+                self.chain.settle(session, row, meter, now)
             return job_view(row, meter, now)
 
     def _own_job(self, session: Session, actor: str, job_id: str) -> JobRow:

@@ -1,4 +1,4 @@
-"""The coordinator's watch over running work, mixed into `Coordinator`: a job
+"""The coordinator's watch over running work, a service it holds: a job
 host per job that holds devices, jobs finished or failed by their host's
 final word, offers held to the speeds their workers show, leases to their
 workers' membership (attendance.py), and agents that went silent reaped so
@@ -6,20 +6,39 @@ their leases are replaced."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlalchemy import select
 
 from shoal.coordinator.services import journal
+from shoal.coordinator.services.attendance import LeaseAttendance
+from shoal.coordinator.services.job_hosts import JobHosts
+from shoal.coordinator.services.market_desk import MarketDesk
 from shoal.coordinator.services.speed_marks import marked_down
 from shoal.elastic.job_host import read_speeds
 from shoal.coordinator.db.schema import AgentRow, JobRow, LeaseRow, OfferRow
-from shoal.coordinator.db.store import record_event
+from shoal.coordinator.db.store import Store, record_event
+from shoal.coordinator.settings import CoordinatorSettings
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.worker import WorkerId
 
 
 class JobSupervision:
-    """Uses the Coordinator's `store`, `desk`, `hosts`, `settings`, `_speeds_seen`,
-    `end_job`, `withdraw_offer` and `attendance`."""
+    """Each live job's host started and heard, and the agents behind its leases watched."""
+
+    def __init__(self, store: Store, desk: MarketDesk, settings: CoordinatorSettings,
+                 hosts: JobHosts, attendance: LeaseAttendance, end_job: Callable[..., object],
+                 withdraw_offer: Callable[..., object],
+                 awaiting_records: Callable[[str], bool]) -> None:
+        """`end_job(actor, job, status, **detail)`: the job lifecycle's;
+        `withdraw_offer(actor, offer, reason=...)`: the providers'; `awaiting_records(job)`
+        (the proof services'): a finished job's last records are still on their way."""
+        self.store, self.desk, self.settings, self.hosts = store, desk, settings, hosts
+        self.attendance, self.end_job, self.withdraw_offer = attendance, end_job, withdraw_offer
+        self.awaiting_records = awaiting_records
+        self._speeds_seen: dict[str, int] = {}  # job -> mtime of the speeds last judged
+        # Losses count only once agents could have been heard: not just back from a restart.
+        self.started_s = desk.now_s()
 
     def supervise_jobs(self) -> None:
         """Start a host for each job that holds devices; finish jobs whose host says so."""
