@@ -34,7 +34,7 @@ from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.proofs.published_epochs import PublishedEpochs
 from shoal.elastic.job_host import read_reached
 from shoal.coordinator.db.schema import (
-    EventRow, JobRow, LeaseRow, OfferRow, ProofEpochRow, WorkRecordRow,
+    JobRow, LeaseRow, OfferRow, ProofEpochRow, WorkRecordRow,
 )
 from shoal.coordinator.db.store import record_event
 from shoal.ledger import LedgerError
@@ -129,6 +129,7 @@ class ProofService:
                 stored += 1
             if stored:
                 steps = [r.step for r in upload.records]
+                lease.records_stored_at_s = now
                 record_event(session, now, provider, "work_records_stored", job_id,
                              lease=lease.lease, records=stored, steps=[min(steps), max(steps)])
             return UploadReceipt(stored=stored, known=known)
@@ -188,10 +189,9 @@ class ProofService:
             .where(WorkRecordRow.job_id == job_id).group_by(WorkRecordRow.lease)).all())
         if not newest:
             return None
-        stored = session.scalars(select(EventRow.detail).where(
-            EventRow.job_id == job_id, EventRow.kind == "work_records_stored",
-            EventRow.at_s >= self.desk.now_s() - 2 * self.settings.agent_timeout_s)).all()
-        recent = {detail.get("lease") for detail in stored} & newest.keys()
+        recent = set(session.scalars(select(LeaseRow.lease).where(
+            LeaseRow.job_id == job_id, LeaseRow.records_stored_at_s
+            >= self.desk.now_s() - 2 * self.settings.agent_timeout_s))) & newest.keys()
         steps = sorted((newest[lease] for lease in recent or newest), reverse=True)
         return steps[1] if len(steps) > 1 else steps[0]
 

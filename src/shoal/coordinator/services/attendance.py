@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from shoal.errors import ControlError
 from shoal.elastic.netaddr import parse_endpoint
-from shoal.coordinator.db.schema import EventRow, JobRow, LeaseRow, OfferRow
+from shoal.coordinator.db.schema import JobRow, LeaseRow, OfferRow
 from shoal.coordinator.db.store import Store, record_event
 from shoal.coordinator.services.job_hosts import JobHosts
 from shoal.coordinator.services.market_desk import MarketDesk
@@ -186,9 +186,7 @@ def absent_since(changes: list[MembershipChange], lease: int, start_s: float,
 
 def _serving_since(session: Session, job_id: str) -> float | None:
     """When the coordinator recorded the job's host serving (its newest endpoint), or None."""
-    return session.scalar(select(EventRow.at_s).where(
-        EventRow.job_id == job_id, EventRow.kind == "job_rendezvous").order_by(
-        EventRow.seq.desc()).limit(1))
+    return session.scalar(select(JobRow.rendezvous_at_s).where(JobRow.job_id == job_id))
 
 
 def _agent_of(session: Session, job_id: str, worker: str) -> str | None:

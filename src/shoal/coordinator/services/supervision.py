@@ -109,8 +109,9 @@ class JobSupervision:
 
     def _set_rendezvous(self, job_id: str, endpoint: str) -> None:
         with self.desk.change() as session:
-            session.get(JobRow, job_id).rendezvous = endpoint
-            record_event(session, self.desk.now_s(), COORDINATOR, "job_rendezvous", job_id,
+            row = session.get(JobRow, job_id)
+            row.rendezvous, row.rendezvous_at_s = endpoint, self.desk.now_s()
+            record_event(session, row.rendezvous_at_s, COORDINATOR, "job_rendezvous", job_id,
                          rendezvous=endpoint)
 
     def reap_lost_agents(self) -> list[str]:
