@@ -55,6 +55,9 @@ from shoal.spec.coordinator import (
     COORDINATOR, ENDED, AgentRegistration, AgentView, Assignment, Heartbeat, HeartbeatReply,
     JobStatus, OfferTerms, OfferView,
 )
+from shoal.spec.events import (
+    AgentRegistered, JobFilled, OfferPosted, OfferWithdrawn, ProviderBarred, ProviderTermSpent,
+)
 from shoal.spec.market import DeviceLease, FillStatus, Offer
 
 
@@ -122,8 +125,8 @@ class Coordinator(JobLifecycle, JobSupervision,
                                devices=devices, last_seen_s=now)
                 session.add(row)
             row.region, row.devices, row.last_seen_s = registration.region, devices, now
-            record_event(session, now, provider, "agent_registered",
-                         agent_id=row.agent_id, region=row.region, devices=devices)
+            record_event(session, now, provider, AgentRegistered(
+                agent_id=row.agent_id, region=row.region, devices=devices))
             return agent_view(row, now, self.settings.agent_timeout_s)
 
     def post_offer(self, provider: str, terms: OfferTerms) -> OfferView:
@@ -152,8 +155,9 @@ class Coordinator(JobLifecycle, JobSupervision,
             row.region, row.speed_samples_per_s, row.memory_gb = offer.region, speed, offer.memory_gb
             row.price_wei_per_s, row.tenancy = offer.price_wei_per_s, offer.tenancy.value
             row.reference_wei_per_s, row.withdrawn = reference, False
-            record_event(session, now, provider, "offer_posted", offer_id=offer.offer_id,
-                         price_wei_per_s=str(offer.price_wei_per_s), tenancy=offer.tenancy.value)
+            record_event(session, now, provider, OfferPosted(
+                offer_id=offer.offer_id, price_wei_per_s=offer.price_wei_per_s,
+                tenancy=offer.tenancy.value))
             return offer_view(row)
 
     def bar_provider(self, job_id: str, provider: str, reason: str) -> None:
@@ -162,8 +166,8 @@ class Coordinator(JobLifecycle, JobSupervision,
         with self.desk.change() as session:
             now = self.desk.now_s()
             self.desk.command(session, journal.BarProvider(job=job_id, provider=provider), now)
-            record_event(session, now, COORDINATOR, "provider_barred", job_id,
-                         provider=provider, reason=reason)
+            record_event(session, now, COORDINATOR,
+                         ProviderBarred(provider=provider, reason=reason), job_id)
 
     def withdraw_offer(self, actor: str, offer_id: str, reason: str = "withdrawn") -> OfferView:
         with self.desk.change() as session:
@@ -178,8 +182,9 @@ class Coordinator(JobLifecycle, JobSupervision,
                     session, journal.WithdrawOffer(offer_id=offer_id, provider=row.provider), now)
                 self.desk.store_leases(session, ended)
                 row.withdrawn = True
-                record_event(session, now, actor, "offer_withdrawn", offer_id=offer_id,
-                             reason=reason, ended_leases=[lease.lease for lease in ended])
+                record_event(session, now, actor, OfferWithdrawn(
+                    offer_id=offer_id, reason=reason,
+                    ended_leases=[lease.lease for lease in ended]))
             return offer_view(row)
 
     def heartbeat(self, provider: str, agent_id: str, beat: Heartbeat,
@@ -236,9 +241,9 @@ class Coordinator(JobLifecycle, JobSupervision,
             self.desk.record(session, journal.Clear(), now)
             self.desk.store_leases(session, clearing.stopped)
             for job_id, provider in clearing.spent:
-                record_event(session, now, COORDINATOR, "provider_term_spent", job_id,
-                             provider=provider, reason="its leases of the job billed all its "
-                             "chain lease can book: they stop, and it takes no more of the job")
+                record_event(session, now, COORDINATOR, ProviderTermSpent(
+                    provider=provider, reason="its leases of the job billed all its "
+                    "chain lease can book: they stop, and it takes no more of the job"), job_id)
             for fill in clearing.fills:
                 self.desk.store_leases(session, fill.new_leases)
                 self.desk.store_leases(session, [n.lease for n in fill.notices])
@@ -255,10 +260,10 @@ class Coordinator(JobLifecycle, JobSupervision,
                   FillStatus.paused: JobStatus.paused}[fill.status]
         if status.value != row.status or fill.new_leases or fill.notices:
             row.status = status.value
-            record_event(session, now, COORDINATOR, "job_filled", fill.job,
-                         status=fill.status.value, held=fill.held, reason=fill.reason,
-                         new_leases=[lease.lease for lease in fill.new_leases],
-                         notices=[n.lease.lease for n in fill.notices])
+            record_event(session, now, COORDINATOR, JobFilled(
+                status=fill.status, held=fill.held, reason=fill.reason,
+                new_leases=[lease.lease for lease in fill.new_leases],
+                notices=[n.lease.lease for n in fill.notices]), fill.job)
 
     def prune_nonces(self) -> int:
         """Forget nonces older than two skew windows: their requests are refused as stale."""

@@ -45,6 +45,7 @@ from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import ProofEpochView, RecordUpload, UploadReceipt
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.errors import SpecError
+from shoal.spec.events import ProofEpochRooted, WorkRecordsStored
 from shoal.spec.job import JobSpec
 from shoal.spec.jobfile import parse_job
 from shoal.spec.plan import SyncMode
@@ -130,8 +131,8 @@ class ProofService:
             if stored:
                 steps = [r.step for r in upload.records]
                 lease.records_stored_at_s = now
-                record_event(session, now, provider, "work_records_stored", job_id,
-                             lease=lease.lease, records=stored, steps=[min(steps), max(steps)])
+                record_event(session, now, provider, WorkRecordsStored(
+                    lease=lease.lease, records=stored, steps=(min(steps), max(steps))), job_id)
             return UploadReceipt(stored=stored, known=known)
 
     def _proof_job(self, session: Session, job_id: str) -> JobRow:
@@ -252,9 +253,9 @@ class ProofService:
                                 records=len(ordered), complete=complete, rooted_at_s=now)
             session.add(row)
             self._anchor(session, job, row)
-            record_event(session, now, COORDINATOR, "proof_epoch_rooted", job.job_id, epoch=epoch,
-                         root=row.root, records=row.records, complete=complete,
-                         chain_epoch=row.chain_epoch)
+            record_event(session, now, COORDINATOR, ProofEpochRooted(
+                epoch=epoch, root=row.root, records=row.records, complete=complete,
+                chain_epoch=row.chain_epoch), job.job_id)
             if not complete:
                 log.warning("job %s: proof epoch %d rooted with steps missing records (a lost "
                             "worker's unsent records): verifiers judge those shares from what "

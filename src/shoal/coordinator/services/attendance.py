@@ -40,6 +40,7 @@ from shoal.coordinator.services.market_desk import MarketDesk
 from shoal.coordinator.services.progress import JobProgress
 from shoal.coordinator.settings import CoordinatorSettings
 from shoal.spec.coordinator import COORDINATOR, JobStatus
+from shoal.spec.events import WorkersLost
 from shoal.spec.progress import MembershipChange
 from shoal.spec.worker import WorkerId
 
@@ -155,8 +156,8 @@ class LeaseAttendance:
             log.warning("job %s: %s lost with their agent; exits reported to the job's host",
                         job_id, ", ".join(workers))
             with self.desk.change() as session:
-                record_event(session, self.desk.now_s(), COORDINATOR, "workers_lost", job_id,
-                             workers=workers)
+                record_event(session, self.desk.now_s(), COORDINATOR, WorkersLost(workers=workers),
+                             job_id)
             reported[job_id] = workers
         return reported
 

@@ -22,6 +22,7 @@ from shoal.ledger import LedgerError
 from shoal.market import charge_wei
 from shoal.proof.dues import Dues
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus, JobSubmission
+from shoal.spec.events import ChainJobClosed, ChainLeaseAccepted, JobSettled, SettlementFailed
 from shoal.spec.ledger import LeaseAcceptance
 from shoal.spec.market import DeviceLease
 
@@ -104,10 +105,9 @@ class ChainSettlement:
             bookable = terms.price_wei_per_s * terms.term_s
             self.desk.command(session, journal.AllowProvider(job=job.job_id, provider=provider,
                                                          wei=bookable), now)
-            record_event(session, now, provider, "chain_lease_accepted", job.job_id,
-                         chain_job=job.chain_job, price_wei_per_s=str(terms.price_wei_per_s),
-                         term_s=terms.term_s, accepted_at=accepted_at,
-                         bookable_wei=str(bookable))
+            record_event(session, now, provider, ChainLeaseAccepted(
+                chain_job=job.chain_job, price_wei_per_s=terms.price_wei_per_s,
+                term_s=terms.term_s, accepted_at=accepted_at, bookable_wei=bookable), job.job_id)
 
     def tend_chain_jobs(self) -> None:
         """Once a round: settle again the ended jobs whose settlement failed, and keep the
@@ -215,24 +215,22 @@ class ChainSettlement:
             escrow = self.settlement.escrow(job.chain_job)
             if escrow.settled_at:  # reclaimed, or settled by a try whose receipt was lost
                 log.error("job %s: chain job %s was already settled", job.job_id, job.chain_job)
-                record_event(session, now, COORDINATOR, "chain_job_closed", job.job_id,
-                             chain_job=job.chain_job, owed_wei=str(escrow.owed_wei),
-                             metered_wei={p: str(w) for p, w in metered.items()})
+                record_event(session, now, COORDINATOR, ChainJobClosed(
+                    chain_job=job.chain_job, owed_wei=escrow.owed_wei, metered_wei=metered),
+                    job.job_id)
                 _settlement(session, job.job_id).settled_at_s = now
                 return
             booking = self.settlement.settle(job.chain_job, seconds)
         except (LedgerError, Conflict) as error:
             log.error("job %s: settling chain job %s failed: %s", job.job_id, job.chain_job, error)
-            record_event(session, now, COORDINATOR, "settlement_failed", job.job_id,
-                         chain_job=job.chain_job, reason=str(error))
+            record_event(session, now, COORDINATOR, SettlementFailed(
+                chain_job=job.chain_job, reason=str(error)), job.job_id)
             tries = _settlement(session, job.job_id)
             tries.failures, tries.failed_at_s = tries.failures + 1, now
             return
-        record_event(session, now, COORDINATOR, "job_settled", job.job_id, chain_job=job.chain_job,
-                     root=booking.root, seconds=booking.seconds,
-                     wei={p: str(w) for p, w in booking.wei.items()},
-                     metered_wei={p: str(w) for p, w in metered.items()}, unpaid_leases=unpaid,
-                     records_withheld=withheld)
+        record_event(session, now, COORDINATOR, JobSettled(
+            chain_job=job.chain_job, root=booking.root, seconds=booking.seconds, wei=booking.wei,
+            metered_wei=metered, unpaid_leases=unpaid, records_withheld=withheld), job.job_id)
         _settlement(session, job.job_id).settled_at_s = now
 
 

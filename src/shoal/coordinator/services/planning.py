@@ -24,7 +24,6 @@ under the verifiers' feet.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import statistics
@@ -40,6 +39,7 @@ from shoal.coordinator.db.store import Store, record_event
 from shoal.coordinator.services.market_desk import MarketDesk
 from shoal.coordinator.services.progress import JobProgress
 from shoal.spec.coordinator import COORDINATOR, JobStatus
+from shoal.spec.events import JobPlanned
 from shoal.spec.job import BYTE_VOCAB, JobSpec
 from shoal.spec.plan import Cluster, Device, ModelProfile, Plan, SyncMode, gpt_profile
 from shoal.spec.progress import JobPlanView
@@ -117,8 +117,7 @@ class JobPlanning:
             advice=_advice(spec, plan))
         with self.desk.change() as session:
             session.get(JobRow, job_id).plan = view.model_dump(mode="json")
-            record_event(session, view.t, COORDINATOR, "job_planned", job_id,
-                         **json.loads(view.model_dump_json()))
+            record_event(session, view.t, COORDINATOR, JobPlanned(**view.model_dump()), job_id)
         log.info("job %s: planned epoch %d (%d members): %.4f s a step predicted, %s%s",
                  job_id, latest.epoch, len(latest.members), plan.step_time_s, plan.mode.value,
                  f"; {view.advice}" if view.advice else "")
