@@ -21,6 +21,7 @@ from shoal.coordinator.db.schema import ProofEpochRow
 from shoal.coordinator.db.store import record_event
 from shoal.spec.audit import RecordUpload
 from shoal.spec.coordinator import COORDINATOR, JobSubmission, OfferTerms, Registration
+from shoal.spec.events import AuditEvent, JobSettled, WorkerSlashed
 from shoal.spec.progress import ProgressUpload, StepProgress
 from tests.conftest import free_port, shoal_command
 from tests.coordinator.conftest import Served, make_settings, provider_with_agent
@@ -112,9 +113,9 @@ class Job:
             row.chain_epoch, row.anchored_at_s, row.anchor_tx = 0, time.time(), ANCHOR_TX
             return row.root
 
-    def event(self, kind: str, **detail: object) -> None:
+    def event(self, event: AuditEvent) -> None:
         with self.co.desk.change() as session:
-            record_event(session, self.co.desk.now_s(), COORDINATOR, kind, self.job_id, **detail)
+            record_event(session, self.co.desk.now_s(), COORDINATOR, event, self.job_id)
 
 
 def text_of(driver, element_id: str) -> str:
@@ -155,12 +156,13 @@ def test_the_dashboard_draws_a_job_and_keeps_up(served, chromium, tmp_path):
     job.progress(range(10, 20))
     job.membership((0.5, [job.worker_a, worker_b], "formed"),
                    (3.2, [job.worker_a], f"{worker_b} lost"), (4.0, [job.worker_a, worker_c], "joined"))
-    job.event("worker_slashed", verdict=1, worker=worker_b, step=3,
-              verifier=Account.create().address, provider=Account.create().address,
-              why="wrong contribution", tx=SLASH_TX)
-    job.event("job_settled", chain_job=1, root="0x" + "00" * 32,
-              seconds={job.providers["agent-a"].account.address: 12},
-              wei={job.providers["agent-a"].account.address: BIG_WEI})
+    job.event(WorkerSlashed(verdict=1, worker=worker_b, step=3,
+                            verifier=Account.create().address, provider=Account.create().address,
+                            why="wrong contribution", tx=SLASH_TX))
+    job.event(JobSettled(chain_job=1, root="0x" + "00" * 32,
+                         seconds={job.providers["agent-a"].account.address: 12},
+                         wei={job.providers["agent-a"].account.address: int(BIG_WEI)},
+                         metered_wei={}, unpaid_leases=[], records_withheld={}))
     wait.until(lambda d: points(d) == 20)
     wait.until(lambda d: "agent lost" in text_of(d, "faults") and SLASH_TX in text_of(d, "slashes")
                and BIG_WEI in text_of(d, "payments"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from shoal.coordinator.db.store import record_event
 from shoal.coordinator import Coordinator
 from shoal.demo.report import job_events
+from shoal.spec.events import ChallengeRaised, EventKind, VerifierSlashed
 from tests.coordinator.conftest import make_settings
 
 
@@ -14,11 +15,13 @@ def test_every_event_of_the_job_is_read_past_the_first_page(tmp_path):
     try:
         with co.desk.change() as session:
             for i in range(2345):
-                record_event(session, float(i), "someone", "challenge_raised", None, n=i)
-            record_event(session, 9999.0, "coordinator", "verifier_slashed", None, step=1)
+                record_event(session, float(i), "someone", ChallengeRaised(
+                    challenge=i, worker="w", step=i, blob="params", agent_id="a"))
+            record_event(session, 9999.0, "coordinator", VerifierSlashed(
+                verifier="v", worker="w", step=1, shown_by="u"))
         events = job_events(co, None)
-        assert [e.detail.get("n") for e in events[:-1]] == list(range(2345))
-        assert events[-1].kind == "verifier_slashed"  # before: beyond the 1000 read
+        assert [e.detail.get("challenge") for e in events[:-1]] == list(range(2345))
+        assert events[-1].kind == EventKind.verifier_slashed  # before: beyond the 1000 read
     finally:
         co.hosts.stop_all()
         co.engine.dispose()

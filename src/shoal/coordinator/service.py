@@ -53,6 +53,7 @@ from shoal.coordinator.db.schema import JobRow, NonceRow
 from shoal.coordinator.db.store import Store, record_event
 from shoal.market import Clearing, MarketConfig
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus
+from shoal.spec.events import JobFilled, ProviderTermSpent
 from shoal.spec.market import FillStatus
 
 
@@ -118,9 +119,9 @@ class Coordinator(ProofService, AuditService, DisputeService, UnfiledDisputes):
             self.desk.record(session, journal.Clear(), now)
             self.desk.store_leases(session, clearing.stopped)
             for job_id, provider in clearing.spent:
-                record_event(session, now, COORDINATOR, "provider_term_spent", job_id,
-                             provider=provider, reason="its leases of the job billed all its "
-                             "chain lease can book: they stop, and it takes no more of the job")
+                record_event(session, now, COORDINATOR, ProviderTermSpent(
+                    provider=provider, reason="its leases of the job billed all its "
+                    "chain lease can book: they stop, and it takes no more of the job"), job_id)
             for fill in clearing.fills:
                 self.desk.store_leases(session, fill.new_leases)
                 self.desk.store_leases(session, [n.lease for n in fill.notices])
@@ -137,10 +138,10 @@ class Coordinator(ProofService, AuditService, DisputeService, UnfiledDisputes):
                   FillStatus.paused: JobStatus.paused}[fill.status]
         if status.value != row.status or fill.new_leases or fill.notices:
             row.status = status.value
-            record_event(session, now, COORDINATOR, "job_filled", fill.job,
-                         status=fill.status.value, held=fill.held, reason=fill.reason,
-                         new_leases=[lease.lease for lease in fill.new_leases],
-                         notices=[n.lease.lease for n in fill.notices])
+            record_event(session, now, COORDINATOR, JobFilled(
+                status=fill.status, held=fill.held, reason=fill.reason,
+                new_leases=[lease.lease for lease in fill.new_leases],
+                notices=[n.lease.lease for n in fill.notices]), fill.job)
 
     def prune_nonces(self) -> int:
         """Forget nonces older than two skew windows: their requests are refused as stale."""

@@ -10,6 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from shoal.demo.runner import Demo
+from shoal.spec.events import EventKind
 
 
 def render(demo: Demo) -> Panel:
@@ -49,7 +50,8 @@ def render(demo: Demo) -> Panel:
             resumed = f"steps again after {after[0] - fired.t:.2f} s" if after else "…"
             faults.add_row(f"{at:.0f} s", fired.event.kind.value, fired.event.provider, resumed)
         for e in co.reads.events(s.job_id, limit=1000):
-            if e.kind in ("worker_slashed", "offer_withdrawn", "verdict_rejected"):
+            if e.kind in (EventKind.worker_slashed, EventKind.offer_withdrawn,
+                          EventKind.verdict_rejected):
                 at = e.at_s - (s.started_t or e.at_s)
                 faults.add_row(f"{at:.0f} s", e.kind.replace("_", " "),
                                str(e.detail.get("offer_id") or e.detail.get("provider") or ""), "")

@@ -28,6 +28,7 @@ from shoal.spec.demo import (
     SlashReport,
 )
 from shoal.spec.elastic import StepRecord
+from shoal.spec.events import EventKind as AuditKind  # spec.demo's EventKind is a scenario's
 from shoal.train.step_log import read_step_logs
 
 END_STEPS = 20  # a fault with fewer committed steps after it came as the job ended
@@ -57,7 +58,7 @@ def build_report(demo: Demo) -> DemoReport:
     slashes = []
     names = {address: name for name, address in demo.addresses.items()}
     for e in events:
-        if e.kind == "worker_slashed":
+        if e.kind == AuditKind.worker_slashed:
             provider = str(e.detail.get("provider"))
             name = names.get(provider, provider)
             faults.append(_fault(name, "cheat", e.at_s, started, records, steps,
@@ -110,7 +111,7 @@ def job_events(co, job_id: str | None) -> list:  # noqa: ANN001 - a Coordinator;
 
 
 def _store_chain_agree(demo: Demo, events) -> bool:  # noqa: ANN001
-    settled = [e for e in events if e.kind == "job_settled"]
+    settled = [e for e in events if e.kind == AuditKind.job_settled]
     if len(settled) != 1:
         return False
     booked = settled[0].detail.get("seconds", {})
@@ -134,16 +135,16 @@ def _fault(provider: str, kind: str, t: float, started: float, records: list[Ste
 # (only with a transaction: an accusation is rejected, and the accuser pays, on chain), a
 # planted record signed `valid`.
 VERIFIER_PENALTIES = {
-    "verifier_slashed": "signed valid on {worker} step {step}",
-    "verdict_rejected": "accused {worker} step {step} falsely: {why}",
-    "forced_error_missed": "signed valid on a planted record ({worker} step {step})",
+    AuditKind.verifier_slashed: "signed valid on {worker} step {step}",
+    AuditKind.verdict_rejected: "accused {worker} step {step} falsely: {why}",
+    AuditKind.forced_error_missed: "signed valid on a planted record ({worker} step {step})",
 }
 
 
 def _verifier_slash(event) -> SlashReport:  # noqa: ANN001 - an EventView
     d = event.detail
     tx = d.get("tx")
-    penalty = FALSE_ACCUSATION_PENALTY_WEI if event.kind == "verdict_rejected" \
+    penalty = FALSE_ACCUSATION_PENALTY_WEI if event.kind == AuditKind.verdict_rejected \
         else LAZY_VERDICT_PENALTY_WEI
     return SlashReport(provider="verifier", address=str(d.get("verifier")),
                        amount_wei=penalty if tx else 0, tx=tx,

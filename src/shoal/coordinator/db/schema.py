@@ -89,6 +89,9 @@ class JobRow(Base):
     rendezvous: Mapped[str | None] = mapped_column(String(128), nullable=True)
     host_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     chain_job: Mapped[int | None] = mapped_column(Integer, nullable=True)  # its escrow on chain
+    # When the coordinator recorded its host serving at `rendezvous`: the newest endpoint's.
+    rendezvous_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    plan: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # the latest JobPlanView
 
 
 class ChainLeaseRow(Base):
@@ -114,6 +117,19 @@ class LeaseRow(Base):
     start_s: Mapped[float] = mapped_column(Float)
     ends_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     value: Mapped[dict] = mapped_column(JSON)  # the DeviceLease, as last known
+    # When its agent last stored new work records of the job (None: never).
+    records_stored_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class SettlementRow(Base):
+    """A chain job's settlement as tried: failed tries back off, and a job settled (or
+    found closed on chain) is never tried again."""
+
+    __tablename__ = "settlements"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), primary_key=True)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    failed_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # the last failure
+    settled_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class MarketCommandRow(Base):
@@ -127,7 +143,8 @@ class MarketCommandRow(Base):
 
 
 class EventRow(Base):
-    """The audit log: every state change, by whom, when."""
+    """The audit log: every state change, by whom, when. Only ever served, never read
+    back as state: what the coordinator needs to remember lives in its own columns."""
 
     __tablename__ = "events"
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.db.schema import EventRow
+from shoal.spec.events import AuditEvent
 
 
 class Store:
@@ -33,7 +33,8 @@ class Store:
             yield session
 
 
-def record_event(session: Session, at_s: float, actor: str, kind: str,
-                 job_id: str | None = None, **detail: Any) -> None:
+def record_event(session: Session, at_s: float, actor: str, event: AuditEvent,
+                 job_id: str | None = None) -> None:
     """An auditable event, written in the transaction of the change it records."""
-    session.add(EventRow(at_s=at_s, actor=actor, kind=kind, job_id=job_id, detail=detail))
+    session.add(EventRow(at_s=at_s, actor=actor, kind=event.kind.value, job_id=job_id,
+                         detail=event.detail()))

@@ -35,6 +35,7 @@ from shoal.proof.layout import ProofLayout
 from shoal.spec.audit import (
     BlobKind, ChallengeRequest, ChallengeView, VerdictFiling, VerdictView,
 )
+from shoal.spec.events import ChallengeAnswered, ChallengeRaised, VerdictsFiled
 from shoal.spec.proof import Ruling, Verdict, VerdictKind, WorkRecord
 from shoal.spec.worker import WorkerId
 from shoal.verify.audit.unrecorded_round import seat
@@ -78,9 +79,9 @@ class AuditService(ForcedErrorService, KeeperRouting):
                                        requested_at_s=now, agent_id=agent_id)
                     session.add(row)
                     session.flush()
-                    record_event(session, now, verifier, "challenge_raised", job_id,
-                                 challenge=row.challenge, worker=item.worker, step=item.step,
-                                 blob=item.kind.value, agent_id=row.agent_id)
+                    record_event(session, now, verifier, ChallengeRaised(
+                        challenge=row.challenge, worker=item.worker, step=item.step,
+                        blob=item.kind.value, agent_id=row.agent_id), job_id)
                 out.append(_challenge_view(row))
         with self._challenge_lock:
             for view in out:
@@ -237,8 +238,8 @@ class AuditService(ForcedErrorService, KeeperRouting):
         if plant is not None:  # what the verifier downloads, and must be able to check
             row.sha256 = plant.sha256
             size = self.plant_path(row.job_id, row.worker, row.step).stat().st_size
-        record_event(session, now, provider, "challenge_answered", row.job_id,
-                     challenge=row.challenge, bytes=size, sha256=row.sha256)
+        record_event(session, now, provider, ChallengeAnswered(
+            challenge=row.challenge, bytes=size, sha256=row.sha256), row.job_id)
         return _challenge_view(row)
 
     @staticmethod
@@ -297,9 +298,9 @@ class AuditService(ForcedErrorService, KeeperRouting):
             kinds: dict[str, int] = defaultdict(int)
             for view in out:
                 kinds[view.verdict.kind.value] += 1
-            record_event(session, now, verifier, "verdicts_filed", job_id, kinds=dict(kinds),
-                         guilty=[(v.verdict.worker, v.verdict.step, v.verdict.kind.value)
-                                for v in out if v.verdict.guilty])
+            record_event(session, now, verifier, VerdictsFiled(
+                kinds=dict(kinds), guilty=[(v.verdict.worker, v.verdict.step, v.verdict.kind.value)
+                                           for v in out if v.verdict.guilty]), job_id)
         if guilty and self.referee is not None:
             self.referee.rule_later(job_id, guilty)
         return out

@@ -40,6 +40,7 @@ from shoal.proof.epochs import final_lineage
 from shoal.proof.errors import DisputeError
 from shoal.spec.audit import DisputeFiling, DisputeView
 from shoal.spec.coordinator import COORDINATOR
+from shoal.spec.events import DISPUTE_RULINGS, DisputeEnforced, DisputeFiled
 from shoal.spec.ledger import DisputeState
 from shoal.spec.proof import Ruling, Verdict, WorkRecord
 
@@ -117,9 +118,9 @@ class DisputeService:
                              epoch=filing.epoch, challenger=opened.challenger, provider=provider,
                              filed_at_s=now, trajectory=list(filing.trajectory), why="")
             session.add(row)
-            record_event(session, now, challenger, "dispute_filed", job_id,
-                         dispute=filing.dispute, worker=filing.worker, epoch=filing.epoch,
-                         provider=provider, bond_wei=str(opened.bond_wei))
+            record_event(session, now, challenger, DisputeFiled(
+                dispute=filing.dispute, worker=filing.worker, epoch=filing.epoch,
+                provider=provider, bond_wei=opened.bond_wei), job_id)
             view = _dispute_view(row)
         self.referee.later(lambda: self.rule_dispute(job_id, filing.dispute))
         return view
@@ -235,9 +236,9 @@ class DisputeService:
             row.why = f"{why} ({held})" if held else why
             row.tx, row.chain_state = note.get("tx"), chain_state
             provider = row.provider
-            record_event(session, self.desk.now_s(), COORDINATOR, f"dispute_{ruling}", job_id,
-                         dispute=dispute, worker=row.worker, step=step, provider=provider,
-                         challenger=row.challenger, why=why, chain=held or chain_state, **note)
+            record_event(session, self.desk.now_s(), COORDINATOR, DISPUTE_RULINGS[ruling](
+                dispute=dispute, worker=row.worker, step=step, provider=provider,
+                challenger=row.challenger, why=why, chain=held or chain_state, **note), job_id)
         if ruling == Ruling.upheld and self.referee.penalties.first_slash(job_id, provider):
             self.offers.bar_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
             self.drop_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
@@ -292,8 +293,8 @@ class DisputeService:
             with self.desk.change() as session:
                 row = session.get(DisputeRow, dispute)
                 row.chain_state, row.tx = chain_state, note.get("tx", row.tx)
-                record_event(session, self.desk.now_s(), COORDINATOR, "dispute_enforced", job_id,
-                             dispute=dispute, ruling=ruling, chain=chain_state, **note)
+                record_event(session, self.desk.now_s(), COORDINATOR, DisputeEnforced(
+                    dispute=dispute, ruling=ruling, chain=chain_state, **note), job_id)
 
 
 def _dispute_view(row: DisputeRow) -> DisputeView:

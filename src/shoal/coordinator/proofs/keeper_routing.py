@@ -29,6 +29,7 @@ from shoal.coordinator.db.store import record_event
 from shoal.proof.epochs import final_lineage, params_keepers
 from shoal.spec.audit import BlobKind, ChallengeRequest
 from shoal.spec.coordinator import COORDINATOR
+from shoal.spec.events import ParamsRefused, ParamsRerouted
 from shoal.spec.proof import WorkRecord
 
 log = logging.getLogger(__name__)
@@ -169,8 +170,8 @@ class KeeperRouting:
         asked = self._asked.setdefault((row.job_id, row.step), {})
         agent_id = asked[keeper].agent_id if keeper in asked else row.agent_id
         asked[keeper] = Asked(agent_id, refused=True)
-        record_event(session, now, provider, "params_refused", row.job_id,
-                     challenge=row.challenge, step=row.step, keeper=keeper, why=why)
+        record_event(session, now, provider, ParamsRefused(
+            challenge=row.challenge, step=row.step, keeper=keeper, why=why), row.job_id)
         if keeper != row.worker:  # a keeper it left already: the holder is still asked
             return f"challenge {row.challenge} is asked of {row.worker} now", None
         others = [k for k in self._unrefused_keepers(session, row.job_id, row.step)
@@ -239,9 +240,9 @@ class KeeperRouting:
         asked.setdefault(row.worker, Asked(row.agent_id, refused=False))
         asked.setdefault(keeper.worker, Asked(keeper.agent_id, refused=False))
         left = row.agent_id
-        record_event(session, now, COORDINATOR, "params_rerouted", row.job_id,
-                     challenge=row.challenge, step=row.step, keeper=row.worker,
-                     to=keeper.worker, agent_id=keeper.agent_id, why=why)
+        record_event(session, now, COORDINATOR, ParamsRerouted(
+            challenge=row.challenge, step=row.step, keeper=row.worker, to=keeper.worker,
+            agent_id=keeper.agent_id, why=why), row.job_id)
         row.worker, row.agent_id, row.requested_at_s = keeper.worker, keeper.agent_id, now
         session.flush()
         return left, row, True, why != "refused"

@@ -20,6 +20,7 @@ from shoal.coordinator.db.store import record_event
 from shoal.coordinator.proofs.court import Court
 from shoal.ledger import LedgerError
 from shoal.spec.coordinator import COORDINATOR
+from shoal.spec.events import VERDICT_RULINGS, VerdictUndecided, VerifierSlashed, WorkerSlashed
 from shoal.spec.proof import Ruling, Verdict, VerdictKind
 
 log = logging.getLogger(__name__)
@@ -54,12 +55,11 @@ class Penalties:
             job = session.get(JobRow, job_id)
         chain_job = job.chain_job if job is not None else None
         enforce = self.account is not None and co.settlement is not None and chain_job is not None
-        kind = {Ruling.upheld: "verdict_upheld", Ruling.rejected: "verdict_rejected"}.get(ruling,
-                                                                           "verdict_undecided")
+        kind = VERDICT_RULINGS.get(ruling, VerdictUndecided)
         if ruling == Ruling.upheld and provider is not None and (job_id, provider) not in self._slashed \
                 and not (enforce and co.settlement.ledger.lease(chain_job, provider).slashed):
             self._slashed.add((job_id, provider))
-            kind = "worker_slashed"  # the first upheld verdict; later ones are on record only
+            kind = WorkerSlashed  # the first upheld verdict; later ones are on record only
             if enforce:
                 chain_note = self.transact(lambda: co.settlement.ledger.slash(
                     self.account, chain_job, provider, verdict.verifier))
@@ -73,10 +73,10 @@ class Penalties:
                 provider or co.settlement.operator.address))
         with co.desk.change() as session:
             session.get(VerdictRow, seq).ruling = ruling
-            record_event(session, co.desk.now_s(), COORDINATOR, kind, job_id, verdict=seq,
-                         worker=verdict.worker, step=verdict.step, verifier=verdict.verifier,
-                         provider=provider, why=why, **chain_note)
-        if kind == "worker_slashed":
+            record_event(session, co.desk.now_s(), COORDINATOR, kind(
+                verdict=seq, worker=verdict.worker, step=verdict.step, verifier=verdict.verifier,
+                provider=provider, why=why, **chain_note), job_id)
+        if kind is WorkerSlashed:
             log.warning("job %s: provider %s slashed for %s's step %d: %s", job_id, provider,
                         verdict.worker, verdict.step, why)
 
@@ -98,9 +98,9 @@ class Penalties:
                 self.account, v.verifier, LAZY_VERDICT_PENALTY_WEI, upheld.verifier)) \
                 if enforce else {}
             with co.desk.change() as session:
-                record_event(session, co.desk.now_s(), COORDINATOR, "verifier_slashed", job_id,
-                             verifier=v.verifier, worker=v.worker, step=v.step,
-                             shown_by=upheld.verifier, **note)
+                record_event(session, co.desk.now_s(), COORDINATOR, VerifierSlashed(
+                    verifier=v.verifier, worker=v.worker, step=v.step, shown_by=upheld.verifier,
+                    **note), job_id)
             log.warning("job %s: verifier %s signed valid on %s step %d, shown wrong by %s",
                         job_id, v.verifier, v.worker, v.step, upheld.verifier)
 

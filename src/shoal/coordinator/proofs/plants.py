@@ -48,6 +48,9 @@ from shoal.proof.layout import ProofLayout
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import BlobKind, ChallengeView, ProofEpochView
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus
+from shoal.spec.events import (
+    ForcedErrorMissed, ForcedErrorsCommitted, ForcedErrorsRevealed, ProofEpochServed,
+)
 from shoal.spec.proof import Ruling, Verdict, VerdictKind, WorkRecord
 from shoal.train.files import write_whole
 
@@ -125,8 +128,8 @@ class ForcedErrorService:
                                  commitment=forced.commitment(), rate=forced.rate,
                                  committed_at_s=now)
             session.add(plan)
-            record_event(session, now, COORDINATOR, "forced_errors_committed", job_id,
-                         commitment=plan.commitment, rate=plan.rate)
+            record_event(session, now, COORDINATOR, ForcedErrorsCommitted(
+                commitment=plan.commitment, rate=plan.rate), job_id)
         return plan
 
     def _schedule(self, session: Session, job: JobRow, plan: ForcedPlanRow, epoch: int,
@@ -163,8 +166,8 @@ class ForcedErrorService:
         row.root, row.published_at_s = "0x" + tree.root.hex(), now
         # On record: the operator is held to the tree it served (and the reveal shows which
         # of its leaves were plants).
-        record_event(session, now, COORDINATOR, "proof_epoch_served", row.job_id,
-                     epoch=row.epoch, root=row.root)
+        record_event(session, now, COORDINATOR, ProofEpochServed(epoch=row.epoch, root=row.root),
+                     row.job_id)
         return [_fetch_view(plant) for plant in late]
 
     # ------------------------------------------------------------ what verifiers see
@@ -307,10 +310,10 @@ class ForcedErrorService:
                     if row.ruling == Ruling.plant_missed and verdict.verifier.lower() not in named:
                         named.add(verdict.verifier.lower())
                         misses.append((row.seq, verdict.verifier, worker, step, catcher))
-            record_event(session, now, COORDINATOR, "forced_errors_revealed", job_id,
-                         secret=plan.secret, commitment=plan.commitment, rate=plan.rate,
-                         plants=[[p.epoch, p.worker, p.step, p.state] for p in plants],
-                         missed=[[m[1], m[2], m[3]] for m in misses])
+            record_event(session, now, COORDINATOR, ForcedErrorsRevealed(
+                secret=plan.secret, commitment=plan.commitment, rate=plan.rate,
+                plants=[(p.epoch, p.worker, p.step, p.state) for p in plants],
+                missed=[(m[1], m[2], m[3]) for m in misses]), job_id)
         for seq, verifier, worker, step, catcher in misses:
             self._penalise_miss(job_id, seq, verifier, worker, step, catcher)
 
@@ -320,8 +323,8 @@ class ForcedErrorService:
         to = catcher or (self.settlement.operator.address if self.settlement else None)
         note = self.referee.penalties.penalise_missed_plant(verifier, to) if to else {}
         with self.desk.change() as session:
-            record_event(session, self.desk.now_s(), COORDINATOR, "forced_error_missed", job_id,
-                         verdict=seq, verifier=verifier, worker=worker, step=step, **note)
+            record_event(session, self.desk.now_s(), COORDINATOR, ForcedErrorMissed(
+                verdict=seq, verifier=verifier, worker=worker, step=step, **note), job_id)
         log.warning("job %s: verifier %s signed valid on a planted record (%s step %d)",
                     job_id, verifier, worker, step)
 

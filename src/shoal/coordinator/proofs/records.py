@@ -34,7 +34,7 @@ from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.proofs.published_epochs import PublishedEpochs
 from shoal.elastic.job_host import read_reached
 from shoal.coordinator.db.schema import (
-    EventRow, JobRow, LeaseRow, OfferRow, ProofEpochRow, WorkRecordRow,
+    JobRow, LeaseRow, OfferRow, ProofEpochRow, WorkRecordRow,
 )
 from shoal.coordinator.db.store import record_event
 from shoal.ledger import LedgerError
@@ -45,6 +45,7 @@ from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import ProofEpochView, RecordUpload, UploadReceipt
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.errors import SpecError
+from shoal.spec.events import ProofEpochRooted, WorkRecordsStored
 from shoal.spec.job import JobSpec
 from shoal.spec.jobfile import parse_job
 from shoal.spec.plan import SyncMode
@@ -129,8 +130,9 @@ class ProofService:
                 stored += 1
             if stored:
                 steps = [r.step for r in upload.records]
-                record_event(session, now, provider, "work_records_stored", job_id,
-                             lease=lease.lease, records=stored, steps=[min(steps), max(steps)])
+                lease.records_stored_at_s = now
+                record_event(session, now, provider, WorkRecordsStored(
+                    lease=lease.lease, records=stored, steps=(min(steps), max(steps))), job_id)
             return UploadReceipt(stored=stored, known=known)
 
     def _proof_job(self, session: Session, job_id: str) -> JobRow:
@@ -188,10 +190,9 @@ class ProofService:
             .where(WorkRecordRow.job_id == job_id).group_by(WorkRecordRow.lease)).all())
         if not newest:
             return None
-        stored = session.scalars(select(EventRow.detail).where(
-            EventRow.job_id == job_id, EventRow.kind == "work_records_stored",
-            EventRow.at_s >= self.desk.now_s() - 2 * self.settings.agent_timeout_s)).all()
-        recent = {detail.get("lease") for detail in stored} & newest.keys()
+        recent = set(session.scalars(select(LeaseRow.lease).where(
+            LeaseRow.job_id == job_id, LeaseRow.records_stored_at_s
+            >= self.desk.now_s() - 2 * self.settings.agent_timeout_s))) & newest.keys()
         steps = sorted((newest[lease] for lease in recent or newest), reverse=True)
         return steps[1] if len(steps) > 1 else steps[0]
 
@@ -252,9 +253,9 @@ class ProofService:
                                 records=len(ordered), complete=complete, rooted_at_s=now)
             session.add(row)
             self._anchor(session, job, row)
-            record_event(session, now, COORDINATOR, "proof_epoch_rooted", job.job_id, epoch=epoch,
-                         root=row.root, records=row.records, complete=complete,
-                         chain_epoch=row.chain_epoch)
+            record_event(session, now, COORDINATOR, ProofEpochRooted(
+                epoch=epoch, root=row.root, records=row.records, complete=complete,
+                chain_epoch=row.chain_epoch), job.job_id)
             if not complete:
                 log.warning("job %s: proof epoch %d rooted with steps missing records (a lost "
                             "worker's unsent records): verifiers judge those shares from what "

@@ -30,6 +30,7 @@ from shoal.coordinator.db.schema import DisputeRow, JobRow
 from shoal.coordinator.db.store import record_event
 from shoal.ledger import LedgerError
 from shoal.spec.coordinator import COORDINATOR
+from shoal.spec.events import DisputeDismissed
 from shoal.spec.ledger import Dispute, DisputeState
 
 log = logging.getLogger(__name__)
@@ -122,10 +123,9 @@ class UnfiledDisputes:
         why = (f"nobody brought it to the referee within {self.settings.unfiled_dispute_grace_s:g}"
                " s of its opening")
         with self.desk.change() as session:
-            record_event(session, self.desk.now_s(), COORDINATOR, "dispute_dismissed", job_id,
-                         dispute=opened.dispute, provider=opened.provider,
-                         challenger=opened.challenger, bond_wei=str(opened.bond_wei),
-                         opened_at=opened.opened_at, why=why, **note)
+            record_event(session, self.desk.now_s(), COORDINATOR, DisputeDismissed(
+                dispute=opened.dispute, provider=opened.provider, challenger=opened.challenger,
+                bond_wei=opened.bond_wei, opened_at=opened.opened_at, why=why, **note), job_id)
         log.warning("job %s: dispute %d on %s rejected unheard: %s", job_id, opened.dispute,
                     opened.provider, why)
         return True

@@ -33,13 +33,14 @@ from sqlalchemy.orm import Session
 
 from shoal.errors import ControlError
 from shoal.elastic.netaddr import parse_endpoint
-from shoal.coordinator.db.schema import EventRow, JobRow, LeaseRow, OfferRow
+from shoal.coordinator.db.schema import JobRow, LeaseRow, OfferRow
 from shoal.coordinator.db.store import Store, record_event
 from shoal.coordinator.services.job_hosts import JobHosts
 from shoal.coordinator.services.market_desk import MarketDesk
 from shoal.coordinator.services.progress import JobProgress
 from shoal.coordinator.settings import CoordinatorSettings
 from shoal.spec.coordinator import COORDINATOR, JobStatus
+from shoal.spec.events import WorkersLost
 from shoal.spec.progress import MembershipChange
 from shoal.spec.worker import WorkerId
 
@@ -155,8 +156,8 @@ class LeaseAttendance:
             log.warning("job %s: %s lost with their agent; exits reported to the job's host",
                         job_id, ", ".join(workers))
             with self.desk.change() as session:
-                record_event(session, self.desk.now_s(), COORDINATOR, "workers_lost", job_id,
-                             workers=workers)
+                record_event(session, self.desk.now_s(), COORDINATOR, WorkersLost(workers=workers),
+                             job_id)
             reported[job_id] = workers
         return reported
 
@@ -186,9 +187,7 @@ def absent_since(changes: list[MembershipChange], lease: int, start_s: float,
 
 def _serving_since(session: Session, job_id: str) -> float | None:
     """When the coordinator recorded the job's host serving (its newest endpoint), or None."""
-    return session.scalar(select(EventRow.at_s).where(
-        EventRow.job_id == job_id, EventRow.kind == "job_rendezvous").order_by(
-        EventRow.seq.desc()).limit(1))
+    return session.scalar(select(JobRow.rendezvous_at_s).where(JobRow.job_id == job_id))
 
 
 def _agent_of(session: Session, job_id: str, worker: str) -> str | None:

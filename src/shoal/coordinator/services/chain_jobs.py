@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden
 from shoal.coordinator.services import journal
-from shoal.coordinator.db.schema import ChainLeaseRow, EventRow, JobRow, LeaseRow
+from shoal.coordinator.db.schema import ChainLeaseRow, JobRow, LeaseRow, SettlementRow
 from shoal.coordinator.db.store import Store, record_event
 from shoal.coordinator.services.attendance import LeaseAttendance
 from shoal.coordinator.services.market_desk import MarketDesk
@@ -27,6 +27,7 @@ from shoal.ledger import LedgerError
 from shoal.market import charge_wei
 from shoal.proof.dues import Dues
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus, JobSubmission
+from shoal.spec.events import ChainJobClosed, ChainLeaseAccepted, JobSettled, SettlementFailed
 from shoal.spec.ledger import LeaseAcceptance
 from shoal.spec.market import DeviceLease
 
@@ -124,10 +125,9 @@ class ChainSettlement:
             bookable = terms.price_wei_per_s * terms.term_s
             self.desk.command(session, journal.AllowProvider(job=job.job_id, provider=provider,
                                                          wei=bookable), now)
-            record_event(session, now, provider, "chain_lease_accepted", job.job_id,
-                         chain_job=job.chain_job, price_wei_per_s=str(terms.price_wei_per_s),
-                         term_s=terms.term_s, accepted_at=accepted_at,
-                         bookable_wei=str(bookable))
+            record_event(session, now, provider, ChainLeaseAccepted(
+                chain_job=job.chain_job, price_wei_per_s=terms.price_wei_per_s,
+                term_s=terms.term_s, accepted_at=accepted_at, bookable_wei=bookable), job.job_id)
 
     def tend(self, end_job: EndJob) -> None:
         """Once a round: settle again the ended jobs whose settlement failed, and keep the
@@ -144,18 +144,15 @@ class ChainSettlement:
         would refund it all: a failed settlement is tried again, backing off, each try logged."""
         now = self.desk.now_s()
         with self.store.read() as session:
-            tries: dict[str, list[float]] = {}
-            for job_id, at_s in session.execute(select(EventRow.job_id, EventRow.at_s).where(
-                    EventRow.kind == "settlement_failed")):
-                tries.setdefault(job_id, []).append(at_s)
-            done = set(session.scalars(select(EventRow.job_id).where(
-                EventRow.kind.in_(("job_settled", "chain_job_closed")),
-                EventRow.job_id.in_(set(tries)))))
-        for job_id, failed_at in sorted(tries.items()):
-            wait_s = min(SETTLE_RETRY_MAX_S, SETTLE_RETRY_S * 2 ** (len(failed_at) - 1))
-            if job_id in done or now - max(failed_at) < wait_s:
+            unsettled = session.scalars(select(SettlementRow).where(
+                SettlementRow.failures > 0, SettlementRow.settled_at_s.is_(None))
+                .order_by(SettlementRow.job_id)).all()
+        for tries in unsettled:
+            job_id = tries.job_id
+            wait_s = min(SETTLE_RETRY_MAX_S, SETTLE_RETRY_S * 2 ** (tries.failures - 1))
+            if now - tries.failed_at_s < wait_s:
                 continue
-            log.warning("job %s: retrying its settlement (failed %d times)", job_id, len(failed_at))
+            log.warning("job %s: retrying its settlement (failed %d times)", job_id, tries.failures)
             with self.desk.change() as session:
                 job = session.get(JobRow, job_id)
                 self.settle(session, job, self.desk.market.meter(job_id), now)
@@ -239,18 +236,29 @@ class ChainSettlement:
             escrow = self.settlement.escrow(job.chain_job)
             if escrow.settled_at:  # reclaimed, or settled by a try whose receipt was lost
                 log.error("job %s: chain job %s was already settled", job.job_id, job.chain_job)
-                record_event(session, now, COORDINATOR, "chain_job_closed", job.job_id,
-                             chain_job=job.chain_job, owed_wei=str(escrow.owed_wei),
-                             metered_wei={p: str(w) for p, w in metered.items()})
+                record_event(session, now, COORDINATOR, ChainJobClosed(
+                    chain_job=job.chain_job, owed_wei=escrow.owed_wei, metered_wei=metered),
+                    job.job_id)
+                _settlement(session, job.job_id).settled_at_s = now
                 return
             booking = self.settlement.settle(job.chain_job, seconds)
         except (LedgerError, Conflict) as error:
             log.error("job %s: settling chain job %s failed: %s", job.job_id, job.chain_job, error)
-            record_event(session, now, COORDINATOR, "settlement_failed", job.job_id,
-                         chain_job=job.chain_job, reason=str(error))
+            record_event(session, now, COORDINATOR, SettlementFailed(
+                chain_job=job.chain_job, reason=str(error)), job.job_id)
+            tries = _settlement(session, job.job_id)
+            tries.failures, tries.failed_at_s = tries.failures + 1, now
             return
-        record_event(session, now, COORDINATOR, "job_settled", job.job_id, chain_job=job.chain_job,
-                     root=booking.root, seconds=booking.seconds,
-                     wei={p: str(w) for p, w in booking.wei.items()},
-                     metered_wei={p: str(w) for p, w in metered.items()}, unpaid_leases=unpaid,
-                     records_withheld=withheld)
+        record_event(session, now, COORDINATOR, JobSettled(
+            chain_job=job.chain_job, root=booking.root, seconds=booking.seconds, wei=booking.wei,
+            metered_wei=metered, unpaid_leases=unpaid, records_withheld=withheld), job.job_id)
+        _settlement(session, job.job_id).settled_at_s = now
+
+
+def _settlement(session: Session, job_id: str) -> SettlementRow:
+    """The job's settlement tries, a fresh row before the first."""
+    row = session.get(SettlementRow, job_id)
+    if row is None:
+        row = SettlementRow(job_id=job_id, failures=0)
+        session.add(row)
+    return row

@@ -48,6 +48,7 @@ from shoal.coordinator.settings import CoordinatorSettings
 from shoal.proof.epochs import epoch_of, final_lineage
 from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.errors import SpecError
+from shoal.spec.events import CheckpointCarried
 from shoal.spec.job import JobSpec
 from shoal.spec.proof import WorkRecord
 from shoal.spec.worker import WorkerId
@@ -134,9 +135,9 @@ class CheckpointCarry:
             verified = self._verify(job_id, spec, step, state, records)
             view = self._write(job_id, spec, step, data, lease_number, provider, verified)
         with self.desk.change() as session:
-            record_event(session, view.at_s, provider, "checkpoint_carried", job_id,
-                         step=step, lease=lease_number, bytes=view.bytes, sha256=view.sha256,
-                         verified=verified)
+            record_event(session, view.at_s, provider, CheckpointCarried(
+                step=step, lease=lease_number, bytes=view.bytes, sha256=view.sha256,
+                verified=verified), job_id)
         log.info("job %s: checkpoint of step %d carried from lease %d (%d bytes%s)", job_id,
                  step, lease_number, view.bytes, ", verified" if verified else "")
         return view

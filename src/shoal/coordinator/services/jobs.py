@@ -26,6 +26,7 @@ from shoal.coordinator.db.store import record_event
 from shoal.coordinator.settings import CoordinatorSettings
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus, JobSubmission, JobView, Role
 from shoal.spec.errors import SpecError
+from shoal.spec.events import JOB_ENDS, JobPaused, JobResumed, JobSubmitted, JobToppedUp
 from shoal.spec.job import JobSpec
 from shoal.spec.jobfile import parse_job, refuse_for_providers
 from shoal.spec.market import Bid
@@ -77,9 +78,9 @@ class JobLifecycle:
                          status=JobStatus.waiting.value, created_at_s=now,
                          chain_job=submission.chain_job)
             session.add(row)
-            record_event(session, now, submitter, "job_submitted", job_id,
-                         workers=bid.workers, budget_wei=str(bid.budget_wei),
-                         max_price_wei_per_s=str(bid.max_price_wei_per_s))
+            record_event(session, now, submitter, JobSubmitted(
+                workers=bid.workers, budget_wei=bid.budget_wei,
+                max_price_wei_per_s=bid.max_price_wei_per_s), job_id)
             return job_view(row, self.desk.market.meter(job_id), now)
 
     def top_up(self, submitter: str, job_id: str, amount_wei: int) -> JobView:
@@ -95,8 +96,7 @@ class JobLifecycle:
             if row.status == JobStatus.paused.value:
                 self.desk.command(session, journal.Resume(job=job_id), now)
                 row.status = JobStatus.waiting.value
-            record_event(session, now, submitter, "job_topped_up", job_id,
-                         amount_wei=str(amount_wei))
+            record_event(session, now, submitter, JobToppedUp(amount_wei=amount_wei), job_id)
             return job_view(row, self.desk.market.meter(job_id), now)
 
     def set_paused(self, actor: str, job_id: str, paused: bool) -> JobView:
@@ -111,7 +111,7 @@ class JobLifecycle:
             else:
                 self.desk.command(session, journal.Resume(job=job_id), now)
                 row.status = JobStatus.waiting.value
-            record_event(session, now, actor, "job_paused" if paused else "job_resumed", job_id)
+            record_event(session, now, actor, JobPaused() if paused else JobResumed(), job_id)
             return job_view(row, self.desk.market.meter(job_id), now)
 
     def end(self, actor: str, job_id: str, status: JobStatus, **detail: Any) -> JobView:
@@ -122,8 +122,8 @@ class JobLifecycle:
             meter = self.desk.command(session, journal.Finish(job=job_id), now)
             self.desk.store_leases(session, meter.leases)
             row.status = status.value
-            record_event(session, now, actor, f"job_{status.value}", job_id,
-                         spent_wei=str(meter.accrued_wei(now)), **detail)
+            record_event(session, now, actor, JOB_ENDS[status](
+                spent_wei=meter.accrued_wei(now), **detail), job_id)
             if status is not JobStatus.finished:
                 self.hosts.stop(job_id, row.host_pid)
             self.close_proofs(session, row)  # the last epochs' roots go before the bill

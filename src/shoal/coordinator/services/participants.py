@@ -22,6 +22,7 @@ from shoal.coordinator.db.schema import ParticipantRow
 from shoal.coordinator.db.store import Store, record_event
 from shoal.coordinator.settings import CoordinatorSettings
 from shoal.spec.coordinator import SELF_SERVICE_ROLES, Grant, Participant, Registration, Role
+from shoal.spec.events import Granted, Registered
 
 REPLAYED = "this nonce was already used: a replayed request is refused; sign the request again"
 
@@ -98,7 +99,7 @@ class Participants:
                                      name=registration.name, registered_at_s=now)
                 session.add(row)
             row.name = registration.name
-            record_event(session, now, signer, "registered", role=row.role, name=row.name)
+            record_event(session, now, signer, Registered(role=row.role, name=row.name))
             return participant_view(row)
 
     def grant(self, operator: str, grant: Grant) -> Participant:
@@ -113,8 +114,8 @@ class Participants:
             row.role, row.name = grant.role.value, grant.name
             if grant.max_priority is not None:
                 row.max_priority = grant.max_priority
-            record_event(session, now, operator, "granted", address=address, role=row.role,
-                         max_priority=row.max_priority or 0)
+            record_event(session, now, operator, Granted(address=address, role=row.role,
+                                                         max_priority=row.max_priority or 0))
             return participant_view(row)
 
     def check_priority(self, submitter: str, priority: int) -> None:

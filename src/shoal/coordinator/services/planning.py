@@ -24,7 +24,6 @@ under the verifiers' feet.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import statistics
@@ -35,11 +34,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import NotFound
-from shoal.coordinator.db.schema import AgentRow, EventRow, JobRow, LeaseRow, OfferRow
+from shoal.coordinator.db.schema import AgentRow, JobRow, LeaseRow, OfferRow
 from shoal.coordinator.db.store import Store, record_event
 from shoal.coordinator.services.market_desk import MarketDesk
 from shoal.coordinator.services.progress import JobProgress
 from shoal.spec.coordinator import COORDINATOR, JobStatus
+from shoal.spec.events import JobPlanned
 from shoal.spec.job import BYTE_VOCAB, JobSpec
 from shoal.spec.plan import Cluster, Device, ModelProfile, Plan, SyncMode, gpt_profile
 from shoal.spec.progress import JobPlanView
@@ -79,16 +79,14 @@ class JobPlanning:
         return out
 
     def job_plan(self, job_id: str) -> JobPlanView | None:
-        """The job's latest plan (from its `job_planned` event), with its measured step time."""
+        """The job's latest plan, with its measured step time."""
         with self.store.read() as session:
-            if session.get(JobRow, job_id) is None:
+            row = session.get(JobRow, job_id)
+            if row is None:
                 raise NotFound(f"no job '{job_id}'")
-            row = session.scalars(select(EventRow).where(
-                EventRow.job_id == job_id, EventRow.kind == "job_planned")
-                .order_by(EventRow.seq.desc()).limit(1)).first()
-        if row is None:
+        if row.plan is None:
             return None
-        view = JobPlanView.model_validate(row.detail)
+        view = JobPlanView.model_validate(row.plan)
         return view.model_copy(update={"measured_step_s": self._measured_step_s(job_id, view.t)})
 
     # ------------------------------------------------------------ one job
@@ -118,8 +116,8 @@ class JobPlanning:
             links="probed" if cluster.latency_ms is not None else "region defaults",
             advice=_advice(spec, plan))
         with self.desk.change() as session:
-            record_event(session, view.t, COORDINATOR, "job_planned", job_id,
-                         **json.loads(view.model_dump_json()))
+            session.get(JobRow, job_id).plan = view.model_dump(mode="json")
+            record_event(session, view.t, COORDINATOR, JobPlanned(**view.model_dump()), job_id)
         log.info("job %s: planned epoch %d (%d members): %.4f s a step predicted, %s%s",
                  job_id, latest.epoch, len(latest.members), plan.step_time_s, plan.mode.value,
                  f"; {view.advice}" if view.advice else "")

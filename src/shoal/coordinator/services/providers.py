@@ -25,6 +25,7 @@ from shoal.spec.coordinator import (
     COORDINATOR, AgentRegistration, AgentView, Assignment, Heartbeat, HeartbeatReply,
     OfferTerms, OfferView,
 )
+from shoal.spec.events import AgentRegistered, OfferPosted, OfferWithdrawn, ProviderBarred
 from shoal.spec.market import DeviceLease, Offer
 
 # What an agent's heartbeat answers with besides its workers, from the services that own
@@ -68,8 +69,9 @@ class ProviderOffers:
             row.region, row.speed_samples_per_s, row.memory_gb = offer.region, speed, offer.memory_gb
             row.price_wei_per_s, row.tenancy = offer.price_wei_per_s, offer.tenancy.value
             row.reference_wei_per_s, row.withdrawn = reference, False
-            record_event(session, now, provider, "offer_posted", offer_id=offer.offer_id,
-                         price_wei_per_s=str(offer.price_wei_per_s), tenancy=offer.tenancy.value)
+            record_event(session, now, provider, OfferPosted(
+                offer_id=offer.offer_id, price_wei_per_s=offer.price_wei_per_s,
+                tenancy=offer.tenancy.value))
             return offer_view(row)
 
     def bar_provider(self, job_id: str, provider: str, reason: str) -> None:
@@ -78,8 +80,8 @@ class ProviderOffers:
         with self.desk.change() as session:
             now = self.desk.now_s()
             self.desk.command(session, journal.BarProvider(job=job_id, provider=provider), now)
-            record_event(session, now, COORDINATOR, "provider_barred", job_id,
-                         provider=provider, reason=reason)
+            record_event(session, now, COORDINATOR,
+                         ProviderBarred(provider=provider, reason=reason), job_id)
 
     def withdraw(self, actor: str, offer_id: str, reason: str = "withdrawn") -> OfferView:
         """Take an offer off the market (its provider, or the coordinator): its leases end."""
@@ -95,8 +97,9 @@ class ProviderOffers:
                     session, journal.WithdrawOffer(offer_id=offer_id, provider=row.provider), now)
                 self.desk.store_leases(session, ended)
                 row.withdrawn = True
-                record_event(session, now, actor, "offer_withdrawn", offer_id=offer_id,
-                             reason=reason, ended_leases=[lease.lease for lease in ended])
+                record_event(session, now, actor, OfferWithdrawn(
+                    offer_id=offer_id, reason=reason,
+                    ended_leases=[lease.lease for lease in ended]))
             return offer_view(row)
 
 
@@ -134,8 +137,8 @@ class ProviderAgents:
                                devices=devices, last_seen_s=now)
                 session.add(row)
             row.region, row.devices, row.last_seen_s = registration.region, devices, now
-            record_event(session, now, provider, "agent_registered",
-                         agent_id=row.agent_id, region=row.region, devices=devices)
+            record_event(session, now, provider, AgentRegistered(
+                agent_id=row.agent_id, region=row.region, devices=devices))
             return agent_view(row, now, self.settings.agent_timeout_s)
 
     def heartbeat(self, provider: str, agent_id: str, beat: Heartbeat,

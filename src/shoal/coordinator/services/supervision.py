@@ -20,6 +20,7 @@ from shoal.coordinator.db.schema import AgentRow, JobRow, LeaseRow, OfferRow
 from shoal.coordinator.db.store import Store, record_event
 from shoal.coordinator.settings import CoordinatorSettings
 from shoal.spec.coordinator import COORDINATOR, JobStatus
+from shoal.spec.events import JobHostStarted, JobRendezvous, OfferMarkedDown
 from shoal.spec.worker import WorkerId
 
 
@@ -116,21 +117,23 @@ class JobSupervision:
                     update={"speed_samples_per_s": speed})
                 self.desk.command(session, journal.PostOffer(offer=offer), now)
             row.speed_samples_per_s, row.marked_down = speed, True
-            record_event(session, now, COORDINATOR, "offer_marked_down", job_id, offer_id=offer_id,
-                         claimed_samples_per_s=claimed, marked_samples_per_s=round(speed, 3))
+            record_event(session, now, COORDINATOR, OfferMarkedDown(
+                offer_id=offer_id, claimed_samples_per_s=claimed,
+                marked_samples_per_s=round(speed, 3)), job_id)
 
     def _start_host(self, job_id: str, min_workers: int) -> None:
         with self.desk.change() as session:
             row = session.get(JobRow, job_id)
             row.host_pid = self.hosts.start(job_id, min_workers)
-            record_event(session, self.desk.now_s(), COORDINATOR, "job_host_started", job_id,
-                         pid=row.host_pid)
+            record_event(session, self.desk.now_s(), COORDINATOR, JobHostStarted(pid=row.host_pid),
+                         job_id)
 
     def _set_rendezvous(self, job_id: str, endpoint: str) -> None:
         with self.desk.change() as session:
-            session.get(JobRow, job_id).rendezvous = endpoint
-            record_event(session, self.desk.now_s(), COORDINATOR, "job_rendezvous", job_id,
-                         rendezvous=endpoint)
+            row = session.get(JobRow, job_id)
+            row.rendezvous, row.rendezvous_at_s = endpoint, self.desk.now_s()
+            record_event(session, row.rendezvous_at_s, COORDINATOR,
+                         JobRendezvous(rendezvous=endpoint), job_id)
 
     def reap_lost_agents(self) -> list[str]:
         """Withdraw the offers of agents silent past the timeout: their leases end, and the
