@@ -82,7 +82,7 @@ def test_a_squatter_cannot_hold_a_job_that_has_not_formed(store_url, operator):
         clients, alice, job = offers_and_a_job(served, {"a": PRICE, "s": PRICE})
         served.app.state.rounds.once()
         leases = leases_of(alice, job)
-        co.supervision._set_rendezvous(job.job_id, f"127.0.0.1:{host.port}")  # the host serves from now
+        co.supervision.record_rendezvous(job.job_id, f"127.0.0.1:{host.port}")  # the host serves from now
         host.rdzv.request_join(f"a-l{leases['a-d0']}-a0-w0")
         assert co.attendance.hold_leases_to_membership(job.job_id) == []  # within the grace: nobody
 
@@ -126,7 +126,7 @@ def test_a_provider_ended_for_staying_out_cannot_post_its_way_back_into_the_job(
         round_with_everyone_heard()
         leases = leases_of(alice, job)
         assert set(leases) == {"a-d0", "s-d0"}  # the two cheapest
-        co.supervision._set_rendezvous(job.job_id, f"127.0.0.1:{host.port}")
+        co.supervision.record_rendezvous(job.job_id, f"127.0.0.1:{host.port}")
         host.rdzv.request_join(f"a-l{leases['a-d0']}-a0-w0")
         time.sleep(0.7)
         assert co.attendance.hold_leases_to_membership(job.job_id) == [leases["s-d0"]]

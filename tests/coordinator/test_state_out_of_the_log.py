@@ -50,7 +50,7 @@ def test_the_grace_of_a_job_not_formed_runs_from_its_host_serving_without_the_lo
         clients, alice, job = offers_and_a_job(served, {"a": PRICE, "s": PRICE})
         served.app.state.rounds.once()
         leases = leases_of(alice, job)
-        co._set_rendezvous(job.job_id, f"127.0.0.1:{host.port}")
+        co.supervision.record_rendezvous(job.job_id, f"127.0.0.1:{host.port}")
         host.rdzv.request_join(f"a-l{leases['a-d0']}-a0-w0")
         forget_the_log(co)
         time.sleep(0.7)

@@ -64,7 +64,7 @@ class JobSupervision:
                              reason="its job host exited without a final word")
             else:
                 if state.rendezvous and state.rendezvous != row.rendezvous:
-                    self._set_rendezvous(row.job_id, state.rendezvous)
+                    self.record_rendezvous(row.job_id, state.rendezvous)
                 self.hold_offers_to_speeds(row.job_id)
                 self.attendance.hold_leases_to_membership(row.job_id)
                 self.revoke_ended_leases(row.job_id)
@@ -128,7 +128,9 @@ class JobSupervision:
             record_event(session, self.desk.now_s(), COORDINATOR, JobHostStarted(pid=row.host_pid),
                          job_id)
 
-    def _set_rendezvous(self, job_id: str, endpoint: str) -> None:
+    def record_rendezvous(self, job_id: str, endpoint: str) -> None:
+        """The job's host serves its rendezvous at `endpoint` from now (the grace of a job
+        not yet formed runs from this time)."""
         with self.desk.change() as session:
             row = session.get(JobRow, job_id)
             row.rendezvous, row.rendezvous_at_s = endpoint, self.desk.now_s()
