@@ -32,7 +32,7 @@ STEPS, EPOCH_STEPS = 16, 8  # rounds of 4: ends at 3, 7 (epoch 0), 11 and 15
 def job(tmp_path):
     with diloco_run_on_lease_a(tmp_path, STEPS, EPOCH_STEPS, 2, "--adversary=1=outer_scale") as s:
         assert [e.epoch for e in s["a"].proof_epochs(s["job_id"])][:1] == [0]
-        s["co"].fetch_wait_s = 20.0
+        s["co"].disputes.fetch_wait_s = 20.0
         yield s
 
 

@@ -52,7 +52,7 @@ class Disputed:
         self.co = Coordinator(make_settings(f"sqlite:///{tmp_path}/store.db", operator, **settings),
                               settlement=Settlement(self.ledger, operator), referee_key=referee,
                               replayer=gpt_replayer)
-        self.co.fetch_wait_s = 10.0
+        self.co.disputes.fetch_wait_s = 10.0
         self.served = Served(self.co)
         self.mallory, self.p1, self.vera_key, self.operator = mallory, p1, vera, operator
         self.tmp = tmp_path
@@ -75,7 +75,7 @@ class Disputed:
         for name, client in providers.items():  # the replay above may outlast the 1 s
             client.heartbeat(name, Heartbeat())  # agent timeout; a real agent beats on
         self.served.app.state.rounds.once()
-        if self.co.forced_errors_on:  # the plants' fetches answered, the epoch is served
+        if self.co.plants.forced_errors_on:  # the plants' fetches answered, the epoch is served
             self.answer_until(lambda: self.a.proof_epochs(self.job_id), timeout_s=30.0,
                               tick=self.served.app.state.rounds.once)
         (epoch,) = self.a.proof_epochs(self.job_id)
@@ -173,7 +173,7 @@ def test_a_disputed_provider_whose_agent_went_silent_is_not_slashed_for_it(dispu
 def _short_waited_dispute(s: Disputed, agent_a) -> tuple:
     """Mallory disputes the cheat's epoch with a fetch wait (0.5 s) far shorter than the
     referee's grace (3 s), while `agent_a()` plays lease a's agent: (dispute, its ruling)."""
-    s.co.fetch_wait_s, s.co.referee.withheld_grace_s = 0.5, 3.0
+    s.co.disputes.fetch_wait_s, s.co.referee.withheld_grace_s = 0.5, 3.0
     dispute = s.ledger.open_dispute(s.mallory, s.chain_job, s.p1.address, BOND).returned
     s.served.client(s.mallory).file_dispute(s.job_id, DisputeFiling(
         dispute=dispute, worker=s.worker, epoch=0, trajectory=s.states({CHEAT_STEP})))
@@ -281,10 +281,10 @@ FORCED_SECRET = b"forced errors, planted for tests"  # plants steps 1 and 4 of t
 
 def _plant_disputed(tmp_path, monkeypatch):
     """Forced errors on; a dispute filed whose bisection lands on a plant, left unruled."""
-    from shoal.coordinator.proofs import plants as plants_module
+    from shoal.coordinator.proofs import forced_plans
     from shoal.proof.forced import ForcedErrors
 
-    monkeypatch.setattr(plants_module, "new_secret", lambda: FORCED_SECRET)
+    monkeypatch.setattr(forced_plans, "new_secret", lambda: FORCED_SECRET)
     s = Disputed(tmp_path, forced_error_rate=0.5, forced_error_wait_s=0.5)
     plan = ForcedErrors(FORCED_SECRET, 0.5)
     planted = sorted(r.step for r in s.work.records if plan.is_planted("tiny", 0, r.step, r.worker))
@@ -315,11 +315,11 @@ def test_a_false_accusation_behind_an_unruled_dispute_still_costs_its_bond(tmp_p
         s.answer_until(lambda: s.ruled(false))
         view = s.ruled(false)
         assert view.ruling == "rejected" and view.chain_state == "behind" and "earlier" in view.why
-        s.co.enforce_rulings()
+        s.co.disputes.enforce_rulings()
         assert s.ledger.dispute(false).state is DisputeState.open  # still behind the plant's
         s.ledger.chain.advance_time(s.ledger.config().dispute_timeout_s + 1)
         s.ledger.expire_dispute(s.mallory, plant_dispute)  # the plant's: bond back
-        s.co.enforce_rulings()
+        s.co.disputes.enforce_rulings()
         assert s.ledger.dispute(false).state is DisputeState.rejected
         assert s.ruled(false).chain_state == "rejected"
     finally:
@@ -417,7 +417,7 @@ def test_a_dispute_filed_before_a_restart_is_ruled_after_it(disputed, monkeypatc
     assert s.ruled(dispute) is None
     monkeypatch.setattr(s.co.referee, "later", queued)
     s.a.heartbeat("a", Heartbeat())  # its agent is online (else the files are not waited for)
-    s.co._disputes_init()  # what a starting coordinator does
+    s.co.disputes.requeue_unruled()  # what a starting coordinator does
     s.answer_until(lambda: s.ruled(dispute))
     assert (s.ruled(dispute).ruling, s.ruled(dispute).step) == ("upheld", CHEAT_STEP)
 

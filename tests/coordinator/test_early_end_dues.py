@@ -43,7 +43,7 @@ def test_a_forged_progress_report_does_not_cut_honest_pay_at_a_cancel(market, tm
     (settled,) = [e for e in submitter.events(job=job.job_id) if e.kind == "job_settled"]
     assert settled.detail["records_withheld"] == {}
     # Every record the job owed a is filed, so a is paid all its metered time.
-    assert coordinator.record_dues(job.job_id, finished=False)[leases["a"]] == Dues(10, 10)
+    assert coordinator.records.record_dues(job.job_id, finished=False)[leases["a"]] == Dues(10, 10)
     metered = {p: int(w) for p, w in settled.detail["metered_wei"].items()}
     # ... and the chain pays that, less at most the seconds its clock had not reached at
     # the anchor's block (a second or two, by load; the attack cut half of it).

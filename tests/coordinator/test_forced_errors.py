@@ -17,7 +17,7 @@ from eth_account import Account
 from sqlalchemy.orm import Session
 
 from shoal.coordinator import Coordinator
-from shoal.coordinator.proofs import plants as plants_module
+from shoal.coordinator.proofs import forced_plans
 from shoal.coordinator.services.numbering import FETCH_BASE
 from shoal.coordinator.proofs.penalties import LAZY_VERDICT_PENALTY_WEI
 from shoal.coordinator.services.settlement import Settlement
@@ -88,7 +88,7 @@ def chain():
 def forced(store_url, operator, monkeypatch, tmp_path, chain):
     """A proof job whose five records of epoch 0 have real contributions, uploaded by
     agent-a; forced errors on; two staked verifiers (lazy and honest) granted."""
-    monkeypatch.setattr(plants_module, "new_secret", lambda: SECRET)
+    monkeypatch.setattr(forced_plans, "new_secret", lambda: SECRET)
     ledger, chain_operator, referee, (lazy_key, honest_key, *_) = chain
     clock = Clock()
     coordinator = Coordinator(make_settings(store_url, operator, forced_error_rate=RATE,
@@ -203,7 +203,8 @@ def test_a_lazy_verifier_is_caught_on_a_plant_and_the_honest_and_the_provider_ar
 
     # The job ends; its audits' window passes: the secret is revealed and the lazy verifier
     # pays for every plant it signed, on chain.
-    s.co.settlement, s.co.referee.account = s.settlement, s.referee  # the referee slashes
+    # The referee slashes verifiers' stakes on chain (the job itself is not on chain).
+    s.co.penalties.settlement, s.co.penalties.account = s.settlement, s.referee
     s.co.jobs.end(s.submitter.account.address, s.job_id, JobStatus.finished)
     # agent-a is alive: the test's settings lose an agent after 1 s without a beat, and on a
     # loaded machine the filings above took longer (the round then withdrew its offer).
@@ -244,7 +245,7 @@ def test_withheld_filed_before_the_agent_could_answer_catches_no_plant(forced):
     s.file(s.honest, replay_verdicts(s, s.honest))  # the agent answers at this beat
     refused(lambda: s.file(s.lazy, {0: VerdictKind.withheld}), 409)
     s.co.referee.wait()
-    s.co.settlement, s.co.referee.account = s.settlement, s.referee
+    s.co.penalties.settlement, s.co.penalties.account = s.settlement, s.referee
     s.co.jobs.end(s.submitter.account.address, s.job_id, JobStatus.finished)
     s.a.heartbeat("agent-a", Heartbeat())
     s.served.app.state.rounds.once()
@@ -341,12 +342,12 @@ def test_the_chain_anchor_tells_no_verifier_which_epochs_hold_plants(forced, cha
     chain_job = s.ledger.create_job(rest[2], 2 * PRICE, 10**15).returned
     with Session(s.co.engine) as session, session.begin():
         session.get(JobRow, s.job_id).chain_job = chain_job
-    s.co.settlement = s.settlement  # the epoch is anchored as it is rooted
+    s.co.records.settlement = s.settlement  # the epoch is anchored as it is rooted
     assert s.planted_steps(), "the test needs a plant in epoch 0"
     s.serve_epoch()
     (served,) = s.lazy.proof_epochs(s.job_id)  # what a verifier sees
     (anchor,) = s.ledger.anchors(chain_job)
-    workers_root = s.co.proof_epochs(s.job_id)[0].root
+    workers_root = s.co.records.proof_epochs(s.job_id)[0].root
     assert served.anchored_root == anchor.root
     assert anchor.root not in (workers_root, served.root)
     assert served.root != workers_root  # the plant: a verifier comparing would have known

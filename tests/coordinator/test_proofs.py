@@ -235,7 +235,7 @@ def test_colluding_leases_filing_a_step_far_ahead_root_no_epoch_before_its_steps
     served.app.state.rounds.once()
     assert [(e.epoch, e.records, e.complete)
             for e in clients["a"].proof_epochs(job_id)] == [(0, 15, True), (1, 15, True)]
-    assert coordinator.record_dues(job_id, finished=False)[leases["a"]] == Dues(owed=10, filed=10)
+    assert coordinator.records.record_dues(job_id, finished=False)[leases["a"]] == Dues(owed=10, filed=10)
 
 
 def test_leases_seated_alone_in_an_old_epoch_complete_no_epoch_before_its_steps_ran(trio):
@@ -275,7 +275,7 @@ def test_a_jobs_end_roots_every_epoch_with_records_however_far_its_leases_got(pa
     served.app.state.rounds.once()
     assert a.proof_epochs(job_id) == []  # epoch 0 waits for b's steps 3 and 4
     with coordinator.desk.change() as session:
-        coordinator.close_proofs(session, session.get(JobRow, job_id))
+        coordinator.records.close_proofs(session, session.get(JobRow, job_id))
     assert [(e.epoch, e.records) for e in a.proof_epochs(job_id)] == [(0, 8), (1, 5), (2, 3)]
 
 
@@ -568,10 +568,10 @@ def test_a_finished_job_waits_for_every_ranks_last_record_within_the_grace(pair)
     coordinator = served.app.state.coordinator
     honest, other = f"agent-a-l{leases['a']}-a0-w0", f"agent-b-l{leases['b']}-a0-w0"
     last = 19  # PROOF_JOB's 20 steps
-    assert coordinator.awaiting_records(job_id)
+    assert coordinator.records.awaiting_records(job_id)
     a.upload_records(job_id, RecordUpload(lease=leases["a"], records=(
         record(honest, last, rank=0, shares=(4, 4)),)))
-    assert coordinator.awaiting_records(job_id)  # b's record of the last step is on its way
+    assert coordinator.records.awaiting_records(job_id)  # b's record of the last step is on its way
     b.upload_records(job_id, RecordUpload(lease=leases["b"], records=(
         record(other, last, rank=1, shares=(4, 4)),)))
-    assert not coordinator.awaiting_records(job_id)
+    assert not coordinator.records.awaiting_records(job_id)

@@ -16,6 +16,7 @@ from shoal.client.http import CoordinatorRefused
 from shoal.coordinator import Coordinator
 from shoal.coordinator.services import chain_jobs
 from shoal.coordinator.errors import Conflict
+from shoal.coordinator.proofs.unfiled_disputes import UnfiledDisputes
 from shoal.coordinator.services.settlement import Settlement
 from shoal.ledger import Chain, ContractRevert, Ledger
 from shoal.ledger.errors import ChainUnavailable
@@ -343,7 +344,7 @@ def test_disputes_opened_and_never_brought_to_the_referee_are_rejected_unheard(s
     assert s.ledger.dispute(honest).state is DisputeState.open
     # A filing past the grace is refused before anything is read of it.
     with pytest.raises(Conflict, match="rejects it unheard"):
-        s.coordinator.check_filing_in_time(s.ledger.dispute(opened[0]))
+        s.coordinator.unfiled.check_filing_in_time(s.ledger.dispute(opened[0]))
     # A chain job this coordinator does not run is not its to judge.
     elsewhere = s.ledger.create_job(s.alice, 2 * PRICE, BUDGET).returned
     s.ledger.open_lease(s.coordinator.settlement.operator, elsewhere, s.p1.address, PRICE, 3600)
@@ -357,9 +358,10 @@ def test_disputes_opened_and_never_brought_to_the_referee_are_rejected_unheard(s
     # once it is back, for a filing as for the referee.
     while_down = s.ledger.open_dispute(s.p2, chain_job, s.p1.address, bond).returned
     s.chain.advance_time(grace_s + 1)
-    s.coordinator._unfiled_init()  # what a starting coordinator remembers of disputes
+    co = s.coordinator  # a starting coordinator remembers nothing of disputes
+    co.unfiled = UnfiledDisputes(co.store, co.desk, co.settings, co.settlement, co.penalties)
     s.rounds()
-    s.coordinator.check_filing_in_time(s.ledger.dispute(while_down))  # not refused
+    s.coordinator.unfiled.check_filing_in_time(s.ledger.dispute(while_down))  # not refused
     assert s.ledger.dispute(while_down).state is DisputeState.open
     s.chain.advance_time(grace_s + 1)
     s.rounds()

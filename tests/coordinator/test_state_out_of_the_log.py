@@ -75,7 +75,7 @@ def test_the_leases_storing_records_lately_are_known_without_the_log(lagging):  
     _file(a, job_id, leases["a"], wa, 0, range(11, 16))
     forget_the_log(co)
     with Session(co.engine) as session:
-        assert co.reached_step(session, job_id) == 15
+        assert co.records.reached_step(session, job_id) == 15
 
 
 def test_a_failed_settlement_is_retried_without_the_log(stage, monkeypatch):  # noqa: F811

@@ -97,7 +97,7 @@ def test_a_decoy_record_under_another_epoch_does_not_shield_the_share(job):
     rejected the verifier's true verdict: the verifier lost stake, the cheat nothing."""
     s = job
     poisoner = s["workers"][1]
-    stored = s["co"].work_records(s["job_id"], 0)
+    stored = s["co"].records.work_records(s["job_id"], 0)
     assert any(r.worker == poisoner and r.step == POISONED for r in stored)
     _found_upheld_and_slashed(s, poisoner)
 

@@ -78,7 +78,7 @@ def build_report(demo: Demo) -> DemoReport:
     wall = (progress[-1].t - progress[0].t) if len(progress) > 1 else 0.0
     verdicts: dict[str, int] = {}
     rechecked = 0
-    for v in co.verdicts(job_id):
+    for v in co.verdicts.of_job(job_id):
         verdicts[v.verdict.kind.value] = verdicts.get(v.verdict.kind.value, 0) + 1
         rechecked += v.verdict.verifier.lower() == demo.whistleblower.address.lower()
     verifier_slashes = tuple(_verifier_slash(e) for e in events if e.kind in VERIFIER_PENALTIES)
@@ -93,7 +93,7 @@ def build_report(demo: Demo) -> DemoReport:
         store_chain_agree=_store_chain_agree(demo, events),
         anchors=tuple(AnchorReport(epoch=e.epoch, root=e.root, anchored=e.anchored_root,
                                    tx=e.anchor_tx)
-                      for e in co.proof_epochs(job_id)),
+                      for e in co.records.proof_epochs(job_id)),
         progress=tuple(progress), membership=tuple(co.progress.membership(job_id)),
         verdicts=verdicts,
         rechecked=rechecked, verifier_slashes=verifier_slashes)

@@ -185,7 +185,7 @@ class Demo:
                 s.committed = done[-1].step + 1
             # The job's host sees each commit at once; the agents' progress reports come
             # in batches, and a loaded machine can delay them by tens of seconds.
-            reached = self.coordinator.host_reached(s.job_id)
+            reached = self.coordinator.records.host_reached(s.job_id)
             if s.started_t is not None and reached is not None:
                 s.committed = max(s.committed, reached + 1)
             # In order, one at a time: a fault lands on a job that has recovered from the

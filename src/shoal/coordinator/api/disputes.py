@@ -15,10 +15,10 @@ router = APIRouter(tags=["proof"], responses=PROBLEMS)
 @router.post("/v1/jobs/{job_id}/proof/disputes", status_code=201)
 def file_dispute(job_id: LabelPath, body: DisputeFiling, co: Co,
                  signer: AnySigner) -> DisputeView:
-    return co.file_dispute(signer.address, job_id, body)
+    return co.disputes.file_dispute(signer.address, job_id, body)
 
 
 @router.get("/v1/jobs/{job_id}/proof/disputes")
 def disputes(job_id: LabelPath, co: Co) -> list[DisputeView]:
     co.reads.job(job_id)
-    return co.disputes(job_id)
+    return co.disputes.of_job(job_id)

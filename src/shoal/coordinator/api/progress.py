@@ -39,4 +39,4 @@ def plan(job_id: LabelPath, co: Co) -> JobPlanView | None:
 
 @router.get("/v1/jobs/{job_id}/job-file")
 def job_file(job_id: LabelPath, co: Co) -> JobFile:
-    return JobFile(job_id=job_id, job_file=co.job_file(job_id))
+    return JobFile(job_id=job_id, job_file=co.specs.job_file(job_id))

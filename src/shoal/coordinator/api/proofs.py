@@ -25,50 +25,50 @@ router = APIRouter(tags=["proof"], responses=PROBLEMS)
 @router.post("/v1/jobs/{job_id}/proof/records")
 def upload_records(job_id: LabelPath, body: RecordUpload, co: Co,
                    signer: ProviderSigner) -> UploadReceipt:
-    return co.upload_records(signer.address, job_id, body)
+    return co.records.upload_records(signer.address, job_id, body)
 
 
 @router.get("/v1/jobs/{job_id}/proof/records")
 def records(job_id: LabelPath, co: Co,
             epoch: Annotated[int, Query(ge=0, le=2**62)]) -> list[WorkRecord]:
     co.reads.job(job_id)  # 404 for a job that does not exist
-    return co.served_records(job_id, epoch)  # forced errors in (plants.py)
+    return co.plants.served_records(job_id, epoch)  # forced errors in (plants.py)
 
 
 @router.get("/v1/jobs/{job_id}/proof/epochs")
 def epochs(job_id: LabelPath, co: Co) -> list[ProofEpochView]:
-    return co.served_epochs(job_id)
+    return co.plants.served_epochs(job_id)
 
 
 @router.post("/v1/jobs/{job_id}/proof/challenges", status_code=201)
 def raise_challenges(job_id: LabelPath, body: Challenges, co: Co,
                      signer: VerifierSigner) -> list[ChallengeView]:
-    return co.raise_challenges(signer.address, job_id, body.items)
+    return co.challenges.raise_challenges(signer.address, job_id, body.items)
 
 
 @router.get("/v1/jobs/{job_id}/proof/challenges")
 def challenges(job_id: LabelPath, co: Co) -> list[ChallengeView]:
     co.reads.job(job_id)
-    return co.challenges(job_id)
+    return co.challenges.of_job(job_id)
 
 
 @router.put("/v1/challenges/{challenge}/answer", openapi_extra=FILE_BODY)
 def answer(challenge: NumberPath, co: Co, signer: ProviderSigner, data: RawBody) -> ChallengeView:
-    return co.answer_challenge(signer.address, challenge, data)
+    return co.challenges.answer_challenge(signer.address, challenge, data)
 
 
 @router.get("/v1/challenges/{challenge}/file", response_class=Response, responses=FILE_REPLY)
 def challenge_file(challenge: NumberPath, co: Co) -> FileResponse:
-    return FileResponse(co.challenge_file(challenge), media_type="application/octet-stream")
+    return FileResponse(co.challenges.challenge_file(challenge), media_type="application/octet-stream")
 
 
 @router.post("/v1/jobs/{job_id}/proof/verdicts", status_code=201)
 def file_verdicts(job_id: LabelPath, body: VerdictFiling, co: Co,
                   signer: VerifierSigner) -> list[VerdictView]:
-    return co.file_verdicts(signer.address, job_id, body)
+    return co.verdicts.file_verdicts(signer.address, job_id, body)
 
 
 @router.get("/v1/jobs/{job_id}/proof/verdicts")
 def verdicts(job_id: LabelPath, co: Co) -> list[VerdictView]:
     co.reads.job(job_id)
-    return co.verdicts(job_id)
+    return co.verdicts.of_job(job_id)

@@ -1,4 +1,4 @@
-"""Disputes brought by a bonded challenger, mixed into `Coordinator`:
+"""Disputes brought by a bonded challenger, a service the coordinator holds:
 Truebit's bisection and Verde's refereed delegation, with the money moved
 by the contract.
 
@@ -30,11 +30,18 @@ import time
 
 from sqlalchemy import select
 
-from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.coordinator.db.schema import DisputeRow, JobRow, WorkRecordRow
-from shoal.coordinator.db.store import record_event
-from shoal.verify.roles.dispute import bisect_trajectories
-from shoal.verify.roles.needed import params_requests, record_files
+from shoal.coordinator.db.store import Store, record_event
+from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
+from shoal.coordinator.proofs.challenges import Challenges
+from shoal.coordinator.proofs.plants import Plants
+from shoal.coordinator.proofs.records import ProofRecords
+from shoal.coordinator.proofs.referee import Referee
+from shoal.coordinator.proofs.unfiled_disputes import UnfiledDisputes
+from shoal.coordinator.proofs.views import dispute_view
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.services.providers import ProviderOffers
+from shoal.coordinator.services.settlement import Settlement
 from shoal.ledger import LedgerError
 from shoal.proof.epochs import final_lineage
 from shoal.proof.errors import DisputeError
@@ -43,6 +50,8 @@ from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.events import DISPUTE_RULINGS, DisputeEnforced, DisputeFiled
 from shoal.spec.ledger import DisputeState
 from shoal.spec.proof import Ruling, Verdict, WorkRecord
+from shoal.verify.roles.dispute import bisect_trajectories
+from shoal.verify.roles.needed import params_requests, record_files
 
 log = logging.getLogger(__name__)
 FETCH_WAIT_S = 30.0  # how long the referee waits for the disputed step's files
@@ -57,17 +66,27 @@ class Deferred(Exception):
         self.ruling, self.step, self.why = ruling, step, why
 
 
-class DisputeService:
-    """Uses the Coordinator's `engine`, `settlement`, `referee`, `now_s`, `_change`,
-    `drop_provider`; UnfiledDisputes' `check_filing_in_time`; ForcedErrorService's
-    `served_epochs`, `served_records` and `is_plant`; AuditService's `raise_challenges` and
-    `challenges`."""
+class Disputes:
+    """Disputes filed here: bisected, ruled by the referee's replay of one step, and the
+    ruling taken to the contract."""
 
     fetch_wait_s = FETCH_WAIT_S
 
-    def _disputes_init(self) -> None:
+    def __init__(self, store: Store, desk: MarketDesk, settlement: Settlement | None,
+                 records: ProofRecords, plants: Plants, challenges: Challenges,
+                 referee: Referee, unfiled: UnfiledDisputes, offers: ProviderOffers) -> None:
+        """`plants`: what verifiers are served (a dispute is over that); `challenges`: the
+        disputed step's files are asked for as a verifier asks; `unfiled`: a filing past
+        its grace is refused; `offers`: an upheld dispute bars and drops the provider."""
+        self.store, self.desk, self.settlement = store, desk, settlement
+        self.records, self.plants, self.challenges = records, plants, challenges
+        self.referee, self.unfiled, self.offers = referee, unfiled, offers
+        self.requeue_unruled()
+
+    def requeue_unruled(self) -> None:
         """Disputes filed but not ruled when the coordinator last stopped go back to the
-        referee (those that landed on a plant come back unruled again)."""
+        referee (its queue is memory; those that landed on a plant come back unruled
+        again)."""
         with self.store.read() as session:
             waiting = session.execute(select(DisputeRow.job_id, DisputeRow.dispute).where(
                 DisputeRow.ruling.is_(None))).all()
@@ -112,7 +131,7 @@ class DisputeService:
         with self.desk.change() as session:  # under the coordinator's lock: one filing wins
             if session.get(DisputeRow, filing.dispute) is not None:
                 raise Conflict(f"dispute {filing.dispute} was brought already")
-            self.check_filing_in_time(opened)  # or rejected unheard (`unfiled_disputes`)
+            self.unfiled.check_filing_in_time(opened)  # or rejected unheard (`unfiled_disputes`)
             now = self.desk.now_s()
             row = DisputeRow(dispute=filing.dispute, job_id=job_id, worker=filing.worker,
                              epoch=filing.epoch, challenger=opened.challenger, provider=provider,
@@ -121,24 +140,24 @@ class DisputeService:
             record_event(session, now, challenger, DisputeFiled(
                 dispute=filing.dispute, worker=filing.worker, epoch=filing.epoch,
                 provider=provider, bond_wei=opened.bond_wei), job_id)
-            view = _dispute_view(row)
+            view = dispute_view(row)
         self.referee.later(lambda: self.rule_dispute(job_id, filing.dispute))
         return view
 
-    def disputes(self, job_id: str) -> list[DisputeView]:
+    def of_job(self, job_id: str) -> list[DisputeView]:
         with self.store.read() as session:
             rows = session.scalars(select(DisputeRow).where(DisputeRow.job_id == job_id)
                                    .order_by(DisputeRow.dispute)).all()
-            return [_dispute_view(row) for row in rows]
+            return [dispute_view(row) for row in rows]
 
     def disputed_records(self, job_id: str, worker: str, epoch: int) -> tuple[bytes, list[WorkRecord]]:
         """The root verifiers are served for `epoch` and `worker`'s records under it (its
         final lineage, in step order): what both trajectories are over."""
-        roots = {e.epoch: e.root for e in self.served_epochs(job_id)}
+        roots = {e.epoch: e.root for e in self.plants.served_epochs(job_id)}
         if epoch not in roots:
             raise Conflict(f"proof epoch {epoch} of job '{job_id}' is not served yet: a dispute "
                            "is over an epoch verifiers can audit")
-        records = sorted((r for r in final_lineage(self.served_records(job_id, epoch))
+        records = sorted((r for r in final_lineage(self.plants.served_records(job_id, epoch))
                           if r.worker == worker), key=lambda r: r.step)
         if not records:
             raise NotFound(f"worker '{worker}' has no record in proof epoch {epoch}")
@@ -179,7 +198,7 @@ class DisputeService:
 
     def _judge(self, job_id: str, record: WorkRecord) -> Verdict:
         """The referee's verdict on the one step a bisection left, or Deferred."""
-        if self.is_plant(job_id, record.worker, record.step):
+        if self.plants.is_plant(job_id, record.worker, record.step):
             raise Deferred(Ruling.plant, record.step, "the served record of this step is a forced error "
                            "(the operator's, not the provider's): left to expire, bond back")
         self._fetch_step_files(job_id, record)
@@ -199,18 +218,18 @@ class DisputeService:
         heartbeat came late. One that beats without answering is waited for until its
         silence counts as withholding (the referee's grace), at most `fetch_wait_s`
         more."""
-        records = self.work_records(job_id)  # a round reaches back, and its next step on
+        records = self.records.work_records(job_id)  # a round reaches back, and its next step on
         wanted, starts = record_files([record], records)
         wanted += params_requests(starts, records)
         try:
-            asked = {v.challenge for v in self.raise_challenges(COORDINATOR, job_id, wanted)}
+            asked = {v.challenge for v in self.challenges.raise_challenges(COORDINATOR, job_id, wanted)}
         except (NotFound, Conflict, Gone) as error:  # Gone: past the step's challenge window
             raise Deferred(Ruling.undecided, record.step, f"the step's files cannot be asked for: "
                            f"{error}") from None
         grace = self.referee.withheld_grace_s
         start = time.monotonic()
         while time.monotonic() < start + self.fetch_wait_s + grace:
-            waiting = [(v, seen) for v, seen in self.challenges_held(job_id, asked)
+            waiting = [(v, seen) for v, seen in self.challenges.held(job_id, asked)
                        if v.answered_at_s is None]
             if not waiting:
                 return
@@ -241,7 +260,7 @@ class DisputeService:
                 challenger=row.challenger, why=why, chain=held or chain_state, **note), job_id)
         if ruling == Ruling.upheld and self.referee.penalties.first_slash(job_id, provider):
             self.offers.bar_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
-            self.drop_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
+            self.offers.drop_provider(job_id, provider, reason=f"slashed in dispute {dispute}: {why}")
         log.warning("job %s: dispute %d on %s %s at step %s: %s", job_id, dispute, row.worker,
                     ruling, step, row.why)
 
@@ -295,11 +314,3 @@ class DisputeService:
                 row.chain_state, row.tx = chain_state, note.get("tx", row.tx)
                 record_event(session, self.desk.now_s(), COORDINATOR, DisputeEnforced(
                     dispute=dispute, ruling=ruling, chain=chain_state, **note), job_id)
-
-
-def _dispute_view(row: DisputeRow) -> DisputeView:
-    return DisputeView(dispute=row.dispute, job_id=row.job_id, worker=row.worker,
-                       epoch=row.epoch, challenger=row.challenger, provider=row.provider,
-                       filed_at_s=row.filed_at_s, step=row.step, rounds=row.rounds,
-                       ruling=row.ruling, why=row.why or "", tx=row.tx,
-                       chain_state=row.chain_state)

@@ -1,4 +1,4 @@
-"""Which keeper a step's parameters are asked of, mixed into `AuditService`.
+"""Which keeper a step's parameters are asked of, a service the challenges hold.
 
 A step's parameters are kept by two of its workers (`params_keepers`) so that one
 cannot decide alone whether the step can be audited. A challenge for them is one
@@ -14,23 +14,37 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from shoal.coordinator.db.schema import AgentRow, ChallengeRow, LeaseRow, OfferRow, WorkRecordRow
+from shoal.coordinator.db.store import Store, record_event
 from shoal.coordinator.errors import Forbidden
 from shoal.coordinator.proofs.keeper_checks import (
     check_params, expected_params_sha256, read_params,
 )
-from shoal.coordinator.db.schema import AgentRow, ChallengeRow, WorkRecordRow
-from shoal.coordinator.db.store import record_event
+from shoal.coordinator.proofs.open_challenges import OpenChallenges
+from shoal.coordinator.proofs.published_epochs import PublishedEpochs
+from shoal.coordinator.proofs.views import challenge_view
+from shoal.coordinator.services.job_specs import JobSpecs
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.settings import CoordinatorSettings
 from shoal.proof.epochs import final_lineage, params_keepers
 from shoal.spec.audit import BlobKind, ChallengeRequest
 from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.events import ParamsRefused, ParamsRerouted
+from shoal.spec.job import JobSpec
 from shoal.spec.proof import WorkRecord
+from shoal.spec.worker import WorkerId
+from shoal.verify.audit.unrecorded_round import seat
+
+if TYPE_CHECKING:
+    from shoal.verify.replay import Replayer
 
 log = logging.getLogger(__name__)
 MODELS_KEPT = 4  # jobs' models kept to hash answers with (building one reads its corpus)
@@ -58,18 +72,51 @@ class Asked:
 Move = tuple[str, ChallengeRow, bool, bool]
 
 
-class KeeperRouting:
-    """Uses the Coordinator's `engine`, `settings`, `referee`, `job_spec`, `_change`,
-    `now_s`; AuditService's `_pending`, `_challenge_lock`, `_view`,
-    `_seated_agent` and `_seated_keepers`."""
+class Keepers:
+    """Who keeps each step's parameters, whom a challenge for them is asked of, and the
+    check of a keeper's answer."""
 
-    def _keeper_init(self) -> None:
+    def __init__(self, store: Store, desk: MarketDesk, settings: CoordinatorSettings,
+                 specs: JobSpecs, published: PublishedEpochs, open_challenges: OpenChallenges,
+                 replayer: Callable[[JobSpec], Replayer] | None) -> None:
+        """`published`: the seats each job's host published; `replayer`: builds a job's
+        model to hash a keeper's answer with (None: any readable answer is taken)."""
+        self.store, self.desk, self.settings = store, desk, settings
+        self.specs, self.published, self.open = specs, published, open_challenges
+        self.replayer = replayer
         # In memory only: a restarted coordinator may ask a refused keeper once more, and
         # refuses its wrong answer again.
         self._asked: dict[tuple[str, int], dict[str, Asked]] = {}
         self._rerouted_s: dict[int, float] = {}  # challenge -> when its holder was last judged
-        self._keeper_models: dict[str, tuple[Any, Any]] = {}  # job -> (spec, model)
+        self._keeper_models: dict[str, tuple[JobSpec, Any]] = {}  # job -> (spec, model)
         self._keeper_model_lock = threading.Lock()  # one answer at a time loads the model
+
+    # ------------------------------------------------------------ the seats' keepers
+    def seated_agent(self, session: Session, job_id: str, item: ChallengeRequest,
+                     rows: list[WorkRecordRow]) -> str | None:
+        """The agent that holds a file of a worker that filed no record of the step, if
+        the worker held a seat in the step's final lineage: its lease's. It still kept
+        what its seat keeps (under DiLoCo the state its step started from, which an
+        audit of its record-less round needs; a keeper, the step's parameters)."""
+        lineage = final_lineage(WorkRecord.model_validate(row.body) for row in rows)
+        if seat(item.worker, lineage, lambda e: self.published.members(job_id, e)) is None:
+            return None
+        named = WorkerId.leased(item.worker)
+        lease = session.get(LeaseRow, named.lease) if named is not None else None
+        if lease is None or lease.job_id != job_id:
+            return None
+        offer = session.get(OfferRow, lease.offer_id)
+        return offer.agent_id if offer is not None else None
+
+    def _seated_keepers(self, job_id: str, step: int, rows: list[WorkRecordRow]) -> list[str]:
+        """The workers whose seats in the step's final lineage keep its parameters, named
+        by the job's published membership."""
+        lineage = final_lineage(WorkRecord.model_validate(row.body) for row in rows)
+        if not lineage:
+            return []
+        epoch = Counter(r.membership_epoch for r in lineage).most_common(1)[0][0]
+        seats = self.published.members(job_id, epoch)
+        return [seats[rank] for rank in sorted(params_keepers(step, len(seats)))] if seats else []
 
     # ------------------------------------------------------------ who keeps a step's parameters
     def _step_keepers(self, session: Session, job_id: str, step: int) -> list[Keeper]:
@@ -87,7 +134,7 @@ class KeeperRouting:
         for rank, worker in enumerate(self._seated_keepers(job_id, step, rows)):
             if worker in recorded:
                 continue
-            agent_id = self._seated_agent(session, job_id, ChallengeRequest(
+            agent_id = self.seated_agent(session, job_id, ChallengeRequest(
                 worker=worker, step=step, kind=BlobKind.params), rows)
             if agent_id is not None:
                 out.append(Keeper(worker, agent_id, False, rank))
@@ -101,7 +148,7 @@ class KeeperRouting:
                                               not k.recorded, -seen.get(k.agent_id, 0.0),
                                               k.rank))
 
-    def _unrefused_keepers(self, session: Session, job_id: str, step: int) -> list[Keeper]:
+    def unrefused(self, session: Session, job_id: str, step: int) -> list[Keeper]:
         asked = self._asked.get((job_id, step), {})
         return self._keepers_by_presence(session, [
             k for k in self._step_keepers(session, job_id, step)
@@ -113,7 +160,7 @@ class KeeperRouting:
             AgentRow.agent_id.in_(agents))).all())
 
     # ------------------------------------------------------------ answers
-    def _answering_keeper(self, session: Session, row: ChallengeRow, provider: str) -> str:
+    def answering_keeper(self, session: Session, row: ChallengeRow, provider: str) -> str:
         """The keeper `provider` answers for: the holder's, or, of a parameters challenge,
         a keeper it was moved from for silence (a late answer is as good, once checked).
         A keeper whose answer was refused is not heard again for the step."""
@@ -135,7 +182,7 @@ class KeeperRouting:
                             "you are not heard again for it")
         raise Forbidden(f"challenge {row.challenge} is for agent '{row.agent_id}', not yours")
 
-    def _check_keeper_answer(self, job_id: str, step: int, data: bytes) -> None:
+    def check_answer(self, job_id: str, step: int, data: bytes) -> None:
         """Raise `WrongParams` unless `data` is the state most of the step's final
         lineage claims it started from. Unreadable is always refused; with no majority
         claim (a tie), or no replayer to build the job's model with, nothing can tell a
@@ -145,10 +192,10 @@ class KeeperRouting:
             bodies = session.scalars(select(WorkRecordRow.body).where(
                 WorkRecordRow.job_id == job_id, WorkRecordRow.step == step)).all()
         expected = expected_params_sha256(WorkRecord.model_validate(b) for b in bodies)
-        build = getattr(self.referee, "replayer", None)
+        build = self.replayer
         if expected is None or build is None:
             return
-        spec = self.job_spec(job_id)
+        spec = self.specs.job_spec(job_id)
         with self._keeper_model_lock:
             held = self._keeper_models.pop(job_id, None)
             if held is None or held[0] != spec:
@@ -163,7 +210,7 @@ class KeeperRouting:
                 self._keeper_models.pop(next(iter(self._keeper_models)))
             check_params(state, held[1], expected, step)
 
-    def _refuse_keeper(self, session: Session, row: ChallengeRow, keeper: str,
+    def refuse(self, session: Session, row: ChallengeRow, keeper: str,
                        provider: str, why: str, now: float) -> tuple[str, Move | None]:
         """Record `keeper`'s refused answer and, if it held the challenge, hand it to the
         step's next keeper. Returns what to tell the agent, and the move to make."""
@@ -174,7 +221,7 @@ class KeeperRouting:
             challenge=row.challenge, step=row.step, keeper=keeper, why=why), row.job_id)
         if keeper != row.worker:  # a keeper it left already: the holder is still asked
             return f"challenge {row.challenge} is asked of {row.worker} now", None
-        others = [k for k in self._unrefused_keepers(session, row.job_id, row.step)
+        others = [k for k in self.unrefused(session, row.job_id, row.step)
                   if k.worker != keeper]
         fresh = [k for k in others if k.worker not in asked] or others
         # A keeper on the liar's own agent reads the same file (params/STEP.safetensors): last.
@@ -185,7 +232,7 @@ class KeeperRouting:
                 f"{target.worker}"), self._route(session, row, target, now, "refused")
 
     # ------------------------------------------------------------ silence
-    def _reroute_silent(self, job_id: str, only: set[int] | None) -> None:
+    def reroute_silent(self, job_id: str, only: set[int] | None) -> None:
         """Ask another keeper whose agent is online for each unanswered parameters
         challenge whose agent is offline, or silent past the agent timeout since it was
         asked, before a verifier reads it as `holder_offline` and gives up on the step.
@@ -210,7 +257,7 @@ class KeeperRouting:
                 row = session.get(ChallengeRow, number)
                 if row.answered_at_s is not None:
                     continue
-                others = [k for k in self._unrefused_keepers(session, job_id, row.step)
+                others = [k for k in self.unrefused(session, job_id, row.step)
                           if k.agent_id != row.agent_id]  # its own agent is as silent
                 seen = self._last_seen(session, {row.agent_id} | {k.agent_id for k in others})
                 online = [k for k in others if seen.get(k.agent_id, 0.0) >= horizon]
@@ -220,7 +267,7 @@ class KeeperRouting:
                 if target is not None:
                     why = "offline" if seen.get(row.agent_id, 0.0) < horizon else "silent"
                     moves.append(self._route(session, row, target, now, why))
-        self._move_pending(moves)
+        self.move_open(moves)
 
     # ------------------------------------------------------------ moving a challenge
     @staticmethod
@@ -247,11 +294,14 @@ class KeeperRouting:
         session.flush()
         return left, row, True, why != "refused"
 
-    def _move_pending(self, moves: list[Move]) -> None:
+    def move_open(self, moves: list[Move]) -> None:
         """After the store took the moves: the agents' heartbeats carry them."""
-        with self._challenge_lock:
-            for left, row, asked, still in moves:
-                if not still:
-                    self._pending[left].pop(row.challenge, None)
-                if asked:
-                    self._pending[row.agent_id][row.challenge] = self._view(row)
+        for left, row, asked, still in moves:
+            if not still:
+                self.open.drop(left, row.challenge)
+            if asked:
+                self.open.ask([challenge_view(row)])
+
+    def forget(self, challenge: int) -> None:
+        """`challenge` was answered: its holder is judged no more."""
+        self._rerouted_s.pop(challenge, None)

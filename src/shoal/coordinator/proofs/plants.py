@@ -1,6 +1,6 @@
-"""Forced errors served through the coordinator (Truebit), mixed into `Coordinator` by
-way of AuditService: the coordinator, as the operator, serves verifiers planted wrong
-records at a known rate, so a verifier that signs `valid` without replaying loses stake.
+"""Forced errors served through the coordinator (Truebit), a service it holds: the
+coordinator, as the operator, serves verifiers planted wrong records at a known rate,
+so a verifier that signs `valid` without replaying loses stake.
 
 Which records are planted follows from a secret per job (`shoal.proof.forced`),
 committed to in an event before any of its epochs is served, and revealed with the
@@ -14,7 +14,7 @@ no reveal of it may be challenged before, so neither timing nor an early copy te
 What a hostile verifier cannot tell, and what it can (and why that stays):
 - not which epochs hold plants: the served root of one that does differs from the
   workers' root, so the chain holds neither, but the workers' root sealed with a salt
-  from the secret (proofs.py `_anchored_value`, `shoal.proof.forced.sealed_root`),
+  from the secret (forced_plans.py `anchored_value`, `shoal.proof.forced.sealed_root`),
   which anyone checks after the reveal.
 - a provider sees its agent asked for a file no verifier challenged: colluding with a
   verifier, it can tell its own records' plants (it knows its true records anyway).
@@ -27,30 +27,35 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shoal.coordinator.proofs import windows
-from shoal.coordinator.errors import Conflict, Forbidden, NotFound
-from shoal.coordinator.proofs.plant_files import planted_reveal, with_plants
-from shoal.coordinator.services.numbering import FETCH_BASE
 from shoal.coordinator.db.schema import (
     AgentRow, ForcedPlanRow, JobRow, PlantRow, ProofEpochRow, ServedEpochRow, VerdictRow,
     WorkRecordRow,
 )
-from shoal.coordinator.db.store import record_event
+from shoal.coordinator.db.store import Store, record_event
+from shoal.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.coordinator.proofs import windows
+from shoal.coordinator.proofs.forced_plans import forced_plan
+from shoal.coordinator.proofs.open_challenges import OpenChallenges
+from shoal.coordinator.proofs.penalties import Penalties
+from shoal.coordinator.proofs.plant_files import planted_reveal, with_plants
+from shoal.coordinator.proofs.records import ProofRecords
+from shoal.coordinator.proofs.views import fetch_view
+from shoal.coordinator.services.job_specs import JobSpecs
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.services.numbering import FETCH_BASE
+from shoal.coordinator.settings import CoordinatorSettings
 from shoal.proof.epochs import epoch_of, final_lineage, steps_of
 from shoal.proof.forced import ForcedErrors
 from shoal.proof.layout import ProofLayout
 from shoal.proof.merkle import epoch_tree
-from shoal.spec.audit import BlobKind, ChallengeView, ProofEpochView
+from shoal.spec.audit import ChallengeView, ProofEpochView
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus
-from shoal.spec.events import (
-    ForcedErrorMissed, ForcedErrorsCommitted, ForcedErrorsRevealed, ProofEpochServed,
-)
+from shoal.spec.events import ForcedErrorMissed, ForcedErrorsRevealed, ProofEpochServed
 from shoal.spec.proof import Ruling, Verdict, VerdictKind, WorkRecord
 from shoal.train.files import write_whole
 
@@ -58,19 +63,21 @@ log = logging.getLogger(__name__)
 FETCHING, READY, DROPPED = "fetching", "ready", "dropped"
 
 
-def new_secret() -> bytes:
-    return os.urandom(32)
+class Plants:
+    """Each job's forced errors: planned, fetched, served to verifiers, and revealed with
+    the penalties of the verifiers they caught."""
 
-
-class ForcedErrorService:
-    """Uses the Coordinator's `engine`, `settings`, `settlement`, `referee`, `_change`,
-    `now_s`; ProofService's `job_spec`, `work_records`, `proof_epochs`,
-    `proof_dir`; AuditService's `_pending` and `_challenge_lock`."""
-
-    def _forced_init(self) -> None:
-        with self.store.read() as session:
-            for row in session.scalars(select(PlantRow).where(PlantRow.state == FETCHING)):
-                self._pending[row.agent_id][FETCH_BASE + row.plant] = _fetch_view(row)
+    def __init__(self, store: Store, desk: MarketDesk, settings: CoordinatorSettings,
+                 specs: JobSpecs, records: ProofRecords, open_challenges: OpenChallenges,
+                 penalties: Penalties) -> None:
+        """`open_challenges`: where a plant's fetch of its worker's real file is asked;
+        `penalties`: what a verifier that missed a plant pays."""
+        self.store, self.desk, self.settings = store, desk, settings
+        self.specs, self.records, self.open = specs, records, open_challenges
+        self.penalties = penalties
+        with store.read() as session:  # fetches asked before a restart are asked again
+            open_challenges.ask(fetch_view(row) for row in session.scalars(
+                select(PlantRow).where(PlantRow.state == FETCHING)))
 
     @property
     def forced_errors_on(self) -> bool:
@@ -98,7 +105,7 @@ class ForcedErrorService:
         with self.desk.change() as session:
             now = self.desk.now_s()
             job = session.get(JobRow, job_id)
-            plan = self._plan(session, job_id, now)
+            plan = forced_plan(session, job_id, self.settings.forced_error_rate, now)
             served = {r.epoch: r for r in session.scalars(
                 select(ServedEpochRow).where(ServedEpochRow.job_id == job_id))}
             rooted = session.scalars(select(ProofEpochRow.epoch).where(
@@ -113,29 +120,15 @@ class ForcedErrorService:
             last = max((r.published_at_s or now for r in served.values()), default=now)
             done = ended and all(r.published_at_s is not None for r in served.values()) and \
                 now >= last + self.settings.forced_error_window_s
-        with self._challenge_lock:
-            for view in fetches:
-                self._pending[view.agent_id][view.challenge] = view
-            for view in dropped:
-                self._pending[view.agent_id].pop(view.challenge, None)
+        self.open.ask(fetches)
+        for view in dropped:
+            self.open.drop(view.agent_id, view.challenge)
         return done
-
-    def _plan(self, session: Session, job_id: str, now: float) -> ForcedPlanRow:
-        plan = session.get(ForcedPlanRow, job_id)
-        if plan is None:
-            forced = ForcedErrors(new_secret(), self.settings.forced_error_rate)
-            plan = ForcedPlanRow(job_id=job_id, secret=forced.reveal().hex(),
-                                 commitment=forced.commitment(), rate=forced.rate,
-                                 committed_at_s=now)
-            session.add(plan)
-            record_event(session, now, COORDINATOR, ForcedErrorsCommitted(
-                commitment=plan.commitment, rate=plan.rate), job_id)
-        return plan
 
     def _schedule(self, session: Session, job: JobRow, plan: ForcedPlanRow, epoch: int,
                   now: float) -> list[ChallengeView]:
         """Mark the epoch's plants and ask their agents for the real files."""
-        spec = self.job_spec(job.job_id, job.job_file)
+        spec = self.specs.job_spec(job.job_id, job.job_file)
         forced = ForcedErrors(bytes.fromhex(plan.secret), plan.rate)
         steps = steps_of(epoch, spec.proof.epoch_steps, spec.steps)
         rows = {(r.worker, r.step): r for r in session.scalars(select(WorkRecordRow).where(
@@ -152,7 +145,7 @@ class ForcedErrorService:
                                  agent_id=rows[(record.worker, record.step)].agent_id)
                 session.add(plant)
                 session.flush()
-                fetches.append(_fetch_view(plant))
+                fetches.append(fetch_view(plant))
         return fetches
 
     def _publish(self, session: Session, row: ServedEpochRow, now: float) -> list[ChallengeView]:
@@ -168,7 +161,7 @@ class ForcedErrorService:
         # of its leaves were plants).
         record_event(session, now, COORDINATOR, ProofEpochServed(epoch=row.epoch, root=row.root),
                      row.job_id)
-        return [_fetch_view(plant) for plant in late]
+        return [fetch_view(plant) for plant in late]
 
     # ------------------------------------------------------------ what verifiers see
     def _served(self, session: Session, job_id: str, epoch: int) -> list[WorkRecord]:
@@ -176,12 +169,12 @@ class ForcedErrorService:
                   for p in session.scalars(select(PlantRow).where(
                       PlantRow.job_id == job_id, PlantRow.epoch == epoch,
                       PlantRow.state == READY))}
-        return with_plants(self.work_records(job_id, epoch), plants)
+        return with_plants(self.records.work_records(job_id, epoch), plants)
 
     def served_epochs(self, job_id: str) -> list[ProofEpochView]:
         """The rooted epochs verifiers may audit, with the roots of the trees they are served."""
-        views = self.proof_epochs(job_id)
-        keep_s, now = self.job_spec(job_id).proof.keep_s, self.desk.now_s()
+        views = self.records.proof_epochs(job_id)
+        keep_s, now = self.specs.job_spec(job_id).proof.keep_s, self.desk.now_s()
         with self.store.read() as session:
             served = windows.served_at(session, job_id, self.forced_errors_on)
             roots = dict(session.execute(select(ServedEpochRow.epoch, ServedEpochRow.root).where(
@@ -200,7 +193,7 @@ class ForcedErrorService:
 
     def served_records(self, job_id: str, epoch: int) -> list[WorkRecord]:
         if not self.forced_errors_on:
-            return self.work_records(job_id, epoch)
+            return self.records.work_records(job_id, epoch)
         with self.store.read() as session:
             self._check_served(session, job_id, epoch)
             return self._served(session, job_id, epoch)
@@ -216,7 +209,7 @@ class ForcedErrorService:
         """A reveal may be challenged once its epoch is served, not before (a real file
         fetched early would tell its record's plant from it)."""
         if self.forced_errors_on:
-            self._check_served(session, job_id, epoch_of(step, self.job_spec(job_id).proof.epoch_steps))
+            self._check_served(session, job_id, epoch_of(step, self.specs.job_spec(job_id).proof.epoch_steps))
 
     def plant_of(self, session: Session, job_id: str, worker: str, step: int) -> PlantRow | None:
         """The served plant at (worker, step), if that record is one."""
@@ -229,7 +222,7 @@ class ForcedErrorService:
             return self.plant_of(session, job_id, worker, step) is not None
 
     def plant_path(self, job_id: str, worker: str, step: int) -> Path:
-        return ProofLayout(self.proof_dir(job_id)).plant(worker, step)
+        return ProofLayout(self.records.proof_dir(job_id)).plant(worker, step)
 
     # ------------------------------------------------------------ the agents' answers
     @staticmethod
@@ -252,12 +245,12 @@ class ForcedErrorService:
             row = self.plant_fetch(session, provider, challenge)
             if row.state != FETCHING:
                 raise Conflict(f"challenge {challenge} was answered already; an answer is final")
-            write_whole(ProofLayout(self.proof_dir(row.job_id)).reveal(row.worker, row.step), data)
+            write_whole(ProofLayout(self.records.proof_dir(row.job_id)).reveal(row.worker, row.step), data)
             record = WorkRecord.model_validate(session.get(
                 WorkRecordRow, (row.job_id, row.worker, row.step)).body)
             plan = session.get(ForcedPlanRow, row.job_id)
             made = planted_reveal(data, record, bytes.fromhex(plan.secret),
-                                  self.job_spec(row.job_id).proof.tolerance)
+                                  self.specs.job_spec(row.job_id).proof.tolerance)
             if made is None:
                 row.state = DROPPED
             else:
@@ -265,10 +258,9 @@ class ForcedErrorService:
                 write_whole(self.plant_path(row.job_id, row.worker, row.step), blob)
                 row.state, row.sha256 = READY, hashlib.sha256(blob).hexdigest()
                 row.body = served.model_dump(mode="json")
-            view = _fetch_view(row).model_copy(update={
+            view = fetch_view(row).model_copy(update={
                 "answered_at_s": now, "sha256": hashlib.sha256(data).hexdigest()})
-        with self._challenge_lock:
-            self._pending[view.agent_id].pop(challenge, None)
+        self.open.drop(view.agent_id, challenge)
         return view
 
     # ------------------------------------------------------------ the reveal
@@ -320,16 +312,11 @@ class ForcedErrorService:
     def _penalise_miss(self, job_id: str, seq: int, verifier: str, worker: str, step: int,
                        catcher: str | None) -> None:
         # The stake goes in part to a verifier that caught the same plant, else the operator.
-        to = catcher or (self.settlement.operator.address if self.settlement else None)
-        note = self.referee.penalties.penalise_missed_plant(verifier, to) if to else {}
+        settlement = self.penalties.settlement
+        to = catcher or (settlement.operator.address if settlement is not None else None)
+        note = self.penalties.penalise_missed_plant(verifier, to) if to else {}
         with self.desk.change() as session:
             record_event(session, self.desk.now_s(), COORDINATOR, ForcedErrorMissed(
                 verdict=seq, verifier=verifier, worker=worker, step=step, **note), job_id)
         log.warning("job %s: verifier %s signed valid on a planted record (%s step %d)",
                     job_id, verifier, worker, step)
-
-
-def _fetch_view(row: PlantRow) -> ChallengeView:
-    return ChallengeView(challenge=FETCH_BASE + row.plant, job_id=row.job_id, worker=row.worker,
-                         step=row.step, kind=BlobKind.reveal, agent_id=row.agent_id,
-                         requested_at_s=row.requested_at_s)

@@ -1,8 +1,8 @@
-"""Proof of learning through the coordinator, mixed into `Coordinator`: work
-records and proof epochs. Agents upload their workers' work records; the
+"""Proof of learning through the coordinator, a service it holds: work records
+and proof epochs. Agents upload their workers' work records; the
 coordinator roots each proof epoch once (a Merkle root over its records, in
 (step, worker) order) and anchors it on the job's chain escrow. Challenges
-and verdicts are `audits.py`; the referee's rulings are `referee.py`.
+are `challenges.py`, verdicts `verdicts.py`; the referee's rulings are `referee.py`.
 
 Records are commitments: one stored for (job, worker, step) is never
 replaced (but by the same step redone in a later membership epoch, before
@@ -30,24 +30,28 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from shoal.coordinator.db.schema import JobRow, LeaseRow, ProofEpochRow, WorkRecordRow
+from shoal.coordinator.db.store import Store, record_event
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
+from shoal.coordinator.proofs.forced_plans import anchored_value
 from shoal.coordinator.proofs.published_epochs import PublishedEpochs
+from shoal.coordinator.proofs.views import epoch_view
+from shoal.coordinator.services.job_hosts import JobHosts
+from shoal.coordinator.services.job_specs import JobSpecs
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.services.providers import own_lease
+from shoal.coordinator.services.settlement import Settlement
+from shoal.coordinator.settings import CoordinatorSettings
 from shoal.elastic.job_host import read_reached
-from shoal.coordinator.db.schema import (
-    JobRow, LeaseRow, OfferRow, ProofEpochRow, WorkRecordRow,
-)
-from shoal.coordinator.db.store import record_event
 from shoal.ledger import LedgerError
 from shoal.proof.dues import Dues, record_dues
 from shoal.proof.epochs import epoch_of, final_lineage, is_complete, steps_of
-from shoal.proof.forced import ForcedErrors, sealed_root
 from shoal.proof.merkle import epoch_tree
 from shoal.spec.audit import ProofEpochView, RecordUpload, UploadReceipt
 from shoal.spec.coordinator import COORDINATOR, JobStatus
 from shoal.spec.errors import SpecError
 from shoal.spec.events import ProofEpochRooted, WorkRecordsStored
 from shoal.spec.job import JobSpec
-from shoal.spec.jobfile import parse_job
 from shoal.spec.plan import SyncMode
 from shoal.spec.proof import WorkRecord
 from shoal.spec.worker import WorkerId, runs_on
@@ -61,54 +65,39 @@ ROOT_AFTER_EPOCHS = 2
 RECORDS_GRACE_BEATS = 5  # how long a finished job waits for its last records, in heartbeats
 
 
-class ProofService:
-    """Uses the Coordinator's `engine`, `settings`, `settlement`, `hosts`, `_change`,
-    `now_s`; ForcedErrorService's `forced_errors_on` and `_plan` (the secret that seals
-    anchors while forced errors are served)."""
+class ProofRecords:
+    """The jobs' work records, their proof epochs (rooted and anchored), and what each
+    lease owed of them."""
 
-    def _proof_init(self) -> None:
-        self._specs: dict[str, JobSpec] = {}
+    def __init__(self, store: Store, desk: MarketDesk, settings: CoordinatorSettings,
+                 specs: JobSpecs, hosts: JobHosts, settlement: Settlement | None) -> None:
+        """`hosts`: the job hosts, whose run directories hold each job's published
+        membership and how far its members got; `settlement` None: nothing is anchored."""
+        self.store, self.desk, self.settings = store, desk, settings
+        self.specs, self.hosts, self.settlement = specs, hosts, settlement
+        self.published = PublishedEpochs(hosts.run_dir)
         self._final_seen: dict[str, float] = {}  # job -> when its host's final word was first read
         # (job, epoch) -> when the job was first seen to have left the epoch behind with
         # records missing (in memory: after a restart the grace only starts again).
         self._behind_seen: dict[tuple[str, int], float] = {}
-        self._published = PublishedEpochs(self.hosts.run_dir)
 
     def proof_dir(self, job_id: str) -> Path:
-        """The job's answered challenges, laid out as a `ProofStore` (params/, reveal/)."""
+        """The job's answered challenges, laid out as a `ProofLayout` (params/, reveal/)."""
         return self.settings.data_dir / "proof" / job_id
-
-    def job_file(self, job_id: str) -> str:
-        with self.store.read() as session:
-            row = session.get(JobRow, job_id)
-            if row is None:
-                raise NotFound(f"no job '{job_id}'")
-            return row.job_file
-
-    def job_spec(self, job_id: str, job_file: str | None = None) -> JobSpec:
-        if job_id not in self._specs:
-            job_file = job_file if job_file is not None else self.job_file(job_id)
-            self._specs[job_id] = parse_job(tomllib.loads(job_file), source="job_file")
-        return self._specs[job_id]
 
     # ------------------------------------------------------------ records (agents)
     def upload_records(self, provider: str, job_id: str, upload: RecordUpload) -> UploadReceipt:
         with self.desk.change() as session:
             now = self.desk.now_s()
-            job = self._proof_job(session, job_id)
-            spec = self.job_spec(job_id, job.job_file)
-            lease = session.get(LeaseRow, upload.lease)
-            if lease is None or lease.job_id != job_id:
-                raise NotFound(f"job '{job_id}' has no lease {upload.lease}")
-            if lease.provider != provider:
-                raise Forbidden(f"lease {upload.lease} is not yours")
-            agent_id = session.get(OfferRow, lease.offer_id).agent_id
+            job = self.proof_job(session, job_id)
+            spec = self.specs.job_spec(job_id, job.job_file)
+            lease, agent_id = own_lease(session, provider, job_id, upload.lease)
             rooted = session.scalar(select(func.max(ProofEpochRow.epoch))
                                     .where(ProofEpochRow.job_id == job_id))
             stored = known = 0
             for record in upload.records:
                 _check_record(record, spec, agent_id, lease.lease, rooted)
-                self._published.check(job_id, record)
+                self.published.check(job_id, record)
                 body = record.model_dump(mode="json")
                 row = session.get(WorkRecordRow, (job_id, record.worker, record.step))
                 if row is not None:
@@ -135,16 +124,17 @@ class ProofService:
                     lease=lease.lease, records=stored, steps=(min(steps), max(steps))), job_id)
             return UploadReceipt(stored=stored, known=known)
 
-    def _proof_job(self, session: Session, job_id: str) -> JobRow:
+    def proof_job(self, session: Session, job_id: str) -> JobRow:
+        """The job's row; NotFound for no such job, Conflict for one that keeps no records."""
         job = session.get(JobRow, job_id)
         if job is None:
             raise NotFound(f"no job '{job_id}'")
-        if not self.job_spec(job_id, job.job_file).proof.enabled:
+        if not self.specs.job_spec(job_id, job.job_file).proof.enabled:
             raise Conflict(f"job '{job_id}' keeps no work records ([proof] enabled = false)")
         return job
 
     def work_records(self, job_id: str, epoch: int | None = None) -> list[WorkRecord]:
-        spec = self.job_spec(job_id)
+        spec = self.specs.job_spec(job_id)
         with self.store.read() as session:
             query = select(WorkRecordRow.body).where(WorkRecordRow.job_id == job_id)
             if epoch is not None:
@@ -159,13 +149,13 @@ class ProofService:
         its host saw every member commit. Not the steps a record or a progress report
         names: a provider's word that the job got far would make every member owe records
         of steps never run, and the submitter's refund grow by their cut pay."""
-        spec = self.job_spec(job_id)
+        spec = self.specs.job_spec(job_id)
         if not spec.proof.enabled:
             return {}
         reached = self.host_reached(job_id)
         newest = -1 if reached is None else reached
         steps = range(spec.steps if finished else min(spec.steps, newest + 1))
-        members = self._published.all_members(job_id)
+        members = self.published.all_members(job_id)
         per_lease: dict[int, Dues] = {}
         for worker, dues in record_dues(self.work_records(job_id), members, steps).items():
             if (named := WorkerId.leased(worker)) is not None:
@@ -206,7 +196,7 @@ class ProofService:
             jobs = [job_id] if job_id else session.scalars(query).all()
         for job in jobs:
             try:
-                if not self.job_spec(job).proof.enabled:
+                if not self.specs.job_spec(job).proof.enabled:
                     continue
             except (SpecError, tomllib.TOMLDecodeError, NotFound):
                 continue
@@ -215,7 +205,7 @@ class ProofService:
         return rooted
 
     def _root_job_epochs(self, session: Session, job: JobRow, final: bool) -> list[ProofEpochView]:
-        spec = self.job_spec(job.job_id, job.job_file)
+        spec = self.specs.job_spec(job.job_id, job.job_file)
         per_epoch = spec.proof.epoch_steps
         last = session.scalar(select(func.max(ProofEpochRow.epoch))
                               .where(ProofEpochRow.job_id == job.job_id))
@@ -261,7 +251,7 @@ class ProofService:
                             "worker's unsent records): verifiers judge those shares from what "
                             "their workers declared (under DiLoCo, replaying the states they "
                             "kept)", job.job_id, epoch)
-            out.append(_epoch_view(row))
+            out.append(epoch_view(row))
             epoch += 1
         return out
 
@@ -275,7 +265,8 @@ class ProofService:
         if self.settlement is None or job.chain_job is None:
             return
         ledger = self.settlement.ledger
-        value = self._anchored_value(session, job.job_id, row)
+        value = anchored_value(session, job.job_id, row.epoch, row.root,
+                               self.settings.forced_error_rate, self.desk.now_s())
         try:
             chain_epoch = ledger.job(job.chain_job).epochs
             outcome = ledger.anchor(self.settlement.operator, job.chain_job, chain_epoch, value)
@@ -285,23 +276,13 @@ class ProofService:
         row.chain_epoch, row.anchored_at_s = chain_epoch, self.desk.now_s()
         row.anchor_tx, row.anchored_root = outcome.tx_hash, value
 
-    def _anchored_value(self, session: Session, job_id: str, row: ProofEpochRow) -> str:
-        """The root itself; sealed while forced errors are served, so that the chain does
-        not tell verifiers which epochs' served roots differ from their records' (see
-        `shoal.proof.forced.sealed_root`)."""
-        if not self.forced_errors_on:
-            return row.root
-        plan = self._plan(session, job_id, self.desk.now_s())  # the secret is committed first
-        salt = ForcedErrors(bytes.fromhex(plan.secret), plan.rate).anchor_salt(job_id, row.epoch)
-        return "0x" + sealed_root(bytes.fromhex(row.root[2:]), salt).hex()
-
     def proof_epochs(self, job_id: str) -> list[ProofEpochView]:
         with self.store.read() as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFound(f"no job '{job_id}'")
             rows = session.scalars(select(ProofEpochRow).where(ProofEpochRow.job_id == job_id)
                                    .order_by(ProofEpochRow.epoch))
-            return [_epoch_view(row) for row in rows]
+            return [epoch_view(row) for row in rows]
 
     # ------------------------------------------------------------ challenges (verifiers)
     def awaiting_records(self, job_id: str) -> bool:
@@ -310,7 +291,7 @@ class ProofService:
         with a share of the last step filed its record, since pay follows the records
         (`record_dues`) and an agent a beat behind its peers must not lose its last steps."""
         try:
-            spec = self.job_spec(job_id)
+            spec = self.specs.job_spec(job_id)
         except (SpecError, tomllib.TOMLDecodeError, NotFound):
             return False
         if not spec.proof.enabled:
@@ -325,19 +306,10 @@ class ProofService:
                                                  WorkRecordRow.step == spec.steps - 1))]
         return not last or not all_ranks(last)
 
-    def drop_provider(self, job_id: str, provider: str, reason: str) -> None:
-        """A provider caught cheating: its offers that hold this job's leases are withdrawn,
-        so its workers stop and the next round leases replacements."""
-        with self.store.read() as session:
-            offers = set(session.scalars(select(LeaseRow.offer_id).where(
-                LeaseRow.job_id == job_id, LeaseRow.provider == provider)))
-        for offer_id in sorted(offers):
-            self.offers.withdraw(COORDINATOR, offer_id, reason=reason)
-
     def close_proofs(self, session: Session, job: JobRow) -> None:
         """At a job's end: root (and anchor) what is left, before the bill is anchored."""
         try:
-            if self.job_spec(job.job_id, job.job_file).proof.enabled:
+            if self.specs.job_spec(job.job_id, job.job_file).proof.enabled:
                 self._root_job_epochs(session, job, final=True)
         except (SpecError, tomllib.TOMLDecodeError):
             return
@@ -377,10 +349,3 @@ def _check_record(record: WorkRecord, spec: JobSpec, agent_id: str, lease: int,
     if rooted is not None and epoch <= rooted:
         raise Conflict(f"step {record.step} is in proof epoch {epoch}, "
                        "already rooted: a record must be uploaded before its epoch is rooted")
-
-
-def _epoch_view(row: ProofEpochRow) -> ProofEpochView:
-    return ProofEpochView(epoch=row.epoch, root=row.root, records=row.records,
-                          complete=row.complete, chain_epoch=row.chain_epoch,
-                          anchored_at_s=row.anchored_at_s, anchor_tx=row.anchor_tx,
-                          anchored_root=row.anchored_root)

@@ -23,8 +23,11 @@ from eth_account.signers.local import LocalAccount
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from shoal.coordinator.db.store import Store
 from shoal.coordinator.proofs.penalties import Penalties
-from shoal.coordinator.proofs.court import Court
+from shoal.coordinator.proofs.plants import Plants
+from shoal.coordinator.proofs.records import ProofRecords
+from shoal.coordinator.services.job_specs import JobSpecs
 from shoal.coordinator.db.schema import (
     AgentRow, ChallengeRow, LeaseRow, OfferRow, VerdictRow, WorkRecordRow,
 )
@@ -47,13 +50,14 @@ ROUND_AUDITORS_KEPT = 4
 
 
 class Referee:
-    def __init__(self, coordinator: Court, account: LocalAccount | None,
-                 replayer: Callable[[JobSpec], Replayer] | None,
+    def __init__(self, store: Store, specs: JobSpecs, records: ProofRecords, plants: Plants,
+                 penalties: Penalties, replayer: Callable[[JobSpec], Replayer] | None,
                  withheld_grace_s: float = 30.0) -> None:
-        """`account`: the contract's referee key (None: rulings are recorded, not enforced);
+        """`penalties`: what each ruling costs whom (they hold the contract's referee key);
+        `plants`: which records are the operator's forced errors, never ruled on here;
         `replayer`: builds a job's replayer (None: only withheld verdicts can be ruled on)."""
-        self.coordinator, self.replayer = coordinator, replayer
-        self.penalties = Penalties(coordinator, account)  # what each ruling costs whom
+        self.store, self.specs, self.records, self.plants = store, specs, records, plants
+        self.penalties, self.replayer = penalties, replayer
         self.withheld_grace_s = withheld_grace_s
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="shoal-referee")
         self._round_auditors: dict[str, Auditor] = {}  # DiLoCo jobs' record-less rounds
@@ -99,8 +103,7 @@ class Referee:
         return ruled.ruling
 
     def _rule(self, job_id: str, seq: int) -> Ruled:
-        co = self.coordinator
-        with co.store.read() as session:
+        with self.store.read() as session:
             row = session.get(VerdictRow, seq)
             if row is None or row.ruling is not None:
                 return Ruled(Ruling(row.ruling) if row else Ruling.undecided)
@@ -109,12 +112,13 @@ class Referee:
             record_row = session.get(WorkRecordRow, (job_id, verdict.worker, verdict.step))
         record = WorkRecord.model_validate(record_row.body) if record_row else None
         vouched = vouched_steps(record, verdict.step)
-        if any(co.is_plant(job_id, verdict.worker, step) for step in vouched):
+        if any(self.plants.is_plant(job_id, verdict.worker, step) for step in vouched):
             # A planted record is the operator's: its verdicts are scored at the reveal
             # (plants.py), and a replay of the worker's real record must not rule on them
             # (nor on a DiLoCo round's end whose audit read a plant of its round).
             return Ruled(Ruling.plant)
-        records = co.work_records(job_id, epoch_of(verdict.step, co.job_spec(job_id).proof.epoch_steps))
+        epoch = epoch_of(verdict.step, self.specs.job_spec(job_id).proof.epoch_steps)
+        records = self.records.work_records(job_id, epoch)
         provider = record_row.provider if record_row is not None else None
         if record is None or record not in final_lineage(records):
             # A record the step's final lineage does not take shields nothing: a worker
@@ -147,8 +151,7 @@ class Referee:
         under DiLoCo a round's end: its round's). `filed_at_s`: when the verdict was
         filed; a challenge answered after that gives Ruling.answered_late (the caller replays)."""
         steps = steps or range(verdict.step, verdict.step + 1)
-        co = self.coordinator
-        with co.store.read() as session:
+        with self.store.read() as session:
             asked = own_file_challenges(session, job_id, verdict.worker, steps)
             agent = session.get(AgentRow, agent_id)
         unanswered = [c for c in asked if c.answered_at_s is None]
@@ -181,22 +184,21 @@ class Referee:
         from shoal.verify.audit.record import Auditor
         from shoal.verify.proof_store import ProofStore
 
-        co = self.coordinator
-        spec = co.job_spec(job_id)
+        spec = self.specs.job_spec(job_id)
         epoch = epoch_of(record.step, spec.proof.epoch_steps)
-        records = co.work_records(job_id, epoch) if records is None else records
+        records = self.records.work_records(job_id, epoch) if records is None else records
         if record not in final_lineage(records):
             return Ruling.rejected, ("the record is of a lineage abandoned after a restore (its step "
                               "was redone in a later membership epoch): not audited, not blamed"), None
         if self.replayer is None:
             return Ruling.undecided, "this coordinator has no replayer for the job's model", None
-        roots = {e.epoch: bytes.fromhex(e.root[2:]) for e in co.proof_epochs(job_id)}
+        roots = {e.epoch: bytes.fromhex(e.root[2:]) for e in self.records.proof_epochs(job_id)}
         if epoch not in roots:
             return Ruling.undecided, f"proof epoch {epoch} is not rooted yet", None
-        auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
+        auditor = Auditor(ProofStore(self.records.proof_dir(job_id)), self.replayer(spec),
                           hyper_sha256=hyper_digest(spec.hyperparameters()),
                           tolerance=spec.proof.tolerance, verifier="referee",
-                          records=lambda: co.work_records(job_id))
+                          records=lambda: self.records.work_records(job_id))
         judge = Verifier(auditor, spec.proof, salt=b"", roots=roots.get, total_steps=spec.steps)
         found = judge.audit_one(record, records)
         if found.kind is VerdictKind.unavailable:
@@ -204,7 +206,7 @@ class Referee:
         if found.kind is VerdictKind.withheld:
             # No reveal here is the worker's fault only if it was asked and did not answer:
             # else an accuser could name a record nobody challenged and have it "withheld".
-            with co.store.read() as session:
+            with self.store.read() as session:
                 row = session.get(WorkRecordRow, (job_id, record.worker, record.step))
             ruling, why = self.withheld(job_id, found, row.agent_id if row else "",
                                         _vouched(record))
@@ -224,25 +226,24 @@ class Referee:
         from shoal.verify.audit.unrecorded import unrecorded_shares
         from shoal.verify.proof_store import ProofStore
 
-        co = self.coordinator
         named = WorkerId.leased(verdict.worker)
-        with co.store.read() as session:
+        with self.store.read() as session:
             lease = session.get(LeaseRow, named.lease) if named is not None else None
             if lease is not None and lease.job_id != job_id:
                 lease = None
             provider = lease.provider if lease is not None else None
             offer = session.get(OfferRow, lease.offer_id) if lease is not None else None
-        spec = co.job_spec(job_id)
+        spec = self.specs.job_spec(job_id)
         diloco = spec.sync.mode is SyncMode.diloco
         epoch = epoch_of(verdict.step, spec.proof.epoch_steps)
         step_records = [r for r in final_lineage(records) if r.step == verdict.step]
-        members = lambda e: co._published.members(job_id, e)  # noqa: E731
+        members = lambda e: self.records.published.members(job_id, e)  # noqa: E731
         shares = [share for share in unrecorded_shares(step_records, members)
                   if share.worker == verdict.worker]
         if not shares:
             return Ruling.rejected, ("the accused record does not exist, and the worker held no seat "
                               "of the step that went without a record"), provider
-        if epoch not in {e.epoch for e in co.proof_epochs(job_id)}:
+        if epoch not in {e.epoch for e in self.records.proof_epochs(job_id)}:
             return Ruling.undecided, f"proof epoch {epoch} is not rooted yet", provider
         if self.replayer is None:
             return Ruling.undecided, "this coordinator has no replayer for the job's model", provider
@@ -250,10 +251,10 @@ class Referee:
         # worker with many record-less rounds costs each ruling one round, not all of them.
         auditor = self._round_auditors.pop(job_id, None) if diloco else None
         if auditor is None:
-            auditor = Auditor(ProofStore(co.proof_dir(job_id)), self.replayer(spec),
+            auditor = Auditor(ProofStore(self.records.proof_dir(job_id)), self.replayer(spec),
                               hyper_sha256=hyper_digest(spec.hyperparameters()),
                               tolerance=spec.proof.tolerance, verifier="referee",
-                              records=lambda: co.work_records(job_id))
+                              records=lambda: self.records.work_records(job_id))
         if diloco:
             self._round_auditors[job_id] = auditor  # the newest last: the oldest goes first
             while len(self._round_auditors) > ROUND_AUDITORS_KEPT:
@@ -284,7 +285,7 @@ class Referee:
         """The steps whose kept states judging a record-less DiLoCo round reads: its own,
         and its worker's earlier record-less rounds'."""
         lineage: dict[int, list[WorkRecord]] = defaultdict(list)
-        for record in final_lineage(self.coordinator.work_records(job_id)):
+        for record in final_lineage(self.records.work_records(job_id)):
             lineage[record.step].append(record)
         spans = record_less_rounds(verdict.worker, verdict.step, lineage)
         return range(spans[0].start if spans else verdict.step, verdict.step + 1)

@@ -1,10 +1,10 @@
 """On-chain disputes nobody brings to the referee, rejected unheard once a grace has
-passed, mixed into `Coordinator`.
+passed: a service the coordinator holds.
 
 Opening a dispute on the contract (`open_dispute`, with a bond) freezes the
 accused provider's pay until the referee decides it or `dispute_timeout_s`
 (days) passes, when the bond goes back. A dispute is decided only once its
-challenger files its trajectory here (`DisputeService.file_dispute`). So one
+challenger files its trajectory here (`Disputes.file_dispute`). So one
 that is opened and never filed froze an honest provider's pay for days at the
 cost of gas, and `MAX_OPEN_DISPUTES` of them kept every honest challenger off
 the lease. The referee now rejects a dispute on one of its jobs that nobody
@@ -27,7 +27,11 @@ from sqlalchemy import select
 
 from shoal.coordinator.errors import Conflict
 from shoal.coordinator.db.schema import DisputeRow, JobRow
-from shoal.coordinator.db.store import record_event
+from shoal.coordinator.db.store import Store, record_event
+from shoal.coordinator.proofs.penalties import Penalties
+from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.services.settlement import Settlement
+from shoal.coordinator.settings import CoordinatorSettings
 from shoal.ledger import LedgerError
 from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.events import DisputeDismissed
@@ -37,10 +41,13 @@ log = logging.getLogger(__name__)
 
 
 class UnfiledDisputes:
-    """Uses the Coordinator's `engine`, `settlement`, `referee`, `settings`, `now_s`,
-    `_change`."""
+    """The contract's open disputes on this coordinator's jobs that nobody filed here."""
 
-    def _unfiled_init(self) -> None:
+    def __init__(self, store: Store, desk: MarketDesk, settings: CoordinatorSettings,
+                 settlement: Settlement | None, penalties: Penalties) -> None:
+        """`penalties`: hold the referee's key, which rejects a dispute on the contract."""
+        self.store, self.desk, self.settings = store, desk, settings
+        self.settlement, self.penalties = settlement, penalties
         self._next_dispute = 1  # the first dispute id not read yet
         self._reading_since: int | None = None  # chain time of our first read of disputes
         # open, on our jobs, not filed (yet): id -> (our job, the dispute as opened)
@@ -73,7 +80,7 @@ class UnfiledDisputes:
         nobody filed within the grace. One the contract takes only after an older one on
         its lease is decided (filed and still being ruled, or left to expire) is tried
         again next round."""
-        if self.settlement is None or self.referee.account is None:
+        if self.settlement is None or self.penalties.account is None:
             return
         ledger = self.settlement.ledger
         try:
@@ -109,15 +116,15 @@ class UnfiledDisputes:
             if session.get(DisputeRow, opened.dispute) is not None:
                 return True  # brought in time: the referee rules it
             self._dismissed.add(opened.dispute)
-        ledger, referee = self.settlement.ledger, self.referee
+        ledger, penalties = self.settlement.ledger, self.penalties
         try:
             if ledger.dispute(opened.dispute).state is not DisputeState.open:
                 return True  # expired, or closed by a slash of its lease
         except LedgerError as error:
             log.error("reading dispute %d failed: %s", opened.dispute, error)
             return False
-        note = referee.penalties.transact(lambda: ledger.resolve_dispute(
-            referee.account, opened.dispute, upheld=False))
+        note = penalties.transact(lambda: ledger.resolve_dispute(
+            penalties.account, opened.dispute, upheld=False))
         if "tx" not in note:
             return False  # an older dispute on the lease goes first; or the node is down
         why = (f"nobody brought it to the referee within {self.settings.unfiled_dispute_grace_s:g}"

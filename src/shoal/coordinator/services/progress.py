@@ -3,7 +3,7 @@ steps their worker logged while it was rank 0 (loss, world, batch), and the
 job host's membership epochs are read from its run directory. What a
 dashboard or a report draws its curves and timelines from, and nothing more:
 a report is one provider's word, so no pay or proof reads it (how far a job
-got is its host's word, `ProofService.host_reached`)."""
+got is its host's word, `ProofRecords.host_reached`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from collections.abc import Callable
 from sqlalchemy import select
 
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
-from shoal.coordinator.db.schema import JobRow, LeaseRow, OfferRow, StepProgressRow
+from shoal.coordinator.db.schema import JobRow, StepProgressRow
 from shoal.coordinator.db.store import Store
 from shoal.coordinator.services.market_desk import MarketDesk
+from shoal.coordinator.services.providers import own_lease
 from shoal.spec.job import JobSpec
 from shoal.spec.progress import MembershipChange, ProgressUpload, StepProgress
 from shoal.spec.worker import runs_on
@@ -29,7 +30,7 @@ class JobProgress:
                  job_spec: Callable[[str, str | None], JobSpec],
                  published_changes: Callable[[str], list[MembershipChange]]) -> None:
         """`job_spec`: a job's spec, from its job file; `published_changes`: the membership
-        changes its host published, read incrementally (both the proof services')."""
+        changes its host published, read incrementally (the job specs' and the proof records')."""
         self.store, self.desk = store, desk
         self.job_spec, self.published_changes = job_spec, published_changes
 
@@ -37,12 +38,7 @@ class JobProgress:
         """Store the steps not known yet; the number stored. The first report of a step
         stands (every member logs the same loss; only rank 0's agent sends it)."""
         with self.desk.change() as session:
-            lease = session.get(LeaseRow, upload.lease)
-            if lease is None or lease.job_id != job_id:
-                raise NotFound(f"job '{job_id}' has no lease {upload.lease}")
-            if lease.provider != provider:
-                raise Forbidden(f"lease {upload.lease} is not yours")
-            agent_id = session.get(OfferRow, lease.offer_id).agent_id
+            lease, agent_id = own_lease(session, provider, job_id, upload.lease)
             if not runs_on(upload.worker, agent_id, lease.lease):
                 raise Forbidden(f"worker '{upload.worker}' is not on lease {upload.lease}")
             last = self.job_spec(job_id, session.get(JobRow, job_id).job_file).steps - 1

@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from shoal.coordinator.db import beats
-from shoal.coordinator.db.schema import AgentRow, OfferRow
+from shoal.coordinator.db.schema import AgentRow, LeaseRow, OfferRow
 from shoal.coordinator.db.store import Store, record_event
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.services import journal
@@ -82,6 +83,15 @@ class ProviderOffers:
             self.desk.command(session, journal.BarProvider(job=job_id, provider=provider), now)
             record_event(session, now, COORDINATOR,
                          ProviderBarred(provider=provider, reason=reason), job_id)
+
+    def drop_provider(self, job_id: str, provider: str, reason: str) -> None:
+        """A provider caught cheating: its offers that hold this job's leases are withdrawn,
+        so its workers stop and the next round leases replacements."""
+        with self.desk.store.read() as session:
+            offers = set(session.scalars(select(LeaseRow.offer_id).where(
+                LeaseRow.job_id == job_id, LeaseRow.provider == provider)))
+        for offer_id in sorted(offers):
+            self.withdraw(COORDINATOR, offer_id, reason=reason)
 
     def withdraw(self, actor: str, offer_id: str, reason: str = "withdrawn") -> OfferView:
         """Take an offer off the market (its provider, or the coordinator): its leases end."""
@@ -185,3 +195,15 @@ def own_agent(session: Session, provider: str, agent_id: str) -> AgentRow:
     if agent.provider != provider:
         raise Forbidden(f"agent '{agent_id}' belongs to another provider")
     return agent
+
+
+def own_lease(session: Session, provider: str, job_id: str, lease: int) -> tuple[LeaseRow, str]:
+    """The caller's lease of `job_id` and the agent it runs on: a provider speaks only for
+    its own leases' workers (NotFound for no such lease of the job, Forbidden for
+    another provider's)."""
+    row = session.get(LeaseRow, lease)
+    if row is None or row.job_id != job_id:
+        raise NotFound(f"job '{job_id}' has no lease {lease}")
+    if row.provider != provider:
+        raise Forbidden(f"lease {lease} is not yours")
+    return row, session.get(OfferRow, row.offer_id).agent_id
