@@ -25,13 +25,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 from eth_account import Account
 from eth_hash.auto import keccak
 
 from shoal.ledger import Chain, Ledger
 from shoal.spec.ledger import LedgerConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench.history, as a script
+from bench.history import RECORD_HELP, append_result  # noqa: E402
 
 GWEI = 10**9
 TARGETS = {"settle_gas_per_provider_max": 30_000, "job_gas_per_provider_max": 60_000,
@@ -140,6 +145,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--providers", type=int, default=100)
     parser.add_argument("--anchors", type=int, default=200)
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     args = parser.parse_args()
 
     chain = Chain.embedded()
@@ -249,6 +255,8 @@ def main() -> None:
         "targets": TARGETS,
     }
     print(json.dumps(result))
+    if args.record:
+        append_result("chain", result)
 
 
 if __name__ == "__main__":

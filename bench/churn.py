@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from bench.fault_plan import Applied, Fault, FaultPlan
 from bench.figures import Commit, figures_of, median, progress
 from bench.shoal_side import run_shoal, samples_per_s, shoal_detection, shoal_under_plan, steps_per_s
+from bench.history import RECORD_HELP, append_result
 
 JOB = "bench/elastic-gpt.toml"
 WARMUP = 20
@@ -54,6 +55,7 @@ def main() -> None:
                         help="warm spares the replacements come from (shoal and torchft alike)")
     parser.add_argument("--detect-s", type=float, default=1.0)
     parser.add_argument("--skip-torchft", action="store_true")
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     args = parser.parse_args()
     from shoal.spec import load_job
 
@@ -114,6 +116,8 @@ def main() -> None:
                                                "samples_duplicated", "replica_mismatches")),
     }
     print(json.dumps(result))
+    if args.record:
+        append_result("churn", result)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,9 @@ from shoal.client.http import CoordinatorClient
 from shoal.client.identity import sign_request
 from shoal.spec.coordinator import AgentRegistration, Backend, Heartbeat, Preflight, Registration
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench.history, as a script
+from bench.history import RECORD_HELP, append_result  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 AUDIENCE = "shoal-bench"
 PERIOD_S = 1.0  # each agent beats once a second
@@ -242,6 +245,7 @@ def main() -> None:
     parser.add_argument("--duration-s", type=int, default=60)
     parser.add_argument("--store-url", default=None,
                         help="default: a fresh SQLite file; or a postgresql URL of an empty database")
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="shoal-bench-") as tmp:
         store_url = args.store_url or f"sqlite:///{tmp}/store.db"
@@ -275,6 +279,8 @@ def main() -> None:
             server.terminate()
             server.wait(timeout=30)
     print(json.dumps(result))
+    if args.record:
+        append_result("coordinator", result)
 
 
 if __name__ == "__main__":

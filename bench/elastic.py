@@ -23,6 +23,7 @@ from bench.figures import figures_of, median, summary
 from bench.shoal_side import (
     run_shoal, samples_per_s, shoal_detection, shoal_under_plan, steps_per_s,
 )
+from bench.history import RECORD_HELP, append_result
 
 JOB = "bench/elastic-gpt.toml"
 HOST_FAULTS = (Fault.host_kill, Fault.partition)
@@ -119,6 +120,7 @@ def main() -> None:
     parser.add_argument("--overhead-rounds", type=int, default=3)
     parser.add_argument("--skip", action="append", default=[],
                         choices=["overhead", "torchrun", "torchft"])
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     args = parser.parse_args()
     skip = set(args.skip)
     if args.collective_timeout_s is None:
@@ -165,6 +167,8 @@ def main() -> None:
     result.update(refs)
     result["targets_met"] = targets(plan.fault, shoal, refs, exact, args.spares, overhead)
     print(json.dumps(result))
+    if args.record:
+        append_result("elastic", result)
 
 
 if __name__ == "__main__":

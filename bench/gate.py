@@ -29,6 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench.history, as a script
+from bench.history import RECORD_HELP, append_result  # noqa: E402
+
 SHOAL = [sys.executable, "-m", "shoal.cli.main"]
 JOB = """name = "gate-bench"
 seed = 7
@@ -91,6 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     args = parser.parse_args()
     runs: dict[str, list[float]] = {"direct": [], "gated": []}
     with tempfile.TemporaryDirectory(prefix="shoal-gate-bench-") as tmp:
@@ -99,10 +103,13 @@ def main() -> None:
                 name = "gated" if gated else "direct"
                 runs[name].append(run(Path(tmp) / f"{repeat}-{name}", args.steps, gated))
     direct, gated = (statistics.median(runs[k]) * 1e3 for k in ("direct", "gated"))
-    print(json.dumps({"direct_step_ms": round(direct, 2), "gated_step_ms": round(gated, 2),
-                      "added_ms": round(gated - direct, 2),
-                      "runs_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in runs.items()},
-                      "steps": args.steps, "workers": 2}))
+    result = {"direct_step_ms": round(direct, 2), "gated_step_ms": round(gated, 2),
+              "added_ms": round(gated - direct, 2),
+              "runs_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in runs.items()},
+              "steps": args.steps, "workers": 2}
+    print(json.dumps(result))
+    if args.record:
+        append_result("gate", result)
 
 
 if __name__ == "__main__":

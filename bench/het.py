@@ -35,6 +35,7 @@ from shoal.elastic.launcher import LaunchConfig, Launcher  # noqa: E402
 from shoal.train.run_config import RunSettings  # noqa: E402
 from shoal.train.step_log import read_step_logs  # noqa: E402
 
+from bench.history import RECORD_HELP, append_result  # noqa: E402
 from tests.harness.cgroups import CgroupUnavailable, CpuCap, CpuSlice, entering  # noqa: E402
 
 JOB = Path(__file__).resolve().parent.parent / "examples" / "tiny-gpt.toml"
@@ -57,6 +58,7 @@ class Settings:
     period_s: float  # CFS period of the caps
     priority: float  # weight of the caps' slice against the machine's other work
     rebalance: int  # the runtime's rebalance_interval (steps)
+    record: bool  # append the result to bench/results/het.jsonl
 
 
 def parse() -> Settings:
@@ -74,10 +76,11 @@ def parse() -> Settings:
     p.add_argument("--period-s", type=float, default=0.01)
     p.add_argument("--priority", type=float, default=16.0)
     p.add_argument("--rebalance", type=int, default=20, help="the runtime's default")
+    p.add_argument("--record", action="store_true", help=RECORD_HELP)
     a = p.parse_args()
     return Settings(a.global_batch, a.micro_batch, a.steps, a.warmup, a.equal_steps,
                     a.equal_warmup, a.alone_steps, a.alone_warmup, a.period_s, a.priority,
-                    a.rebalance)
+                    a.rebalance, a.record)
 
 
 def bench_job(settings: Settings, steps: int, scratch: Path) -> JobSpec:
@@ -189,7 +192,10 @@ def main() -> None:
         alone = [launch(settings, [cap], alone_steps(settings, cores), settings.alone_warmup,
                         settings.rebalance)
                  for cap, cores in zip(caps, CAPS_CORES)]
-    print(json.dumps(figures(settings, balanced, equal, alone)))
+    result = figures(settings, balanced, equal, alone)
+    print(json.dumps(result))
+    if settings.record:
+        append_result("het", result)
 
 
 def alone_steps(settings: Settings, cores: float) -> int:

@@ -43,6 +43,8 @@ from shoal.train.sync.codecs.base import ring_all_gather_bytes, ring_all_reduce_
 from shoal.train.sync.diloco import outer_sgd_step
 from shoal.train.order import DataOrder
 
+from bench.history import RECORD_HELP, append_result
+
 JOB = "examples/tiny-gpt.toml"
 DEFAULT_RUNS = ("10:none:0.7:0.9", "10:none:1:0", "20:none:1:0", "10:sparseloco:1:0")
 
@@ -128,6 +130,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--runs", nargs="*", default=list(DEFAULT_RUNS))
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     args = parser.parse_args()
     torch.set_num_threads(1)
     job = load_job(JOB, overrides={"steps": args.steps})
@@ -154,9 +157,12 @@ def main() -> None:
                         "bytes_ratio": float(f"{sent / plain_bytes:.3g}")})
         log(f"{run}: {loss:.4f} (gap {loss - plain:+.4f}, bytes 1/{plain_bytes / sent:.0f}, "
             f"{time.perf_counter() - started:.0f} s)")
-    print(json.dumps({"job": JOB, "steps": args.steps, "workers": args.workers,
-                      "global_batch": job.global_batch, "every_step_val_loss": round(plain, 4),
-                      "runs": results}))
+    result = {"job": JOB, "steps": args.steps, "workers": args.workers,
+              "global_batch": job.global_batch, "every_step_val_loss": round(plain, 4),
+              "runs": results}
+    print(json.dumps(result))
+    if args.record:
+        append_result("local_rounds", result)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "clusters"))
 import generate  # noqa: E402  (the example clusters' generator)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench.history, as a script
+from bench.history import RECORD_HELP, append_result  # noqa: E402
+
 EXAMPLES = ("datacenter", "spot", "two-universities", "four-regions", "world-wide")
 RANDOM_LAYOUTS = 20
 TARGETS = {"vs_optimum_worst_max": 1.02, "world_wide_vs_random_max": 0.33, "plan_s_1024_max": 10.0}
@@ -93,6 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--instances", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     args = parser.parse_args()
     model = gpt3_xl()
     ratios, plans = vs_random(model)
@@ -111,6 +115,8 @@ def main() -> None:
                      and ratios["world-wide"] <= TARGETS["world_wide_vs_random_max"]
                      and result["plan_s_1024"] <= TARGETS["plan_s_1024_max"])
     print(json.dumps(result))
+    if args.record:
+        append_result("plan", result)
 
 
 if __name__ == "__main__":

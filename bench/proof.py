@@ -74,6 +74,9 @@ from shoal.verify.adversary import BUILT_IN, DILOCO_ONLY, EVERY_STEP_ONLY
 from shoal.verify.audit.record import Auditor
 from shoal.verify.proof_store import ProofStore
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench.history, as a script
+from bench.history import RECORD_HELP, append_result  # noqa: E402
+
 JOB = """name = "proof-bench"
 seed = 11
 steps = {steps}
@@ -194,6 +197,7 @@ def main() -> None:
     parser.add_argument("--overhead-only", action="store_true",
                         help="run the honest job alone: overhead and false positives, no "
                              "adversaries (detection is then empty)")
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     args = parser.parse_args()
     torch.set_num_threads(1)  # the same threads as each worker: a like-for-like cost
     left_out = EVERY_STEP_ONLY if args.sync == "diloco" else DILOCO_ONLY
@@ -246,7 +250,7 @@ def main() -> None:
                 honest = [v for v in e if v.worker == "w0"]
                 honest_audits += len(honest)
                 false_positives += sum(1 for v in honest if v.guilty)
-    print(json.dumps({
+    result = {
         "detection": detection, "absent_epochs": absent, "missed_verdicts": missed,
         "false_positives": false_positives,
         "honest_audits": honest_audits, "audit_rate": round(audits / records, 4),
@@ -259,7 +263,10 @@ def main() -> None:
         "steps": args.steps, "epoch_steps": args.epoch_steps, "global_batch": args.global_batch,
         "sync": args.sync, **({"inner_steps": args.inner_steps} if args.sync == "diloco" else {}),
         "targets": {"detection": ">= 0.99 each", "overhead": "<= 0.05", "false_positives": 0},
-    }))
+    }
+    print(json.dumps(result))
+    if args.record:
+        append_result("proof", result)
 
 
 if __name__ == "__main__":

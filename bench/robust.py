@@ -36,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.history import RECORD_HELP, append_result
 from bench.shoal_side import median, samples_per_s, scratch_dir
 from shoal.elastic.launcher import Launcher, LaunchConfig
 from shoal.elastic.report import lineage
@@ -214,6 +215,7 @@ def main() -> None:
                         help="paired exchanges per rule in the exchange-only timing")
     parser.add_argument("--rules", nargs="+", choices=RULES, default=RULES,
                         help="rules to run (the plain mean always runs: it is the reference)")
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     args = parser.parse_args()
     rules = ["mean", *(rule for rule in args.rules if rule != "mean")]
     load_before = os.getloadavg()[0]
@@ -237,10 +239,12 @@ def main() -> None:
                 "exchange_reps": args.exchange_reps, "rules": rules,
                 "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                 "cores": os.cpu_count()}
-    print(json.dumps({"bench": "robust", "settings": settings,
-                      **summarise(honest, attacked, floor, exchange_s, job.global_batch),
-                      "runs": {"honest": honest, "attacked": attacked, "floor": floor}}),
-          flush=True)
+    result = {"bench": "robust", "settings": settings,
+              **summarise(honest, attacked, floor, exchange_s, job.global_batch),
+              "runs": {"honest": honest, "attacked": attacked, "floor": floor}}
+    print(json.dumps(result), flush=True)
+    if args.record:
+        append_result("robust", result)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from bench.history import RECORD_HELP, append_result
 from bench.shoal_side import scratch_dir
 from shoal.elastic.launcher import LaunchConfig, Launcher
 from shoal.train.run_config import RunSettings
@@ -79,6 +80,7 @@ def main() -> None:
     parser.add_argument("--inner-steps", type=int, default=10)
     parser.add_argument("--delay-s", type=float, default=1.0)
     parser.add_argument("--slt", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     args = parser.parse_args()
     runs = {}
     with scratch_dir("shoal-slt-") as scratch:
@@ -87,12 +89,15 @@ def main() -> None:
                               Path(scratch) / f"slt{slt}")
             log(f"slt {slt}: {runs[slt]}")
     reference = runs[0]["s_per_step"]
-    print(json.dumps({
+    result = {
         "workers": WORKERS, "exchange_delay_s": args.delay_s, "steps": args.steps,
         "inner_steps": args.inner_steps,
         "runs": {f"slt{k}": {**v, "speedup": round(reference / v["s_per_step"], 3)}
                  for k, v in runs.items()},
-        "emulation": "every outer exchange takes >= exchange_delay_s (injected); votes unaffected"}))
+        "emulation": "every outer exchange takes >= exchange_delay_s (injected); votes unaffected"}
+    print(json.dumps(result))
+    if args.record:
+        append_result("slt", result)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.history import RECORD_HELP, append_result
 from bench.shoal_side import scratch_dir
 from shoal.spec import load_job
 from shoal.spec.job import SyncSpec
@@ -206,6 +207,7 @@ def main() -> None:
     parser.add_argument("--min-rounds", type=int, default=6,
                         help="DiLoCo rounds the run must hold at least (caps the planner's H; "
                              "30 makes it choose SparseLoCo at H = 10 on the slow network)")
+    parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     args = parser.parse_args()
     ensure_tools()
     base = load_job(JOB, overrides={"steps": args.steps, "eval_interval": args.eval_interval})
@@ -258,6 +260,8 @@ def main() -> None:
         "bytes_ratio": result["bytes_ratio"] <= TARGETS["bytes_ratio_max"],
         "loss_gap": result["loss_gap"] <= TARGETS["loss_gap_max"]}
     print(json.dumps(result))
+    if args.record:
+        append_result("wan", result)
 
 
 def _r(value: float | None) -> float | None:
