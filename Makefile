@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: demo test install install-test clean
+.PHONY: demo test docs install install-test clean
 
 demo: $(VENV)/.installed
 	rm -rf runs/demo
@@ -23,6 +23,11 @@ test: $(VENV)/.installed-test
 	$(PY) -m pytest -m "slow and not parallel_ok"; second=$$?; \
 	[ $$first -eq 0 ] && [ $$second -eq 0 ]
 
+# The documentation site into site/ (mkdocs.yml); the reference pages and the bench figures
+# are generated from the code and bench/results/ as it builds. Any warning fails it.
+docs: $(VENV)/.installed-test
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
@@ -35,8 +40,8 @@ $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet -e '.[test,docs]'
 	touch $(VENV)/.installed $@
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) runs site .pytest_cache .hypothesis
