@@ -155,25 +155,26 @@ def chart(label: str, history: list[tuple[dict[str, Any], Any]], width: int = 24
     points = [(i, float(v), run) for i, (run, v) in enumerate(history) if is_number(v)]
     if not points:
         return ""
-    pad, n = 6, max(len(history) - 1, 1)
+    pad, left, n = 6, 40, max(len(history) - 1, 1)  # left: the axis labels' margin
     low, high = min(v for _, v, _ in points), max(v for _, v, _ in points)
-    span = (high - low) or 1.0
+    span = high - low
 
     def xy(i: int, v: float) -> tuple[float, float]:
-        x = pad + (width - 2 * pad) * (i / n if len(history) > 1 else 0.5)
-        return round(x, 1), round(height - pad - (height - 2 * pad) * (v - low) / span, 1)
+        x = left + (width - left - pad) * (i / n if len(history) > 1 else 0.5)
+        y = height / 2 if span == 0 else height - pad - (height - 2 * pad) * (v - low) / span
+        return round(x, 1), round(y, 1)
 
     coords = [xy(i, v) for i, v, _ in points]
     dots = "".join(f'<circle cx="{x}" cy="{y}" r="2.5"><title>'
                    f'{html.escape(tip(label, v, run))}</title></circle>'
                    for (x, y), (_, v, run) in zip(coords, points))
     line = " ".join(f"{x},{y}" for x, y in coords)
+    labels = ([(height / 2 + 3, low)] if span == 0 else [(pad + 4, high), (height - 2, low)])
+    axis = "".join(f'<text x="{left - 4}" y="{y}" text-anchor="end" font-size="9">'
+                   f'{shown(value)}</text>' for y, value in labels)
     return (f'<svg class="shoal-chart" role="img" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" aria-label="{html.escape(label)} over '
-            f'{len(points)} runs: {shown(low)} to {shown(high)}">'
-            f'<text x="{width - pad}" y="10" text-anchor="end" font-size="9">{shown(high)}</text>'
-            f'<text x="{width - pad}" y="{height - 1}" text-anchor="end" font-size="9">'
-            f'{shown(low)}</text>'
+            f'{len(points)} runs: {shown(low)} to {shown(high)}">{axis}'
             f'<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{line}"/>'
             f'<g fill="currentColor">{dots}</g></svg>')
 
