@@ -61,7 +61,19 @@ def field_table(model: type[BaseModel], fields: dict[str, FieldInfo]) -> str:
         description = info.description or comments.get(name, "")
         rows.append(f"| `{name}` | {cell(type_text(info))} | {default_text(info)} | "
                     f"{cell(description)} |")
-    return "\n".join(rows) + "\n"
+    notes = "".join(enum_notes(name, info) for name, info in fields.items())
+    return "\n".join(rows) + "\n" + notes
+
+
+def enum_notes(name: str, info: FieldInfo) -> str:
+    """The values of an enum field that its source explains, one line each."""
+    kind = info.annotation
+    if not (inspect.isclass(kind) and issubclass(kind, enum.Enum)):
+        return ""
+    comments = field_comments(kind)
+    explained = [f'- `"{member.value}"`: {comments[member.name]}' for member in kind
+                 if comments.get(member.name)]
+    return f"\n`{name}`:\n\n" + "\n".join(explained) + "\n" if explained else ""
 
 
 def type_text(info: FieldInfo) -> str:
@@ -100,7 +112,8 @@ def default_text(info: FieldInfo) -> str:
 
 
 def field_comments(model: type[BaseModel]) -> dict[str, str]:
-    """Field name -> the comment lines directly above its definition and beside it."""
+    """Field (or enum member) name -> the comment lines directly above its definition
+    and beside it."""
     source = textwrap.dedent(inspect.getsource(model))
     comments = {tok.start[0]: tok.string.lstrip("#").strip()
                 for tok in tokenize.generate_tokens(io.StringIO(source).readline)
@@ -108,14 +121,16 @@ def field_comments(model: type[BaseModel]) -> dict[str, str]:
     lines = source.splitlines()
     found = {}
     for node in ast.parse(source).body[0].body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+        target = (node.target if isinstance(node, ast.AnnAssign) else
+                  node.targets[0] if isinstance(node, ast.Assign) else None)
+        if not isinstance(target, ast.Name):
             continue
         above, line = [], node.lineno - 1
         while line >= 1 and lines[line - 1].strip().startswith("#"):
             above.insert(0, comments[line])
             line -= 1
         beside = [comments[n] for n in range(node.lineno, node.end_lineno + 1) if n in comments]
-        found[node.target.id] = " ".join(above + beside)
+        found[target.id] = " ".join(above + beside)
     return found
 
 
