@@ -50,7 +50,8 @@ class Proposer:
 
     weights: Callable[[], tuple[float, ...] | None]  # new share weights, if due
     resync_source: Callable[[], str]  # the member whose state all adopt after a divergence
-    # True if the newest epoch dropped a member that gave no notice (died, stalled).
+    # True if the newest epoch dropped a member that gave no notice (died, stalled), or
+    # one that gave notice and never finished its last step.
     lost_member: Callable[[MembershipEpoch], bool]
 
 

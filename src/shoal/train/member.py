@@ -3,8 +3,8 @@ getting into the next epoch (asking to join, waiting as a warm spare,
 forming the group and receiving state), or leaving.
 
 Membership changes only at step boundaries; during a step the run asks
-`lost_member` whether a newer epoch dropped a member that gave no notice,
-which makes the step in flight moot.
+`lost_member` whether a newer epoch dropped a member that gave no notice (or
+gave notice and never finished its step), which makes the step in flight moot.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ class Membership:
         self.leave_wanted = threading.Event()  # set by SIGTERM (a spot notice)
         self.leave_posted = False  # the authority was told; the leave lands at a step boundary
         self._awaiting_admission = False
+        # (our epoch, a member that gave notice) -> when a newer epoch was first seen
+        # without it while it had not exited
+        self._leavers_seen: dict[tuple[int, str], float] = {}
 
     def post_leave(self) -> None:
         """Tell the authority before this step's exchange: the step still counts."""
@@ -47,12 +50,23 @@ class Membership:
             self.leave_posted = True
 
     def lost_member(self, newest: MembershipEpoch) -> bool:
-        """Did `newest` drop a member of ours that gave no notice (died, stalled)?"""
+        """Did `newest` drop a member of ours that gave no notice (died, stalled), or one
+        that gave notice and then never finished its last step?
+
+        A member that gave notice still votes on the step in flight and exits after it,
+        so its peers wait for it. One that cannot (its process died during the notice, or
+        its lease ended and the job's gate cut its connections before it voted) would hold
+        the step forever: once it is `collective_timeout_s` past the epoch that dropped
+        it, it counts as lost and the survivors redo the step without it."""
         dropped = [m for m in self.record.members if m not in newest.members]
         if not dropped:
             return False
         gave_notice = set(self.rdzv.leaving(dropped)) - set(self.rdzv.exited(dropped))
-        return any(m not in gave_notice for m in dropped)
+        if any(m not in gave_notice for m in dropped):
+            return True
+        now = time.monotonic()
+        first = min(self._leavers_seen.setdefault((self.record.epoch, m), now) for m in dropped)
+        return now - first > self.config.settings.collective_timeout_s
 
     def changed(self) -> bool:
         """A newer epoch that loses one of our members makes the current exchange moot.
