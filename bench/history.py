@@ -42,15 +42,18 @@ def append_result(bench: str, result: dict[str, object], results_dir: Path = RES
 
 
 def commit_of(repo: Path) -> str:
-    """HEAD's short hash, with "+dirty" when tracked files differ from it (the result may
-    come from code no commit holds); "unknown" outside a git checkout."""
+    """HEAD's short hash, with "+dirty" when tracked files other than bench/results differ
+    from it (the result may come from code no commit holds); "unknown" outside a git
+    checkout."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
                               check=True, timeout=30).stdout.strip()
 
     try:
         head = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        # The results files themselves change with every recorded run: not the code's state.
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                    ":(exclude)bench/results")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
