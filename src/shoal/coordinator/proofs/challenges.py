@@ -114,7 +114,7 @@ class Challenges:
             WorkRecordRow.job_id == job_id, WorkRecordRow.step == item.step)).all()
         found = [r for r in rows if r.worker == item.worker]
         if not found and item.kind is BlobKind.local:  # its agent holds it: a seat's lease's
-            agent_id = self.keepers.seated_agent(session, job_id, item, rows)
+            agent_id = self.keepers.seated_agent(session, job_id, item.worker, rows)
             if agent_id is not None:
                 return agent_id, item.worker
         if not found:

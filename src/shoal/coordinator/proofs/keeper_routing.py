@@ -35,7 +35,7 @@ from shoal.coordinator.services.job_specs import JobSpecs
 from shoal.coordinator.services.market_desk import MarketDesk
 from shoal.coordinator.settings import CoordinatorSettings
 from shoal.proof.epochs import final_lineage, params_keepers
-from shoal.spec.audit import BlobKind, ChallengeRequest
+from shoal.spec.audit import BlobKind
 from shoal.spec.coordinator import COORDINATOR
 from shoal.spec.events import ParamsRefused, ParamsRerouted
 from shoal.spec.job import JobSpec
@@ -92,16 +92,16 @@ class Keepers:
         self._keeper_model_lock = threading.Lock()  # one answer at a time loads the model
 
     # ------------------------------------------------------------ the seats' keepers
-    def seated_agent(self, session: Session, job_id: str, item: ChallengeRequest,
+    def seated_agent(self, session: Session, job_id: str, worker: str,
                      rows: list[WorkRecordRow]) -> str | None:
         """The agent that holds a file of a worker that filed no record of the step, if
         the worker held a seat in the step's final lineage: its lease's. It still kept
         what its seat keeps (under DiLoCo the state its step started from, which an
         audit of its record-less round needs; a keeper, the step's parameters)."""
         lineage = final_lineage(WorkRecord.model_validate(row.body) for row in rows)
-        if seat(item.worker, lineage, lambda e: self.published.members(job_id, e)) is None:
+        if seat(worker, lineage, lambda e: self.published.members(job_id, e)) is None:
             return None
-        named = WorkerId.leased(item.worker)
+        named = WorkerId.leased(worker)
         lease = session.get(LeaseRow, named.lease) if named is not None else None
         if lease is None or lease.job_id != job_id:
             return None
@@ -134,8 +134,7 @@ class Keepers:
         for rank, worker in enumerate(self._seated_keepers(job_id, step, rows)):
             if worker in recorded:
                 continue
-            agent_id = self.seated_agent(session, job_id, ChallengeRequest(
-                worker=worker, step=step, kind=BlobKind.params), rows)
+            agent_id = self.seated_agent(session, job_id, worker, rows)
             if agent_id is not None:
                 out.append(Keeper(worker, agent_id, False, rank))
         return out
