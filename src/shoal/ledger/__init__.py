@@ -6,6 +6,7 @@ package ships the compiled contract and a typed client for it.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from shoal.ledger.errors import (
@@ -35,7 +36,6 @@ _LAZY = {"Chain": "chain", "ChainKind": "chain", "GAS_LIMITS": "market", "Ledger
 def __getattr__(name: str) -> object:
     if name not in _LAZY:
         raise AttributeError(f"module 'shoal.ledger' has no attribute {name!r}")
-    import importlib
     return getattr(importlib.import_module(f"shoal.ledger.{_LAZY[name]}"), name)
 
 
