@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 
-.PHONY: demo test docs install install-test clean
+.PHONY: demo test check docs install install-test clean
 
 demo: $(VENV)/.installed
 	rm -rf runs/demo
@@ -22,6 +22,11 @@ test: $(VENV)/.installed-test
 	$(PY) -m pytest -m "not slow or parallel_ok" -n $(TEST_JOBS); first=$$?; \
 	$(PY) -m pytest -m "slow and not parallel_ok"; second=$$?; \
 	[ $$first -eq 0 ] && [ $$second -eq 0 ]
+
+# The loop for an edit: every test not marked slow (none over ~5 s), TEST_JOBS at a time;
+# about 5 minutes on two cores. `make test` runs these and the slow ones.
+check: $(VENV)/.installed-test
+	$(PY) -m pytest -m "not slow" -n $(TEST_JOBS) -q
 
 # The documentation site into site/ (mkdocs.yml); the reference pages and the bench figures
 # are generated from the code and bench/results/ as it builds. Any warning fails it.

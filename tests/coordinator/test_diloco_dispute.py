@@ -25,6 +25,10 @@ from tests.coordinator.refereed import (
     answer_as_a, diloco_run_on_lease_a, remote_verifier,
 )
 
+# Each test here trains or hosts a job and runs a chain and a coordinator (over 5 s on
+# two cores): out of `make check`'s loop, in `make test`'s first part (it times nothing).
+pytestmark = [pytest.mark.slow, pytest.mark.parallel_ok]
+
 STEPS, EPOCH_STEPS = 16, 8  # rounds of 4: ends at 3, 7 (epoch 0), 11 and 15
 
 

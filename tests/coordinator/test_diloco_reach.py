@@ -18,6 +18,10 @@ from shoal.verify.proof_store import ProofStore
 from tests.coordinator.refereed import answer_as_a, diloco_run_on_lease_a, remote_verifier
 from tests.verify.roles.conftest import rewrite_record
 
+# Each test here trains or hosts a job and runs a chain and a coordinator (over 5 s on
+# two cores): out of `make check`'s loop, in `make test`'s first part (it times nothing).
+pytestmark = [pytest.mark.slow, pytest.mark.parallel_ok]
+
 STEPS, EPOCH_STEPS = 16, 4  # rounds of 4 (ends at 3, 7, 11, 15), an epoch each
 FORGED_END, TAKEN_UP = 3, 13  # w0's round end in epoch 0; w1's restart in epoch 3
 

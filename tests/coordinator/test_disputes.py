@@ -32,6 +32,10 @@ from tests.coordinator.replayable import replayable
 from tests.coordinator.test_proofs import PROOF_JOB, publish, refused
 from tests.coordinator.test_settlement import BUDGET, PRICE, leased_and_hosted
 
+# Each test here trains or hosts a job and runs a chain and a coordinator (over 5 s on
+# two cores): out of `make check`'s loop, in `make test`'s first part (it times nothing).
+pytestmark = [pytest.mark.slow, pytest.mark.parallel_ok]
+
 CHEAT_STEP, BOND = 3, 10**15
 
 

@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from shoal.proof.dues import Dues
 from shoal.spec.audit import RecordUpload
 from shoal.spec.progress import ProgressUpload, StepProgress
 from tests.coordinator import test_settlement
 from tests.coordinator.test_proofs import host_reached, record, refused
 from tests.coordinator.test_settlement import PRICE, proof_job_accepted
+
+# Each test here trains or hosts a job and runs a chain and a coordinator (over 5 s on
+# two cores): out of `make check`'s loop, in `make test`'s first part (it times nothing).
+pytestmark = [pytest.mark.slow, pytest.mark.parallel_ok]
 
 market = test_settlement.market  # the fixture: a coordinator settling on an embedded chain
 

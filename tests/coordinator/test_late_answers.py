@@ -21,6 +21,10 @@ from tests.coordinator.refereed import remote_verifier
 from tests.coordinator.test_disputes import CHEAT_STEP, Disputed
 from tests.coordinator.test_proofs import PROOF_JOB, refused
 
+# Each test here trains or hosts a job and runs a chain and a coordinator (over 5 s on
+# two cores): out of `make check`'s loop, in `make test`'s first part (it times nothing).
+pytestmark = [pytest.mark.slow, pytest.mark.parallel_ok]
+
 HONEST_STEP = 1
 
 

@@ -23,6 +23,10 @@ from tests.coordinator.conftest import (
 )
 from tests.coordinator.test_proofs import PROOF_JOB, host_reached, publish, record
 
+# Each test here trains or hosts a job and runs a chain and a coordinator (over 5 s on
+# two cores): out of `make check`'s loop, in `make test`'s first part (it times nothing).
+pytestmark = [pytest.mark.slow, pytest.mark.parallel_ok]
+
 PRICE = 1_000_000
 BUDGET = 10**12
 

@@ -24,6 +24,10 @@ from tests.coordinator.refereed import refereed_job, remote_verifier
 from tests.coordinator.replayable import replayable_pair
 from tests.coordinator.test_proofs import PROOF_JOB, host_reached, publish
 
+# Each test here trains or hosts a job and runs a chain and a coordinator (over 5 s on
+# two cores): out of `make check`'s loop, in `make test`'s first part (it times nothing).
+pytestmark = [pytest.mark.slow, pytest.mark.parallel_ok]
+
 POISONED = 3
 
 
