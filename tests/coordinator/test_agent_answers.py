@@ -42,7 +42,7 @@ def test_a_challenge_is_answered_while_the_relay_is_held_up(filed, tmp_path):  #
                 break
             time.sleep(0.2)
         assert view.answered_at_s is not None, "not answered while the relay was held up"
-        assert served.client().challenge_file(challenge.challenge) == reveal.read_bytes()
+        assert verifier.challenge_file(challenge.challenge) == reveal.read_bytes()
     finally:
         release.set()
         agent.stopping.set()

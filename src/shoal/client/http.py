@@ -174,7 +174,7 @@ class CoordinatorClient:
             self.request("PUT", f"/v1/challenges/{challenge}/answer", data))
 
     def challenge_file(self, challenge: int) -> bytes:
-        return self.request("GET", f"/v1/challenges/{challenge}/file", sign=False, raw=True)
+        return self.request("GET", f"/v1/challenges/{challenge}/file", raw=True)
 
     def job_plan(self, job_id: str) -> JobPlanView | None:
         return self._get(f"/v1/jobs/{job_id}/plan", JobPlanView | None)  # type: ignore[arg-type]

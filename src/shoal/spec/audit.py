@@ -17,6 +17,7 @@ import enum
 from pydantic import Field
 
 from shoal.spec.base import Frozen
+from shoal.spec.worker import WorkerName
 from shoal.spec.proof import Ruling, Verdict, WorkRecord
 
 # One upload carries at most this many records; an agent sends the rest next beat.
@@ -71,7 +72,7 @@ class BlobKind(str, enum.Enum):
 
 
 class ChallengeRequest(Frozen):
-    worker: str = Field(min_length=1, max_length=128)
+    worker: WorkerName
     step: int = Field(ge=0, le=2**62)
     kind: BlobKind = BlobKind.reveal
 
@@ -122,7 +123,7 @@ class DisputeFiling(Frozen):
     the worker's own trajectory, and its referee re-executes the one step left."""
 
     dispute: int = Field(ge=1, le=2**62)  # the dispute's id on chain
-    worker: str = Field(min_length=1, max_length=128)
+    worker: WorkerName
     epoch: int = Field(ge=0, le=2**62)
     # At most 2,000 records (a request body is at most 256 KiB by default).
     trajectory: tuple[str, ...] = Field(min_length=2, max_length=2_001)

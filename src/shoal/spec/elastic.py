@@ -9,6 +9,7 @@ import enum
 from pydantic import Field
 
 from shoal.spec.job import Frozen
+from shoal.spec.worker import WorkerName
 
 
 class BatchPolicy(str, enum.Enum):
@@ -21,7 +22,7 @@ class BatchPolicy(str, enum.Enum):
 class WorkerArrival(Frozen):
     """What a worker says when it arrives at an epoch's barrier."""
 
-    worker: str
+    worker: WorkerName
     step: int = Field(ge=0)  # steps this worker's state has completed (0 for a fresh joiner)
     has_state: bool  # holds the job's live state (a fresh or fenced joiner does not)
     # The newest checkpoint on this worker's disk (its own, or one its agent fetched):
@@ -33,7 +34,7 @@ class MembershipEpoch(Frozen):
     """One membership decision of the authority: who is in, in rank order."""
 
     epoch: int = Field(ge=0)
-    members: tuple[str, ...]  # worker ids; index = rank in this epoch's process group
+    members: tuple[WorkerName, ...]  # worker ids; index = rank in this epoch's process group
     weights: tuple[float, ...]  # share weights (measured speed), same order as members
     # Who needs state, and whether it comes from disk, the members work out from
     # their arrivals at the epoch's barrier (see shoal.train.membership).

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from shoal.spec.base import Frozen
+from shoal.spec.worker import WorkerName
 from shoal.spec.plan import Codec, SyncMode
 
 MAX_STEPS_PER_UPLOAD = 2000
@@ -24,7 +25,7 @@ class ProgressUpload(Frozen):
     """Committed steps of a lease's worker while it was rank 0."""
 
     lease: int = Field(ge=1, le=2**62)
-    worker: str = Field(min_length=1, max_length=128)
+    worker: WorkerName
     steps: tuple[StepProgress, ...] = Field(min_length=1, max_length=MAX_STEPS_PER_UPLOAD)
 
 

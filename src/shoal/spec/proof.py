@@ -17,6 +17,7 @@ import json
 from pydantic import Field
 
 from shoal.spec.base import Frozen
+from shoal.spec.worker import WorkerName
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
 
@@ -78,7 +79,7 @@ class WorkRecord(Frozen):
 
     job: str = Field(min_length=1, max_length=128)
     step: int = Field(ge=0)  # the step this contribution is for (0-based)
-    worker: str = Field(min_length=1, max_length=128)
+    worker: WorkerName
     params_sha256: str = Field(pattern=SHA256_HEX)  # parameters the step started from
     # Stream positions [start, end) of this worker's samples (see shoal.train.order);
     # with the data seed they name the exact sample ids.

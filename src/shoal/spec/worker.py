@@ -8,8 +8,19 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 from shoal.spec.errors import SpecError
+
+# Any worker's name, a lease's or a `shoal run` worker's: one path component of letters,
+# digits, '.', '_' and '-', not starting with '.' (so never '.' or '..'). Names become
+# file names under a job's proof directory (proof.layout): a '/' or a '..' in one would
+# write another job's files (issue 40, point 4). Held at every boundary a name crosses.
+WORKER_NAME = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"
+_WORKER_NAME = re.compile(WORKER_NAME)
+WorkerName = Annotated[str, Field(min_length=1, max_length=128, pattern=WORKER_NAME)]
 
 # Agents name a lease's node AGENT-l<lease>-a<attempt> (agent.leases); the launcher adds
 # .<claim> when that node name is already in the job (elastic.launcher) and names each of
@@ -22,6 +33,18 @@ _NAME = re.compile(rf"(?P<agent>[A-Za-z0-9][A-Za-z0-9._-]{{0,63}})-l{_NUMBER}-a{
 
 class WorkerIdError(SpecError):
     """A worker name that is not AGENT-l<lease>-a<attempt>[.<claim>]-w<index>."""
+
+
+class WorkerNameError(SpecError):
+    """A name that cannot be any worker's (it would not be one path component)."""
+
+
+def check_worker_name(name: str) -> str:
+    """`name` if it can be a worker's (WORKER_NAME), else WorkerNameError."""
+    if not isinstance(name, str) or _WORKER_NAME.fullmatch(name) is None:
+        raise WorkerNameError(f"worker name {name!r} is not 1 to 128 of [A-Za-z0-9._-] "
+                              "starting with a letter, digit, '_' or '-'")
+    return name
 
 
 @dataclass(frozen=True)

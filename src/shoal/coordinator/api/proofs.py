@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import FileResponse
 
 from shoal.coordinator.api.deps import (
-    FILE_BODY, FILE_REPLY, Co, LabelPath, NumberPath, ProviderSigner, RawBody, VerifierSigner,
+    AnySigner, FILE_BODY, FILE_REPLY, Co, LabelPath, NumberPath, ProviderSigner, RawBody, VerifierSigner,
 )
 from shoal.coordinator.api.errors import PROBLEMS
 from shoal.spec.audit import (
@@ -58,8 +58,12 @@ def answer(challenge: NumberPath, co: Co, signer: ProviderSigner, data: RawBody)
 
 
 @router.get("/v1/challenges/{challenge}/file", response_class=Response, responses=FILE_REPLY)
-def challenge_file(challenge: NumberPath, co: Co) -> FileResponse:
-    return FileResponse(co.challenges.challenge_file(challenge), media_type="application/octet-stream")
+def challenge_file(challenge: NumberPath, co: Co, signer: AnySigner) -> FileResponse:
+    """Signed: a job's files are its model, shown only to its verifiers, submitter and
+    lease holders."""
+    path = co.challenges.challenge_file(challenge, signer.address,
+                                        co.participants.role_of(signer.address))
+    return FileResponse(path, media_type="application/octet-stream")
 
 
 @router.post("/v1/jobs/{job_id}/proof/verdicts", status_code=201)

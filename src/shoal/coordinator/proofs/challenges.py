@@ -17,9 +17,9 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from shoal.coordinator.db.schema import AgentRow, ChallengeRow, WorkRecordRow
+from shoal.coordinator.db.schema import AgentRow, ChallengeRow, JobRow, LeaseRow, WorkRecordRow
 from shoal.coordinator.db.store import Store, record_event
-from shoal.coordinator.errors import Conflict, Gone, NotFound
+from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
 from shoal.coordinator.proofs import windows
 from shoal.coordinator.proofs.keeper_checks import WrongParams
 from shoal.coordinator.proofs.keeper_routing import Keepers
@@ -34,6 +34,7 @@ from shoal.coordinator.settings import CoordinatorSettings
 from shoal.proof.epochs import window_epoch
 from shoal.proof.layout import ProofLayout
 from shoal.spec.audit import BlobKind, ChallengeRequest, ChallengeView
+from shoal.spec.coordinator import Role
 from shoal.spec.events import ChallengeAnswered, ChallengeRaised
 from shoal.train.files import write_whole
 
@@ -213,18 +214,56 @@ class Challenges:
         return ProofLayout(self.records.proof_dir(row.job_id)).kept(BlobKind(row.kind), row.worker,
                                                             row.step)
 
-    def challenge_file(self, challenge: int) -> Path:
+    def challenge_file(self, challenge: int, reader: str, reader_role: Role | None) -> Path:
+        """The file that answered `challenge`, for someone the job's model may be shown to
+        (`Forbidden` for anyone else), and only while it is still the file whose hash was
+        taken when it came in (a file is re-checked whenever it is read)."""
         with self.store.read() as session:
             row = session.get(ChallengeRow, challenge)
             if row is None:
                 raise NotFound(f"no challenge {challenge}")
+            _may_read_model(session, row.job_id, reader, reader_role)
             if row.answered_at_s is None:
                 raise NotFound(f"challenge {challenge} is not answered yet; its agent sends the "
                                "file at its next heartbeat")
             if row.kind == BlobKind.reveal.value and \
                     self.plants.plant_of(session, row.job_id, row.worker, row.step) is not None:
-                return self.plants.plant_path(row.job_id, row.worker, row.step)
-            return self._blob_path(row)
+                path = self.plants.plant_path(row.job_id, row.worker, row.step)
+            else:
+                path = self._blob_path(row)
+            expected = row.sha256
+        if expected is None or _file_sha256(path) != expected:
+            raise Conflict(f"challenge {challenge}'s file on the coordinator's disk is not the one "
+                           f"answered (sha256 {expected}): refused; the operator must look "
+                           "into what changed it")
+        return path
+
+
+def _may_read_model(session: Session, job_id: str, reader: str, role: Role | None) -> None:
+    """A job's model is its submitter's: only its verifiers (and operators), its submitter
+    and the providers of its leases may read any of it (issue 40, point 5)."""
+    if role in (Role.verifier, Role.operator):
+        return
+    job = session.get(JobRow, job_id)
+    if job is not None and job.submitter.lower() == reader.lower():
+        return
+    leased = session.scalar(select(LeaseRow.lease).where(
+        LeaseRow.job_id == job_id, LeaseRow.provider == reader).limit(1))
+    if leased is None:
+        raise Forbidden(f"{reader} may not read job '{job_id}''s files: a job's model is its "
+                        "submitter's, shown only to its verifiers, its submitter and the "
+                        "providers of its leases")
+
+
+def _file_sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as file:
+            while chunk := file.read(1 << 20):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def _params_challenge(session: Session, job_id: str, step: int) -> ChallengeRow | None:
