@@ -16,6 +16,9 @@ from shoal.spec.coordinator import RendezvousPass
 from shoal.train.rendezvous import Rendezvous, RendezvousError, connect
 
 
+SEVEN, EIGHT = "prov-l7-a0-w0", "prov-l8-a0-w0"  # a worker of lease 7, one of lease 8
+
+
 @pytest.fixture
 def gated(tmp_path):
     """A job host's store behind its gate, as the coordinator runs it."""
@@ -54,9 +57,9 @@ def test_a_lease_admitted_reads_and_writes_the_store_through_its_tunnel(gated):
     try:
         tunnel.check()
         rdzv = Rendezvous(connect("127.0.0.1", tunnel.port, timeout_s=5.0))
-        rdzv.report_progress(12)
-        assert rdzv.progress() == 12  # answered after the set: it reached the store
-        assert server.rdzv.progress() == 12  # the same store, unchanged by the way there
+        rdzv.report_speed(SEVEN, 12.5)
+        assert rdzv.speeds((SEVEN,)) == [12.5]  # answered after the set: it reached the store
+        assert server.rdzv.speeds((SEVEN,)) == [12.5]  # the same store, unchanged on the way
         server.rdzv.request_leave("w1")
         assert rdzv.leaving(["w1", "w2"]) == ["w1"]
     finally:
@@ -125,13 +128,13 @@ def test_a_lease_that_ended_is_cut_off_and_kept_out(gated):
         deadline = time.monotonic() + 10
         with pytest.raises((RuntimeError, ValueError)):  # c10d's error on a closed store
             while time.monotonic() < deadline:
-                rdzv.report_progress(99)
+                rdzv.report_speed(SEVEN, 99.0)
                 rdzv.progress()
                 time.sleep(0.1)
         with pytest.raises(GateRefused, match="revoked"):
             seven.check()
-        other.report_progress(5)
-        assert other.progress() == 5  # the lease still running is not touched
+        other.report_speed(EIGHT, 5.0)
+        assert other.speeds((EIGHT,)) == [5.0]  # the lease still running is not touched
     finally:
         seven.close()
         eight.close()

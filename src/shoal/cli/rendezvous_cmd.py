@@ -21,12 +21,15 @@ def rendezvous_command(
         None, "--gate-dir", help="Serve the store on loopback behind a TLS gate on --bind that "
         "admits only holders of a token made from the keys in this folder (made there if "
         "missing; what the coordinator does for market jobs)."),
+    steps: int | None = typer.Option(
+        None, "--steps", min=1, help="The job's steps: it ends only once every member has "
+        "finished them (without: when every member says it finished)."),
 ) -> None:
     """Serve one job's rendezvous until it is done; workers join with --rendezvous HOST:PORT."""
     from shoal.elastic.job_host import JobHostConfig, serve_job
 
     final = serve_job(JobHostConfig(bind, port, run_dir, min_workers, stall_deadline_s, linger_s,
-                                    gate_dir))
+                                    gate_dir, steps))
     if "failed" in final:
         raise typer.Exit(code=1)
 

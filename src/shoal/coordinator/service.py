@@ -131,7 +131,8 @@ class Coordinator:
                                  self.chain, records.close_proofs)
         self.supervision = JobSupervision(store, desk, settings, self.hosts, self.attendance,
                                           self.jobs.end, self.offers.withdraw,
-                                          records.awaiting_records)
+                                          records.awaiting_records,
+                                          lambda job: specs.job_spec(job).steps)
         self.agents = ProviderAgents(store, desk, settings, self.probing, self.hosts,
                                      self.challenges.pending, self.chain.acceptance_terms)
         self.files = FileAdmission(store, desk, settings, self.participants,

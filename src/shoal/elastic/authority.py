@@ -24,7 +24,7 @@ from pathlib import Path
 from shoal import jsonl
 from shoal.errors import ControlError
 from shoal.elastic.liveness import LivenessConfig, ProgressWatch
-from shoal.spec.elastic import MembershipEpoch
+from shoal.spec.elastic import MembershipEpoch, Phase, ProgressBeat
 from shoal.train.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
@@ -43,12 +43,18 @@ class AuthorityConfig:
     # Re-forms of the same members in a row with no step committed in between,
     # after which the run is given up instead of looping.
     max_failed_reforms: int = 5
+    # The job's steps, where the host knows them (a market job's): a member's report of
+    # having finished counts only at or past them. None: the members' word on when
+    # they finished (a `shoal run`, whose launcher hosts the authority, trusts them).
+    steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.min_workers < 1:
             raise ControlError("min_workers must be at least 1")
         if self.max_failed_reforms < 1:
             raise ControlError("max_failed_reforms must be at least 1")
+        if self.steps is not None and self.steps < 1:
+            raise ControlError("steps must be at least 1")
 
 
 class MembershipAuthority:
@@ -73,6 +79,8 @@ class MembershipAuthority:
         self._watch = ProgressWatch(config.liveness)
         self._failed_reforms = 0
         self._progress_at_reform = -1
+        self._claims: dict[str, dict[str, object]] = {}  # members' final reports, once read
+        self._ending = False  # a member has finished the job: admit nobody more
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="membership-authority", daemon=True)
@@ -136,6 +144,9 @@ class MembershipAuthority:
             self._exited.update(self.rdzv.exited(list(self.members) + self._pending))
             if self.epoch >= 0:
                 reform, source = self.rdzv.reform_requested(self.epoch)
+                self._claims = self.rdzv.final_claims(self.members)
+        if self._claims and self._end_if_finished():
+            return
         if self.epoch < 0:
             # A worker that died before the first epoch (registered or not) will never
             # come: wait for that many fewer, or the job would wait forever.
@@ -157,6 +168,33 @@ class MembershipAuthority:
                           veterans=self.members)
         elif reform:
             self._reform(source, now)
+
+    def _finished(self, beats: dict[str, ProgressBeat | None]) -> set[str]:
+        """Members whose last beat says they finished the job's steps (past `steps`,
+        where this host knows them)."""
+        floor = self.config.steps or 0
+        return {w for w, b in beats.items()
+                if b is not None and b.phase is Phase.finished and b.step >= floor}
+
+    def _end_if_finished(self) -> bool:
+        """End the job once every member has finished, each past the steps a final report
+        names, from this host's own reading of the members' beats: the reporter is rank 0
+        of the epoch if it reported, else the first member that did. No member's report
+        alone ends the job (issue 40, point 1: a lease writing `done` would have every
+        honest lease paid for a fraction of its work)."""
+        beats = self.rdzv.beats(list(self.members))
+        if self._finished(beats) != set(self.members):
+            return False
+        for worker in [m for m in self.members if m in self._claims]:
+            steps = self._claims[worker].get("steps")
+            if not isinstance(steps, int) or isinstance(steps, bool):
+                continue
+            if all(b is not None and b.step >= steps for b in beats.values()):
+                log.info("every member finished step %d: the job is done (%s reports)",
+                         steps, worker)
+                self.rdzv.mark_done(worker)
+                return True
+        return False
 
     def _keep_last_holder(self, dropped: set[str], reasons: list[str],
                           leaving: list[str]) -> tuple[set[str], list[str]]:
@@ -198,6 +236,8 @@ class MembershipAuthority:
                 self._pending.append(worker)
 
     def _admit(self, current: tuple[str, ...]) -> list[str]:
+        if self._ending:  # a joiner now would wait for members that have finished
+            return []
         admitted = [w for w in self._pending if w not in current and self._alive(w)]
         self._pending = []
         return admitted
@@ -207,7 +247,13 @@ class MembershipAuthority:
 
     def _dropped(self, now: float, leaving: list[str]) -> tuple[set[str], list[str]]:
         dropped, reasons = set(), []
+        beats = self.rdzv.beats(list(self.members)) if self.members else {}
+        # A member that finished the job exits, and beats no more: neither is a fault.
+        finished = self._finished(beats)
+        self._ending = bool(finished)
         for worker in self.members:
+            if worker in finished:
+                continue
             if not self._alive(worker):
                 dropped.add(worker)
                 reasons.append(f"exit:{worker}")
@@ -216,8 +262,8 @@ class MembershipAuthority:
                 dropped.add(worker)
                 reasons.append(f"leave:{worker}")
         if self.members:
-            for worker in self._watch.laggards(self.rdzv.beats(list(self.members)), now):
-                if worker not in dropped:
+            for worker in self._watch.laggards(beats, now):
+                if worker not in dropped and worker not in finished:
                     dropped.add(worker)
                     reasons.append(f"stall:{worker}")
         return dropped, reasons

@@ -4,7 +4,10 @@ The store (c10d's TCPStore) has no authentication, so behind a gate it
 listens on loopback only. The gate takes TLS 1.3 connections on the public
 address; the first line a client sends names an identity and its token
 (`shoal.elastic.gate_keys`), and only then are its bytes relayed to the
-store, unchanged, both ways. The tunnel is the other end, on a client's
+store, both ways. A lease's requests are read one by one
+(`shoal.elastic.store_wire`) and relayed only when the store policy allows them
+(`shoal.elastic.store_policy`): the first one refused closes the connection,
+before any byte of it reaches the store. The tunnel is the other end, on a client's
 machine: a loopback listener that c10d's own client connects to, each of its
 connections carried over TLS to the gate, with the gate's certificate pinned
 (its SHA-256, which the client learned from the coordinator).
@@ -23,11 +26,15 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 
+from shoal import jsonl
 from shoal.errors import ControlError
 from shoal.elastic.gate_keys import GateKeys
+from shoal.elastic.store_policy import LeasePolicy, StoreView, lease_of
+from shoal.elastic.store_wire import RequestReader, WireError
 from shoal.spec.coordinator import RendezvousPass
 
 log = logging.getLogger(__name__)
@@ -91,11 +98,21 @@ class _LoopThread:
         self.loop.close()
 
 
-class StoreGate:
-    """Admits token holders on (bind, port) to the store at `store` (a loopback endpoint)."""
+class _Refused(Exception):
+    """A lease's request the store policy does not allow."""
 
-    def __init__(self, bind: str, port: int, store: tuple[str, int], keys: GateKeys) -> None:
-        self.keys, self.store = keys, store
+
+class StoreGate:
+    """Admits token holders on (bind, port) to the store at `store` (a loopback endpoint).
+    With `view` (what the job host reads of its store), each lease is held to the store
+    policy; without, every admitted client writes any key (a gate whose identities are
+    the operator's own hosts)."""
+
+    def __init__(self, bind: str, port: int, store: tuple[str, int], keys: GateKeys,
+                 view: StoreView | None = None) -> None:
+        self.keys, self.store, self.view = keys, store, view
+        self._policies: dict[int, LeasePolicy] = {}  # lease -> its rights, across connections
+        self.refused: list[dict[str, object]] = []  # what was refused, newest last
         self._loop = _LoopThread("store-gate")
         try:
             self.port = self._loop.serve(self._admit, bind, port, ssl=keys.server_context(),
@@ -145,10 +162,71 @@ class StoreGate:
         self.admitted[identity] = self.admitted.get(identity, 0) + 1
         writer.write(_ADMITTED)
         self._open.setdefault(identity, set()).add(writer)
+        policy = self._policy(identity)
         try:
-            await _relay(reader, writer, store_reader, store_writer)
+            if policy is None:
+                await _relay(reader, writer, store_reader, store_writer)
+            else:
+                await self._police(identity, policy, reader, writer, store_reader, store_writer)
         finally:
             self._open[identity].discard(writer)
+
+    def _policy(self, identity: str) -> LeasePolicy | None:
+        lease = lease_of(identity)
+        if self.view is None or lease is None:
+            return None
+        if lease not in self._policies:
+            self._policies[lease] = LeasePolicy(lease, self.view)
+        return self._policies[lease]
+
+    async def _police(self, identity: str, policy: LeasePolicy,
+                      reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      store_reader: asyncio.StreamReader,
+                      store_writer: asyncio.StreamWriter) -> None:
+        """Relay the store's answers unchanged and the lease's requests one whole request at
+        a time, each as the policy allows; close both ends at the first it does not."""
+        requests = RequestReader()
+
+        async def forward() -> None:
+            try:
+                while data := await reader.read(_CHUNK):
+                    for request in requests.feed(data):
+                        said = policy.refusal(request)
+                        if said is not None:
+                            raise _Refused(request, said)
+                        store_writer.write(request.raw)
+                    await store_writer.drain()
+            except (ConnectionError, ssl.SSLError):
+                pass
+            finally:
+                store_writer.close()
+
+        _no_delay(writer, store_writer)
+        try:
+            await asyncio.gather(forward(), _copy(store_reader, writer))
+        except (_Refused, WireError) as error:
+            self._refuse(identity, error)
+        finally:
+            for end in (writer, store_writer):
+                end.close()
+
+    def _refuse(self, identity: str, error: Exception) -> None:
+        """Say what was refused, to the log and to `refusals.jsonl` beside the gate's keys
+        (where the operator and the coordinator read which lease tried what)."""
+        if isinstance(error, _Refused):
+            request, reason = error.args
+            entry = {"t": time.time(), "identity": identity, "query": request.query.name,
+                     "keys": list(request.keys[:4]), "reason": reason}
+        else:
+            entry = {"t": time.time(), "identity": identity, "query": None, "keys": [],
+                     "reason": str(error)}
+        log.warning("rendezvous gate: refused %s's %s %s (%s); its connection is closed",
+                    identity, entry["query"] or "bytes", entry["keys"], entry["reason"])
+        self.refused.append(entry)
+        try:
+            jsonl.append(self.keys.folder / "refusals.jsonl", json.dumps(entry))
+        except OSError as failure:
+            log.error("rendezvous gate: cannot record a refusal: %s", failure)
 
     def _read_revoked(self) -> None:
         """The revoked tokens, read again once their file changed (unreadable: all are)."""
@@ -265,15 +343,19 @@ def _quiet_handshakes(loop: asyncio.AbstractEventLoop, context: dict) -> None:
 async def _relay(a_reader: asyncio.StreamReader, a_writer: asyncio.StreamWriter,
                  b_reader: asyncio.StreamReader, b_writer: asyncio.StreamWriter) -> None:
     """Copy bytes both ways until either side closes, then close both."""
-    for writer in (a_writer, b_writer):
-        sock = writer.get_extra_info("socket")
-        if sock is not None:  # small request/answer messages: no Nagle delay
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    _no_delay(a_writer, b_writer)
     try:
         await asyncio.gather(_copy(a_reader, b_writer), _copy(b_reader, a_writer))
     finally:
         for writer in (a_writer, b_writer):
             writer.close()
+
+
+def _no_delay(*writers: asyncio.StreamWriter) -> None:
+    for writer in writers:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # small request/answer messages: no Nagle delay
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

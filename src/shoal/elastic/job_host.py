@@ -29,6 +29,8 @@ from shoal.elastic.gate_keys import GateKeys
 from shoal.elastic.liveness import LivenessConfig
 from shoal.elastic.serve import RendezvousServer
 from shoal.elastic.gate import StoreGate
+from shoal.elastic.store_policy import StoreView
+from shoal.train.rendezvous import Rendezvous, connect
 
 log = logging.getLogger(__name__)
 SPEEDS_EVERY = 20  # ticks of 0.1 s between writes of the members' measured speeds
@@ -44,6 +46,7 @@ class JobHostConfig:
     stall_deadline_s: float = 1.0  # liveness floor, as `--stall-deadline-s` of the launcher
     linger_s: float = 10.0  # after the end, other hosts' workers may still read the store
     gate_dir: Path | None = None  # the gate's keys (GateKeys): serve behind a gate
+    steps: int | None = None  # the job's: it ends only once every member finished them
 
 
 def serve_job(config: JobHostConfig) -> dict[str, object]:
@@ -53,7 +56,7 @@ def serve_job(config: JobHostConfig) -> dict[str, object]:
     _write(config.run_dir / "host.json", {**host, "pid": os.getpid(), "t0": time.time()})
     (config.run_dir / "launch.json").write_text(json.dumps({"t0": time.time()}))
     server.start_authority(
-        AuthorityConfig(min_workers=config.min_workers,
+        AuthorityConfig(min_workers=config.min_workers, steps=config.steps,
                         liveness=LivenessConfig(floor_s=config.stall_deadline_s)),
         process_alive=lambda worker: None,  # no worker runs here; their launchers report exits
         event_log=config.run_dir / "epochs.jsonl")
@@ -91,12 +94,29 @@ def _serve(config: JobHostConfig) -> tuple[RendezvousServer, StoreGate | None, d
     keys = GateKeys.create_or_load(config.gate_dir)
     server = RendezvousServer("127.0.0.1")
     try:
-        gate = StoreGate(config.bind, config.port, ("127.0.0.1", server.port), keys)
+        gate = StoreGate(config.bind, config.port, ("127.0.0.1", server.port), keys,
+                         view=store_view(Rendezvous(connect("127.0.0.1", server.port))))
     except BaseException:
         server.close()
         raise
     return server, gate, {"endpoint": f"{config.bind}:{gate.port}", "store": server.endpoint,
                           "cert_sha256": keys.cert_sha256()}
+
+
+def store_view(rdzv: Rendezvous) -> StoreView:
+    """What the gate's store policy reads of the store, on a connection of its own:
+    published epochs' members (kept: an epoch never changes once published) and the
+    newest epoch's number."""
+    published: dict[int, tuple[str, ...]] = {}
+
+    def members(epoch: int) -> tuple[str, ...] | None:
+        if epoch not in published:
+            if epoch > rdzv.latest_epoch():
+                return None
+            published[epoch] = rdzv.epoch(epoch).members
+        return published[epoch]
+
+    return StoreView(members=members, latest=rdzv.latest_epoch)
 
 
 def _write_speeds(server: RendezvousServer, run_dir: Path) -> None:

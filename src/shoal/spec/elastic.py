@@ -50,6 +50,7 @@ class Phase(int, enum.Enum):
     exchange = 1  # its share of a step is computed; in the gradient exchange
     voted = 2  # voted on the step
     stepped = 3  # took a step with nothing to agree on (a DiLoCo inner step: no exchange, no vote)
+    finished = 4  # committed the job's last step and reported its final figures
 
 
 class ProgressBeat(Frozen):

@@ -218,13 +218,39 @@ class Rendezvous:
     def progress(self) -> int:
         return int(self.store.get("progress")) if self.store.check(["progress"]) else 0
 
-    def mark_done(self, final: dict[str, object]) -> None:
-        """The job reached its last step; `final` holds the figures rank 0 reports."""
-        self.store.set("final", json.dumps(final))
+    def report_final(self, worker: str, final: dict[str, object]) -> None:
+        """`worker` reached the job's last step; `final` holds its figures (`steps`, and
+        the reporter's val_loss...). Only the authority ends the job (`mark_done`), once
+        every member has finished: no member's word ends it (issue 40, point 1)."""
+        self.store.set(f"final/{worker}", json.dumps(final))
+        self._notify()
+
+    def final_claims(self, workers: tuple[str, ...]) -> dict[str, dict[str, object]]:
+        """The final reports of those of `workers` that wrote one (unparseable: none)."""
+        claims = {}
+        for worker in workers:
+            key = f"final/{worker}"
+            if self.store.check([key]):
+                try:
+                    report = json.loads(self.store.get(key))
+                except ValueError:
+                    continue
+                if isinstance(report, dict):
+                    claims[worker] = report
+        return claims
+
+    def mark_done(self, reporter: str) -> None:
+        """The authority ends the job; `reporter`'s final report is the job's."""
+        self.store.set("final_by", reporter)
         self.store.set("done", "1")
 
     def final(self) -> dict[str, object]:
-        return json.loads(self.store.get("final")) if self.store.check(["final"]) else {}
+        """The job's final report (its reporter's, read now: figures it adds after the end,
+        such as val_loss, are in it); {} before the end."""
+        if not self.store.check(["final_by"]):
+            return {}
+        claims = self.final_claims((self.store.get("final_by").decode(),))
+        return next(iter(claims.values()), {})
 
     def done(self) -> bool:
         return self.store.check(["done"])

@@ -340,11 +340,15 @@ class Run:
         self.left = True
 
     def _finish(self, steps: int) -> None:
-        if self.group is not None and self.rank == 0 and self.step_index >= steps and not self.left:
-            if self.checkpoints is not None:
+        if self.group is not None and self.step_index >= steps and not self.left:
+            if self.checkpoints is not None and self.rank == 0:
                 self.checkpoints.save_async(self.replica.snapshot())
-            self._final = {"steps": self.step_index, "param_sha256": param_sha256(self.model)}
-            self.rdzv.mark_done(self._final)
+            final = {"steps": self.step_index, "param_sha256": param_sha256(self.model)}
+            self._final = final if self.rank == 0 else None  # rank 0 reports the job's figures
+            # Every member says it finished: the authority ends the job once all have (and
+            # with any of them, if rank 0 is lost at the very end).
+            self.rdzv.report_final(self.worker, final)
+            self.progress.reached(self.record.epoch, self.step_index, Phase.finished)
         if self.checkpoints is not None:
             self.checkpoints.close()
         self.step_log.close()
@@ -362,7 +366,7 @@ class Run:
         """Add figures (e.g. val_loss) to the job's final report; only the reporter's count."""
         if self._final is not None:
             self._final.update(figures)
-            self.rdzv.mark_done(self._final)
+            self.rdzv.report_final(self.worker, self._final)
 
 
 def _most_common(members: tuple[str, ...], scalars: StepScalars) -> str:

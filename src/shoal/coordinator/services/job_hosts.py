@@ -51,8 +51,9 @@ class JobHosts:
     def gate_dir(self, job_id: str) -> Path:
         return self.run_dir(job_id) / "gate"
 
-    def start(self, job_id: str, min_workers: int) -> int:
-        """Start the job's host; returns its pid (its endpoint shows in `state` once it serves)."""
+    def start(self, job_id: str, min_workers: int, steps: int | None = None) -> int:
+        """Start the job's host; returns its pid (its endpoint shows in `state` once it serves).
+        `steps`: the job's, so that the host ends it there and no sooner."""
         run_dir = self.run_dir(job_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         GateKeys.create_or_load(self.gate_dir(job_id))  # here: tokens are handed out from them
@@ -60,6 +61,8 @@ class JobHosts:
                    "--port", "0", "--run-dir", str(run_dir), "--min-workers", str(min_workers),
                    "--stall-deadline-s", str(self.stall_deadline_s),
                    "--gate-dir", str(self.gate_dir(job_id))]
+        if steps is not None:
+            command += ["--steps", str(steps)]
         with open(run_dir / "host.log", "ab") as out:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True,

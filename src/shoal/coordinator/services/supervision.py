@@ -30,13 +30,15 @@ class JobSupervision:
     def __init__(self, store: Store, desk: MarketDesk, settings: CoordinatorSettings,
                  hosts: JobHosts, attendance: LeaseAttendance, end_job: Callable[..., object],
                  withdraw_offer: Callable[..., object],
-                 awaiting_records: Callable[[str], bool]) -> None:
+                 awaiting_records: Callable[[str], bool],
+                 job_steps: Callable[[str], int]) -> None:
         """`end_job(actor, job, status, **detail)`: the job lifecycle's;
         `withdraw_offer(actor, offer, reason=...)`: the providers'; `awaiting_records(job)`
-        (the proof services'): a finished job's last records are still on their way."""
+        (the proof services'): a finished job's last records are still on their way;
+        `job_steps(job)`: the steps its spec asks for (its host ends it there, no sooner)."""
         self.store, self.desk, self.settings, self.hosts = store, desk, settings, hosts
         self.attendance, self.end_job, self.withdraw_offer = attendance, end_job, withdraw_offer
-        self.awaiting_records = awaiting_records
+        self.awaiting_records, self.job_steps = awaiting_records, job_steps
         self._speeds_seen: dict[str, int] = {}  # job -> mtime of the speeds last judged
         # Losses count only once agents could have been heard: not just back from a restart.
         self.started_s = desk.now_s()
@@ -124,7 +126,7 @@ class JobSupervision:
     def _start_host(self, job_id: str, min_workers: int) -> None:
         with self.desk.change() as session:
             row = session.get(JobRow, job_id)
-            row.host_pid = self.hosts.start(job_id, min_workers)
+            row.host_pid = self.hosts.start(job_id, min_workers, self.job_steps(job_id))
             record_event(session, self.desk.now_s(), COORDINATOR, JobHostStarted(pid=row.host_pid),
                          job_id)
 

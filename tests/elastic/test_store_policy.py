@@ -1,0 +1,251 @@
+"""Issue 40, points 1, 2 and 6, tried as a provider who won one lease would try them:
+through the gate, with its own valid token, it writes what only the job host or
+another lease may write. Each attack is refused before a byte of it reaches the store,
+the attacker's connection is closed, and the honest lease's job goes on and ends where
+its host says, with the honest members' report.
+
+The first half holds the policy itself to every key the runtime writes; the second
+runs the attacks against a real job host (store, gate, membership authority) with
+c10d's own client through the tunnel an agent uses."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from shoal.elastic.authority import AuthorityConfig
+from shoal.elastic.gate import StoreTunnel
+from shoal.elastic.gate_keys import GateKeys, lease_identity
+from shoal.elastic.job_host import JobHostConfig, _serve
+from shoal.elastic.liveness import LivenessConfig
+from shoal.elastic.store_policy import LEASE_BYTES, LeasePolicy, StoreView, lease_of
+from shoal.elastic.store_wire import Query, Request, RequestReader, WireError, encode
+from shoal.spec.elastic import Phase, ProgressBeat, StepDecision, WorkerArrival
+from shoal.train.rendezvous import Rendezvous, connect
+
+MINE, MINE_TOO, THEIRS = "prov-l7-a0-w0", "prov-l7-a0-w1", "other-l8-a0-w0"
+EPOCHS = {0: (THEIRS, MINE), 1: (MINE, THEIRS), 2: (THEIRS,)}
+
+
+def policy() -> LeasePolicy:
+    return LeasePolicy(7, StoreView(members=EPOCHS.get, latest=lambda: max(EPOCHS)))
+
+
+def put(key: str, value: bytes | str = b"1") -> Request:
+    return Request(Query.SET, ("/" + key,), (value.encode() if isinstance(value, str) else value,))
+
+
+def add(key: str, amount: int) -> Request:
+    return Request(Query.ADD, ("/" + key,), (), amount)
+
+
+def beat(step: int = 0, phase: Phase = Phase.exchange, epoch: int = 1) -> str:
+    return ProgressBeat(epoch=epoch, count=1, step=step, phase=phase).model_dump_json()
+
+
+DECISION = StepDecision(commit=True).model_dump_json().encode()
+
+
+# -- the policy, key by key ------------------------------------------------------------
+
+@pytest.mark.parametrize("request_", [
+    put("done"), put("failed", "given up"), put("final", "{}"), put("final_by", MINE),
+    put("epoch/3", "{}"), put("epoch/latest", "3"),  # the authority's: the end, a membership
+    put(f"exit/{THEIRS}"), put(f"leave/{THEIRS}"), put(f"activate/{THEIRS}"),  # framing
+    put(f"hb/{THEIRS}", beat()), put(f"speed/{THEIRS}", "0.01"), put(f"final/{THEIRS}", "{}"),
+    put(f"arrive/1/{THEIRS}", WorkerArrival(worker=THEIRS, step=0, has_state=True).model_dump_json()),
+    put(f"arrive/1/{MINE}", WorkerArrival(worker=THEIRS, step=0, has_state=True).model_dump_json()),
+    put("join/4", THEIRS), put("join/4", "prov-l77-a0-w0"),  # a name of another lease
+    put("group/1/0/1", b"addr"),  # rank 1 of epoch 1 is lease 8's
+    put("state/2"), put("reform/2"),  # epoch 2 has no member of lease 7
+    put("reform/1", "outsider-l9-a0-w0"),  # a state source outside the epoch
+    put("progress", "99"),  # rank 0 of the newest epoch (2) is lease 8's
+    put("anything/else"),  # a key no worker writes
+    add("votes/1/5", 1 + 2 * 1024), add("votes/1/5", 1 + 1024 ** 5), add("votes/1/5", 3), add("votes/1/5", -1),  # no ballot
+    add("votes/2/5", 1),  # no member there
+    add("requests", 50), add("exits", 2), add("launcher/node/other-l8-a0", 1),
+    Request(Query.COMPARE_SET, ("/decision/1/5",), (DECISION, DECISION)),  # an overwrite
+    Request(Query.COMPARE_SET, ("/decision/2/5",), (b"", DECISION)),  # not its epoch
+    Request(Query.COMPARE_SET, ("/done",), (b"", b"1")),
+    Request(Query.DELETE_KEY, ("/epoch/1",)), Request(Query.APPEND, ("/hb/" + MINE,), (b"x",)),
+    Request(Query.QUEUE_PUSH, ("/q",), (b"x",)),
+    Request(Query.MULTI_SET, ("/hb/" + MINE, "/done"), (beat().encode(), b"1")),
+    put(f"hb/{MINE}", "garbage"), put(f"speed/{MINE}", "nan"), put(f"final/{MINE}", "[1]"),
+], ids=lambda r: f"{r.query.name}:{','.join(r.keys)}")
+def test_a_lease_is_refused_every_key_not_its_own(request_):
+    assert policy().refusal(request_) is not None
+
+
+@pytest.mark.parametrize("request_", [
+    put(f"hb/{MINE}", beat()), put(f"speed/{MINE}", "123.5"), put(f"leave/{MINE}"),
+    put(f"exit/{MINE_TOO}"), put(f"activate/{MINE_TOO}"), put(f"final/{MINE}", '{"steps": 3}'),
+    put(f"arrive/1/{MINE}", WorkerArrival(worker=MINE, step=0, has_state=True).model_dump_json()),
+    put("join/4", MINE_TOO), put("request/4"), put("group/1/0/0", b"addr"),
+    put("group/1/background/0/0", b"addr"), put("state/1"), put("reform/1", ""),
+    put("reform/0", THEIRS),  # a member of the epoch, as the deciding rank names it
+    add("requests", 1), add("joins", 1), add("exits", 1), add("joins", 0),
+    add("launcher/node/prov-l7-a0", 1), add("votes/1/5", 1), add("votes/1/5", 1 + 1024),
+    add("votes/0/5", 0),
+    Request(Query.COMPARE_SET, ("/decision/1/5",), (b"", DECISION)),
+    Request(Query.GET, ("/done",)), Request(Query.WAIT, ("/epoch/9", "/final")),
+    Request(Query.MULTI_GET, ("/a", "/b")), Request(Query.CHECK, ("/x",)),
+    Request(Query.MULTI_SET, ("/hb/" + MINE, "/speed/" + MINE), (beat().encode(), b"2.0")),
+], ids=lambda r: f"{r.query.name}:{','.join(r.keys)}")
+def test_what_the_runtime_has_a_lease_write_passes(request_):
+    assert policy().refusal(request_) is None
+
+
+def test_a_lease_casts_one_ballot_per_member_and_writes_a_join_once():
+    rights = policy()
+    assert rights.refusal(add("votes/1/9", 1)) is None
+    assert "more than" in rights.refusal(add("votes/1/9", 1))
+    assert rights.refusal(put("join/12", MINE)) is None
+    assert "once" in rights.refusal(put("join/12", MINE))
+    # Another lease's policy on the same gate shares what was written once.
+    other = LeasePolicy(8, rights.epochs)
+    assert "once" in other.refusal(put("join/12", THEIRS))
+
+
+def test_what_one_lease_keeps_in_the_store_is_capped():
+    rights, value = policy(), b"x" * (1 << 20)
+    for _ in range(3):
+        assert rights.refusal(put("group/1/0/0", value)) is None  # replaced: counted once
+    said = [rights.refusal(put(f"group/1/{device}/0", value))
+            for device in range(LEASE_BYTES >> 20)]
+    assert said[:-1] == [None] * (len(said) - 1) and "at most" in said[-1]
+
+
+def test_identities_and_the_wire():
+    assert lease_of("lease:7") == 7 and lease_of("lease:07") is None
+    assert lease_of("coordinator") is None and lease_of("lease:7/x") is None
+    reader = RequestReader()
+    wire = encode(put("hb/x", "1")) + encode(add("votes/1/2", 1))
+    parsed = [r for i in range(len(wire)) for r in reader.feed(wire[i:i + 1])]  # byte by byte
+    assert [(r.query, r.keys, r.values, r.number) for r in parsed] == [
+        (Query.SET, ("/hb/x",), (b"1",), None), (Query.ADD, ("/votes/1/2",), (), 1)]
+    with pytest.raises(WireError, match="at most"):  # refused on its length, nothing allocated
+        RequestReader().feed(bytes([Query.SET]) + (8).to_bytes(8, "little") + b"/hb/xxxx"
+                             + (1 << 62).to_bytes(8, "little"))
+    with pytest.raises(WireError, match="not relayed"):
+        RequestReader().feed(bytes([Query.LIST_KEYS]))
+    with pytest.raises(WireError, match="unknown"):
+        RequestReader().feed(b"\xff")
+
+
+# -- the attacks, against a real job host --------------------------------------------
+
+@pytest.fixture
+def job(tmp_path):
+    """A market job's host (store, gate, authority that knows the job's 10 steps) with one
+    worker of lease 7 and one of lease 8 admitted, each through its lease's tunnel."""
+    config = JobHostConfig(bind="127.0.0.1", port=0, run_dir=tmp_path / "run",
+                           gate_dir=tmp_path / "gate", steps=10)
+    server, gate, host = _serve(config)
+    server.start_authority(AuthorityConfig(min_workers=2, steps=10,
+                                           liveness=LivenessConfig(floor_s=60.0)),
+                           process_alive=lambda worker: None,
+                           event_log=tmp_path / "run" / "epochs.jsonl")
+    keys = GateKeys.load(tmp_path / "gate")
+    address, _, port = host["endpoint"].rpartition(":")
+    tunnels = {lease: StoreTunnel(address, int(port), keys.gate_pass(lease_identity(lease)))
+               for lease in (7, 8)}
+
+    def client(lease: int) -> Rendezvous:
+        return Rendezvous(connect("127.0.0.1", tunnels[lease].port, timeout_s=5.0))
+
+    honest, attacker = client(8), client(7)
+    honest.request_join(THEIRS)
+    attacker.request_join(MINE)
+    deadline = time.monotonic() + 10
+    while server.rdzv.latest_epoch() < 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert set(server.rdzv.epoch(0).members) == {MINE, THEIRS}
+    yield server, gate, client, honest, attacker
+    for tunnel in tunnels.values():
+        tunnel.close()
+    gate.close()
+    server.close()
+
+
+def attempt(write) -> None:
+    """Make an attacker's write; a helper of several calls may meet its closed
+    connection on the way (c10d raises), which is the gate doing its job."""
+    try:
+        write()
+    except RuntimeError:
+        pass
+
+
+def cut_off(rdzv: Rendezvous) -> bool:
+    """True once the gate has closed this client's connection (c10d raises on it)."""
+    try:
+        for _ in range(20):
+            rdzv.store.check(["epoch/latest"])
+            time.sleep(0.05)
+    except (RuntimeError, ValueError):
+        return True
+    return False
+
+
+def finish(rdzv: Rendezvous, worker: str, step: int) -> None:
+    rdzv.beat(worker, ProgressBeat(epoch=0, count=9, step=step, phase=Phase.finished))
+    rdzv.report_final(worker, {"steps": step, "param_sha256": "a" * 64})
+
+
+def test_a_lease_cannot_end_the_job_and_cut_everyones_pay(job):
+    """Point 1. Before: lease 7 writes `final` and `done` at step 3 of 10; the host wrote
+    final.json, the coordinator ended the job as finished and paid every lease for 3
+    steps. Now: refused, lease 7 is cut off, and its report of having finished at step 3
+    ends nothing; the job ends when both members finished all 10."""
+    server, gate, client, honest, attacker = job
+    attempt(lambda: attacker.store.set("final", '{"steps": 3}'))
+    assert cut_off(attacker)
+    assert not server.rdzv.done() and server.rdzv.final() == {}
+    attacker = client(7)
+    attempt(lambda: attacker.mark_failed("owned"))  # the other way to end it: every worker stops
+    assert cut_off(attacker) and server.rdzv.failure() is None
+    attacker = client(7)
+    finish(attacker, MINE, 3)  # its own keys: allowed, but not the job's end
+    finish(honest, THEIRS, 3)
+    time.sleep(0.5)  # many authority ticks
+    assert not server.rdzv.done()
+    finish(attacker, MINE, 10)
+    finish(honest, THEIRS, 10)
+    deadline = time.monotonic() + 5
+    while not server.rdzv.done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.rdzv.done() and server.rdzv.final()["steps"] == 10
+    assert [e["identity"] for e in gate.refused] == ["lease:7", "lease:7"]
+
+
+def test_a_lease_cannot_frame_or_evict_another(job):
+    """Point 2. Before: lease 7 wrote `exit/<lease 8's worker>`, the authority dropped an
+    honest member as dead (and kept it out), and joining under `…-l8-…` made lease 7's
+    process act as lease 8 (its poisoned parts blamed on lease 8's provider). Now both are
+    refused and lease 8's worker stays a member."""
+    server, gate, client, honest, attacker = job
+    attempt(lambda: attacker.report_exit(THEIRS))
+    assert cut_off(attacker)
+    attacker = client(7)
+    attempt(lambda: attacker.request_join("other-l8-a1-w0"))
+    assert cut_off(attacker)
+    attacker = client(7)
+    attempt(lambda: attacker.report_speed(THEIRS, 0.001))  # point 6: marking the victim's offer down
+    assert cut_off(attacker)
+    time.sleep(0.3)
+    assert server.rdzv.latest_epoch() == 0 and THEIRS in server.rdzv.epoch(0).members
+    assert server.rdzv.exited([THEIRS]) == [] and server.rdzv.speeds((THEIRS,)) == [None]
+    honest.report_speed(THEIRS, 42.0)  # the honest lease is untouched
+    assert honest.speeds((THEIRS,)) == [42.0]
+
+
+def test_a_lease_cannot_publish_a_membership_or_name_an_outside_state_source(job):
+    """Point 6: `epoch/N` is the authority's; `reform/E` may name only a member of E."""
+    server, gate, client, honest, attacker = job
+    attempt(lambda: attacker.store.set("epoch/1", '{"epoch": 1, "members": ["prov-l7-a0-w0"]}'))
+    assert cut_off(attacker)
+    attacker = client(7)
+    attempt(lambda: attacker.request_reform(0, state_source="outsider-l9-a0-w0"))
+    assert cut_off(attacker)
+    assert server.rdzv.latest_epoch() == 0 and not server.rdzv.reform_requested(0)[0]
