@@ -4,6 +4,8 @@ whose launchers reach its host directly, and through the host's TLS gate.
 Each run starts a job host (`shoal rendezvous`, with `--gate-dir` for the gated
 one), and two launchers as two hosts would (`shoal train JOB --workers 1
 --rendezvous HOST:PORT`, a pass from `shoal rendezvous-pass` in the gated one),
+named as a market's leases (`lease:N`, nodes `AGENT-lN-aA`) so that the gate
+holds each to the store policy as it holds a market job's,
 all on this machine. The runs alternate, direct then gated, `--repeats` times.
 A step's time is the gap between consecutive commits in worker 0's step log
 (after the first 50 steps); each run gives its median.
@@ -60,7 +62,8 @@ def run(root: Path, steps: int, gated: bool) -> float:
     job = root / "job.toml"
     job.write_text(JOB.format(steps=steps, root=root))
     host_cmd = SHOAL + ["rendezvous", "--bind", "127.0.0.1", "--port", "0", "--run-dir",
-                        str(root / "host"), "--min-workers", "2", "--linger-s", "0"]
+                        str(root / "host"), "--min-workers", "2", "--linger-s", "0",
+                        "--steps", str(steps)]
     if gated:
         host_cmd += ["--gate-dir", str(root / "gate")]
     host = subprocess.Popen(host_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -75,11 +78,11 @@ def run(root: Path, steps: int, gated: bool) -> float:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
         if gated:
             env["SHOAL_RENDEZVOUS_PASS"] = subprocess.run(
-                SHOAL + ["rendezvous-pass", str(root / "gate"), f"h{i}"], check=True,
+                SHOAL + ["rendezvous-pass", str(root / "gate"), f"lease:{i + 1}"], check=True,
                 capture_output=True, text=True).stdout.strip()
         launchers.append(subprocess.Popen(
             SHOAL + ["train", str(job), "--workers", "1", "--rendezvous", endpoint, "--node",
-                     f"h{i}", "--run-dir", str(root / f"run{i}")],
+                     f"bench-l{i + 1}-a0", "--run-dir", str(root / f"run{i}")],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     if any(launcher.wait() != 0 for launcher in launchers):
         sys.exit(f"a launcher failed; see {root}")

@@ -81,6 +81,7 @@ class LeasePolicy:
     _stored: dict[str, int] = field(default_factory=dict)  # key -> bytes this lease keeps
     _ballots: dict[str, int] = field(default_factory=dict)  # votes key -> ballots cast
     _total: int = 0  # sum of _stored
+    _latest: int = -1  # the newest epoch this policy has read
 
     def refusal(self, request: Request) -> str | None:
         if not request.writes:
@@ -146,9 +147,12 @@ class LeasePolicy:
         if head == "group" and len(parts) >= 4:
             return self._gloo(parts)
         if head == "progress" and len(parts) == 1:
-            latest = self.epochs.latest()
-            members = self.epochs.members(latest) if latest >= 0 else None
-            return None if members and self._owns(members[0]) else "progress is rank 0's to write"
+            # Rank 0 writes it every step: the newest epoch is read again only when the
+            # one seen last does not make this lease rank 0 (a store read per step would
+            # stall every lease's relay behind it).
+            if self._rank_zero(self._latest) or self._rank_zero(self._newest()):
+                return None
+            return "progress is rank 0's to write"
         return f"{'/'.join(parts)!r} is no key a lease's worker writes"
 
     def _add(self, key: str, parts: list[str], amount: int) -> str | None:
@@ -202,6 +206,14 @@ class LeasePolicy:
             "another rank's gloo address"
 
     # -- who is whose ------------------------------------------------------------
+
+    def _newest(self) -> int:
+        self._latest = self.epochs.latest()
+        return self._latest
+
+    def _rank_zero(self, epoch: int) -> bool:
+        members = self.epochs.members(epoch) if epoch >= 0 else None
+        return bool(members) and self._owns(members[0])
 
     def _owns(self, worker: str) -> bool:
         named = WorkerId.leased(worker)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from shoal.train.archives import ArchiveError, check_archive
 from shoal.train.errors import CheckpointError
 from shoal.train.files import checkpoint_manifests, manifest_step, prune_checkpoints, write_whole
 
@@ -188,6 +189,14 @@ class CheckpointStore:
                         manifest_path.stem)
             return None
         self._check_identity(manifest.get("identity", {}), manifest_path.stem)
+        try:
+            # A checkpoint may have come from another party (one the coordinator carried
+            # between providers): nothing in it may inflate past its own length.
+            check_archive(blob, len(blob))
+        except ArchiveError as error:
+            log.warning("checkpoint %s refused (%s); using the previous one",
+                        manifest_path.stem, error)
+            return None
         state = torch.load(io.BytesIO(blob), weights_only=True)
         step, cursor = state.pop("step"), state.pop("cursor")
         return Snapshot(step, cursor, state)

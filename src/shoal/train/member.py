@@ -16,6 +16,7 @@ import time
 from shoal.spec.elastic import MembershipEpoch, Phase
 from shoal.train.group import EpochGroup, GroupCancelled, GroupFailed
 from shoal.train.inject import InjectedFaults
+from shoal.train.live_state import state_limit
 from shoal.train.liveness import ProgressReporter
 from shoal.train.membership import form_epoch
 from shoal.train.rendezvous import Rendezvous, connect
@@ -97,6 +98,7 @@ class Membership:
                     live_state=replica.state_dict, load_state=replica.load_state_dict,
                     load_from_disk=replica.load_checkpoint,
                     group_store=lambda: connect(self.config.host, self.config.port),
+                    max_state_bytes=state_limit(replica.model),
                     faults=self.faults)
             except (GroupFailed, GroupCancelled) as error:
                 log.info("[worker %s] epoch %d did not form (%s); trying the next", self.worker,

@@ -81,12 +81,13 @@ def form_epoch(rdzv: Rendezvous, record: MembershipEpoch, worker: str, *, step: 
                newer: Callable[[], bool], live_state: Callable[[], dict[str, Any]],
                load_state: Callable[[dict[str, Any]], None],
                load_from_disk: Callable[[], bool],
-               group_store: Callable[[], Any],
+               group_store: Callable[[], Any], max_state_bytes: int,
                faults: InjectedFaults = InjectedFaults()) -> Formed:
     """Enter `record`; raises GroupFailed/GroupCancelled if it is superseded meanwhile.
 
     `group_store` opens a store connection of the group's own: a cancelled build
-    can leave its connection blocked in a wait, and it must not block ours."""
+    can leave its connection blocked in a wait, and it must not block ours.
+    `max_state_bytes`: the most a peer's live state may announce (and take) here."""
     rank = record.members.index(worker)
     rdzv.arrive(record.epoch, WorkerArrival(worker=worker, step=step, has_state=has_state,
                                             disk_step=disk_step))
@@ -98,6 +99,7 @@ def form_epoch(rdzv: Rendezvous, record: MembershipEpoch, worker: str, *, step: 
         source, needers = _plan_transfer(record, arrivals, rank, load_from_disk)
         if needers:
             _transfer(rdzv, group, record.epoch, rank, source, poll_s, newer, live_state, load_state,
+                      max_state_bytes,
                       faults)
         return Formed(group, rank, rank in needers)
     except Exception:
@@ -108,7 +110,8 @@ def form_epoch(rdzv: Rendezvous, record: MembershipEpoch, worker: str, *, step: 
 def _transfer(rdzv: Rendezvous, group: EpochGroup, epoch: int, rank: int, source: int,
               poll_s: float, newer: Callable[[], bool],
               live_state: Callable[[], dict[str, Any]],
-              load_state: Callable[[dict[str, Any]], None], faults: InjectedFaults) -> None:
+              load_state: Callable[[dict[str, Any]], None], limit: int,
+              faults: InjectedFaults) -> None:
     """Broadcast the source's packed state; receivers verify its hash before loading."""
     key = f"state/{epoch}"
     if rank == source:
@@ -124,10 +127,16 @@ def _transfer(rdzv: Rendezvous, group: EpochGroup, epoch: int, rank: int, source
         if newer():
             raise GroupFailed(f"epoch {epoch} superseded before its state transfer")
     header = json.loads(rdzv.store.get(key))
-    blob = torch.empty(header["bytes"], dtype=torch.uint8, device=group.device)
+    size = header.get("bytes") if isinstance(header, dict) else None
+    if not isinstance(size, int) or not 0 < size <= limit:
+        # Before anything is allocated: a source announcing a terabyte would take every
+        # joiner down (issue 40, point 3).
+        raise GroupFailed(f"the state source of epoch {epoch} announced {size!r} bytes of "
+                          f"state (at most {limit} for this model); refused")
+    blob = torch.empty(size, dtype=torch.uint8, device=group.device)
     group.broadcast(blob, source, newer)
     try:
-        state = unpack(blob.cpu(), header["sha256"])
+        state = unpack(blob.cpu(), str(header.get("sha256")), limit)
     except ValueError as error:
         raise GroupFailed(str(error)) from None
     load_state(state)

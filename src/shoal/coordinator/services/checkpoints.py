@@ -266,6 +266,12 @@ def _load(data: bytes, step: int) -> dict[str, Any]:
     """The upload as tensors, by the `weights_only` loader (never arbitrary pickles)."""
     import torch
 
+    from shoal.train.archives import ArchiveError, check_archive
+
+    try:
+        check_archive(data, len(data))  # nothing in it inflates past what was uploaded
+    except ArchiveError as error:
+        raise SpecError(f"the body is not a checkpoint a worker wrote: {error}"[:400]) from None
     try:
         state = torch.load(io.BytesIO(data), weights_only=True)
     except Exception as error:  # noqa: BLE001 - whatever a malformed file raises
