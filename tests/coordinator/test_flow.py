@@ -234,3 +234,26 @@ def test_a_job_file_cannot_reach_into_a_providers_files(served: Served, tmp_path
     workers.follow((Assignment(lease=lease, job_file=prying, rendezvous="127.0.0.1:1",
                                ends_at_s=None),), ())
     assert workers.running() == () and workers.refused == {1}
+
+
+def test_a_job_file_cannot_ask_the_coordinator_to_build_a_giant(served: Served):
+    """Issue 40, point 10: the coordinator builds a job's model (to check carried
+    checkpoints, to plant forced errors) and takes its parameters as challenge files.
+    Before: a job file of 64 layers of width 8192 (51.6 billion parameters, 192 GiB in
+    float32) was taken, and the first checkpoint check built it. Now it is refused at
+    submission, saying why and what to change; a model whose parameters fit one file is
+    taken."""
+    from shoal.client.http import CoordinatorRefused
+
+    giant = TINY_JOB.replace("layers = 1", "layers = 64").replace("width = 32", "width = 8192")
+    giant = giant.replace("context = 32", "context = 8192")
+    submitter = served.client(Account.create())
+    submitter.register(Registration(role="submitter", name="mallory"))
+    try:
+        submitter.submit(JobSubmission(name="giant", job_file=giant, workers=1,
+                                       max_price_wei_per_s=PRICE, budget_wei=PRICE))
+        raise AssertionError("the coordinator took a job of 51 billion parameters")
+    except CoordinatorRefused as refused:
+        assert refused.status == 422 and "51,6" in refused.detail and "[model]" in refused.detail
+    assert submitter.submit(JobSubmission(name="tiny", job_file=TINY_JOB, workers=1,
+                                          max_price_wei_per_s=PRICE, budget_wei=PRICE)).job_id

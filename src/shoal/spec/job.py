@@ -28,6 +28,13 @@ class ModelSpec(Frozen):
     context: int = Field(128, ge=8, le=8192)
     dropout: float = Field(0.0, ge=0.0, le=0.9)
 
+    def parameters(self) -> int:
+        """The model's parameter count (shoal.models.model.GPT), by arithmetic: byte and
+        position embeddings, per layer two LayerNorms, attention (qkv, proj) and the MLP
+        (12 d^2 + 13 d), a final LayerNorm; the head shares the byte embedding."""
+        d = self.width
+        return (256 + self.context) * d + self.layers * (12 * d * d + 13 * d) + 2 * d
+
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelSpec:
         if self.width % self.heads:

@@ -55,6 +55,16 @@ class JobLifecycle:
     def submit(self, submitter: str, submission: JobSubmission) -> JobView:
         """Take a job whose job file providers would run, against its escrow."""
         spec = _check_job_file(submission.job_file)
+        size = 4 * spec.model.parameters()  # float32: what a `params` file of it holds
+        if size > self.settings.max_file_bytes:
+            # The coordinator builds the model to check carried checkpoints and plant
+            # forced errors, and takes its parameters as challenge files: a job file asking
+            # for 51 billion parameters would take it down (issue 40, point 10).
+            raise SpecError(f"job_file: the model has {spec.model.parameters():,} parameters "
+                            f"({size / 2**20:,.0f} MiB in float32), more than this coordinator "
+                            f"takes in one file ({self.settings.max_file_bytes / 2**20:,.0f} MiB, "
+                            "--max-file-bytes): its parameters could never be audited here; "
+                            "make [model] smaller or ask the operator to raise the limit")
         shortest = WINDOW_BEATS * self.settings.heartbeat_s
         if spec.proof.enabled and spec.proof.keep_s < shortest:
             raise SpecError(f"job_file: [proof] keep_s = {spec.proof.keep_s:g} s is the challenge "
