@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoal.agent import Agent, AgentConfig
+from shoal.agent import Agent, AgentConfig, ChainPin
 from shoal.client.http import CoordinatorClient
 from shoal.coordinator import Coordinator
 from shoal.elastic.job_host import write_reached
@@ -67,7 +67,8 @@ def refereed_job(tmp_path: Path, job_file: str) -> Iterator[Refereed]:
         providers, hosted = leased_and_hosted(served, submitter, (p1, p2), chain_job, job_file)
         for name, client in providers.items():  # their agents accept the leases on chain
             reply = client.heartbeat(name, Heartbeat())
-            Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
+            Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name,
+                                      chain=ChainPin.of(ledger)))._accept(
                 reply.assignments)
         lease = {held.offer_id: held.lease for held in submitter.job(hosted.job_id).leases}
         served.client(operator).request("POST", "/v1/grants", Grant(

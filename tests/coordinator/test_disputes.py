@@ -13,7 +13,7 @@ import tomllib
 import pytest
 from eth_account import Account
 
-from shoal.agent import Agent, AgentConfig
+from shoal.agent import Agent, AgentConfig, ChainPin
 from shoal.coordinator import Coordinator
 from shoal.coordinator.services.settlement import Settlement
 from shoal.verify.roles.dispute import trajectory
@@ -67,7 +67,8 @@ class Disputed:
         self.job_id, self.a = job.job_id, providers["a"]
         for name, client in providers.items():
             reply = client.heartbeat(name, Heartbeat())
-            Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
+            Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name,
+                                      chain=ChainPin.of(self.ledger)))._accept(
                 reply.assignments)
         self.lease = {lease.offer_id: lease.lease for lease in submitter.job(self.job_id).leases}
         self.worker = f"a-l{self.lease['a-d0']}-a0-w0"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from shoal.agent import Agent, AgentConfig
+from shoal.agent import Agent, AgentConfig, ChainPin
 from shoal.client.http import CoordinatorRefused
 from shoal.coordinator import Coordinator
 from shoal.coordinator.services.settlement import Settlement
@@ -124,7 +124,8 @@ def test_providers_accept_by_signature_and_the_chain_pays_what_the_store_metered
     assert ledger.lease(chain_job, p1.address).accepted_at == 0
 
     for name, client in providers.items():  # the agents' own code signs the offered terms
-        Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
+        Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name,
+                                      chain=ChainPin.of(ledger)))._accept(
             replies[name].assignments)
     assert all(ledger.lease(chain_job, p.address).accepted_at for p in (p1, p2))
     assert providers["a"].heartbeat("a", Heartbeat()).assignments[0].acceptance is None
@@ -173,7 +174,8 @@ def test_a_lease_whose_worker_never_joins_is_ended_and_never_paid(tmp_path):
         leases = {lease.offer_id: lease.lease for lease in submitter.job(job.job_id).leases}
         for name, client in providers.items():
             reply = client.heartbeat(name, Heartbeat(running=(leases[f"{name}-d0"],)))
-            Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
+            Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name,
+                                      chain=ChainPin.of(ledger)))._accept(
                 reply.assignments)
         publish(coordinator, job.job_id, [f"a-l{leases['a-d0']}-a0-w0"], "start")
 
@@ -212,7 +214,8 @@ def proof_job_accepted(market, tmp_path):
     providers, job = leased_and_hosted(served, submitter, (p1, p2), chain_job, PROOF_JOB)
     for name, client in providers.items():
         reply = client.heartbeat(name, Heartbeat())
-        Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name))._accept(
+        Agent(client, AgentConfig(agent_id=name, work_dir=tmp_path / name,
+                                      chain=ChainPin.of(ledger)))._accept(
             reply.assignments)
     leases = {lease.offer_id[0]: lease.lease for lease in submitter.job(job.job_id).leases}
     workers = {name: f"{name}-l{leases[name]}-a0-w0" for name in "ab"}

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from shoal.agent import Agent, AgentConfig
+from shoal.agent import Agent, AgentConfig, ChainPin
 from shoal.client.http import CoordinatorRefused
 from shoal.coordinator import Coordinator
 from shoal.coordinator.services import chain_jobs
@@ -88,7 +88,8 @@ class Stage:
     def accept(self, clients: dict) -> None:
         """The agents' own code signs the offered terms, as at a beat."""
         for name, client in clients.items():
-            Agent(client, AgentConfig(agent_id=name, work_dir=self.tmp_path / name))._accept(
+            Agent(client, AgentConfig(agent_id=name, work_dir=self.tmp_path / name,
+                                      chain=ChainPin.of(self.ledger)))._accept(
                 client.heartbeat(name, Heartbeat()).assignments)
 
     def working(self, clients: dict, chain_job: int, budget: int = BUDGET):
@@ -224,7 +225,8 @@ def test_an_under_staked_provider_is_refused_not_taken_as_accepted(stage):
     job = s.submit(chain_job, budget)
     s.hosted(clients, job)
     (offered,) = clients["b"].heartbeat("b", Heartbeat()).assignments
-    agent_b = Agent(clients["b"], AgentConfig(agent_id="b", work_dir=s.tmp_path / "b"))
+    agent_b = Agent(clients["b"], AgentConfig(agent_id="b", work_dir=s.tmp_path / "b",
+                                                  chain=ChainPin.of(s.ledger)))
     agent_b._accept((offered,))
     assert agent_b.accepted == set()  # refused: offered again at the next beat
     assert not s.ledger.lease(chain_job, s.p2.address).unpaid  # nothing opened on chain

@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shoal.agent.checkpoints import CheckpointRelay
 from shoal.agent.leases import LeaseWorkers
@@ -22,11 +23,36 @@ from shoal.client.http import CoordinatorClient, CoordinatorRefused
 from shoal.errors import ControlError
 from shoal.ledger.acceptance import sign_acceptance
 from shoal.spec.coordinator import (
-    AgentRegistration, Assignment, Heartbeat, OfferTerms, Registration,
+    AcceptanceTerms, AgentRegistration, Assignment, Heartbeat, OfferTerms, Registration,
 )
 from shoal.spec.market import Tenancy
 
+if TYPE_CHECKING:  # the chain client loads only where a ledger is handed in
+    from shoal.ledger import Ledger
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChainPin:
+    """The chain and contract this agent's provider staked on, from its own configuration:
+    lease terms naming any other are not signed, whoever sends them (a coordinator gone
+    bad, or anyone rewriting its replies on the way)."""
+
+    chain_id: int
+    contract: str
+
+    @classmethod
+    def of(cls, ledger: Ledger) -> ChainPin:
+        """The chain and contract of a ledger client the provider holds itself."""
+        return cls(ledger.chain.chain_id, ledger.address)
+
+    def refusal(self, terms: AcceptanceTerms) -> str | None:
+        if terms.chain_id != self.chain_id:
+            return f"chain id {terms.chain_id}, not this agent's {self.chain_id}"
+        if terms.contract.lower() != self.contract.lower():
+            return f"contract {terms.contract}, not this agent's {self.contract}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -41,6 +67,7 @@ class AgentConfig:
     slowdown: float = 1.0  # pose as a device this many times slower (demos, tests)
     grace_s: float = 20.0  # a leaving worker's time to hand over before it is killed
     adversary: str | None = None  # workers cheat this way (rehearsing the verifiers)
+    chain: ChainPin | None = None  # None: sign no chain lease (off-chain jobs only)
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -74,6 +101,7 @@ class Agent:
         self.stopping = threading.Event()
         self.offer_ids = [f"{config.agent_id}-d{i}" for i in range(config.devices)]
         self.accepted: set[int] = set()  # leases whose chain terms were signed
+        self.unsigned: set[int] = set()  # leases whose chain terms it refused to sign
 
     def enroll(self) -> None:
         """Register as a provider, pre-flight (the coordinator's probe is a provider's
@@ -135,11 +163,21 @@ class Agent:
         """
         for assignment in assignments:
             terms, number = assignment.acceptance, assignment.lease.lease
-            if terms is None or number in self.accepted:
+            if terms is None or number in self.accepted or number in self.unsigned:
                 continue
-            if terms.price_wei_per_s != assignment.lease.price_wei_per_s:
-                log.error("lease %d: chain terms at %d wei/s, not the lease's %d; not signing",
-                          number, terms.price_wei_per_s, assignment.lease.price_wei_per_s)
+            if self.config.chain is None:
+                refusal = ("this agent was started without --chain-id and --contract, so it "
+                           "has nothing of its own to hold the terms to")
+            elif terms.price_wei_per_s != assignment.lease.price_wei_per_s:
+                refusal = (f"chain terms at {terms.price_wei_per_s} wei/s, not the lease's "
+                           f"{assignment.lease.price_wei_per_s}")
+            else:
+                refusal = self.config.chain.refusal(terms)
+            if refusal is not None:
+                # Said once: the terms come back at every beat, and the lease goes unpaid
+                # (the coordinator ends it unaccepted) rather than signed blind.
+                log.error("lease %d: not signing its chain terms: %s", number, refusal)
+                self.unsigned.add(number)
                 continue
             signed = sign_acceptance(self.client.account, terms.chain_id, terms.contract,
                                      terms.chain_job, terms.price_wei_per_s, terms.term_s,

@@ -32,10 +32,15 @@ def agent_command(
                                   help="Make this provider's workers cheat, to rehearse the "
                                        "verifiers (a built-in of `shoal train --adversary`, or "
                                        "module:callable)."),
+    chain_id: int = typer.Option(None, "--chain-id", min=1, help="The chain your stake is on: "
+                                 "chain lease terms naming another are not signed."),
+    contract: str = typer.Option(None, "--contract", metavar="ADDRESS", help="The market "
+                                 "contract your stake is on (with --chain-id): terms naming "
+                                 "another are not signed. Without both, no chain lease is."),
     url: str = URL, key: Path = KEY,
 ) -> None:
     """Pre-flight this machine, offer its devices, run workers for their leases."""
-    from shoal.agent import Agent, AgentConfig
+    from shoal.agent import Agent, AgentConfig, ChainPin
     from shoal.client.http import CoordinatorClient
     from shoal.errors import ControlError
     from shoal.client.identity import load_key
@@ -44,10 +49,14 @@ def agent_command(
     if key is None:
         raise ControlError("an agent signs as its provider: give --key PATH "
                            "(`shoal key new PATH` makes one)")
+    if (chain_id is None) != (contract is None):
+        raise ControlError("give --chain-id and --contract together (the chain and contract "
+                           "your stake is on), or neither to take off-chain jobs only")
+    pin = ChainPin(chain_id, contract) if chain_id is not None else None
     config = AgentConfig(agent_id=agent_id, work_dir=work_dir or Path("runs") / f"agent-{agent_id}",
                          devices=devices, device_kind=device_kind, region=region,
                          price_wei_per_s=price, slowdown=slowdown, grace_s=grace_s,
-                         adversary=adversary,
+                         adversary=adversary, chain=pin,
                          tenancy=Tenancy.on_demand if on_demand else Tenancy.spot)
     with CoordinatorClient(url, load_key(str(key))) as client:
         agent = Agent(client, config)

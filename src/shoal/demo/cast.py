@@ -73,8 +73,12 @@ class Processes:
         self.running[name] = process
         return process
 
-    def agent(self, provider: ScenarioProvider, url: str, key: Path) -> subprocess.Popen:
+    def agent(self, provider: ScenarioProvider, url: str, key: Path,
+              chain: tuple[int, str]) -> subprocess.Popen:
+        """`chain`: the chain id and contract the provider staked on (its agent signs lease
+        terms only for them)."""
         args = ["agent", "--agent-id", provider.name, "--coordinator", url, "--key", str(key),
+                "--chain-id", str(chain[0]), "--contract", chain[1],
                 "--price", str(provider.price_wei_per_s), "--slowdown", str(provider.slowdown),
                 "--work-dir", str(self.run_dir / "agents" / provider.name),
                 # A leaving worker that is the last to hold the job's state waits for its

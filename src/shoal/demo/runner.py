@@ -147,7 +147,8 @@ class Demo:
             self.addresses[provider.name] = account.address
             write_key(keys / f"{provider.name}.key", account)
             if provider.start:
-                self.processes.agent(provider, self.url, keys / f"{provider.name}.key")
+                self.processes.agent(provider, self.url, keys / f"{provider.name}.key",
+                                     (self.chain.chain.chain_id, self.chain.ledger.address))
         starting = sum(1 for p in self.scenario.providers if p.start)
         self.submitter = CoordinatorClient(self.url, parties.submitter)
         self._wait(lambda: sum(len(p.offers) for p in self.submitter.providers()) >= starting,
@@ -230,7 +231,8 @@ class Demo:
         elif event.kind is EventKind.kill:
             self.processes.kill(provider.name)
         else:
-            self.processes.agent(provider, self.url, keys / f"{provider.name}.key")
+            self.processes.agent(provider, self.url, keys / f"{provider.name}.key",
+                                 (self.chain.chain.chain_id, self.chain.ledger.address))
         self.state.notes.append(f"{event.kind.value}: {provider.name}")
         log.info("scenario: %s %s", event.kind.value, provider.name)
 
