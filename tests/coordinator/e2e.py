@@ -88,6 +88,11 @@ class Stack:
             args += ["--operator", operator]
         if chain:
             args += ["--chain-rpc", chain[0], "--contract", chain[1], "--operator-key", chain[2]]
+            # The agents started after it pin the same chain and contract (they sign lease
+            # terms for no other), as a provider configures its own agent.
+            answer = httpx.post(chain[0], json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId",
+                                                "params": []}, timeout=10).json()
+            self.pin = ("--chain-id", str(int(answer["result"], 16)), "--contract", chain[1])
         return self.start("coordinator", *args, host=host)
 
     def agent(self, agent_id: str, url: str, price: int, host=None, slowdown: float = 1.0,
@@ -95,8 +100,8 @@ class Stack:
         key = key_file(self.tmp / f"{agent_id}.key", account)
         return self.start(agent_id, "agent", "--agent-id", agent_id, "--coordinator", url,
                           "--key", str(key), "--price", str(price), "--slowdown", str(slowdown),
-                          "--work-dir", str(self.tmp / agent_id), "--grace-s", "5", *extra,
-                          host=host)
+                          "--work-dir", str(self.tmp / agent_id), "--grace-s", "5",
+                          *getattr(self, "pin", ()), *extra, host=host)
 
     def close(self) -> None:
         # Job hosts run in sessions of their own (they outlive a coordinator); end ours too.

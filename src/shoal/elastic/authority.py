@@ -185,6 +185,9 @@ class MembershipAuthority:
         beats = self.rdzv.beats(list(self.members))
         if self._finished(beats) != set(self.members):
             return False
+        # Read again: a member writes its report before its finished beat, so every
+        # report is in now (an older read may predate rank 0's, the one with the figures).
+        self._claims = self.rdzv.final_claims(self.members)
         for worker in [m for m in self.members if m in self._claims]:
             steps = self._claims[worker].get("steps")
             if not isinstance(steps, int) or isinstance(steps, bool):
