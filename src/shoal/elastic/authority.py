@@ -79,7 +79,6 @@ class MembershipAuthority:
         self._watch = ProgressWatch(config.liveness)
         self._failed_reforms = 0
         self._progress_at_reform = -1
-        self._claims: dict[str, dict[str, object]] = {}  # members' final reports, once read
         self._ending = False  # a member has finished the job: admit nobody more
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -144,8 +143,10 @@ class MembershipAuthority:
             self._exited.update(self.rdzv.exited(list(self.members) + self._pending))
             if self.epoch >= 0:
                 reform, source = self.rdzv.reform_requested(self.epoch)
-                self._claims = self.rdzv.final_claims(self.members)
-        if self._claims and self._end_if_finished():
+        # Final reports are read only once a member's beat says it finished (the last
+        # tick's reading): a read of every member's report at every request would cost
+        # a round trip per member all through the job.
+        if self._ending and self._end_if_finished():
             return
         if self.epoch < 0:
             # A worker that died before the first epoch (registered or not) will never
@@ -185,11 +186,11 @@ class MembershipAuthority:
         beats = self.rdzv.beats(list(self.members))
         if self._finished(beats) != set(self.members):
             return False
-        # Read again: a member writes its report before its finished beat, so every
-        # report is in now (an older read may predate rank 0's, the one with the figures).
-        self._claims = self.rdzv.final_claims(self.members)
-        for worker in [m for m in self.members if m in self._claims]:
-            steps = self._claims[worker].get("steps")
+        # Read now: a member writes its report before its finished beat, so every report
+        # is in (rank 0's among them, the one with the figures).
+        claims = self.rdzv.final_claims(self.members)
+        for worker in [m for m in self.members if m in claims]:
+            steps = claims[worker].get("steps")
             if not isinstance(steps, int) or isinstance(steps, bool):
                 continue
             if all(b is not None and b.step >= steps for b in beats.values()):
