@@ -4,6 +4,8 @@ CLI, the provider agent and the benchmarks alike."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import httpx
@@ -13,8 +15,8 @@ from pydantic import BaseModel, TypeAdapter
 from shoal.errors import ControlError
 from shoal.client.identity import sign_request
 from shoal.spec.coordinator import (
-    AgentRegistration, AgentView, Event, Heartbeat, HeartbeatReply, Info, JobSubmission, JobView,
-    OfferTerms, OfferView, Participant, ProviderView, Registration, TopUp,
+    MAX_PAGE, AgentRegistration, AgentView, Event, Heartbeat, HeartbeatReply, Info, JobSubmission,
+    JobView, OfferTerms, OfferView, Participant, ProviderView, Registration, TopUp,
 )
 from shoal.spec.audit import (
     ChallengeRequest, Challenges, ChallengeView, DisputeFiling, DisputeView, JobFile,
@@ -26,6 +28,7 @@ from shoal.spec.progress import JobPlanView, MembershipChange, ProgressUpload, S
 from shoal.spec.proof import WorkRecord
 
 T = TypeVar("T")
+RATE_LIMIT_TRIES = 6  # sends of one call at most, while the coordinator answers 429
 
 
 class CoordinatorRefused(ControlError):
@@ -38,9 +41,14 @@ class CoordinatorRefused(ControlError):
 
 class CoordinatorClient:
     def __init__(self, url: str, account: LocalAccount | None = None,
-                 timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None) -> None:
+                 timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None,
+                 rate_limit_wait_s: float = 30.0,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        """`rate_limit_wait_s`: how long one call may wait in all, as the coordinator's
+        429s ask (`Retry-After`), before it gives up with the refusal."""
         self.url = url.rstrip("/")
         self.account = account
+        self.rate_limit_wait_s, self._sleep = rate_limit_wait_s, sleep
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
         self._info: Info | None = None
 
@@ -68,6 +76,24 @@ class CoordinatorClient:
         else:
             content = b"" if body is None else body.model_dump_json().encode()
             content_type = "application/json"
+        waited_s = 0.0
+        # A call refused for its quota is sent again, signed afresh, when told; within
+        # `rate_limit_wait_s` and a few tries, whatever a coordinator answers.
+        for _ in range(RATE_LIMIT_TRIES):
+            response = self._send(method, path, content, content_type, params, sign)
+            wait_s = _retry_after_s(response)
+            if wait_s is None or waited_s + wait_s > self.rate_limit_wait_s:
+                break
+            self._sleep(wait_s)
+            waited_s += wait_s
+        if response.status_code >= 400:
+            raise CoordinatorRefused(response.status_code, _detail(response))
+        if raw:
+            return response.content
+        return response.json() if response.content else None
+
+    def _send(self, method: str, path: str, content: bytes, content_type: str,
+              params: dict[str, Any] | None, sign: bool) -> httpx.Response:
         request = self._http.build_request(method, path, content=content, params=params,
                                            headers={"content-type": content_type})
         if sign:
@@ -78,20 +104,28 @@ class CoordinatorClient:
             request.headers.update(sign_request(self.account, self.info().audience, method,
                                                 target, content))
         try:
-            response = self._http.send(request)
+            return self._http.send(request)
         except httpx.HTTPError as error:
             raise ControlError(f"cannot reach the coordinator at {self.url}: {error}; "
                                "is it running (`shoal coordinator`)?") from None
-        if response.status_code >= 400:
-            raise CoordinatorRefused(response.status_code, _detail(response))
-        if raw:
-            return response.content
-        return response.json() if response.content else None
 
     def _get(self, path: str, kind: type[T], **params: Any) -> T:
         data = self.request("GET", path, params={k: v for k, v in params.items() if v is not None},
                             sign=False)
         return TypeAdapter(kind).validate_python(data)
+
+    def _all_pages(self, path: str, kind: type[T], key: Callable[[T], str],
+                   **params: Any) -> list[T]:
+        """Every row of a paged listing: page after page, each after the last row's `key`,
+        until a page comes back short."""
+        rows: list[T] = []
+        after = None
+        while True:
+            page = self._get(path, list[kind], after=after, limit=MAX_PAGE, **params)
+            rows.extend(page)
+            if len(page) < MAX_PAGE:
+                return rows
+            after = key(page[-1])
 
     def _post(self, path: str, body: BaseModel | None, kind: type[T]) -> T:
         return TypeAdapter(kind).validate_python(self.request("POST", path, body))
@@ -130,10 +164,13 @@ class CoordinatorClient:
         return self._get(f"/v1/jobs/{job_id}", JobView)
 
     def jobs(self, submitter: str | None = None) -> list[JobView]:
-        return self._get("/v1/jobs", list[JobView], submitter=submitter)
+        return self._all_pages("/v1/jobs", JobView, lambda j: j.job_id, submitter=submitter)
 
     def providers(self) -> list[ProviderView]:
-        return self._get("/v1/providers", list[ProviderView])
+        return self._all_pages("/v1/providers", ProviderView, lambda p: p.address)
+
+    def participants(self) -> list[Participant]:
+        return self._all_pages("/v1/participants", Participant, lambda p: p.address)
 
     def events(self, job: str | None = None, after: int = 0, limit: int = 200) -> list[Event]:
         return self._get("/v1/events", list[Event], job=job, after=after, limit=limit)
@@ -200,6 +237,17 @@ class CoordinatorClient:
 
     def disputes(self, job_id: str) -> list[DisputeView]:
         return self._get(f"/v1/jobs/{job_id}/proof/disputes", list[DisputeView])
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    """How long a 429 asks us to wait (seconds); None for any other answer, or a 429
+    that does not say."""
+    if response.status_code != 429:
+        return None
+    try:
+        return max(0.0, float(response.headers.get("retry-after", "")))
+    except ValueError:
+        return None
 
 
 def _detail(response: httpx.Response) -> str:

@@ -18,3 +18,12 @@ class Conflict(ControlError):
 class Gone(ControlError):
     """What was asked for was there once and is no longer to be had (410): a challenge
     raised after its epoch's window closed."""
+
+
+class RateLimited(ControlError):
+    """The caller sent more than its quota allows (429): nothing was done; ask again after
+    `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

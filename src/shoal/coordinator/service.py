@@ -7,6 +7,7 @@ lease the market would not rebuild after a restart (services/market_desk.py).
 It builds each service it holds with what that service uses, in an order in
 which nothing is used before it is built:
 
+- the door: `quotas` (how many requests a key and an address may send);
 - the market: `desk` (the market, its clock and its writer), `participants`,
   `offers` and `agents` (providers' offers, their agents and heartbeats),
   `probing` (agents' network probes), `reads`;
@@ -59,6 +60,7 @@ from shoal.coordinator.services.planning import JobPlanning
 from shoal.coordinator.services.probe import NetworkProbes, NetworkProbing
 from shoal.coordinator.services.progress import JobProgress
 from shoal.coordinator.services.providers import ProviderAgents, ProviderOffers
+from shoal.coordinator.services.quotas import RequestQuotas
 from shoal.coordinator.services.reads import CoordinatorReads
 from shoal.coordinator.services.settlement import Settlement
 from shoal.coordinator.services.supervision import JobSupervision
@@ -89,6 +91,7 @@ class Coordinator:
         self.settlement = settlement
         self.engine = engine or open_store_engine(settings.store_url)
         self.store = store = Store(self.engine)
+        self.quotas = RequestQuotas(settings.key_quota, settings.address_quota)
         self.desk = desk = MarketDesk(store, settings.price_table(),
                                       MarketConfig(notice_period_s=settings.notice_period_s), clock)
         # The market.

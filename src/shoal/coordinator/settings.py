@@ -30,6 +30,13 @@ class CoordinatorSettings(BaseSettings):
     operators: tuple[str, ...] = ()  # addresses with the operator role
     max_skew_s: float = Field(30.0, gt=0)  # signed times further from our clock are refused
     max_body_bytes: int = Field(256 * 1024, ge=1024)
+    # Request quotas (`limits` notation, ";" between limits; "" for none): per signing key,
+    # counted once the signature is checked, and per client address, counted for every
+    # request before anything is read. A provider key's agents beat once a heartbeat_s
+    # each and send records and progress (60/s holds twenty agents beating twice a second,
+    # with room for their uploads); an address may hold many keys (a NAT, a demo).
+    key_quota: str = "120/second;3600/minute"
+    address_quota: str = "600/second;18000/minute"
     # A challenged file (a worker's revealed contribution or a step's parameters): about
     # the model's size in float32, so a 100M-parameter model needs 400 MB.
     max_file_bytes: int = Field(256 * 1024 * 1024, ge=1024)
@@ -89,6 +96,19 @@ class CoordinatorSettings(BaseSettings):
         if self.probe_required is not None:
             return self.probe_required
         return self.host not in ("127.0.0.1", "localhost", "::1")
+
+    @field_validator("key_quota", "address_quota")
+    @classmethod
+    def _quota(cls, value: str) -> str:
+        from limits import parse_many
+
+        if value.strip():
+            try:
+                parse_many(value)
+            except ValueError as error:
+                raise ValueError(f"a quota is limits' notation, such as '60/second;1800/minute'"
+                                 f" ('' for none); not {value!r}: {error}") from None
+        return value
 
     @field_validator("operators")
     @classmethod

@@ -21,6 +21,10 @@ Address = Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{40}$")]
 Label = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 # A job file is small text; anything larger is refused before it is parsed.
 JOB_FILE_MAX_CHARS = 64 * 1024
+# Listings (participants, jobs, agents, offers, providers) come a page at a time: rows
+# after the `after` key given (the last of the page before), `limit` of them at most.
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
 
 
 class Role(str, enum.Enum):

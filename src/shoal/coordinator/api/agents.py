@@ -1,5 +1,5 @@
 """A provider's routes: its agents register and beat, its devices are offered and
-withdrawn, a lease is accepted; anyone reads agents, offers and providers. (A
+withdrawn, a lease is accepted; anyone reads agents, offers and providers (a page at a time). (A
 well-formed beat takes the lean path in fast_heartbeat.py before this route.)"""
 
 from __future__ import annotations
@@ -7,11 +7,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 
-from shoal.coordinator.api.deps import Co, LabelPath, NumberPath, ProviderSigner
+from shoal.coordinator.api.deps import (
+    AfterAddress, AfterLabel, Co, LabelPath, NumberPath, PageLimit, ProviderSigner,
+)
 from shoal.coordinator.api.errors import PROBLEMS
 from shoal.spec.coordinator import (
-    AgentRegistration, AgentView, Heartbeat, HeartbeatReply, OfferTerms, OfferView, ProviderView,
-    Role,
+    DEFAULT_PAGE, AgentRegistration, AgentView, Heartbeat, HeartbeatReply, OfferTerms, OfferView,
+    ProviderView,
 )
 from shoal.spec.ledger import LeaseAcceptance
 
@@ -24,8 +26,9 @@ def register_agent(body: AgentRegistration, co: Co, signer: ProviderSigner) -> A
 
 
 @router.get("/v1/agents")
-def agents(co: Co) -> list[AgentView]:
-    return co.reads.agents()
+def agents(co: Co, after: AfterLabel = None, limit: PageLimit = DEFAULT_PAGE) -> list[AgentView]:
+    """Agents by id, a page at a time (`after`: the page before's last agent_id)."""
+    return co.reads.agents(after, limit)
 
 
 @router.post("/v1/agents/{agent_id}/heartbeat")
@@ -54,17 +57,17 @@ def accept_lease(lease: NumberPath, body: LeaseAcceptance, co: Co,
 
 
 @router.get("/v1/offers")
-def offers(co: Co) -> list[OfferView]:
-    return co.reads.offers()
+def offers(co: Co, after: AfterLabel = None, limit: PageLimit = DEFAULT_PAGE) -> list[OfferView]:
+    """Offers by id, a page at a time (`after`: the page before's last offer_id)."""
+    return co.reads.offers(after, limit)
 
 
 @router.get("/v1/providers")
-def providers(co: Co) -> list[ProviderView]:
-    agents, offers = co.reads.agents(), co.reads.offers()
-    return [ProviderView(address=p.address, name=p.name,
-                         agents=tuple(a for a in agents if a.provider == p.address),
-                         offers=tuple(o for o in offers if o.provider == p.address))
-            for p in co.participants.registered() if p.role is Role.provider]
+def providers(co: Co, after: AfterAddress = None,
+              limit: PageLimit = DEFAULT_PAGE) -> list[ProviderView]:
+    """Providers by address with their agents and offers, a page at a time (`after`: the
+    page before's last address; a page shorter than `limit` is the last)."""
+    return co.reads.providers(after, limit)
 
 
 # The declared beat, which the lean path hands anything it does not take as it is.

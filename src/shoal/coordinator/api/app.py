@@ -21,6 +21,7 @@ from shoal.coordinator.api.errors import PROBLEMS, answer_errors
 from shoal.coordinator.api.fast_heartbeat import serve_heartbeats_fast
 from shoal.coordinator.api.limits import limit_bodies
 from shoal.coordinator.api.metrics import CoordinatorMetrics, TimedRequests, state_gauges
+from shoal.coordinator.api.quota_gate import limit_addresses
 from shoal.coordinator.dashboard.routes import dashboard_routes
 from shoal.coordinator.service import Coordinator
 from shoal.coordinator.rounds import RoundLoop
@@ -57,6 +58,7 @@ def create_app(coordinator: Coordinator, run_rounds: bool = True) -> FastAPI:
     # they were built: one build of the routers serves every app this process makes.
     app.state.coordinator, app.state.metrics, app.state.rounds = coordinator, metrics, rounds
     limit_bodies(app, coordinator, metrics)
+    limit_addresses(app, coordinator.quotas, metrics)  # outside the body cap: counted first
     answer_errors(app, metrics)
     app.add_middleware(TimedRequests, metrics=metrics)
     for router in ROUTERS:

@@ -1,5 +1,6 @@
 """The API's door: a request that changes state is signed, fresh, never seen
-before, and by a key whose role allows the call; otherwise 401 or 403."""
+before, within its key's quota, and by a key whose role allows the call;
+otherwise 401, 429 or 403."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def verified_signer(coordinator: Coordinator, request: Request, body: bytes,
     signer = verify_request({k.lower(): v for k, v in request.headers.items()},
                             settings.audience, request.method, target_of(request.scope), body,
                             coordinator.desk.now_s(), settings.max_skew_s)
+    coordinator.quotas.charge_key(signer.address)  # before the store is written
     coordinator.participants.consume_nonce(signer)
     if roles:
         refuse_role(signer.address, coordinator.participants.role_of(signer.address), roles)
@@ -36,8 +38,10 @@ def verified_signer(coordinator: Coordinator, request: Request, body: bytes,
 def beat_signer(coordinator: Coordinator, scope: Scope, body: bytes, now: float) -> Signer:
     """A heartbeat's signer, its signature checked on the event loop (a tenth of a
     millisecond). Its nonce and role are checked by `take_signed_beat`, in the one
-    group-committed transaction that takes the beat."""
+    group-committed transaction that takes the beat; its quota is charged here."""
     settings = coordinator.settings
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-    return verify_request(headers, settings.audience, scope["method"], target_of(scope), body,
-                          now, settings.max_skew_s)
+    signer = verify_request(headers, settings.audience, scope["method"], target_of(scope), body,
+                            now, settings.max_skew_s)
+    coordinator.quotas.charge_key(signer.address)
+    return signer

@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from shoal.client.identity import Signer
 from shoal.coordinator.api.auth import verified_signer
 from shoal.coordinator.service import Coordinator
-from shoal.spec.coordinator import Role
+from shoal.spec.coordinator import MAX_PAGE, Role
 
 
 async def coordinator_of(request: Request) -> Coordinator:
@@ -55,6 +55,11 @@ VerifierSigner = Annotated[Signer, Depends(signed(Role.verifier, Role.operator))
 # A job's, agent's or offer's name in a path (fast_heartbeat.LABEL matches the same).
 LabelPath = Annotated[str, Path(min_length=1, max_length=64,
                                 pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+# A listing's page (spec.coordinator.MAX_PAGE): at most `limit` rows, those after the key
+# `after` (the last row of the page before: a label, or an address).
+PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
+AfterLabel = Annotated[str | None, Query(min_length=1, max_length=64)]
+AfterAddress = Annotated[str | None, Query(min_length=1, max_length=42)]
 NumberPath = Annotated[int, Path(ge=1, le=2**62)]  # a lease or a challenge
 StepPath = Annotated[int, Path(ge=0, le=2**62)]
 

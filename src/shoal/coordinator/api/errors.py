@@ -8,14 +8,14 @@ from fastapi.responses import JSONResponse
 
 from shoal.client.identity import Unauthenticated
 from shoal.coordinator.api.metrics import CoordinatorMetrics
-from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound
+from shoal.coordinator.errors import Conflict, Forbidden, Gone, NotFound, RateLimited
 from shoal.errors import ControlError
 from shoal.market import MarketError
 from shoal.spec.coordinator import Problem
 from shoal.spec.errors import SpecError
 
 # Every operation may answer these, with a `Problem` body (in /openapi.json).
-PROBLEMS = {status: {"model": Problem} for status in (401, 403, 404, 409, 410, 413)}
+PROBLEMS = {status: {"model": Problem} for status in (401, 403, 404, 409, 410, 413, 429)}
 
 STATUS: tuple[tuple[type[Exception], int, str], ...] = (
     (Unauthenticated, 401, "unauthenticated"),
@@ -25,6 +25,7 @@ STATUS: tuple[tuple[type[Exception], int, str], ...] = (
     (Gone, 410, "gone"),
     (MarketError, 409, "market"),
     (SpecError, 422, "invalid"),
+    (RateLimited, 429, "rate_limited"),
     (ControlError, 400, "bad_request"),
 )
 
@@ -42,6 +43,9 @@ def answer_errors(app: FastAPI, metrics: CoordinatorMetrics) -> None:
     for family, status, reason in STATUS:
         def handler(_: Request, error: Exception, status: int = status, reason: str = reason):
             metrics.refused.labels(reason).inc()
-            return JSONResponse({"detail": str(error)}, status_code=status)
+            # A quota's refusal says when to ask again (RFC 9110's Retry-After, in seconds).
+            headers = {"Retry-After": str(error.retry_after_s)} \
+                if isinstance(error, RateLimited) else None
+            return JSONResponse({"detail": str(error)}, status_code=status, headers=headers)
 
         app.add_exception_handler(family, handler)

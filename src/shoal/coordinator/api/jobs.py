@@ -1,5 +1,5 @@
 """A submitter's routes on its jobs: submit, top up, pause, resume, cancel (the owner
-or an operator); anyone reads a job or the list of them."""
+or an operator); anyone reads a job or the list of them (a page at a time)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from shoal.coordinator.api.deps import Co, LabelPath, OwnerSigner, SubmitterSigner
+from shoal.coordinator.api.deps import (
+    AfterLabel, Co, LabelPath, OwnerSigner, PageLimit, SubmitterSigner,
+)
 from shoal.coordinator.api.errors import PROBLEMS
-from shoal.spec.coordinator import JobStatus, JobSubmission, JobView, TopUp
+from shoal.spec.coordinator import DEFAULT_PAGE, JobStatus, JobSubmission, JobView, TopUp
 
 router = APIRouter(tags=["jobs"], responses=PROBLEMS)
 
@@ -20,8 +22,11 @@ def submit(body: JobSubmission, co: Co, signer: SubmitterSigner) -> JobView:
 
 
 @router.get("/v1/jobs")
-def jobs(co: Co, submitter: Annotated[str | None, Query(max_length=42)] = None) -> list[JobView]:
-    return co.reads.jobs(submitter)
+def jobs(co: Co, submitter: Annotated[str | None, Query(max_length=42)] = None,
+         after: AfterLabel = None, limit: PageLimit = DEFAULT_PAGE) -> list[JobView]:
+    """Jobs in the order they were submitted, a page at a time: pass the page's last
+    job_id as `after` for the next one (a page shorter than `limit` is the last)."""
+    return co.reads.jobs(submitter, after, limit)
 
 
 @router.get("/v1/jobs/{job_id}")

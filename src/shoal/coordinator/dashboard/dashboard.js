@@ -47,8 +47,20 @@ async function pollEvents() {
   }
 }
 
+// A listing the API pages by key (jobs, providers): every page, each after the last row's.
+async function getAll(path, key) {
+  const rows = [];
+  for (let after = null; ;) {
+    const cursor = after === null ? "" : `&after=${encodeURIComponent(after)}`;
+    const batch = await get(`${path}?limit=${PAGE}${cursor}`);
+    rows.push(...batch);
+    if (batch.length < PAGE) return rows;
+    after = key(batch[batch.length - 1]);
+  }
+}
+
 async function pollProviders() {
-  for (const p of await get("/v1/providers")) {
+  for (const p of await getAll("/v1/providers", p => p.address)) {
     state.names.set(p.address, p.name);
     for (const offer of p.offers) state.agents.set(offer.offer_id, offer.agent_id);
   }
@@ -70,7 +82,7 @@ async function pollJob(job) {
 
 async function poll() {
   try {
-    state.jobs = await get("/v1/jobs");
+    state.jobs = await getAll("/v1/jobs", j => j.job_id);
     await pollEvents();
     if (state.tick % 4 === 0) await pollProviders();
     const job = selectedJob();

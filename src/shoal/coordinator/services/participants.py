@@ -78,11 +78,14 @@ class Participants:
             role = beats.role_of(connection, address)
         return Role(role) if role else None
 
-    def registered(self) -> list[Participant]:
-        """Everyone registered or granted a role, by address."""
+    def registered(self, after: str | None = None, limit: int | None = None) -> list[Participant]:
+        """Everyone registered or granted a role, by address: those after `after`, `limit`
+        at most."""
+        query = select(ParticipantRow).order_by(ParticipantRow.address).limit(limit)
+        if after is not None:
+            query = query.where(ParticipantRow.address > after)
         with self.store.read() as session:
-            return [participant_view(row) for row in
-                    session.scalars(select(ParticipantRow).order_by(ParticipantRow.address))]
+            return [participant_view(row) for row in session.scalars(query)]
 
     def register(self, signer: str, registration: Registration) -> Participant:
         if registration.role not in SELF_SERVICE_ROLES:
