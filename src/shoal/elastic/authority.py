@@ -285,6 +285,8 @@ class MembershipAuthority:
                                  reason=reason, state_source=state_source)
         self._watch.reset(self.epoch, now, veterans)
         entry = {"t": time.time(), "epoch": self.epoch, "members": list(members), "reason": reason}
+        if state_source is not None:  # a chain break at the resync falls on it (shoal.proof.chain)
+            entry["state_source"] = state_source
         # Logged before it is published: the coordinator holds work records to this log, and
         # a member can commit a step in the epoch (and upload its record) only once published.
         if self.event_log is not None:

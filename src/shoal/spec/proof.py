@@ -110,6 +110,13 @@ class WorkRecord(Frozen):
     # A voted step (every step; under DiLoCo a round's end): what its members declared
     # they sent. None on a DiLoCo inner step, which exchanges nothing.
     exchanged: Exchanged | None = None
+    # The parameters after the step as applied (its update, a skip, a rollback; under
+    # DiLoCo, at a round's end, after the outer step): the next step must start there
+    # (`shoal.proof.chain`), so a state injected between steps breaks the chain.
+    end_sha256: str | None = Field(None, pattern=SHA256_HEX)
+    # The guard rolled the replica back at this step, to the state step N started from
+    # (its last good one): the step's end must then be that state.
+    rolled_back_to: int | None = Field(None, ge=0)
 
     @property
     def contributed(self) -> bool:
@@ -131,7 +138,7 @@ class WorkRecord(Frozen):
         """The Merkle leaf: SHA-256 of the record's canonical JSON, domain-separated
         from inner nodes (a leaf can never pass for a node)."""
         # A field added later hashes as if it did not exist while it is unset.
-        unset: dict[str, object] = {name: True for name in ("local", "exchanged")
+        unset: dict[str, object] = {name: True for name in _LATE_FIELDS
                                     if getattr(self, name) is None}
         if self.exchanged is not None:
             late = {n for n in ("losses", "loss_samples") if getattr(self.exchanged, n) is None}
@@ -140,6 +147,10 @@ class WorkRecord(Frozen):
         body = json.dumps(self.model_dump(mode="json", exclude=unset or None),
                           sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(b"\x00" + body.encode()).digest()
+
+
+# Fields added after the first records were hashed: while unset, a leaf is as before.
+_LATE_FIELDS = ("local", "exchanged", "end_sha256", "rolled_back_to")
 
 
 def hyper_digest(hyperparameters: dict[str, object]) -> str:

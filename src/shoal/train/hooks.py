@@ -51,7 +51,9 @@ class StepHook(Protocol):
     def hopeless(self, members: tuple[str, ...]) -> str | None:
         """Why the run cannot go on (members whose declarations never add up), if so."""
 
-    def committed(self, membership_epoch: int) -> None: ...
+    def committed(self, membership_epoch: int, rolled_back_to: int | None = None) -> None:
+        """The step committed everywhere and was applied (or skipped, or rolled back to the
+        state step `rolled_back_to` started from): publish its record."""
 
     # A mode with local rounds (DiLoCo) calls these (`shoal.train.sync.protocol.RoundProof`).
     def local_stepped(self, applied: bool) -> None: ...
@@ -89,7 +91,7 @@ class NoStepHook:
     def hopeless(self, members: tuple[str, ...]) -> str | None:
         return None
 
-    def committed(self, membership_epoch: int) -> None:
+    def committed(self, membership_epoch: int, rolled_back_to: int | None = None) -> None:
         pass
 
     def local_stepped(self, applied: bool) -> None:

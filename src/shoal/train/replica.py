@@ -31,6 +31,7 @@ class ReplicaState:
         self.cursor = 0  # stream position of the next step's first sample
         self.held = False  # this worker holds the job's live state
         self.last_good: dict[str, Any] | None = None  # model and optimizer a rollback returns to
+        self.last_good_step: int | None = None  # the step `last_good` is the start of
         # More state that travels with the replica (e.g. DiLoCo's theta_outer): objects with
         # state_dict() / load_state_dict(state or None), loaded after the model.
         self.extras: dict[str, Any] = {}
@@ -41,6 +42,7 @@ class ReplicaState:
         self.cursor += global_batch
         if snapshot and self.step % self.guard.config.snapshot_interval == 0:
             self.last_good = detached_copy(self._model_state())
+            self.last_good_step = self.step
 
     def roll_back(self) -> bool:
         """Back to the last good state; False (nothing done) if none was kept yet."""
@@ -59,6 +61,7 @@ class ReplicaState:
                  "extras": {name: extra.state_dict() for name, extra in self.extras.items()}}
         if with_last_good:
             state["last_good"] = self.last_good
+            state["last_good_step"] = self.last_good_step
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -68,6 +71,7 @@ class ReplicaState:
         self.guard.load_state_dict(state["guard"])
         self.balancer.base_world = state.get("base_world") or self.balancer.base_world
         self.last_good = state.get("last_good")
+        self.last_good_step = state.get("last_good_step")
         for name, extra in self.extras.items():
             extra.load_state_dict(state.get("extras", {}).get(name))
 
@@ -87,6 +91,7 @@ class ReplicaState:
             return False
         self.load_state_dict({**snapshot.state, "step": snapshot.step, "cursor": snapshot.cursor})
         self.last_good = detached_copy(self._model_state())
+        self.last_good_step = snapshot.step
         log.info("restored step %d from %s", snapshot.step, self.checkpoints.directory)
         return True
 

@@ -247,10 +247,12 @@ class Run:
             self._drop_group(stale=True)
             return
         if decision.commit:
-            self.hook.committed(self.record.epoch)
             applying = time.time()
             self.committer.voted(attempt, scalars, decision.verdict)
             self.balancer.after_apply(time.time() - applying)
+            # Once applied: the step's record commits where it ended, which the next
+            # step's must start from.
+            self.hook.committed(self.record.epoch, self.committer.rolled_back_to)
             if decision.weights:
                 self.balancer.weights = decision.weights
         else:

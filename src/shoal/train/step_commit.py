@@ -48,6 +48,9 @@ class StepCommitter:
     hook: StepHook
     grad_clip: float = 0.0
     hash_due: bool = True  # compare full parameter hashes at the next step where replicas agree
+    # The step just committed rolled back to the state this step started from (its work
+    # record says so, and must end there), or None.
+    rolled_back_to: int | None = None
 
     def voted(self, attempt: Attempt, scalars: StepScalars, verdict: GuardVerdict) -> None:
         """A step every member voted to commit, with the verdict they agreed on."""
@@ -56,6 +59,7 @@ class StepCommitter:
         for group, lr in zip(self.optimizer.param_groups, scalars.lrs):
             group["lr"] = lr
         self.guard.record(verdict, scalars.mean_loss)
+        self.rolled_back_to = None
         if verdict is GuardVerdict.apply:
             self.sync.apply(self.inner_step)
         else:
@@ -78,8 +82,9 @@ class StepCommitter:
                         verdict.value)
         self.sync.step_alone(attempt.work(step), self.inner_step,
                              applied=verdict is GuardVerdict.apply)
+        self.rolled_back_to = None
         self._roll_back_if(verdict)
-        self.hook.committed(epoch)
+        self.hook.committed(epoch, self.rolled_back_to)
         self.progress.reached(epoch, self.replica.step, Phase.stepped)  # after any rollback
         self._bookkeeping(attempt, loss, verdict is GuardVerdict.apply)
 
@@ -101,6 +106,7 @@ class StepCommitter:
         # to theta_outer then would pair it with the round's optimizer state, a state no
         # replica ever had (an audit calls it forged).
         if verdict is GuardVerdict.rollback and self.replica.roll_back():
+            self.rolled_back_to = self.replica.last_good_step
             self.sync.rolled_back()
 
     def _bookkeeping(self, attempt: Attempt, loss: float | None, applied: bool) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from shoal.train.errors import TrainError
 from shoal.train.group import EpochGroup, ShouldCancel
+from shoal.train.hashing import param_sha256
 from shoal.train.sync.exchange import GradientExchange
 from shoal.train.sync.protocol import Sync
 from shoal.verify.adversary import Adversary, AdversaryContext
@@ -157,14 +158,17 @@ class StepProof:
         """Why the run cannot go on: members whose declarations never add up."""
         return self.sent_check.hopeless(members) if self.sent_check is not None else None
 
-    def committed(self, membership_epoch: int = 0) -> None:
-        """The step committed everywhere (in `membership_epoch`): publish its record and keep
-        its contribution."""
+    def committed(self, membership_epoch: int = 0, rolled_back_to: int | None = None) -> None:
+        """The step committed everywhere (in `membership_epoch`) and was applied, skipped, or
+        rolled back to the state step `rolled_back_to` started from: publish its record,
+        with where the step ended, and keep its contribution."""
         pending = self.recorder.pending if self.recorder is not None else None
-        if pending is None:
+        if pending is None or self._model is None:
             return
         record, sent = pending
-        record = record.model_copy(update={"membership_epoch": membership_epoch})
+        record = record.model_copy(update={"membership_epoch": membership_epoch,
+                                           "end_sha256": param_sha256(self._model),
+                                           "rolled_back_to": rolled_back_to})
         if self.adversary is not None:
             record = self.adversary.record(record, self._context)
             sent = self.adversary.reveal(sent, self._context)

@@ -24,6 +24,7 @@ from shoal.spec.proof import WorkRecord
 @dataclass
 class _JobEpochs:
     members: dict[int, tuple[str, ...]] = field(default_factory=dict)  # epoch -> members by rank
+    sources: dict[int, str] = field(default_factory=dict)  # a resync's epoch -> its state source
     changes: list[MembershipChange] = field(default_factory=list)  # every line, in order
     offset: int = 0  # bytes of the file read so far (whole lines only)
 
@@ -59,6 +60,13 @@ class PublishedEpochs:
                 self._read_new_lines(self._run_dir(job_id) / "epochs.jsonl", job)
             return job.members.get(epoch)
 
+    def state_source(self, job_id: str, epoch: int) -> str | None:
+        """The member whose state every other member of `epoch` adopted (a resync), or None."""
+        self.members(job_id, epoch)  # read what was published since
+        with self._lock:
+            job = self._jobs.setdefault(job_id, _JobEpochs())
+            return job.sources.get(epoch)
+
     def check(self, job_id: str, record: WorkRecord) -> None:
         """Refuse a record whose epoch, rank or world is not what the job's host published."""
         epoch = record.membership_epoch
@@ -81,6 +89,7 @@ class PublishedEpochs:
         try:
             if path.stat().st_size < job.offset:  # replaced by a shorter file: start over
                 job.members.clear()
+                job.sources.clear()
                 job.changes.clear()
                 job.offset = 0
         except FileNotFoundError:
@@ -96,6 +105,8 @@ class PublishedEpochs:
                 continue
             members = tuple(map(str, members))
             # One host per job, numbering each epoch once: the first line of a number stands.
+            if epoch not in job.members and isinstance(value.get("state_source"), str):
+                job.sources[epoch] = value["state_source"]
             job.members.setdefault(epoch, members)
             job.changes.append(MembershipChange(t=t, epoch=epoch, members=members,
                                                 reason=str(value.get("reason", ""))))
