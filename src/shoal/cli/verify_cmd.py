@@ -107,7 +107,7 @@ def verify_command(
     verifier = Verifier(auditor, job.proof, salt=salt_bytes, total_steps=job.steps,
                         roots=_anchored_roots(chain_job, rpc, contract),
                         leaves=lambda epoch: (store.load_anchor(epoch) or (None, None))[1],
-                        members=_members(run_dir))
+                        members=_members(run_dir), sources=_state_sources(run_dir))
     log = VerdictLog(directory)
     results, done, started = [], set(), time.perf_counter()
     last_epoch = epoch_of(job.steps - 1, job.proof.epoch_steps)
@@ -222,6 +222,16 @@ def _members(run_dir: Path | None):  # noqa: ANN202 - the verifier's `Members`
 
     published = PublishedEpochs(lambda _: run_dir)
     return lambda epoch: published.members("", epoch)
+
+
+def _state_sources(run_dir: Path | None):  # noqa: ANN202 - the verifier's `StateSources`
+    """The state source each resync epoch of the run named (none without a run)."""
+    if run_dir is None:
+        return lambda epoch: None
+    from shoal.coordinator.proofs.published_epochs import PublishedEpochs
+
+    published = PublishedEpochs(lambda _: run_dir)
+    return lambda epoch: published.state_source("", epoch)
 
 
 def _wait_for_records(directory: str, interval_s: float) -> None:

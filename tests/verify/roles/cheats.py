@@ -91,3 +91,43 @@ class LostRecords(Adversary):
 
     def record(self, record, ctx):
         return None
+
+
+class ForgedStateSource(Adversary):
+    """Honest work, and once step 2 is applied, a state injected between steps: it asks
+    for a resync naming itself as the state source (what any member of an epoch may
+    write), and moves the parameters it sends (its own too, so nobody's fingerprint
+    differs after). Every record from then on starts from its state, agrees, and
+    replays; only the chain from step to step shows it."""
+
+    name = "forged_state_source"
+    after_step = 2
+
+    def record(self, record, ctx):
+        if record.step == self.after_step and not ctx.memory.get("forged"):
+            ctx.memory["forged"] = True
+            _send_moved_state(ctx.worker)
+        return record
+
+
+def _send_moved_state(worker: str) -> None:
+    import torch
+
+    import shoal.train.membership as membership
+    from shoal.train.rendezvous import Rendezvous, connect
+    from shoal.train.run_config import RunConfig
+
+    honest_pack = membership.pack
+
+    def pack(state):
+        membership.pack = honest_pack  # once
+        with torch.no_grad():  # the state's tensors are the live model's
+            for tensor in state["model"].values():
+                if tensor.is_floating_point():
+                    tensor.add_(0.01)
+        return honest_pack(state)
+
+    membership.pack = pack
+    config = RunConfig.from_env()
+    rdzv = Rendezvous(connect(config.host, config.port))
+    rdzv.request_reform(rdzv.latest_epoch(), state_source=worker)

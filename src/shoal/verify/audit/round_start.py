@@ -4,10 +4,9 @@ its values from the keepers' snapshot or from a kept start checked against it.""
 
 from __future__ import annotations
 
-import collections
-
 import torch
 
+from shoal.proof.chain import majority_claim
 from shoal.train.hashing import param_sha256
 from shoal.verify.known_records import KnownRecords
 from shoal.verify.proof_store import ProofStore
@@ -61,13 +60,3 @@ def load_agreed(store: ProofStore, replayer: Replayer, step: int,
         return None
     sha256 = param_sha256(replayer.model)
     return sha256 if sha256 == majority_claim(claims) else None
-
-
-def majority_claim(claims: list[str]) -> str | None:
-    """The state more of a step's records claim to start from than any other, or None
-    (no claims, or a tie: one claim against another decides nothing). The coordinator
-    checks a keeper's answer by the same rule, so it refuses nothing a verifier takes."""
-    ranked = collections.Counter(claims).most_common(2)
-    if not ranked or (len(ranked) == 2 and ranked[0][1] == ranked[1][1]):
-        return None
-    return ranked[0][0]

@@ -16,7 +16,8 @@ from collections import defaultdict
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from shoal.proof.epochs import by_epoch, epoch_of, final_lineage, is_complete
+from shoal.proof.chain import ChainBreak, StateSources, chain_breaks
+from shoal.proof.epochs import by_epoch, epoch_of, final_lineage, is_complete, steps_of
 from shoal.proof.merkle import MerkleTree, epoch_tree
 from shoal.proof.sampling import audit_sample, beacon
 from shoal.spec.proof import ProofSpec, Verdict, VerdictKind, WorkRecord
@@ -40,6 +41,9 @@ class EpochAudit:
     # Shares of voted steps with no record whose worker the verifier could not name (it
     # was not given the job's published membership): not judged.
     unnamed: list[Unrecorded] = field(default_factory=list)
+    # Steps that do not start where the step before ended (`shoal.proof.chain`); each one
+    # with a state source to blame is also a guilty verdict on it.
+    breaks: list[ChainBreak] = field(default_factory=list)
 
     @property
     def guilty(self) -> dict[str, list[Verdict]]:
@@ -54,14 +58,16 @@ class Verifier:
     def __init__(self, auditor: Auditor, spec: ProofSpec, *, salt: bytes,
                  roots: RootSource = lambda epoch: None, total_steps: int | None = None,
                  leaves: Callable[[int], list[bytes] | None] = lambda epoch: None,
-                 members: Members = lambda epoch: None) -> None:
+                 members: Members = lambda epoch: None,
+                 sources: StateSources = lambda epoch: None) -> None:
         """`roots`: each epoch's anchored root; `leaves`: the leaves the operator
         published with it (both None when not anchored); `members`: the job's published
         membership epochs, each its members in rank order (names the workers of shares
-        filed without a record)."""
+        filed without a record); `sources`: the state source each published epoch named
+        (a break in the chain of steps falls on it)."""
         self.auditor, self.spec, self.salt = auditor, spec, salt
         self.roots, self.total_steps, self.leaves = roots, total_steps, leaves
-        self.members = members
+        self.members, self.sources = members, sources
 
     def complete_epochs(self, records: list[WorkRecord]) -> list[int]:
         grouped = by_epoch(records, self.spec.epoch_steps)
@@ -91,10 +97,27 @@ class Verifier:
         return [share for step in sorted(by_step)
                 for share in unrecorded_shares(by_step[step], self.members)]
 
+    def breaks(self, epoch: int, ordered: list[WorkRecord]) -> list[ChainBreak]:
+        """The breaks in the chain of steps at `epoch`'s steps, along the final lineage of
+        its records and the job's earlier ones (the step before its first, a snapshot's)."""
+        first = steps_of(epoch, self.spec.epoch_steps).start
+        earlier = [r for r in self.auditor.local.records() if r.step < first]
+        return chain_breaks(final_lineage(earlier + ordered), self.sources,
+                            steps_of(epoch, self.spec.epoch_steps))
+
+    def _break_verdict(self, found: ChainBreak, epoch: int, job: str) -> Verdict:
+        assert found.source is not None
+        return Verdict(job=job, epoch=epoch, step=found.step, worker=found.source,
+                       kind=VerdictKind.wrong_params, verifier=self.auditor.verifier,
+                       detail=f"the chain of steps breaks: {found.detail}")
+
     def audit_one(self, record: WorkRecord, epoch_records: list[WorkRecord]) -> Verdict:
         """Audit one record against its epoch's tree (the referee's single re-execution)."""
         tree, ordered = epoch_tree(epoch_records)
         epoch = epoch_of(record.step, self.spec.epoch_steps)
+        for found in self.breaks(epoch, ordered):
+            if found.blames(record.worker, record.step):
+                return self._break_verdict(found, epoch, record.job)
         root = self.roots(epoch) or tree.root
         i = next(i for i, r in enumerate(ordered) if (r.step, r.worker, r.membership_epoch)
                  == (record.step, record.worker, record.membership_epoch))
@@ -138,11 +161,32 @@ class Verifier:
             log.warning("epoch %d: %d share(s) of voted steps have no record and no known "
                         "worker (give the verifier the job's membership epochs to judge "
                         "them)", epoch, len(result.unnamed))
+        self._judge_breaks(result, ordered, judged)
         result.replay_s = time.perf_counter() - started
         for worker, found in result.guilty.items():
             log.warning("epoch %d: %s failed %d audit(s): %s", epoch, worker, len(found),
                         found[0].kind.value)
         return result
+
+
+    def _judge_breaks(self, result: EpochAudit, ordered: list[WorkRecord],
+                      judged: Collection[tuple[str, int]] | None) -> None:
+        """Every break in the epoch's chain, not a sample (a few hashes each): one with a
+        state source to blame is a guilty verdict on it at the step, in place of any other
+        verdict there; one without is reported."""
+        if not ordered:
+            return
+        result.breaks = self.breaks(result.epoch, ordered)
+        for found in result.breaks:
+            if found.source is None:
+                log.warning("epoch %d: the chain of steps breaks and no state source is "
+                            "known to blame: %s", result.epoch, found.detail)
+                continue
+            if judged is not None and (found.source, found.step) not in judged:
+                continue
+            result.verdicts = [v for v in result.verdicts
+                               if (v.worker, v.step) != (found.source, found.step)]
+            result.verdicts.append(self._break_verdict(found, result.epoch, ordered[0].job))
 
 
 # -- verifiers that cheat, to rehearse the checks on verifiers ------------------------
