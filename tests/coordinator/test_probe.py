@@ -36,8 +36,10 @@ def probing(tmp_path, operator, request):
     coordinator.engine.dispose()
 
 
-def provider(served: Served, name: str = "p") -> CoordinatorClient:
-    client = served.client(Account.create())
+def provider(served: Served, name: str = "p", host: str | None = None) -> CoordinatorClient:
+    """A registered provider; with `host`, its requests come from that loopback address."""
+    client = served.client(Account.create()) if host is None else CoordinatorClient(
+        served.url, Account.create(), transport=httpx.HTTPTransport(local_address=host))
     client.register(Registration(role="provider", name=name))
     return client
 
@@ -126,7 +128,9 @@ def test_a_provider_cannot_probe_under_another_providers_agent(probing):
 @pytest.mark.parametrize("probing", [{"probe_deadline_s": 1.0}], indirect=True)
 def test_probes_are_bounded_and_one_nobody_joins_is_gone_after_its_deadline(probing):
     coordinator = probing.app.state.coordinator
-    providers = [provider(probing, f"p{i}") for i in range(coordinator.probes.max_open + 1)]
+    # Each from a host of its own: probes asked from one host lately share fewer slots.
+    providers = [provider(probing, f"p{i}", host=f"127.0.0.{i + 2}")
+                 for i in range(coordinator.probes.max_open + 1)]
     plans = [ProbeRendezvous.model_validate(p.request("POST", f"/v1/agents/a{i}/probe"))
              for i, p in enumerate(providers[:-1])]
     with pytest.raises(CoordinatorRefused) as again:  # one at a time per provider

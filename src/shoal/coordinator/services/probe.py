@@ -7,6 +7,12 @@ when the agent registers, they replace whatever link figures it states, so a
 provider cannot claim a faster link than the coordinator saw. Probes are
 bounded: a few at once, one per provider, each on its own thread and port,
 both gone by the probe's deadline whether or not the agent ever came.
+
+The few slots are shared so that asking again and again cannot keep them: a
+provider (or client address) that had a probe in the last `RECENT_S` may take
+only the slots beyond `RESERVED_FOR_NEW`, which wait for agents not probed
+lately, and a provider whose probes failed `MAX_FAILED` times in that span
+(none joined, a wrong sum) is refused until it passes.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from shoal.spec.coordinator import AgentRegistration, Preflight, ProbeRendezvous
 
 log = logging.getLogger(__name__)
 MAX_OPEN_PROBES = 4  # probes at once, all providers together
+RESERVED_FOR_NEW = 2  # of those, the slots only a provider and address not probed lately take
+RECENT_S = 600.0  # "lately": a probe opened this long ago still counts
+MAX_FAILED = 3  # failed probes a provider may have in RECENT_S before it is refused more
 RTT_ROUNDS = 9
 BANDWIDTH_ROUNDS = 3
 PAYLOAD_BYTES = 4 * 2**20
@@ -49,26 +58,31 @@ class _OpenProbe:
     thread: threading.Thread | None = None
 
 
+Measure = Callable[[str, object, ProbeRendezvous], LinkFigures]  # (bind, store, plan)
+
+
 class NetworkProbes:
     """The open probes and the figures of finished ones, keyed by (provider, agent)."""
 
     def __init__(self, bind: str, deadline_s: float, clock: Callable[[], float],
-                 max_open: int = MAX_OPEN_PROBES) -> None:
+                 max_open: int = MAX_OPEN_PROBES, reserved_for_new: int = RESERVED_FOR_NEW,
+                 measure: Measure | None = None) -> None:
+        """`measure`: rank 0's side of a probe (a test's stand-in for the real one)."""
         self.bind, self.deadline_s, self.max_open = bind, deadline_s, max_open
-        self._clock = clock
+        self.reserved_for_new = min(reserved_for_new, max_open - 1)
+        self._clock, self._measure = clock, measure or _measure
         self._lock = threading.Lock()
         self._open: dict[str, _OpenProbe] = {}  # by provider: one at a time each
         self._outcomes: dict[tuple[str, str], ProbeOutcome] = {}
+        self._opened: dict[str, float] = {}  # provider or client address -> its last probe
+        self._failed: dict[str, list[float]] = {}  # provider -> when its probes failed
 
-    def open(self, provider: str, agent_id: str) -> ProbeRendezvous:
-        """Open a probe for `provider`'s agent: a store on a fresh port, rank 0 waiting on it."""
+    def open(self, provider: str, agent_id: str, client: str | None = None) -> ProbeRendezvous:
+        """Open a probe for `provider`'s agent, asked from address `client`: a store on a
+        fresh port, rank 0 waiting on it."""
         probe = _OpenProbe(agent_id)
         with self._lock:
-            if provider in self._open:
-                raise Conflict("a probe of yours is already open: join it, or ask again "
-                               f"once it ends (within {2 * self.deadline_s:.0f} s)")
-            if len(self._open) >= self.max_open:
-                raise Conflict(f"{self.max_open} probes are running; ask again in a few seconds")
+            self._take_slot(provider, client, self._clock())
             self._open[provider] = probe  # the slot is held from here until the thread ends
         try:
             from shoal.elastic.serve import host_store
@@ -87,16 +101,43 @@ class NetworkProbes:
         log.info("probe for agent %s of %s on %s:%d", agent_id, provider, self.bind, plan.port)
         return plan
 
+    def _take_slot(self, provider: str, client: str | None, now: float) -> None:
+        """Refuse (Conflict) unless `provider` may open a probe now; else note it opened."""
+        self._opened = {k: at for k, at in self._opened.items() if now - at < RECENT_S}
+        self._failed = {k: kept for k, times in self._failed.items()
+                        if (kept := [at for at in times if now - at < RECENT_S])}
+        failed = self._failed.get(provider, [])
+        if provider in self._open:
+            raise Conflict("a probe of yours is already open: join it, or ask again "
+                           f"once it ends (within {2 * self.deadline_s:.0f} s)")
+        if len(failed) >= MAX_FAILED:
+            raise Conflict(f"{len(failed)} of your probes failed in the last {RECENT_S:.0f} s "
+                           "(the agent never joined, or sent wrong sums): make sure the "
+                           f"agent's host reaches {self.bind} (firewall, the coordinator's "
+                           f"--host), then ask again in {failed[0] + RECENT_S - now:.0f} s")
+        # Who had a probe lately leaves the reserved slots to agents not probed yet.
+        returning = provider in self._opened or client in self._opened
+        room = self.max_open - (self.reserved_for_new if returning else 0)
+        if len(self._open) >= room:
+            whose = "probes are running" if not returning else \
+                f"probes are running; {self.reserved_for_new} wait for agents not probed lately"
+            raise Conflict(f"{len(self._open)} {whose}; ask again in a few seconds")
+        self._opened[provider] = now
+        if client is not None:
+            self._opened[client] = now
+
     def _serve(self, provider: str, probe: _OpenProbe, store, plan: ProbeRendezvous) -> None:  # noqa: ANN001
         figures = LinkFigures.failed("the probe stopped on an unexpected error")
         try:
-            figures = _measure(self.bind, store, plan)
+            figures = self._measure(self.bind, store, plan)
         finally:  # whatever happened, the slot is freed and the outcome kept
             del store  # with the group gone, the last reference: the port closes
             now = self._clock()
             with self._lock:
                 self._outcomes = {k: o for k, o in self._outcomes.items() if now - o.at_s < KEEP_S}
                 self._outcomes[(provider, probe.agent_id)] = ProbeOutcome(figures, now)
+                if not figures.collective_ok:
+                    self._failed.setdefault(provider, []).append(now)
                 del self._open[provider]
             probe.done.set()
         if figures.collective_ok:
@@ -151,12 +192,14 @@ class NetworkProbing:
     def __init__(self, store: Store, settings: CoordinatorSettings, probes: NetworkProbes) -> None:
         self.store, self.settings, self.probes = store, settings, probes
 
-    def open_probe(self, provider: str, agent_id: str) -> ProbeRendezvous:
+    def open_probe(self, provider: str, agent_id: str,
+                   client: str | None = None) -> ProbeRendezvous:
+        """A probe for `provider`'s agent, asked from client address `client`."""
         with self.store.read() as session:
             agent = session.get(AgentRow, agent_id)
             if agent is not None and agent.provider != provider:
                 raise Forbidden(f"agent '{agent_id}' belongs to another provider")
-        return self.probes.open(provider, agent_id)
+        return self.probes.open(provider, agent_id, client)
 
     def probed_devices(self, provider: str, registration: AgentRegistration) -> tuple[Preflight, ...]:
         """The agent's devices with the link figures of this coordinator's probe in
