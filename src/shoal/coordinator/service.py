@@ -45,6 +45,7 @@ from shoal.coordinator.proofs.plants import Plants
 from shoal.coordinator.proofs.records import ProofRecords
 from shoal.coordinator.proofs.referee import Referee
 from shoal.coordinator.proofs.unfiled_disputes import UnfiledDisputes
+from shoal.coordinator.proofs.verdict_stake import VerdictStake
 from shoal.coordinator.proofs.verdicts import Verdicts
 from shoal.coordinator.services import journal
 from shoal.coordinator.services.attendance import LeaseAttendance
@@ -123,7 +124,8 @@ class Coordinator:
         self.challenges = Challenges(store, desk, settings, specs, records, plants, keepers,
                                      open_challenges)
         self.referee = Referee(store, specs, records, plants, self.penalties, replayer)
-        self.verdicts = Verdicts(store, desk, specs, records, plants, self.referee)
+        self.verdicts = Verdicts(store, desk, specs, records, plants, self.referee,
+                                 VerdictStake(store, settlement))
         self.unfiled = UnfiledDisputes(store, desk, settings, settlement, self.penalties)
         self.disputes = Disputes(store, desk, settlement, records, plants, self.challenges,
                                  self.referee, self.unfiled, self.offers)

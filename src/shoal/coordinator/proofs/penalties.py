@@ -74,7 +74,10 @@ class Penalties:
             self.offers.drop_provider(job_id, provider, reason=f"slashed: {why}")
         if ruling == Ruling.upheld:
             self._lazy_verifiers(job_id, verdict, enforce, chain_job)
-        elif ruling == Ruling.rejected and enforce:
+        elif ruling == Ruling.rejected and self.account is not None \
+                and self.settlement is not None:
+            # Whether or not the job's escrow is on the chain: the verifier's stake is
+            # (verdict_stake.py took its verdict only while that stake covered it).
             chain_note = self.transact(lambda: self.settlement.ledger.slash_verifier(
                 self.account, verdict.verifier, FALSE_ACCUSATION_PENALTY_WEI,
                 provider or self.settlement.operator.address))

@@ -14,6 +14,7 @@ from shoal.coordinator.errors import Conflict, Forbidden
 from shoal.coordinator.proofs.plants import Plants
 from shoal.coordinator.proofs.records import ProofRecords
 from shoal.coordinator.proofs.referee import Referee, own_file_challenges, vouched_steps
+from shoal.coordinator.proofs.verdict_stake import VerdictStake
 from shoal.coordinator.proofs.views import job_verdicts, verdict_view
 from shoal.coordinator.services.job_specs import JobSpecs
 from shoal.coordinator.services.market_desk import MarketDesk
@@ -27,14 +28,17 @@ class Verdicts:
     referee."""
 
     def __init__(self, store: Store, desk: MarketDesk, specs: JobSpecs, records: ProofRecords,
-                 plants: Plants, referee: Referee) -> None:
+                 plants: Plants, referee: Referee, stake: VerdictStake) -> None:
+        """`stake`: whether a verifier's stake covers what its verdicts could cost it."""
         self.store, self.desk, self.specs = store, desk, specs
         self.records, self.plants, self.referee = records, plants, referee
+        self.stake = stake
 
     def file_verdicts(self, verifier: str, job_id: str, filing: VerdictFiling) -> list[VerdictView]:
         from shoal.verify.roles.verdicts import SignedVerdict
 
         out, guilty = [], []
+        self.stake.check(verifier, job_id, filing)  # a chain read: before the store's lock
         with self.desk.change() as session:
             now = self.desk.now_s()
             job = self.records.proof_job(session, job_id)

@@ -1,0 +1,55 @@
+"""Stake before verdicts: where the coordinator settles on a chain, a verifier's
+verdicts are taken only while its free stake there covers what they could cost it.
+
+A rejected guilty verdict costs its verifier FALSE_ACCUSATION_PENALTY_WEI, and a
+`valid` signed on a forced error LAZY_VERDICT_PENALTY_WEI (penalties.py), taken
+from the stake its leases do not lock. A verifier with none would accuse for
+free: every false accusation sets the referee replaying a step and freezes the
+accused's standing until it is ruled. So a filing needs free stake of one
+penalty for each guilty verdict it holds and each of the verifier's guilty
+verdicts still awaiting a ruling, and never less than one penalty. (Off a chain
+no one holds stake, and a ruling only records.)
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+
+from shoal.coordinator.db.schema import JobRow, VerdictRow
+from shoal.coordinator.db.store import Store
+from shoal.coordinator.errors import Conflict
+from shoal.coordinator.proofs.penalties import (
+    FALSE_ACCUSATION_PENALTY_WEI, LAZY_VERDICT_PENALTY_WEI,
+)
+from shoal.coordinator.services.settlement import Settlement
+from shoal.spec.audit import VerdictFiling
+from shoal.spec.proof import GUILTY
+
+
+class VerdictStake:
+    def __init__(self, store: Store, settlement: Settlement | None) -> None:
+        self.store, self.settlement = store, settlement
+
+    def check(self, verifier: str, job_id: str, filing: VerdictFiling) -> None:
+        """Refuse (Conflict) `filing` unless `verifier`'s free stake on the chain covers
+        it (any job's: a verifier's penalties are slashed whether or not the job's escrow
+        is on the chain); a coordinator off chain takes any verifier's verdicts."""
+        if self.settlement is None:
+            return
+        with self.store.read() as session:
+            if session.get(JobRow, job_id) is None:
+                return  # refused by the filing itself, as no such job
+            awaiting = session.scalar(select(func.count()).select_from(VerdictRow).where(
+                VerdictRow.verifier == verifier, VerdictRow.ruling.is_(None),
+                VerdictRow.kind.in_([kind.value for kind in GUILTY])))
+        guilty = sum(body.verdict.guilty for body in filing.verdicts)
+        needed = max(LAZY_VERDICT_PENALTY_WEI, FALSE_ACCUSATION_PENALTY_WEI * (awaiting + guilty))
+        stake = self.settlement.ledger.stake_of(verifier)
+        free = stake.active_wei - stake.locked_wei
+        if free < needed:
+            raise Conflict(
+                f"your free stake of {free} wei does not cover these verdicts: {guilty} "
+                f"guilty here and {awaiting} awaiting a ruling need {needed} wei (a false "
+                f"accusation costs {FALSE_ACCUSATION_PENALTY_WEI} wei, a `valid` on a forced "
+                f"error {LAZY_VERDICT_PENALTY_WEI}); stake {needed - free} wei more on the "
+                "market contract, or wait for your verdicts' rulings, then file again")
