@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.ledger import InsufficientFunds, InvalidState, OutsideTimeWindow, Unauthorized
-from shoal.spec.ledger import DisputeState
+from shoal.ledger import InsufficientFunds, InvalidInput, InvalidState, Ledger, OutsideTimeWindow, Unauthorized
+from shoal.spec.ledger import DisputeState, LedgerConfig
 from tests.ledger.stage import BOND, MIN_STAKE, UNBOND_S, WINDOW_S, compare, staged
 
 
@@ -105,8 +105,9 @@ def test_pay_is_held_while_a_dispute_is_open(embedded_chain, stage):
     s.ledger.resolve_dispute(s.a.referee, dispute, upheld=True)
     forfeited = 300 * 10**9
     fee = forfeited * 200 // 10_000
-    # The submitter gets back the cheat's pay, the operator's fee on it, and half the collateral.
-    assert s.ledger.credit_of(s.a.submitters[0].address) - before == forfeited + fee + MIN_STAKE // 2
+    # The submitter gets back the cheat's pay, the operator's fee on it, and the collateral
+    # less the whistleblower's reward (its share, half, capped at two bonds).
+    assert s.ledger.credit_of(s.a.submitters[0].address) - before == forfeited + fee + MIN_STAKE - 2 * BOND
     assert s.ledger.payout(s.a.stranger, s.job, [cheat.address])[0].events == ()
 
 
@@ -184,3 +185,71 @@ def test_cheat_cannot_be_credited_before_the_window_to_escape_a_slash(embedded_c
     _assert_no_gain(stage, before, after)
     assert stage.ledger.credit_of(cheat.address) == 0
     assert stage.ledger.lease(stage.job, cheat.address).slashed
+
+
+def _whistleblower_catches_the_cheat(s):
+    d = s.ledger.open_dispute(s.a.whistleblower, s.job, s.a.providers[2].address, BOND)
+    s.spent(d)
+    s.spent(s.ledger.resolve_dispute(s.a.referee, d.returned, upheld=True))
+
+
+def test_cheats_sock_recovers_at_most_two_bonds_of_its_collateral(embedded_chain, stage):
+    """The cheat's sock disputes first, with the real evidence (the cheat knows its own
+    bad step), so the referee must uphold it and the first reward is the sock's. The
+    reward is at most two minimum bonds: of the 10 bonds the lease locked, the cheat
+    gets 2 back, not half of them (5, before the cap)."""
+    cheat = stage.a.providers[2].address
+
+    def attack(s):
+        sock = s.ledger.open_dispute(s.a.stranger, s.job, cheat, BOND)
+        honest = s.ledger.open_dispute(s.a.whistleblower, s.job, cheat, BOND)
+        s.spent([sock, honest])
+        s.spent(s.ledger.resolve_dispute(s.a.referee, sock.returned, upheld=True))
+        assert s.ledger.dispute(honest.returned).state is DisputeState.superseded
+
+    before, after = compare(embedded_chain, stage, _whistleblower_catches_the_cheat, attack)
+    gained = _attacker(after, stage) - _attacker(before, stage)
+    # Caught by the whistleblower, the cheat loses its collateral (10 bonds) and its pay;
+    # caught through its sock, it still loses at least 8 bonds and its pay.
+    assert gained == stage.ledger.max_reward() == 2 * BOND < MIN_STAKE // 2
+    # The submitter, owed the collateral less the reward, is as whole as in the honest story;
+    # the front-run whistleblower has its bond back and loses only the reward it would have had.
+    assert after[stage.a.submitters[0].address] == before[stage.a.submitters[0].address]
+    assert before[stage.a.whistleblower.address] - after[stage.a.whistleblower.address] == gained
+
+
+def test_sock_disputes_cannot_take_the_referees_slot(embedded_chain, stage):
+    """Sock disputes fill every slot anyone may use; the last is the referee's own, so its
+    finding still holds the cheat's pay past the window until it rules."""
+    cheat = stage.a.providers[2].address
+
+    def referee_finds(s, socks=()):
+        own = s.ledger.open_dispute(s.a.referee, s.job, cheat, BOND)
+        s.spent(own)
+        s.spent(s.ledger.settle(s.a.operator, s.job))
+        embedded_chain.advance_time(WINDOW_S + 1)  # the window closes; the dispute holds the pay
+        for sock in socks:  # decided oldest first: each unproven sock dispute loses its bond
+            s.spent(s.ledger.resolve_dispute(s.a.referee, sock, upheld=False))
+        s.spent(s.ledger.resolve_dispute(s.a.referee, own.returned, upheld=True))
+        assert s.ledger.lease(s.job, cheat).slashed
+
+    def attack(s):
+        socks = [s.ledger.open_dispute(s.a.stranger, s.job, cheat, BOND) for _ in range(7)]
+        s.spent(socks)
+        with pytest.raises(InvalidState, match="too many open disputes") as eighth:
+            s.ledger.open_dispute(s.a.stranger, s.job, cheat, BOND)
+        sock = s.a.stranger.address
+        s.fees[sock] = s.fees.get(sock, 0) + eighth.value.fee_wei  # its gas, mined or not
+        referee_finds(s, [x.returned for x in socks])
+
+    before, after = compare(embedded_chain, stage, referee_finds, attack)
+    _assert_no_gain(stage, before, after)
+    assert _attacker(before, stage) - _attacker(after, stage) == 7 * BOND
+
+
+def test_a_bond_too_large_to_post_is_refused_at_deploy(embedded_chain):
+    """The reward's cap (two bonds) is computed unchecked: no bond may exceed what the
+    contract can hold."""
+    a = embedded_chain.dev_accounts()
+    with pytest.raises(InvalidInput, match="min_bond"):
+        Ledger.deploy(embedded_chain, a[0], a[1].address, a[2].address, LedgerConfig(min_bond_wei=2**85))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from shoal.ledger import InvalidInput, InvalidState, Unauthorized
-from tests.ledger.stage import MIN_STAKE, STAKE, UNBOND_S, staged
+from tests.ledger.stage import BOND, MIN_STAKE, STAKE, UNBOND_S, staged
 
 PENALTY = 10**15
 
@@ -26,7 +26,7 @@ def test_lazy_verifier_loses_its_bond_and_money_is_conserved(stage):
     s.ledger.slash_verifier(s.a.referee, verifier, PENALTY, s.a.whistleblower.address)
     assert s.ledger.balance() == held  # nothing left the contract: stake became credits
     assert s.wealth(verifier) == before[verifier] - PENALTY
-    reward = PENALTY * 5000 // 10_000
+    reward = 2 * BOND  # the whistleblower's share (half) is capped at two minimum bonds
     assert s.wealth(s.a.whistleblower.address) == before[s.a.whistleblower.address] + reward
     assert s.wealth(s.a.owner.address) == before[s.a.owner.address] + PENALTY - reward
 

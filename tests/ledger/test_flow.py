@@ -14,12 +14,14 @@ GWEI = 10**9
 FEE_BPS = 200
 STAKE = 10**16
 COLLATERAL = 10**15  # min_stake: each lease here can earn less than that
+BOND = 10**14
+REWARD = 2 * BOND  # half of COLLATERAL, capped at two minimum bonds
 
 
 def test_job_lifecycle(chain):
     a = Actors.of(chain)
     ledger = deploy(chain, a, fee_bps=FEE_BPS, whistleblower_bps=5000, min_stake_wei=COLLATERAL,
-                    min_bond_wei=10**14, unbonding_delay_s=1000, silence_timeout_s=2000,
+                    min_bond_wei=BOND, unbonding_delay_s=1000, silence_timeout_s=2000,
                     dispute_window_s=100, dispute_timeout_s=500)
     sub, (p1, p2, p3), wb, op, ref = a.submitters[0], a.providers, a.whistleblower, a.operator, a.referee
     w = Wallets(chain, [x.address for x in a.all()])
@@ -57,9 +59,10 @@ def test_job_lifecycle(chain):
     with w.refused(op.address, InvalidInput, "passed since"):
         ledger.book(op, job, 1, {p2.address: 200})  # 400 s in 300 s of lease
 
-    # p3 is caught: the dispute is upheld, p3's collateral goes half to the
-    # whistleblower and half to the submitter, and p3 forfeits its pay.
-    opened = ledger.open_dispute(wb, job, p3.address, bond_wei=10**14)
+    # p3 is caught: the dispute is upheld, p3's collateral goes to the whistleblower
+    # (its half share, capped at two bonds) and the rest to the submitter, and p3
+    # forfeits its pay.
+    opened = ledger.open_dispute(wb, job, p3.address, bond_wei=BOND)
     w.paid(wb.address, opened)
     w.paid(ref.address, ledger.resolve_dispute(ref, opened.returned, upheld=True))
     assert ledger.dispute(opened.returned).state is DisputeState.upheld
@@ -101,8 +104,8 @@ def test_job_lifecycle(chain):
     assert w.net(p2.address) == -STAKE + 200 * (GWEI // 2)
     assert w.net(p3.address) == -STAKE
     assert w.net(op.address) == fee
-    assert w.net(wb.address) == COLLATERAL // 2  # bond returned, and half of p3's collateral
-    assert w.net(sub.address) == -owed - fee + COLLATERAL // 2
+    assert w.net(wb.address) == REWARD  # bond returned, and the capped reward
+    assert w.net(sub.address) == -owed - fee + COLLATERAL - REWARD
     assert ledger.balance() == 3 * STAKE - COLLATERAL  # stakes, less p3's slashed collateral
     assert all(ledger.stake_of(p.address).locked_wei == 0 for p in (p1, p2, p3))
 

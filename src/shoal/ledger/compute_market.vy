@@ -19,8 +19,10 @@
           more seconds than have passed since the provider accepted;
         - a referee slash always goes through and closes the lease's open
           disputes; a lease's disputes are decided in the order they were
-          opened, so the first to bring the evidence gets the reward; a
-          rejected bond goes to the owner (treasury), never to the accused;
+          opened, so the first to bring the evidence gets the reward, which
+          is at most REWARD_BONDS bonds, as that first may be the cheat's
+          sock; a rejected bond goes to the owner (treasury), never to the
+          accused; the last dispute slot of a lease is the referee's;
         - pay and the operator's fee on it are released per lease after the
           window, and never while a dispute on the lease is open; a slashed
           lease pays neither.
@@ -69,7 +71,12 @@ HALF_CURVE_ORDER: constant(uint256) = 578960446186580977117854925043439539264187
 
 BPS: constant(uint256) = 10_000
 MAX_BATCH: constant(uint256) = 256
-MAX_OPEN_DISPUTES: constant(uint256) = 8  # per lease; each costs its opener a bond
+# Per lease; each costs its opener a bond. The last is the referee's own
+# (`open_dispute`), so accounts a cheat controls cannot fill them all.
+MAX_OPEN_DISPUTES: constant(uint256) = 8
+# A whistleblower's reward: its share of the slash, at most this many minimum
+# bonds (see `_reward`).
+REWARD_BONDS: constant(uint256) = 2
 
 # A job is open from funding until settled; settled_at == 0 means open.
 struct Job:
@@ -255,6 +262,9 @@ def __init__(
     assert whistleblower_bps_ > 0 and whistleblower_bps_ < BPS, "input: the whistleblower share must be 1 to 9999 basis points"
     assert min_stake_ > 0, "input: min_stake must be nonzero, or a lease's collateral can be nothing"
     assert min_bond_ > 0, "input: min_bond must be nonzero, or disputes are free to spam"
+    # No bond above what the contract can hold could ever be posted; below it,
+    # REWARD_BONDS x min_bond cannot overflow.
+    assert min_bond_ <= MAX_HELD, "input: min_bond must be at most 2**85-1 wei"
     # With no window a cheat is paid the moment its job settles.
     assert dispute_window_s_ > 0 and dispute_timeout_s_ > 0 and silence_timeout_s_ > 0, "input: the dispute window and the timeouts must be nonzero"
     self.owner = msg.sender
@@ -691,6 +701,20 @@ def _end_disputes(job: uint256, provider: address, state: uint256):
 
 
 @internal
+@view
+def _reward(taken: uint256) -> uint256:
+    # The first to show the evidence may be the cheat's own sock (the cheat
+    # knows where it cheated), and an upheld bond comes back, so a cheat gets
+    # back whatever this pays. Capped, a cheat that reports itself loses its
+    # collateral C less min(C x share, REWARD_BONDS x min_bond): more than 0,
+    # as the share is below the whole, and all but two bonds of any lease. An
+    # honest challenger risks one bond to win up to REWARD_BONDS of them.
+    # Unchecked: taken < 2**85 (MAX_HELD), whistleblower_bps < 10**4, and
+    # min_bond <= MAX_HELD (the constructor's check).
+    return min(unsafe_div(unsafe_mul(taken, whistleblower_bps), BPS), unsafe_mul(REWARD_BONDS, min_bond))
+
+
+@internal
 def _slash(job: uint256, provider: address, whistleblower: address):
     lease: uint256 = self.leases[job][provider]
     assert lease & LEASE_OPEN != 0, "state: provider has no unpaid lease on this job"
@@ -699,7 +723,7 @@ def _slash(job: uint256, provider: address, whistleblower: address):
     # The lease's collateral is locked, so it is all there to take.
     taken: uint256 = self._collateral(lease)
     self.accounts[provider] -= (taken << LOCKED_SHIFT) + taken  # out of locked and active stake
-    reward: uint256 = taken * whistleblower_bps // BPS
+    reward: uint256 = self._reward(taken)
     self._credit(whistleblower, reward)
     # The cheat forfeits its pay for this job and the operator its fee on
     # it: both go back to the submitter, through the escrow while the job is
@@ -743,7 +767,7 @@ def slash_verifier(verifier: address, amount: uint256, whistleblower: address):
     self.unbonding[verifier] -= unbonding
     taken += unbonding
     assert taken > 0, "state: no unlocked stake"
-    reward: uint256 = taken * whistleblower_bps // BPS
+    reward: uint256 = self._reward(taken)
     self._credit(whistleblower, reward)
     self._credit(self.owner, taken - reward)
     log VerifierSlashed(verifier=verifier, amount=taken, whistleblower=whistleblower, reward=reward)
@@ -760,7 +784,9 @@ def open_dispute(job: uint256, provider: address) -> uint256:
     assert lease & LEASE_OPEN != 0, "state: provider has no unpaid lease on this job"
     assert lease & LEASE_SLASHED == 0, "state: provider was already slashed on this job"
     assert self._accepted_at(lease) != 0, "state: provider never accepted this lease"
-    assert len(self.lease_disputes[job][provider]) < MAX_OPEN_DISPUTES, "state: too many open disputes on this lease"
+    # The last slot is the referee's: its own finding can still hold the pay
+    # (past the window, until it rules), whatever socks filled the others.
+    assert len(self.lease_disputes[job][provider]) < MAX_OPEN_DISPUTES - 1 or msg.sender == self.referee, "state: too many open disputes on this lease"
     dispute: uint256 = self.dispute_count + 1
     self.dispute_count = dispute
     self.disputes[dispute] = Dispute(

@@ -37,6 +37,7 @@ LEASE_SLASHED = 1 << 250
 STAKE_MASK = 2**85 - 1
 LOCKED_SHIFT, CREDIT_SHIFT = 85, 170
 ZERO_ADDRESS = "0x" + "00" * 20
+REWARD_BONDS = 2  # a whistleblower's reward is at most this many minimum bonds
 
 
 class LedgerReader:
@@ -63,6 +64,11 @@ class LedgerReader:
             dispute_window_s=self._read("dispute_window_s"),
             dispute_timeout_s=self._read("dispute_timeout_s"),
         )
+
+    def max_reward(self) -> int:
+        """Most wei a slash pays its whistleblower, whatever its share: the first to show
+        the evidence may be the cheat's sock (the contract's REWARD_BONDS)."""
+        return REWARD_BONDS * self.config().min_bond_wei
 
     def roles(self) -> dict[str, str]:
         return {role: self._read(role) for role in ("owner", "operator", "referee")}
