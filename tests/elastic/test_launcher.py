@@ -1,6 +1,7 @@
 """The launcher's own duties: the store it hosts listens where it is told and
-is gone after the run, no thread outlives `run()`, workers never outlive a
-killed launcher, and SIGTERM becomes a graceful leave with a bounded grace."""
+is gone after the run, no thread outlives `run()`, and SIGTERM becomes a
+graceful leave with a bounded grace (workers never outliving a killed
+launcher: test_preload.py, for executed and forked workers alike)."""
 
 from __future__ import annotations
 
@@ -112,16 +113,6 @@ def test_addresses():
     assert parse_endpoint("[::1]:5") == ("::1", 5)
     assert interface_of("127.0.0.1") == "lo"
     assert interface_of("203.0.113.77") is None  # TEST-NET-3: on no interface here
-
-
-def test_workers_die_with_a_sigkilled_launcher(tmp_path):
-    parent = subprocess.Popen([sys.executable, str(SCRIPTS / "orphan_parent.py"), str(tmp_path / "w.log")],
-                              stdout=subprocess.PIPE, text=True, cwd=REPO)
-    child = int(parent.stdout.readline())
-    assert not gone(child, within_s=0.2)
-    parent.kill()  # no handler, no cleanup: the kernel must take the worker down
-    parent.wait()
-    assert gone(child), "the worker outlived its SIGKILLed launcher"
 
 
 def test_sigterm_asks_workers_to_leave_then_kills_the_stubborn(tmp_path, cli_env):

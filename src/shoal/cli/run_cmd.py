@@ -42,6 +42,7 @@ def run_command(
     """
     if not script.is_file():
         raise ShoalError(f"script '{script}' not found")
+    from shoal.elastic import preload
     from shoal.elastic.launcher import worker_command
 
     options = LaunchOptions(
@@ -52,4 +53,5 @@ def run_command(
     settings = (run_settings(checkpoint_dir=str(checkpoint_dir.resolve())) if checkpoint_dir
                 else run_settings())
     command = worker_command(str(script), list(args or []))
+    preload.warm(command)
     launch_and_report(options.config(command, script.stem, settings), report)

@@ -53,7 +53,8 @@ class WorkerPool:
         # (importing torch, building the model) must not slow the job it stands by for.
         self.workers[worker] = WorkerProcess(worker, config.command, env,
                                              config.run_dir / f"{worker}.log", self.on_exit,
-                                             niceness=SPARE_NICENESS if spare else 0)
+                                             niceness=SPARE_NICENESS if spare else 0,
+                                             preloaded=True)
         if spare:
             self.spares.append(worker)
         return worker

@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from shoal.elastic.preload import ForkedWorker, forkable
+
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -40,17 +42,27 @@ class WorkerProcess:
     """A started worker; `on_exit(worker)` runs in a watcher thread when it exits."""
 
     def __init__(self, worker: str, command: list[str], env: dict[str, str], log_path: Path,
-                 on_exit: Callable[[str], None], niceness: int = 0) -> None:
+                 on_exit: Callable[[str], None], niceness: int = 0, preloaded: bool = False) -> None:
+        """`preloaded`: fork a Python worker from the preloaded fork server (shoal.elastic.
+        preload) rather than execute it, where it can be."""
         self.worker = worker
-        with open(log_path, "ab") as output:
-            # PDEATHSIG is tied to the thread that forks; the launcher forks from the thread
-            # that runs it and lives as long, so that thread's end is the launcher's end.
-            self.process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT,
-                                            process_group=0,
-                                            preexec_fn=_die_with(os.getpid(), niceness))
+        self.process: subprocess.Popen | ForkedWorker
+        if preloaded and forkable(command):
+            self.process = ForkedWorker(command, env, log_path, niceness)
+        else:
+            self.process = self._execute(command, env, log_path, niceness)
         self._on_exit = on_exit
         self._watcher = threading.Thread(target=self._watch, name=f"exit-{worker}", daemon=True)
         self._watcher.start()
+
+    @staticmethod
+    def _execute(command: list[str], env: dict[str, str], log_path: Path,
+                 niceness: int) -> subprocess.Popen:
+        with open(log_path, "ab") as output:
+            # PDEATHSIG is tied to the thread that forks; the launcher forks from the thread
+            # that runs it and lives as long, so that thread's end is the launcher's end.
+            return subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                    process_group=0, preexec_fn=_die_with(os.getpid(), niceness))
 
     @property
     def pid(self) -> int:
