@@ -125,7 +125,7 @@ class Coordinator:
                                      open_challenges)
         self.referee = Referee(store, specs, records, plants, self.penalties, replayer)
         self.verdicts = Verdicts(store, desk, specs, records, plants, self.referee,
-                                 VerdictStake(store, settlement))
+                                 VerdictStake(settlement))
         self.unfiled = UnfiledDisputes(store, desk, settings, settlement, self.penalties)
         self.disputes = Disputes(store, desk, settlement, records, plants, self.challenges,
                                  self.referee, self.unfiled, self.offers)

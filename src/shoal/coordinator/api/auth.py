@@ -28,8 +28,10 @@ def verified_signer(coordinator: Coordinator, request: Request, body: bytes,
     signer = verify_request({k.lower(): v for k, v in request.headers.items()},
                             settings.audience, request.method, target_of(request.scope), body,
                             coordinator.desk.now_s(), settings.max_skew_s)
-    coordinator.quotas.charge_key(signer.address)  # before the store is written
     coordinator.participants.consume_nonce(signer)
+    # After the nonce: a replayed copy of a key's request is refused unanswered, never
+    # charged to the key (a refused request's nonce is spent; the client signs afresh).
+    coordinator.quotas.charge_key(signer.address)
     if roles:
         refuse_role(signer.address, coordinator.participants.role_of(signer.address), roles)
     return signer

@@ -14,9 +14,9 @@ no one holds stake, and a ruling only records.)
 from __future__ import annotations
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
-from shoal.coordinator.db.schema import JobRow, VerdictRow
-from shoal.coordinator.db.store import Store
+from shoal.coordinator.db.schema import VerdictRow
 from shoal.coordinator.errors import Conflict
 from shoal.coordinator.proofs.penalties import (
     FALSE_ACCUSATION_PENALTY_WEI, LAZY_VERDICT_PENALTY_WEI,
@@ -27,25 +27,29 @@ from shoal.spec.proof import GUILTY
 
 
 class VerdictStake:
-    def __init__(self, store: Store, settlement: Settlement | None) -> None:
-        self.store, self.settlement = store, settlement
+    def __init__(self, settlement: Settlement | None) -> None:
+        self.settlement = settlement
 
-    def check(self, verifier: str, job_id: str, filing: VerdictFiling) -> None:
-        """Refuse (Conflict) `filing` unless `verifier`'s free stake on the chain covers
-        it (any job's: a verifier's penalties are slashed whether or not the job's escrow
-        is on the chain); a coordinator off chain takes any verifier's verdicts."""
+    def free_stake(self, verifier: str) -> int | None:
+        """`verifier`'s stake on the chain that its leases do not lock (None: off chain).
+        A chain read: done before the store's lock is taken."""
         if self.settlement is None:
+            return None
+        stake = self.settlement.ledger.stake_of(verifier)
+        return stake.active_wei - stake.locked_wei
+
+    def check(self, session: Session, verifier: str, filing: VerdictFiling,
+              free: int | None) -> None:
+        """Refuse (Conflict) `filing` unless `free` (free_stake's) covers it with the
+        verifier's guilty verdicts awaiting a ruling; in the filing's own transaction, so
+        filings sent at once cannot each count on the same stake."""
+        if free is None:
             return
-        with self.store.read() as session:
-            if session.get(JobRow, job_id) is None:
-                return  # refused by the filing itself, as no such job
-            awaiting = session.scalar(select(func.count()).select_from(VerdictRow).where(
-                VerdictRow.verifier == verifier, VerdictRow.ruling.is_(None),
-                VerdictRow.kind.in_([kind.value for kind in GUILTY])))
+        awaiting = session.scalar(select(func.count()).select_from(VerdictRow).where(
+            VerdictRow.verifier == verifier, VerdictRow.ruling.is_(None),
+            VerdictRow.kind.in_([kind.value for kind in GUILTY])))
         guilty = sum(body.verdict.guilty for body in filing.verdicts)
         needed = max(LAZY_VERDICT_PENALTY_WEI, FALSE_ACCUSATION_PENALTY_WEI * (awaiting + guilty))
-        stake = self.settlement.ledger.stake_of(verifier)
-        free = stake.active_wei - stake.locked_wei
         if free < needed:
             raise Conflict(
                 f"your free stake of {free} wei does not cover these verdicts: {guilty} "

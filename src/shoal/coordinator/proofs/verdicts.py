@@ -38,10 +38,11 @@ class Verdicts:
         from shoal.verify.roles.verdicts import SignedVerdict
 
         out, guilty = [], []
-        self.stake.check(verifier, job_id, filing)  # a chain read: before the store's lock
+        free = self.stake.free_stake(verifier)  # a chain read: before the store's lock
         with self.desk.change() as session:
             now = self.desk.now_s()
             job = self.records.proof_job(session, job_id)
+            self.stake.check(session, verifier, filing, free)
             name = self.specs.job_spec(job_id, job.job_file).name
             plan = session.get(ForcedPlanRow, job_id)
             for body in filing.verdicts:
