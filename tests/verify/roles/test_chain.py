@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from shoal.proof.chain import chain_breaks
 from shoal.proof.epochs import final_lineage
 from shoal.proof.verdicts import guilty_workers
 from shoal.spec.proof import VerdictKind
@@ -100,3 +101,19 @@ def test_an_honest_resync_and_rollback_break_no_chain(tmp_path):
     assert breaks == []
     # Only the injected NaNs replay as other than sent.
     assert {(v.worker, v.step) for v in verdicts if v.guilty} <= {("w0", s) for s in (52, 53, 54)}
+
+
+@pytest.mark.slow
+def test_under_diloco_each_round_starts_where_the_last_ended_and_the_chain_checks_it(tmp_path):
+    """Inside a round each replica steps alone; a round's first step starts at the outer
+    step's result, which every member's record of the last round's end committed. An
+    honest run breaks nothing; a round start moved under every record is a break."""
+    proven = run_proven_job(tmp_path, workers=3, steps=12, epoch_steps=4,
+                            sync='mode = "diloco"\ninner_steps = 4')
+    lineage = final_lineage(proven.store.records())
+    ends = {r.end_sha256 for r in lineage if r.step == 3}
+    assert len(ends) == 1 and ends == {r.params_sha256 for r in lineage if r.step == 4}
+    assert chain_breaks(lineage, lambda epoch: None) == []
+    moved = [r.model_copy(update={"params_sha256": "0" * 64}) if r.step == 8 else r
+             for r in lineage]
+    assert [b.step for b in chain_breaks(moved, lambda epoch: None)] == [8]
