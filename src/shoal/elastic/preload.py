@@ -13,6 +13,11 @@ args...]`) is forked; anything else is executed as before. The fork server
 never runs a CUDA call or starts a thread before it forks, so the fork is safe;
 each worker then applies its own environment (thread count included, which
 torch read at import). SHOAL_WORKER_START=exec starts every worker by exec.
+
+As with any multiprocessing start but `fork`, each worker imports the
+launching program's main module first (as `__mp_main__`): a program that
+starts workers this way keeps its work under `if __name__ == "__main__":`
+(shoal's CLI does).
 """
 
 from __future__ import annotations
