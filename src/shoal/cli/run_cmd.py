@@ -53,5 +53,6 @@ def run_command(
     settings = (run_settings(checkpoint_dir=str(checkpoint_dir.resolve())) if checkpoint_dir
                 else run_settings())
     command = worker_command(str(script), list(args or []))
-    preload.warm(command)
-    launch_and_report(options.config(command, script.stem, settings), report)
+    config = options.config(command, script.stem, settings)
+    preload.warm(command)  # the workers' interpreter imports torch while the launcher does
+    launch_and_report(config, report)

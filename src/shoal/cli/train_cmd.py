@@ -84,6 +84,9 @@ def _train_elastic(job: JobSpec, resume: bool, fresh: bool, options: LaunchOptio
     from shoal.elastic import preload
 
     command = [sys.executable, "-m", "shoal.models.gpt_worker", "--job-json", job.model_dump_json()]
+    config = options.config(command, job.name, run_settings(
+        checkpoint_dir=job.checkpoint_dir, checkpoint_interval=job.checkpoint.interval_steps,
+        identity=job.resume_identity()))
     preload.warm(command)  # the workers' interpreter imports torch while this one does
     from shoal.models.single import open_checkpoints, open_proof_dir
 
@@ -92,7 +95,4 @@ def _train_elastic(job: JobSpec, resume: bool, fresh: bool, options: LaunchOptio
         # host joining later cannot delete (--fresh) what a running job wrote to a shared disk.
         open_checkpoints(job, resume, fresh).close()
         open_proof_dir(job, resume, fresh)
-    config = options.config(command, job.name, run_settings(
-        checkpoint_dir=job.checkpoint_dir, checkpoint_interval=job.checkpoint.interval_steps,
-        identity=job.resume_identity()))
     launch_and_report(config, report)

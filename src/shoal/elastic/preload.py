@@ -64,7 +64,8 @@ def _fork_server(module: str | None):
     global _context
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
-        preload = [*PRELOAD, *([module] if module and module.startswith("shoal.") else [])]
+        preload = ["shoal.elastic.preload_server", *PRELOAD,
+                   *([module] if module and module.startswith("shoal.") else [])]
         _context.set_forkserver_preload(preload)
     return _context
 
