@@ -202,6 +202,8 @@ class ChallengeRow(Base):
     requested_at_s: Mapped[float] = mapped_column(Float)
     answered_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # When its file was deleted (proofs/retention.py); its hash stays, the file is gone.
+    pruned_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (Index("ix_challenges_target", "job_id", "worker", "step", "kind", unique=True),)
 
