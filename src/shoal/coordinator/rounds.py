@@ -1,7 +1,8 @@
 """The coordinator's own loop: a market round, lost agents reaped, chain jobs
 tended (failed settlements retried, live ones kept active), jobs whose
-membership changed re-planned, disputes nobody filed rejected, old nonces
-forgotten, every `clear_interval_s`, on a thread of its own."""
+membership changed re-planned, disputes nobody filed rejected, every
+`clear_interval_s`, on a thread of its own; old nonces forgotten and answered
+challenges' files past their retention pruned every PRUNE_EVERY rounds."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from shoal.coordinator.api.metrics import CoordinatorMetrics
 from shoal.coordinator.service import Coordinator
 
 log = logging.getLogger(__name__)
-PRUNE_EVERY = 30  # rounds between nonce prunes
+PRUNE_EVERY = 30  # rounds between prunes (nonces, answered files)
 
 
 class RoundLoop:
@@ -54,5 +55,6 @@ class RoundLoop:
                 rounds += 1
                 if rounds % PRUNE_EVERY == 0:
                     self.coordinator.prune_nonces()
+                    self.coordinator.retention.prune()
             except Exception:  # noqa: BLE001 - one bad round must not end the coordinator's loop
                 log.exception("market round failed; trying again next round")

@@ -17,8 +17,9 @@ which nothing is used before it is built:
   `files` (who may send a large file before it is read), `carry` (checkpoints
   carried between machines), `chain` (settlement on a chain);
 - proof of learning (proofs/): `records` (work records and proof epochs),
-  `plants` (forced errors), `challenges`, `verdicts`, `referee` with its
-  `penalties`, `disputes` and `unfiled` (disputes nobody brought here).
+  `plants` (forced errors), `challenges` with their answers' `retention`,
+  `verdicts`, `referee` with its `penalties`, `disputes` and `unfiled` (disputes
+  nobody brought here).
 
 Its own: a market round (`clear`) and the nonces' pruning.
 """
@@ -44,6 +45,7 @@ from shoal.coordinator.proofs.penalties import Penalties
 from shoal.coordinator.proofs.plants import Plants
 from shoal.coordinator.proofs.records import ProofRecords
 from shoal.coordinator.proofs.referee import Referee
+from shoal.coordinator.proofs.retention import AnswerRetention
 from shoal.coordinator.proofs.unfiled_disputes import UnfiledDisputes
 from shoal.coordinator.proofs.verdict_stake import VerdictStake
 from shoal.coordinator.proofs.verdicts import Verdicts
@@ -123,6 +125,9 @@ class Coordinator:
                           replayer)
         self.challenges = Challenges(store, desk, settings, specs, records, plants, keepers,
                                      open_challenges)
+        self.retention = AnswerRetention(desk, specs, settings.answer_retention_s,
+                                         lambda: plants.forced_errors_on,
+                                         self.challenges.answer_path)
         self.referee = Referee(store, specs, records, plants, self.penalties, replayer)
         self.verdicts = Verdicts(store, desk, specs, records, plants, self.referee,
                                  VerdictStake(settlement))

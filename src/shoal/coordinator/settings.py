@@ -40,6 +40,10 @@ class CoordinatorSettings(BaseSettings):
     # A challenged file (a worker's revealed contribution or a step's parameters): about
     # the model's size in float32, so a 100M-parameter model needs 400 MB.
     max_file_bytes: int = Field(256 * 1024 * 1024, ge=1024)
+    # An answered challenge's file is deleted this long after its proof epoch's challenge
+    # window closed, unless a guilty verdict on it awaits a ruling or a dispute on it is
+    # open (proofs/retention.py): verifiers fetch and file on it within this time.
+    answer_retention_s: float = Field(24 * 3600.0, ge=0)
     heartbeat_s: float = Field(1.0, gt=0)  # what agents are told to beat at
     agent_timeout_s: float = Field(5.0, gt=0)  # silent this long: its leases are replaced
     clear_interval_s: float = Field(1.0, gt=0)  # a market round every this often

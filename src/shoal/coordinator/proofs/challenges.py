@@ -12,6 +12,7 @@ from real records until the reveal.
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import select
@@ -69,6 +70,8 @@ class Challenges:
                     row = session.scalar(select(ChallengeRow).where(
                         ChallengeRow.job_id == job_id, ChallengeRow.worker == item.worker,
                         ChallengeRow.step == item.step, ChallengeRow.kind == item.kind.value))
+                if row is not None and row.pruned_at_s is not None:
+                    raise Gone(self._pruned(row, now))
                 if row is None:  # a new challenge: only inside the epoch's window
                     self._check_window(session, job_id, item.step, now)
                     agent_id, worker = self._holder(session, job_id, item)
@@ -197,7 +200,7 @@ class Challenges:
 
     def _take_answer(self, session: Session, row: ChallengeRow, provider: str, data: bytes,
                      now: float) -> ChallengeView:
-        path = self._blob_path(row)
+        path = self.answer_path(row)
         write_whole(path, data)
         row.answered_at_s, row.sha256 = now, hashlib.sha256(data).hexdigest()
         size = len(data)
@@ -210,7 +213,8 @@ class Challenges:
             challenge=row.challenge, bytes=size, sha256=row.sha256), row.job_id)
         return challenge_view(row)
 
-    def _blob_path(self, row: ChallengeRow) -> Path:
+    def answer_path(self, row: ChallengeRow) -> Path:
+        """Where the answer to `row` lies on the coordinator's disk."""
         return ProofLayout(self.records.proof_dir(row.job_id)).kept(BlobKind(row.kind), row.worker,
                                                             row.step)
 
@@ -230,13 +234,24 @@ class Challenges:
                     self.plants.plant_of(session, row.job_id, row.worker, row.step) is not None:
                 path = self.plants.plant_path(row.job_id, row.worker, row.step)
             else:
-                path = self._blob_path(row)
+                path = self.answer_path(row)
+            if row.pruned_at_s is not None:
+                raise Gone(self._pruned(row, self.desk.now_s()))
             expected = row.sha256
         if expected is None or _file_sha256(path) != expected:
             raise Conflict(f"challenge {challenge}'s file on the coordinator's disk is not the one "
                            f"answered (sha256 {expected}): refused; the operator must look "
                            "into what changed it")
         return path
+
+    def _pruned(self, row: ChallengeRow, now: float) -> str:
+        at = datetime.fromtimestamp(row.pruned_at_s, UTC).isoformat(timespec="seconds")
+        return (f"challenge {row.challenge}'s file (step {row.step}'s {row.kind} of job "
+                f"'{row.job_id}') was pruned at {at} ({now - row.pruned_at_s:.0f} s ago): its "
+                "proof epoch's challenge window had closed more than answer_retention_s = "
+                f"{self.settings.answer_retention_s:g} s before, with no guilty verdict on it "
+                "awaiting a ruling and no dispute on it open; its hash stays in its challenge, "
+                "the file is no longer to be had")
 
 
 def _may_read_model(session: Session, job_id: str, reader: str, role: Role | None) -> None:
