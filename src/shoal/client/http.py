@@ -14,6 +14,8 @@ from pydantic import BaseModel, TypeAdapter
 
 from shoal.errors import ControlError
 from shoal.client.identity import sign_request
+from shoal.client.tls import CERT_SHA256_ENV, CertificateMismatch, CertificatePin, \
+    client_context, untrusted_certificate
 from shoal.spec.coordinator import (
     MAX_PAGE, AgentRegistration, AgentView, Event, Heartbeat, HeartbeatReply, Info, JobSubmission,
     JobView, OfferTerms, OfferView, Participant, ProviderView, Registration, TopUp,
@@ -43,14 +45,27 @@ class CoordinatorClient:
     def __init__(self, url: str, account: LocalAccount | None = None,
                  timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None,
                  rate_limit_wait_s: float = 30.0,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 pin: CertificatePin | None = None) -> None:
         """`rate_limit_wait_s`: how long one call may wait in all, as the coordinator's
-        429s ask (`Retry-After`), before it gives up with the refusal."""
+        429s ask (`Retry-After`), before it gives up with the refusal. `pin`: an https
+        coordinator's certificate, trusted for its SHA-256 alone (a self-signed one);
+        without it an https coordinator must show one this machine's CAs vouch for."""
         self.url = url.rstrip("/")
-        self.account = account
+        if pin is not None and not self.url.startswith("https://"):
+            raise ControlError(f"a pinned certificate ({CERT_SHA256_ENV}) is checked over TLS "
+                               f"only: give the coordinator's https:// URL, not {self.url}")
+        self.account, self.pin = account, pin
         self.rate_limit_wait_s, self._sleep = rate_limit_wait_s, sleep
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
+        self._timeout_s, self._transport = timeout_s, transport
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport,
+                                  verify=client_context(pin))
         self._info: Info | None = None
+
+    def another_connection(self) -> CoordinatorClient:
+        """The same coordinator, key and trust, on a connection of its own."""
+        return CoordinatorClient(self.url, self.account, self._timeout_s, self._transport,
+                                 self.rate_limit_wait_s, self._sleep, self.pin)
 
     def close(self) -> None:
         self._http.close()
@@ -106,8 +121,25 @@ class CoordinatorClient:
         try:
             return self._http.send(request)
         except httpx.HTTPError as error:
-            raise ControlError(f"cannot reach the coordinator at {self.url}: {error}; "
-                               "is it running (`shoal coordinator`)?") from None
+            raise self._unreachable(error) from None
+
+    def _unreachable(self, error: httpx.HTTPError) -> ControlError:
+        """What to tell the user when a call got no answer: a certificate we refused is
+        not the same mistake as a coordinator that is down."""
+        refused = untrusted_certificate(error)
+        if isinstance(refused, CertificateMismatch):
+            return ControlError(f"refused the coordinator at {self.url}: {refused}. Someone on "
+                                "the path may be posing as it; nothing was sent. Check the "
+                                "fingerprint the coordinator printed when it started")
+        if refused is not None:
+            return ControlError(f"refused the coordinator at {self.url}: its certificate is not "
+                                f"one this machine's CAs vouch for ({refused.verify_message}). "
+                                "A coordinator with a self-signed certificate prints its "
+                                "SHA-256 when it starts: pin it with --coordinator-cert-sha256 "
+                                f"(or {CERT_SHA256_ENV})")
+        return ControlError(f"cannot reach the coordinator at {self.url}: {error}; "
+                            "is it running (`shoal coordinator`), and is the URL's scheme "
+                            "(http:// or https://) the one it serves?")
 
     def _get(self, path: str, kind: type[T], **params: Any) -> T:
         data = self.request("GET", path, params={k: v for k, v in params.items() if v is not None},
