@@ -15,7 +15,7 @@ def coordinator_command(
                               help="Store URL: sqlite:///PATH (default runs/coordinator/store.db) "
                                    "or postgresql+psycopg://USER@HOST:PORT/DB."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; beyond loopback "
-                             "needs --operator."),
+                             "needs --operator and TLS (or --insecure-http)."),
     port: int = typer.Option(8470, "--port", help="TCP port of the API."),
     operator: list[str] = typer.Option([], "--operator", help="Address with the operator role "
                                        "(repeatable)."),
@@ -36,16 +36,34 @@ def coordinator_command(
                                             "(forced errors; default 0.05); 0 plants none."),
     dashboard: bool = typer.Option(False, "--dashboard", help="Serve a live dashboard page at "
                                    "/dashboard (jobs, curves, membership, faults, money, anchors)."),
+    tls_cert: Path = typer.Option(None, "--tls-cert", help="Serve HTTPS with this PEM "
+                                  "certificate (its chain after it), one your clients' CAs "
+                                  "vouch for."),
+    tls_key: Path = typer.Option(None, "--tls-key", help="The PEM private key of --tls-cert."),
+    tls_self_signed: bool = typer.Option(False, "--tls-self-signed", help="Serve HTTPS with a "
+                                         "self-signed certificate made once in the data "
+                                         "directory; its SHA-256 is printed at start, for "
+                                         "agents and clients to pin "
+                                         "(--coordinator-cert-sha256)."),
+    insecure_http: bool = typer.Option(False, "--insecure-http", help="Serve plain HTTP beyond "
+                                       "loopback: anyone on the path reads and rewrites "
+                                       "the API's traffic. Only behind your own TLS proxy."),
 ) -> None:
     """Run the coordinator: market rounds, agents' heartbeats, jobs, audit log, /metrics."""
     import uvicorn
     from pydantic import ValidationError
 
     from shoal.coordinator import Coordinator, CoordinatorSettings, create_app
+    from shoal.coordinator.tls import served_certificate
     from shoal.errors import ControlError
 
     values = {"host": host, "port": port, "audience": audience, "operators": tuple(operator),
               "dashboard": dashboard}
+    # Only what was given: the SHOAL_COORDINATOR_TLS_* variables fill in the rest.
+    for name, value in (("tls_cert_file", tls_cert), ("tls_key_file", tls_key),
+                        ("tls_self_signed", tls_self_signed), ("insecure_http", insecure_http)):
+        if value:
+            values[name] = value
     if forced_error_rate is not None:
         values["forced_error_rate"] = forced_error_rate
     if store:
@@ -58,17 +76,27 @@ def coordinator_command(
         settings = CoordinatorSettings(**values)
     except ValidationError as error:
         raise ControlError("; ".join(e["msg"] for e in error.errors())) from None
+    certificate = served_certificate(settings)  # before the store: a wrong file is said first
     settlement = _settlement(settings)
     from shoal.models.gpt_replay import gpt_replayer
 
     coordinator = Coordinator(settings, settlement=settlement,
                               referee_key=_referee(referee_key, settlement), replayer=gpt_replayer)
-    log.info("coordinator %r on http://%s:%d (store %s)", settings.audience, settings.host,
-             settings.port, coordinator.engine.url.render_as_string())
+    scheme = "http" if certificate is None else "https"
+    log.info("coordinator %r on %s://%s:%d (store %s)", settings.audience, scheme,
+             _browsable(settings.host), settings.port, coordinator.engine.url.render_as_string())
+    if certificate is not None:
+        # Printed as well as logged: agents and clients need it before they can trust us.
+        typer.echo(f"certificate SHA-256: {certificate.sha256}" + (
+            " (self-signed: give it to agents and clients as --coordinator-cert-sha256)"
+            if certificate.self_signed else ""))
     if settings.dashboard:
-        log.info("dashboard: http://%s:%d/dashboard", _browsable(settings.host), settings.port)
+        log.info("dashboard: %s://%s:%d/dashboard", scheme, _browsable(settings.host),
+                 settings.port)
     uvicorn.run(create_app(coordinator), host=settings.host, port=settings.port,
-                log_level="warning", access_log=False)
+                log_level="warning", access_log=False,
+                ssl_context_factory=None if certificate is None
+                else lambda _config, _default: certificate.context())
 
 
 def _browsable(host: str) -> str:

@@ -3,7 +3,8 @@
 Defaults are for one machine (SQLite beside the run, loopback only). A
 coordinator bound beyond loopback must name its operators: otherwise no
 one could grant verifiers, and a store of strangers' money would run with
-no one able to administer it.
+no one able to administer it. It must also say how it is served (TLS, or
+plain HTTP by name): see `_served_safely`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from shoal.spec.market import PriceTable, ReferencePrice
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.toml")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class CoordinatorSettings(BaseSettings):
@@ -67,6 +69,13 @@ class CoordinatorSettings(BaseSettings):
     # Agents must pass a probe to register (None: once bound beyond loopback).
     probe_required: bool | None = None
     dashboard: bool = False  # serve the live dashboard page at /dashboard
+    # How the API is served (tls.py): with the operator's certificate (both files), with
+    # a self-signed one made once under data_dir/tls (clients pin its SHA-256), or as
+    # plain HTTP, which beyond loopback must be asked for by name.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_self_signed: bool = False
+    insecure_http: bool = False
     # Settlement on a chain (all three, or none: escrow is then the store's bookkeeping).
     chain_rpc: str | None = None  # an Ethereum JSON-RPC URL
     ledger_contract: str | None = None  # the market contract there
@@ -99,7 +108,15 @@ class CoordinatorSettings(BaseSettings):
     def requires_probe(self) -> bool:
         if self.probe_required is not None:
             return self.probe_required
-        return self.host not in ("127.0.0.1", "localhost", "::1")
+        return not self.on_loopback
+
+    @property
+    def on_loopback(self) -> bool:
+        return self.host in LOOPBACK
+
+    @property
+    def serves_tls(self) -> bool:
+        return self.tls_cert_file is not None or self.tls_self_signed
 
     @field_validator("key_quota", "address_quota")
     @classmethod
@@ -126,7 +143,7 @@ class CoordinatorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _safe_beyond_loopback(self) -> CoordinatorSettings:
-        if self.host not in ("127.0.0.1", "localhost", "::1") and not self.operators:
+        if not self.on_loopback and not self.operators:
             raise ValueError(f"binding {self.host} exposes the coordinator beyond this "
                              "machine: name at least one operator address")
         chain = (self.chain_rpc, self.ledger_contract, self.operator_key_file)
@@ -136,6 +153,26 @@ class CoordinatorSettings(BaseSettings):
         if self.agent_timeout_s <= 2 * self.heartbeat_s:
             raise ValueError("agent_timeout_s must exceed two heartbeats, or one late "
                              "beat would get an agent's leases replaced")
+        return self._served_safely()
+
+    def _served_safely(self) -> CoordinatorSettings:
+        """Plain HTTP beyond this machine lets anyone on the path read the gate tokens in
+        heartbeat replies and rewrite the lease terms agents sign: it is never a default."""
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("--tls-cert and --tls-key go together: the certificate (PEM) and "
+                             "its private key (PEM)")
+        if sum((self.tls_cert_file is not None, self.tls_self_signed, self.insecure_http)) > 1:
+            raise ValueError("choose one of --tls-cert/--tls-key, --tls-self-signed and "
+                             "--insecure-http")
+        if not self.on_loopback and not self.serves_tls and not self.insecure_http:
+            raise ValueError(
+                f"binding {self.host} serves the API beyond this machine, where plain HTTP "
+                "lets anyone on the path read agents' gate tokens and rewrite the lease terms "
+                "they sign. Pass --tls-cert PATH --tls-key PATH (a certificate your clients' "
+                "CAs vouch for), or --tls-self-signed (made once in the data directory; give "
+                "its SHA-256, printed at start, to agents and clients as "
+                "--coordinator-cert-sha256), or --insecure-http (plain HTTP: only behind a "
+                "TLS-terminating proxy or on a network you trust)")
         return self
 
     def price_table(self) -> PriceTable:
