@@ -85,8 +85,8 @@ class Agent:
         # them would get the agent reaped and its leases replaced. Challenge answers run
         # on a third: behind a checkpoint carry (the coordinator verifies it before it
         # replies) or a backlog of records, an answer waited past verifiers' patience.
-        relay_client = CoordinatorClient(client.url, client.account)
-        answer_client = CoordinatorClient(client.url, client.account)
+        relay_client = client.another_connection()
+        answer_client = client.another_connection()
         self.proofs = ProofRelay(relay_client, config.work_dir, config.agent_id, answer_client)
         self.progress = ProgressRelay(relay_client, config.work_dir)
         self.carry = CheckpointRelay(relay_client, config.work_dir)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from shoal.cli.market_cmd import KEY, URL
+from shoal.cli.market_cmd import CERT_SHA256, KEY, URL, coordinator_client
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +37,10 @@ def agent_command(
     contract: str = typer.Option(None, "--contract", metavar="ADDRESS", help="The market "
                                  "contract your stake is on (with --chain-id): terms naming "
                                  "another are not signed. Without both, no chain lease is."),
-    url: str = URL, key: Path = KEY,
+    url: str = URL, key: Path = KEY, cert_sha256: str = CERT_SHA256,
 ) -> None:
     """Pre-flight this machine, offer its devices, run workers for their leases."""
     from shoal.agent import Agent, AgentConfig, ChainPin
-    from shoal.client.http import CoordinatorClient
     from shoal.errors import ControlError
     from shoal.client.identity import load_key
     from shoal.spec.market import Tenancy
@@ -58,7 +57,7 @@ def agent_command(
                          price_wei_per_s=price, slowdown=slowdown, grace_s=grace_s,
                          adversary=adversary, chain=pin,
                          tenancy=Tenancy.on_demand if on_demand else Tenancy.spot)
-    with CoordinatorClient(url, load_key(str(key))) as client:
+    with coordinator_client(url, load_key(str(key)), cert_sha256) as client:
         agent = Agent(client, config)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: agent.stopping.set())

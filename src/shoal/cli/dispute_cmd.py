@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from shoal.cli.market_cmd import CERT_SHA256, coordinator_client
 from shoal.spec.proof import Ruling
 
 
@@ -24,6 +25,7 @@ def dispute_command(
                                            "the contract's minimum). Lost if the dispute is."),
     coordinator: str = typer.Option(..., "--coordinator", envvar="SHOAL_COORDINATOR_URL",
                                     help="The coordinator that runs the job."),
+    cert_sha256: Optional[str] = CERT_SHA256,
     rpc: Optional[str] = typer.Option(None, "--rpc", envvar="SHOAL_CHAIN_RPC",
                                       help="The chain's JSON-RPC URL."),
     contract: Optional[str] = typer.Option(None, "--contract", envvar="SHOAL_LEDGER_CONTRACT",
@@ -41,7 +43,6 @@ def dispute_command(
     (`shoal grant`); the dispute itself needs only the bond."""
     from shoal.cli.chain_cmd import _ledger
     from shoal.cli.verify_cmd import remote_auditor
-    from shoal.client.http import CoordinatorClient
     from shoal.client.identity import load_key
     from shoal.verify.roles.challenger import challenge_worker
     from shoal.verify.roles.remote import RemoteAudits
@@ -49,7 +50,7 @@ def dispute_command(
     account = load_key(str(key))
     ledger = _ledger(rpc, contract, 30.0)
     bond = bond_wei if bond_wei is not None else ledger.config().min_bond_wei
-    with CoordinatorClient(coordinator, account) as client:
+    with coordinator_client(coordinator, account, cert_sha256) as client:
         job, auditor = remote_auditor(client, job_id, account.address, "challenger")
         audits = RemoteAudits(client, job_id, job, auditor, account, salt=secrets.token_bytes(16),
                               answer_wait_s=answer_wait_s)

@@ -12,18 +12,31 @@ from rich.console import Console
 from rich.table import Table
 
 URL = typer.Option("http://127.0.0.1:8470", "--coordinator", envvar="SHOAL_COORDINATOR_URL",
-                   help="The coordinator's URL.")
+                   help="The coordinator's URL (https:// where it serves TLS).")
+CERT_SHA256 = typer.Option(None, "--coordinator-cert-sha256", metavar="HEX",
+                           envvar="SHOAL_COORDINATOR_CERT_SHA256", help="Trust the https coordinator's certificate "
+                           "by this SHA-256 alone (a self-signed one: the coordinator prints "
+                           "it when it starts); without it, this machine's CAs must vouch.")
 KEY = typer.Option(None, "--key", envvar="SHOAL_KEY", help="File with your private key "
                    "(`shoal key new PATH` makes one).")
 AS_JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
 key_app = typer.Typer(help="Keys that sign your requests to a coordinator.", no_args_is_help=True)
 
 
-def _client(url: str, key: Path | None = None):  # noqa: ANN202
-    from shoal.client.http import CoordinatorClient
+def _client(url: str, key: Path | None = None, cert_sha256: str | None = None):  # noqa: ANN202
     from shoal.client.identity import load_key
 
-    return CoordinatorClient(url, load_key(str(key)) if key else None)
+    return coordinator_client(url, load_key(str(key)) if key else None, cert_sha256)
+
+
+def coordinator_client(url: str, account, cert_sha256: str | None):  # noqa: ANN001, ANN201
+    """A client of the coordinator at `url`, trusting the certificate `cert_sha256` names
+    (as --coordinator-cert-sha256 gives it) or else this machine's CAs."""
+    from shoal.client.http import CoordinatorClient
+    from shoal.client.tls import CertificatePin
+
+    pin = CertificatePin.parse(cert_sha256) if cert_sha256 else None
+    return CoordinatorClient(url, account, pin=pin)
 
 
 def _print(data: list, as_json: bool, table: Table) -> None:
@@ -59,7 +72,7 @@ def submit_command(
     chain_job: int = typer.Option(None, "--chain-job", help="Your job on the settlement "
                                   "contract whose escrow backs --budget (if the coordinator "
                                   "settles on a chain)."),
-    url: str = URL, key: Path = KEY,
+    url: str = URL, cert_sha256: str = CERT_SHA256, key: Path = KEY,
 ) -> None:
     """Submit a job with its budget and price ceiling; prints the job id."""
     from pydantic import ValidationError
@@ -70,7 +83,7 @@ def submit_command(
 
     if not job_file.is_file():
         raise ControlError(f"job file {job_file} not found")
-    with _client(url, key) as client:
+    with _client(url, key, cert_sha256) as client:
         try:
             client.register(Registration(role="submitter", name=job_file.stem[:64] or "submitter"))
         except CoordinatorRefused as refused:
@@ -89,9 +102,10 @@ def submit_command(
     typer.echo(job.job_id)
 
 
-def jobs_command(url: str = URL, as_json: bool = AS_JSON) -> None:
+def jobs_command(url: str = URL, cert_sha256: str = CERT_SHA256,
+                 as_json: bool = AS_JSON) -> None:
     """List jobs: status, devices held, spend against budget."""
-    with _client(url) as client:
+    with _client(url, None, cert_sha256) as client:
         jobs = client.jobs()
     table = Table("job", "status", "workers", "held", "spent / budget (wei)", "devices")
     now = time.time()
@@ -104,9 +118,10 @@ def jobs_command(url: str = URL, as_json: bool = AS_JSON) -> None:
     _print(jobs, as_json, table)
 
 
-def providers_command(url: str = URL, as_json: bool = AS_JSON) -> None:
+def providers_command(url: str = URL, cert_sha256: str = CERT_SHA256,
+                      as_json: bool = AS_JSON) -> None:
     """List providers, their agents and their offers."""
-    with _client(url) as client:
+    with _client(url, None, cert_sha256) as client:
         providers = client.providers()
     table = Table("provider", "name", "agents online", "offers (kind, speed, price)")
     for p in providers:
@@ -120,11 +135,11 @@ def providers_command(url: str = URL, as_json: bool = AS_JSON) -> None:
 def events_command(
     job: str = typer.Argument(None, help="Only this job's events."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new events."),
-    url: str = URL, as_json: bool = AS_JSON,
+    url: str = URL, cert_sha256: str = CERT_SHA256, as_json: bool = AS_JSON,
 ) -> None:
     """Print the audit log: every state change, who made it, when."""
     after = 0
-    with _client(url) as client:
+    with _client(url, None, cert_sha256) as client:
         while True:
             for event in client.events(job=job, after=after, limit=1000):
                 after = event.seq
@@ -141,16 +156,17 @@ def events_command(
 
 
 def top_up_command(job: str = typer.Argument(...), amount: int = typer.Argument(..., help="wei"),
-                   url: str = URL, key: Path = KEY) -> None:
+                   url: str = URL, cert_sha256: str = CERT_SHA256, key: Path = KEY) -> None:
     """Add escrow to your job; a job paused for want of it resumes."""
-    with _client(url, key) as client:
+    with _client(url, key, cert_sha256) as client:
         view = client.top_up(job, amount)
     typer.echo(f"{view.job_id}: budget {view.budget_wei} wei, remaining {view.remaining_wei} wei")
 
 
-def cancel_command(job: str = typer.Argument(...), url: str = URL, key: Path = KEY) -> None:
+def cancel_command(job: str = typer.Argument(...), url: str = URL,
+                   cert_sha256: str = CERT_SHA256, key: Path = KEY) -> None:
     """Cancel your job: every lease ends now."""
-    with _client(url, key) as client:
+    with _client(url, key, cert_sha256) as client:
         view = client.job_action(job, "cancel")
     typer.echo(f"{view.job_id}: {view.status.value}, spent {view.spent_wei} wei")
 
@@ -162,11 +178,11 @@ def grant_command(address: str = typer.Argument(..., help="The key's 0x address.
                   max_priority: int | None = typer.Option(
                       None, "--max-priority", help="The highest priority the key's jobs may "
                       "take (above 0 they preempt others' spot devices)."),
-                  url: str = URL, key: Path = KEY) -> None:
+                  url: str = URL, cert_sha256: str = CERT_SHA256, key: Path = KEY) -> None:
     """Give a key a role, or a submitter a priority ceiling (you must be an operator)."""
     from shoal.spec.coordinator import Grant, Participant, Role
 
-    with _client(url, key) as client:
+    with _client(url, key, cert_sha256) as client:
         view = client._post("/v1/grants", Grant(address=address, role=Role(role), name=name,
                                                 max_priority=max_priority), Participant)
     typer.echo(f"{view.address}: {view.role.value} ({view.name}), max priority "

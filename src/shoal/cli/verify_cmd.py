@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from shoal import ShoalError
+from shoal.cli.market_cmd import CERT_SHA256, coordinator_client
 from shoal.proof.epochs import epoch_of
 from shoal.spec import hyper_digest, load_job
 
@@ -52,6 +53,7 @@ def verify_command(
     coordinator: Optional[str] = typer.Option(None, "--coordinator", envvar="SHOAL_COORDINATOR_URL",
                                               help="Audit a market job through this coordinator "
                                                    "(URL), filing signed verdicts there."),
+    cert_sha256: Optional[str] = CERT_SHA256,
     job_id: Optional[str] = typer.Option(None, "--job", help="The market job's id (with "
                                                              "--coordinator)."),
     answer_wait_s: float = typer.Option(60.0, "--answer-wait-s", min=0.1,
@@ -71,7 +73,7 @@ def verify_command(
             raise ShoalError("--coordinator audits a market job: give --job ID and --key PATH "
                              "(a verifier's key), and no job file")
         _verify_remote(coordinator, job_id, key, salt_bytes, rate, every, follow, interval_s,
-                       answer_wait_s, tolerance, as_json, recheck)
+                       answer_wait_s, tolerance, as_json, recheck, cert_sha256)
         return
     if job_file is None:
         raise ShoalError("give the job file the run used, or --coordinator URL --job ID")
@@ -140,16 +142,16 @@ def verify_command(
 
 def _verify_remote(url: str, job_id: str, key: Path, salt: bytes, rate: float | None, every: bool,
                    follow: bool, interval_s: float, answer_wait_s: float,
-                   tolerance: float | None, as_json: bool, recheck: bool = False) -> None:
+                   tolerance: float | None, as_json: bool, recheck: bool = False,
+                   cert_sha256: str | None = None) -> None:
     """Audit a market job through its coordinator: challenges, replays, filed verdicts."""
-    from shoal.client.http import CoordinatorClient
     from shoal.client.identity import load_key
     from shoal.verify.roles.remote import RemoteAudits
     from shoal.spec.coordinator import ENDED
 
     account = load_key(str(key))
     results, started = [], time.perf_counter()
-    with CoordinatorClient(url, account) as client:
+    with coordinator_client(url, account, cert_sha256) as client:
         job, auditor = remote_auditor(client, job_id, account.address, "verifier", tolerance)
         audits = RemoteAudits(client, job_id, job, auditor, account, salt=salt, rate=rate,
                               every=every, answer_wait_s=answer_wait_s, recheck=recheck)
