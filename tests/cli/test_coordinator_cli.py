@@ -77,3 +77,47 @@ def test_an_unreachable_coordinator_is_one_line(cli_env):
     result = shoal(env, "jobs")
     assert result.returncode == 2
     assert "cannot reach the coordinator" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bound_beyond_loopback_without_tls_it_refuses_to_start_and_says_what_to_pass(cli_env):
+    refused = shoal(cli_env, "coordinator", "--host", "0.0.0.0", "--port", str(free_port()),
+                    "--operator", "0x" + "1" * 40)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    for option in ("--tls-cert", "--tls-self-signed", "--insecure-http",
+                   "--coordinator-cert-sha256"):
+        assert option in refused.stderr
+
+
+@pytest.mark.slow
+def test_a_self_signed_coordinator_is_reached_by_its_pin_and_keeps_its_certificate(
+        tmp_path, cli_env):
+    port = free_port()
+    env = {**cli_env, "SHOAL_COORDINATOR_DATA_DIR": str(tmp_path / "coord"),
+           "SHOAL_COORDINATOR_URL": f"https://127.0.0.1:{port}"}
+    command = shoal_command("coordinator", "--store", f"sqlite:///{tmp_path}/store.db",
+                            "--port", str(port), "--tls-self-signed")
+    fingerprints = []
+    for _ in range(2):  # made once, and the same after a restart: agents' pins stay valid
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        try:
+            line = process.stdout.readline()
+            while "certificate SHA-256" not in line:
+                assert line, "the coordinator printed no certificate"
+                line = process.stdout.readline()
+            fingerprints.append(line.split()[2])
+            deadline = time.monotonic() + 30
+            while (listed := shoal({**env, "SHOAL_COORDINATOR_CERT_SHA256": fingerprints[-1]},
+                                   "jobs", "--json")).returncode != 0:
+                assert time.monotonic() < deadline, listed.stderr
+                time.sleep(0.5)
+            assert json.loads(listed.stdout) == []
+            wrong = shoal(env, "jobs", "--coordinator-cert-sha256", "ab" * 32)
+            assert wrong.returncode == 2 and "not the pinned" in wrong.stderr
+            assert "Traceback" not in wrong.stderr
+            unpinned = shoal(env, "jobs")
+            assert "--coordinator-cert-sha256" in unpinned.stderr
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=15)
+    assert fingerprints[0] == fingerprints[1]

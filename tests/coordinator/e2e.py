@@ -13,6 +13,7 @@ import httpx
 from eth_account import Account
 
 from shoal.client.http import CoordinatorClient
+from shoal.client.tls import CertificatePin, client_context
 from tests.conftest import shoal_command, tiny_job_toml
 
 # Fast beats and short timeouts, so a lost agent is replaced in seconds.
@@ -30,12 +31,14 @@ def key_file(path: Path, account=None) -> Path:
     return path
 
 
-def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 60.0) -> None:
+def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 60.0,
+                 pin: CertificatePin | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert process.poll() is None, f"coordinator exited with {process.returncode}"
         try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+            if httpx.get(f"{url}/healthz", timeout=1,
+                         verify=client_context(pin)).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -65,6 +68,9 @@ class Stack:
     def __init__(self, tmp: Path, env: dict[str, str]) -> None:
         self.tmp, self.env = tmp, {**env, **COORDINATOR_ENV}
         self.processes: list[subprocess.Popen] = []
+        # The certificate of a coordinator bound beyond loopback (it serves TLS there, with
+        # a self-signed certificate that agents and submitters pin); None on loopback.
+        self.cert_pin: CertificatePin | None = None
 
     def start(self, name: str, *args: str, host=None) -> subprocess.Popen:
         """Run `shoal ARGS` here, or inside `host` (a namespaced host of tests.harness)."""
@@ -84,6 +90,10 @@ class Stack:
                     extra: tuple[str, ...] = ()) -> subprocess.Popen:
         """`chain`: the --chain-rpc, --contract and --operator-key to settle with."""
         args = ["coordinator", "--store", store, "--host", bind, "--port", str(port), *extra]
+        if bind not in ("127.0.0.1", "localhost", "::1"):
+            args.append("--tls-self-signed")
+            self.cert_pin = CertificatePin(self_signed_certificate(
+                Path(self.env["SHOAL_COORDINATOR_DATA_DIR"])))
         if operator:
             args += ["--operator", operator]
         if chain:
@@ -101,7 +111,14 @@ class Stack:
         return self.start(agent_id, "agent", "--agent-id", agent_id, "--coordinator", url,
                           "--key", str(key), "--price", str(price), "--slowdown", str(slowdown),
                           "--work-dir", str(self.tmp / agent_id), "--grace-s", "5",
-                          *getattr(self, "pin", ()), *extra, host=host)
+                          *getattr(self, "pin", ()), *self.cert_pin_args(), *extra, host=host)
+
+    def url(self, address: str, port: int) -> str:
+        """Where the coordinator `coordinator()` started on `address` answers."""
+        return f"{'https' if self.cert_pin else 'http'}://{address}:{port}"
+
+    def cert_pin_args(self) -> tuple[str, ...]:
+        return ("--coordinator-cert-sha256", self.cert_pin.sha256) if self.cert_pin else ()
 
     def close(self) -> None:
         # Job hosts run in sessions of their own (they outlive a coordinator); end ours too.
@@ -123,6 +140,17 @@ class Stack:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.tmp.glob("*.log")))
 
 
-def submitter(url: str, tmp: Path, account=None) -> CoordinatorClient:
+def submitter(url: str, tmp: Path, account=None,
+              pin: CertificatePin | None = None) -> CoordinatorClient:
     return CoordinatorClient(url, Account.from_key(key_file(tmp / "alice.key", account)
-                                                   .read_text().strip()))
+                                                   .read_text().strip()), pin=pin)
+
+
+def self_signed_certificate(data_dir: Path) -> str:
+    """The SHA-256 of the certificate a coordinator with this data directory serves with
+    `--tls-self-signed`: made here first, as the coordinator would, and kept for it."""
+    from shoal.coordinator.settings import CoordinatorSettings
+    from shoal.coordinator.tls import served_certificate
+
+    settings = CoordinatorSettings(data_dir=data_dir, tls_self_signed=True)
+    return served_certificate(settings).sha256

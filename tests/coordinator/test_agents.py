@@ -61,7 +61,6 @@ def test_a_killed_agent_host_is_replaced_and_the_chain_pays_what_the_store_bille
 
     hosts = {name: network.add_host(name) for name in ("ctl", "a", "b", "c")}
     port, ctl = 8470, hosts["ctl"]
-    url = f"http://{ctl.address}:{port}"
     stack = Stack(tmp_path, {**cli_env, "SHOAL_COORDINATOR_DATA_DIR": str(tmp_path / "coord")})
     try:
         chain = Chain.rpc(hardhat_in(ctl, tmp_path))
@@ -76,12 +75,13 @@ def test_a_killed_agent_host_is_replaced_and_the_chain_pays_what_the_store_bille
             f"sqlite:///{tmp_path}/store.db", ctl.address, port, host=ctl,
             operator=Account.create().address,
             chain=(chain.url, ledger.address, str(key_file(tmp_path / "operator.key", operator))))
-        wait_healthy(url, coordinator)
+        url = stack.url(ctl.address, port)  # https: bound beyond loopback, it serves TLS
+        wait_healthy(url, coordinator, pin=stack.cert_pin)
         # Posing as devices 4× slower than this CPU: a replacement has time to join.
         for i, name in enumerate("abc"):
             stack.agent(name, url, PRICE + i, host=hosts[name], slowdown=4.0,
                         account=providers[i])
-        alice = submitter(url, tmp_path, alice_account)
+        alice = submitter(url, tmp_path, alice_account, pin=stack.cert_pin)
         wait_for(lambda: sum(len(p.offers) for p in alice.providers()), lambda n: n == 3, 120,
                  stack, "three agents offering")
         from shoal.spec.coordinator import Registration
