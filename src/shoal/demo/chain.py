@@ -13,12 +13,13 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 
+from eth_account import Account
 from eth_account.signers.local import LocalAccount
 
 from shoal.ledger import Chain, Ledger
 from shoal.spec.ledger import LedgerConfig
 
-STAKE_WEI = 10**17  # each provider's (and the verifier's) stake on the contract
+STAKE_WEI = 10**17  # each provider's (and each verifier's) stake on the contract
 # Short, so that the demo can move the chain past it and pay out; a real market keeps days.
 DISPUTE_WINDOW_S = 60
 
@@ -30,11 +31,12 @@ class Parties:
     referee: LocalAccount
     submitter: LocalAccount
     verifier: LocalAccount
+    whistleblower: LocalAccount  # re-checks the verifier's verdicts
     providers: tuple[LocalAccount, ...]
 
     def all(self) -> list[LocalAccount]:
         return [self.owner, self.operator, self.referee, self.submitter, self.verifier,
-                *self.providers]
+                self.whistleblower, *self.providers]
 
 
 class DemoChain:
@@ -46,15 +48,28 @@ class DemoChain:
             raise ValueError(f"the embedded chain has {len(accounts)} funded accounts; a demo "
                              f"with {providers} providers needs {5 + providers}")
         owner, operator, referee, submitter, verifier, *rest = accounts
-        self.parties = Parties(owner, operator, referee, submitter, verifier,
+        # The chain funds ten accounts: the whistleblower's is made and paid by the owner
+        # (its verdicts, like the verifier's, are taken only while its stake covers them).
+        whistleblower = Account.create()
+        self._pay(owner, whistleblower.address, 2 * STAKE_WEI)
+        self.parties = Parties(owner, operator, referee, submitter, verifier, whistleblower,
                                tuple(rest[:providers]))
         self.start_block = self.chain.w3.eth.block_number
         self.start_total = self.total()
         self.ledger = Ledger.deploy(self.chain, owner, operator.address, referee.address,
                                     LedgerConfig(min_stake_wei=10**15,
                                                  dispute_window_s=DISPUTE_WINDOW_S))
-        for account in (*self.parties.providers, verifier):
+        for account in (*self.parties.providers, verifier, whistleblower):
             self.ledger.stake(account, STAKE_WEI)
+
+    def _pay(self, sender: LocalAccount, to: str, value_wei: int) -> None:
+        w3 = self.chain.w3
+        fee = 2 * w3.eth.gas_price + 1
+        signed = sender.sign_transaction({
+            "to": to, "value": value_wei, "gas": 21_000, "chainId": w3.eth.chain_id,
+            "nonce": w3.eth.get_transaction_count(sender.address),
+            "maxFeePerGas": fee, "maxPriorityFeePerGas": 1})
+        w3.eth.wait_for_transaction_receipt(w3.eth.send_raw_transaction(signed.raw_transaction))
 
     def total(self) -> int:
         """Wei held by the parties and the contract."""

@@ -155,7 +155,7 @@ class Demo:
                    START_TIMEOUT_S, "the providers' pre-flights and offers")
         s.phase = "submitting"
         self.submitter.register(Registration(role="submitter", name="submitter"))
-        self.whistleblower = Account.create()  # re-checks the verifier; needs no ETH
+        self.whistleblower = parties.whistleblower
         for account, name in ((parties.verifier, "verifier"), (self.whistleblower, "whistle")):
             CoordinatorClient(self.url, admin).request("POST", "/v1/grants", Grant(
                 address=account.address, role=Role.verifier, name=name))
