@@ -44,12 +44,13 @@ def test_a_cheating_provider_is_caught_slashed_replaced_and_unpaid(hardhat_url, 
     from shoal.spec.ledger import LedgerConfig
 
     chain = Chain.rpc(hardhat_url)
-    owner, operator, referee, alice_account, *rest = chain.dev_accounts()[:7]
+    owner, operator, referee, alice_account, vera, *rest = chain.dev_accounts()[:8]
     honest_a, cheat, honest_c = rest
     ledger = Ledger.deploy(chain, owner, operator.address, referee.address,
                            LedgerConfig(min_stake_wei=10**15))
-    for provider in rest:
-        ledger.stake(provider, 10**18)
+    # The verifier stakes too: its verdicts are taken only while its stake covers them.
+    for account in (*rest, vera):
+        ledger.stake(account, 10**18)
     budget = 10**15
     chain_job = ledger.create_job(alice_account, 2 * PRICE, budget).returned
     admin = Account.create()  # the coordinator's operator role (grants the verifier)
@@ -73,7 +74,6 @@ def test_a_cheating_provider_is_caught_slashed_replaced_and_unpaid(hardhat_url, 
         wait_for(lambda: sum(len(p.offers) for p in alice.providers()), lambda n: n == 3, 120,
                  stack, "three agents offering")
         alice.register(Registration(role="submitter", name="alice"))
-        vera = Account.create()
         submitter(url, tmp_path, admin).request("POST", "/v1/grants", Grant(
             address=vera.address, role=Role.verifier, name="vera"))
         job = alice.submit(JobSubmission(
