@@ -76,7 +76,10 @@ def free_port() -> int:
 def serve(store_url: str, port: int) -> subprocess.Popen:
     env = {**os.environ, "SHOAL_COORDINATOR_STORE_URL": store_url,
            "SHOAL_COORDINATOR_AUDIENCE": AUDIENCE, "SHOAL_COORDINATOR_HEARTBEAT_S": str(PERIOD_S),
-           "SHOAL_COORDINATOR_PORT": str(port)}
+           "SHOAL_COORDINATOR_PORT": str(port),
+           # Every simulated agent sends from 127.0.0.1 here; on a market each is its own
+           # address. The per-key quota (each agent its own key) still applies.
+           "SHOAL_COORDINATOR_ADDRESS_QUOTA": ""}
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "--factory", "bench.coordinator:coordinator_app",
          "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"],
