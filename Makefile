@@ -23,8 +23,8 @@ test: $(VENV)/.installed-test
 	$(PY) -m pytest -m "slow and not parallel_ok"; second=$$?; \
 	[ $$first -eq 0 ] && [ $$second -eq 0 ]
 
-# The loop for an edit: every test not marked slow (none over ~5 s), TEST_JOBS at a time;
-# about 5 minutes on two cores. `make test` runs these and the slow ones.
+# The loop for an edit: every test not marked slow (none over ~10 s), TEST_JOBS at a time;
+# about 6.5 minutes on two cores (issue 39 asks 5). `make test` runs these and the slow ones.
 check: $(VENV)/.installed-test
 	$(PY) -m pytest -m "not slow" -n $(TEST_JOBS) -q
 
