@@ -14,7 +14,9 @@ import uvicorn
 from eth_account import Account
 
 from shoal.client.http import CoordinatorClient
+from shoal.client.tls import CertificatePin
 from shoal.coordinator import Coordinator, CoordinatorSettings, create_app
+from shoal.coordinator.tls import served_certificate
 from shoal.verify.roles.verdicts import sign_verdict
 from shoal.spec.audit import SignedVerdictBody, VerdictFiling
 from shoal.spec.coordinator import AgentRegistration, Backend, Preflight, Registration
@@ -59,9 +61,14 @@ class Served:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        # Served as `shoal coordinator` serves it: over TLS where its settings ask for it.
+        self.certificate = served_certificate(coordinator.settings)
+        self.url = self.url_at(self.port)
         self.app = create_app(coordinator, run_rounds=run_rounds)
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
+        factory = None if self.certificate is None else \
+            (lambda _config, _default: self.certificate.context())
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on",
+                                ssl_context_factory=factory)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                        daemon=True)
@@ -71,8 +78,13 @@ class Served:
             assert time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.01)
 
+    def url_at(self, port: int) -> str:
+        """This coordinator's URL on `port` (another's: a relay's in front of it)."""
+        return f"{'http' if self.certificate is None else 'https'}://127.0.0.1:{port}"
+
     def client(self, account=None) -> CoordinatorClient:
-        return CoordinatorClient(self.url, account)
+        pin = self.certificate and CertificatePin(self.certificate.sha256)
+        return CoordinatorClient(self.url, account, pin=pin)
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -14,17 +14,15 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-import uvicorn
 from eth_account import Account
 
 from shoal.client.http import CoordinatorClient
 from shoal.client.tls import CertificatePin
-from shoal.coordinator import Coordinator, create_app
-from shoal.coordinator.tls import served_certificate
+from shoal.coordinator import Coordinator
 from shoal.elastic.gate_keys import GateKeys
 from shoal.errors import ControlError
 from shoal.spec.coordinator import Heartbeat, HeartbeatReply, OfferTerms
-from tests.coordinator.conftest import make_settings, provider_with_agent
+from tests.coordinator.conftest import Served, make_settings, provider_with_agent
 from tests.coordinator.test_attendance import PRICE, offers_and_a_job
 
 TOKEN = re.compile(rb'"token":"([0-9a-f]{64})"')
@@ -91,43 +89,13 @@ def forged_token(chunk: bytes) -> bytes:
     return TOKEN.sub(b'"token":"' + b"e" * 64 + b'"', chunk)
 
 
-class ServedOnLoopback:
-    """The coordinator's app on uvicorn, in a thread, as `shoal coordinator` serves it."""
-
-    def __init__(self, coordinator: Coordinator) -> None:
-        sock = socket.create_server(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        self.app = create_app(coordinator)
-        self.certificate = served_certificate(coordinator.settings)
-        factory = None if self.certificate is None else \
-            (lambda _config, _default: self.certificate.context())
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning",
-                                                    lifespan="on", ssl_context_factory=factory))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
-                                       daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-
-    def url(self, port: int | None = None) -> str:
-        scheme = "http" if self.certificate is None else "https"
-        return f"{scheme}://127.0.0.1:{port or self.port}"
-
-    def client(self, account=None) -> CoordinatorClient:
-        pin = self.certificate and CertificatePin(self.certificate.sha256)
-        return CoordinatorClient(self.url(), account, pin=pin)
-
-
-def serving(tmp_path, **tls) -> Iterator[ServedOnLoopback]:
+def serving(tmp_path, **tls) -> Iterator[Served]:
     operator = Account.create()
     coordinator = Coordinator(make_settings(f"sqlite:///{tmp_path}/store.db", operator,
                                             data_dir=tmp_path / "coordinator", **tls))
-    served = ServedOnLoopback(coordinator)
+    served = Served(coordinator)
     yield served
-    served.server.should_exit = True
-    served.thread.join(timeout=10)
+    served.stop()
     coordinator.hosts.stop_all()
     coordinator.engine.dispose()
 
@@ -142,7 +110,7 @@ def tls(tmp_path):
     yield from serving(tmp_path, tls_self_signed=True)
 
 
-def leased_agent(served: ServedOnLoopback) -> Account:
+def leased_agent(served: Served) -> Account:
     """Agent `a` holds a lease of a job whose host serves behind its gate: `a`'s heartbeat
     replies carry the lease's gate token from now on. `a`'s provider's key."""
     account = Account.create()
@@ -166,7 +134,7 @@ def test_over_plain_http_a_stranger_reads_the_gate_token_and_rewrites_it(plain):
     account = leased_agent(plain)
     relay = Relay(("127.0.0.1", plain.port), rewrite=forged_token)
     try:
-        via_relay = CoordinatorClient(plain.url(relay.port), account)
+        via_relay = CoordinatorClient(plain.url_at(relay.port), account)
         (token,) = gate_tokens(via_relay.heartbeat("a", Heartbeat()))
         (real,) = gate_tokens(plain.client(account).heartbeat("a", Heartbeat()))
     finally:
@@ -181,7 +149,7 @@ def test_over_tls_with_a_pinned_certificate_the_stranger_sees_only_ciphertext(tl
     relay = Relay(("127.0.0.1", tls.port), rewrite=forged_token)
     pin = CertificatePin(tls.certificate.sha256)
     try:
-        via_relay = CoordinatorClient(tls.url(relay.port), account, pin=pin)
+        via_relay = CoordinatorClient(tls.url_at(relay.port), account, pin=pin)
         (token,) = gate_tokens(via_relay.heartbeat("a", Heartbeat()))
         provider_with_agent(via_relay, "a2")  # signed requests go through too
     finally:
@@ -195,13 +163,13 @@ def test_a_stranger_showing_its_own_certificate_is_refused_before_anything_is_se
     relay = Relay(("127.0.0.1", tls.port), posing=GateKeys.create_or_load(tmp_path / "mallory"))
     agent = Account.create()
     try:
-        pinned = CoordinatorClient(tls.url(relay.port), agent,
+        pinned = CoordinatorClient(tls.url_at(relay.port), agent,
                                    pin=CertificatePin(tls.certificate.sha256))
         with pytest.raises(ControlError, match="shows a certificate with SHA-256 .* not the "
                                                "pinned .*nothing was sent"):
             pinned.post_offer(OfferTerms(offer_id="a-d0", agent_id="a", price_wei_per_s=PRICE))
         # Nor does a client with no pin take a self-signed certificate: it says what to do.
-        unpinned = CoordinatorClient(tls.url(relay.port), agent)
+        unpinned = CoordinatorClient(tls.url_at(relay.port), agent)
         with pytest.raises(ControlError, match="--coordinator-cert-sha256"):
             unpinned.providers()
     finally:
@@ -212,4 +180,4 @@ def test_a_stranger_showing_its_own_certificate_is_refused_before_anything_is_se
 def test_the_pinned_client_reaches_the_real_coordinator(tls):
     assert tls.client().providers() == []
     with pytest.raises(ControlError, match="https://"):
-        CoordinatorClient(tls.url().replace("https", "http"), pin=CertificatePin("a" * 64))
+        CoordinatorClient(tls.url.replace("https", "http"), pin=CertificatePin("a" * 64))
