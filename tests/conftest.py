@@ -65,10 +65,3 @@ def cli_env() -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")  # same thread count in every run: same float order
     return env
 
-
-def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ARG001
-    """The long tests first (those marked slow; `make test`'s first part runs the ones that
-    time nothing, `parallel_ok`): pytest-xdist hands tests out in this order, so the long
-    ones run beside the many short ones instead of alone at the end (a 150 s property test
-    left last made the part ~2.5 min longer). The sort is stable: order is kept otherwise."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
