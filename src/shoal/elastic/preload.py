@@ -56,13 +56,14 @@ def warm(command: list[str]) -> None:
     """Start the fork server now, so that it imports torch while the launcher still sets
     up (its own imports, the store): by the first worker's start it is ready."""
     if forkable(command):
-        _fork_server(command[2] if command[1] == "-m" else None)
+        _fork_server(command)
         forkserver.ensure_running()
 
 
-def _fork_server(module: str | None):
+def _fork_server(command: list[str]):
     global _context
     if _context is None:
+        module = command[2] if command[1] == "-m" else None
         _context = multiprocessing.get_context("forkserver")
         preload = ["shoal.elastic.preload_server", *PRELOAD,
                    *([module] if module and module.startswith("shoal.") else [])]
@@ -76,8 +77,7 @@ class ForkedWorker:
 
     def __init__(self, command: list[str], env: dict[str, str], log_path: Path,
                  niceness: int) -> None:
-        module = command[2] if command[1] == "-m" else None
-        context = _fork_server(module)
+        context = _fork_server(command)
         self._process = context.Process(
             target=_worker_main, name=Path(log_path).stem,
             args=(command[1:], dict(env), str(log_path), niceness, os.getpid(), os.getcwd()))
@@ -112,25 +112,21 @@ class ForkedWorker:
         if not self._exited.is_set():  # never signal a pid that may have been reused
             os.kill(self.pid, signum)
 
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (the fork server's: the launcher; a
+    worker's: the fork server), and exit now if the parent already has."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the parent was gone before prctl took effect
+        os._exit(1)
 
 
 def _worker_main(argv: list[str], env: dict[str, str], log_path: str, niceness: int,
                  launcher_pid: int, cwd: str) -> None:
     """In the forked worker: become the process `python ARGV` would have been, then run it."""
-    # The fork server exits when the launcher does (its end of a pipe closes); a worker
-    # dies with the fork server, so it cannot outlive the launcher. Checked after prctl:
-    # the launcher may have died before the request was served.
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    # multiprocessing hands each child a copy of the launcher's end of that pipe (so that
-    # a child could fork in turn); held here, it would keep the fork server, and so this
-    # worker, alive after the launcher is gone.
-    if forkserver._forkserver._forkserver_alive_fd is not None:
-        os.close(forkserver._forkserver._forkserver_alive_fd)
-        forkserver._forkserver._forkserver_alive_fd = None
+    die_with_parent()  # the fork server, which dies with the launcher
     try:
-        os.kill(launcher_pid, 0)
+        os.kill(launcher_pid, 0)  # the launcher may have died before the request was served
     except ProcessLookupError:
         os._exit(1)
     os.setpgid(0, 0)  # its own process group, as the exec path gives it: a kill reaches all
