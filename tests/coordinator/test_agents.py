@@ -166,7 +166,11 @@ def test_a_sigkilled_coordinator_comes_back_and_the_job_carries_on(tmp_path, cli
         assert [lease.lease for lease in done.leases] == [lease.lease for lease in before.leases]
         kinds = [e.kind for e in alice.events(job=job.job_id)]
         assert "offer_withdrawn" not in [e.kind for e in alice.events()]  # no one reaped
-        assert kinds[-1] == "job_finished"
+        # The job ended once, finished; the agent of its checkpoint writer may still carry
+        # the last checkpoint after that (the submitter fetches it), so that event can follow.
+        assert kinds.count("job_finished") == 1, kinds
+        assert not {"job_failed", "job_cancelled", "job_paused", "workers_lost"} & set(kinds), kinds
+        assert set(kinds[kinds.index("job_finished") + 1:]) <= {"checkpoint_carried"}, kinds
     finally:
         stack.close()
 
