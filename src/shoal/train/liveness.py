@@ -85,7 +85,7 @@ class ProgressReporter:
 
     def _write(self) -> None:
         rdzv = self._connect()
-        rtt_s = rdzv.min_wait_s() / 4  # the store measured from here, once, for the authority
+        rtt_s = rdzv.round_trip_s()  # the store measured from here, once, for the authority
         while True:
             self._wake.wait()
             self._wake.clear()

@@ -19,9 +19,11 @@ from shoal.spec.elastic import MembershipEpoch, ProgressBeat, StepDecision, Work
 from shoal.train.errors import TrainError
 
 _CONNECT_TIMEOUT_S = 60.0
-# A wait is answered by the store one round trip after its keys exist, so a wait shorter
-# than a few round trips times out even when they do: waits last at least this many.
-_WAIT_ROUND_TRIPS = 4
+# Short waits poll `check` (Rendezvous.wait_keys): pauses grow from the first to the last by
+# this factor, so a key is seen at most ~30% of the time waited after it was set, and at
+# most 5 ms after; waits this long or longer block in the store instead.
+_FIRST_PAUSE_S, _LAST_PAUSE_S, _PAUSE_GROWTH = 0.0002, 0.005, 1.3
+_BLOCKING_WAIT_S = 1.0
 
 
 class RendezvousError(TrainError):
@@ -50,19 +52,19 @@ class Rendezvous:
 
     def __init__(self, store: dist.Store) -> None:
         self.store = store
-        self._min_wait_s: float | None = None  # measured at the first wait
+        self._round_trip_s: float | None = None  # measured when first asked
 
-    def min_wait_s(self) -> float:
-        """The shortest wait worth asking the store for: a few round trips to it (on a
-        LAN well under a millisecond; across a WAN, the link's round trip decides)."""
-        if self._min_wait_s is None:
+    def round_trip_s(self) -> float:
+        """A round trip to the store (on a LAN well under a millisecond; across a WAN, the
+        link's), the least of three: the link, not a busy moment."""
+        if self._round_trip_s is None:
             trips = []
             for _ in range(3):
                 start = time.monotonic()
                 self.store.check(["epoch/latest"])
                 trips.append(time.monotonic() - start)
-            self._min_wait_s = _WAIT_ROUND_TRIPS * min(trips)  # the link, not a busy moment
-        return self._min_wait_s
+            self._round_trip_s = min(trips)
+        return self._round_trip_s
 
     # -- membership epochs (written by the authority) --------------------
 
@@ -270,11 +272,31 @@ class Rendezvous:
 
     def wait_keys(self, keys: list[str], timeout_s: float) -> bool:
         """True once every key exists; False after `timeout_s` (cancellable loops poll
-        this), or after `min_wait_s` if that is longer: a store 20 ms away never answers
-        a 5 ms wait, even for keys that exist."""
-        try:
-            timeout_s = max(timeout_s, self.min_wait_s())
-            self.store.wait(keys, datetime.timedelta(seconds=timeout_s))
-            return True
-        except (dist.DistStoreError, RuntimeError):
-            return False
+        this with a few milliseconds).
+
+        A short wait asks the store `check` (one request, one answer), never its timed
+        `wait`: a wait whose timeout runs out as its keys are set makes torch's TCPStore
+        client wait 5 s for a cancel acknowledgement that never comes, then report the keys
+        missing (torch 2.13, both server backends; in a 5 ms poll loop, about 1 key in 9
+        set at a random moment). A joiner stuck so at the barrier was fenced as stalled,
+        re-admitted, and stuck again. Checks come fast at first and then back off, so a
+        key set within the first millisecond is seen within a fraction of one, and a
+        long wait costs the store no more requests than the old 5 ms waits did.
+        A long wait (a watcher's, a spare's) still blocks in the store: its timeout
+        runs out rarely, and the race needs a set within a round trip of that moment."""
+        if timeout_s >= _BLOCKING_WAIT_S:
+            try:
+                self.store.wait(keys, datetime.timedelta(seconds=timeout_s))
+                return True
+            except (dist.DistStoreError, RuntimeError):
+                return False
+        deadline = time.monotonic() + timeout_s
+        pause = _FIRST_PAUSE_S
+        while True:
+            if self.store.check(keys):  # always asked once, however far the store is
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * _PAUSE_GROWTH, _LAST_PAUSE_S)
