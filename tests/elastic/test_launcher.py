@@ -185,3 +185,30 @@ def test_a_spare_starts_at_low_priority_and_a_called_in_one_gets_full_priority(t
         assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in tasks} == {0}
     finally:
         spare.kill()
+
+
+@pytest.mark.parametrize("exits_after_s, status, done", [
+    (1.0, 0, True), (0.0, 3, False), (60.0, 0, False)], ids=["finished", "failed", "cut-off"])
+def test_a_store_closed_as_this_hosts_workers_finish_is_the_jobs_end(tmp_path, exits_after_s,
+                                                                     status, done):
+    # The serving host may close the store the moment the job is done (`--linger-s 0`), while
+    # a joined launcher's workers, done too, are still exiting (a gate bench run failed so):
+    # they exit 0 within a moment, and the job is done. A failed worker, or one still running
+    # (cut off mid-step by a host that crashed), leaves the lost store an error.
+    host = RendezvousServer("127.0.0.1")
+    script = f"import time; time.sleep({exits_after_s}); raise SystemExit({status})"
+    config = LaunchConfig(command=[sys.executable, "-c", script], workers=1,
+                          run_dir=tmp_path / "run", timeout_s=60,
+                          rendezvous=f"127.0.0.1:{host.port}", node="joined")
+    launcher = Launcher(config)
+    try:
+        launcher.pool.start()
+        host.close()
+        if done:
+            assert launcher._job_done() is True
+        else:
+            with pytest.raises(ControlError, match="lost the rendezvous store"):
+                launcher._job_done()
+    finally:
+        launcher.pool.kill_all()
+        launcher._close_rendezvous()

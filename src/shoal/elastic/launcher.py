@@ -40,6 +40,9 @@ PROGRESS_EVERY_S = 5.0
 SUPERVISE_EVERY_S = 0.02  # chaos timing and completion checks; the authority does not wait on it
 FINISH_GRACE_S = 60.0  # once the job is done, how long workers get to exit on their own
 LINGER_S = 15.0  # the serving host keeps the store up until other hosts' workers exit, at most this
+# With the store gone, how long this host's workers get to exit on their own: one that saw
+# the job done exits at once; one cut off mid-step does not, and the store's loss is an error.
+STORE_LOST_GRACE_S = 5.0
 EMPTY_JOB_S = 60.0  # the serving host gives up after this long with no worker on any host
 
 
@@ -53,6 +56,7 @@ class Launcher:
         self._pending = list(config.chaos)
         self._sigterm = threading.Event()
         self._empty_since: float | None = None
+        self._store_closed_after_finish = False  # see _job_done
         try:
             self.rdzv, self.endpoint = self._open_rendezvous()
             self.node = self._claim_node() if config.rendezvous else ""
@@ -172,7 +176,7 @@ class Launcher:
             self._check_workers_left(now)
             time.sleep(SUPERVISE_EVERY_S)
         # Read now: once this host's workers are gone, the serving host may close the store.
-        failure = self.rdzv.failure()
+        failure = None if self._store_closed_after_finish else self.rdzv.failure()
         if self.server is not None:
             self.server.stop_authority()  # workers exiting at the end are not faults
         self.pool.wait_for_exit(FINISH_GRACE_S)
@@ -185,9 +189,27 @@ class Launcher:
         try:
             return self.rdzv.done()
         except RuntimeError as error:  # c10d's store errors are RuntimeErrors
+            # The serving host may close the store as soon as the job is done (at once with
+            # `--linger-s 0`), between our last look and this one, while our workers, done
+            # too, are still exiting: they get a moment to, and tell by their exit status.
+            self.pool.wait_for_exit(STORE_LOST_GRACE_S)
+            if self._workers_finished():
+                log.info("the serving host closed the store after this host's workers "
+                         "finished the job")
+                self._store_closed_after_finish = True
+                return True
             raise ControlError(f"lost the rendezvous store at {self.endpoint} ({str(error)[:120]}); "
                                "the serving host is gone or unreachable, so this host's workers "
                                "are stopped") from None
+
+    def _workers_finished(self) -> bool:
+        """Every worker of this host (spares aside) has exited with status 0, and none was
+        asked to leave: a worker exits so only once it has seen the job done."""
+        workers = [p for w, p in self.pool.workers.items() if w not in self.pool.spares]
+        asked_to_leave = self._sigterm.is_set() or any(
+            f.kind is FaultKind.leave for f in self.faults)
+        return (bool(workers) and not asked_to_leave
+                and all(not p.alive() and p.process.returncode == 0 for p in workers))
 
     def _log_progress(self) -> None:
         authority = self.server.authority if self.server is not None else None
