@@ -45,6 +45,7 @@ def beat(step: int = 0, phase: Phase = Phase.exchange, epoch: int = 1) -> str:
 
 
 DECISION = StepDecision(commit=True).model_dump_json().encode()
+SKIPPED = StepDecision(commit=False).model_dump_json().encode()
 
 
 # -- the policy, key by key ------------------------------------------------------------
@@ -65,7 +66,8 @@ DECISION = StepDecision(commit=True).model_dump_json().encode()
     add("votes/1/5", 1 + 2 * 1024), add("votes/1/5", 1 + 1024 ** 5), add("votes/1/5", 3), add("votes/1/5", -1),  # no ballot
     add("votes/2/5", 1),  # no member there
     add("requests", 50), add("exits", 2), add("launcher/node/other-l8-a0", 1),
-    Request(Query.COMPARE_SET, ("/decision/1/5",), (DECISION, DECISION)),  # an overwrite
+    Request(Query.COMPARE_SET, ("/decision/1/5",), (DECISION, SKIPPED)),  # an overwrite
+    Request(Query.COMPARE_SET, ("/done",), (b"1", b"")),  # expected differs from new
     Request(Query.COMPARE_SET, ("/decision/2/5",), (b"", DECISION)),  # not its epoch
     Request(Query.COMPARE_SET, ("/done",), (b"", b"1")),
     Request(Query.DELETE_KEY, ("/epoch/1",)), Request(Query.APPEND, ("/hb/" + MINE,), (b"x",)),
@@ -88,6 +90,10 @@ def test_a_lease_is_refused_every_key_not_its_own(request_):
     add("launcher/node/prov-l7-a0", 1), add("votes/1/5", 1), add("votes/1/5", 1 + 1024),
     add("votes/0/5", 0),
     Request(Query.COMPARE_SET, ("/decision/1/5",), (b"", DECISION)),
+    # A read in one round trip (Rendezvous.read): the same expected and new value changes
+    # nothing, whoever's key it is.
+    Request(Query.COMPARE_SET, ("/epoch/latest",), (b"\x00?", b"\x00?")),
+    Request(Query.COMPARE_SET, ("/done",), (DECISION, DECISION)),
     Request(Query.GET, ("/done",)), Request(Query.WAIT, ("/epoch/9", "/final")),
     Request(Query.MULTI_GET, ("/a", "/b")), Request(Query.CHECK, ("/x",)),
     Request(Query.MULTI_SET, ("/hb/" + MINE, "/speed/" + MINE), (beat().encode(), b"2.0")),

@@ -1,4 +1,4 @@
-"""Short waits on the rendezvous store against a real TCPStore.
+"""Short waits and one-request reads on the rendezvous store, against a real TCPStore.
 
 torch's timed store `wait` has a race: when its timeout runs out as the keys
 are set, the client waits 5 s for a cancel acknowledgement that never comes,
@@ -67,3 +67,16 @@ def test_a_wait_for_a_missing_key_returns_false_and_one_for_a_present_key_true(s
     # A long wait blocks in the store and returns the moment the key is set.
     threading.Timer(0.05, setter.set, args=("later", "1")).start()
     assert waiter.wait_keys(["later"], 30.0) is True
+
+
+def test_a_read_is_one_request_that_changes_nothing(stores):
+    # Rendezvous.read is a compare-and-set with the same expected and new value, which the
+    # gate lets through as a read: it must never create a key nor change one.
+    waiter, setter = stores
+    assert waiter.read("missing") is None
+    assert not setter.check(["missing"])  # not created
+    setter.set("present", "v")
+    setter.check(["present"])  # a set has no answer: a round trip after it, on its connection
+    assert waiter.read("present") == b"v"
+    assert setter.get("present") == b"v"
+    assert waiter.latest_epoch() == -1

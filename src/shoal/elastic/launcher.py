@@ -37,7 +37,8 @@ __all__ = ["LaunchConfig", "Launcher", "worker_command"]
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 5.0
-SUPERVISE_EVERY_S = 0.02  # chaos timing and completion checks; the authority does not wait on it
+SUPERVISE_EVERY_S = 0.02  # chaos timing and exit checks; the authority does not wait on it
+DONE_EVERY_S = 0.2  # how often the launcher asks the store whether the job is done
 FINISH_GRACE_S = 60.0  # once the job is done, how long workers get to exit on their own
 LINGER_S = 15.0  # the serving host keeps the store up until other hosts' workers exit, at most this
 # With the store gone, how long this host's workers get to exit on their own: one that saw
@@ -161,8 +162,15 @@ class Launcher:
     def _supervise(self, started: float) -> None:
         deadline = started + self.config.timeout_s
         next_note = started + PROGRESS_EVERY_S
-        while not self._job_done():
+        next_look = 0.0
+        while True:
             now = time.time()
+            # A store round trip, so not at every chaos tick; but always before workers that
+            # have all exited are judged (they exit once they see the job done).
+            if now >= next_look or not self.pool.alive_count():
+                next_look = now + DONE_EVERY_S
+                if self._job_done():
+                    break
             if self._sigterm.is_set():
                 self._leave_on_sigterm()
             if now >= next_note:

@@ -83,6 +83,11 @@ class Request:
 
     @property
     def writes(self) -> bool:
+        if self.query is Query.COMPARE_SET and self.values[0] == self.values[1] != b"":
+            # Expected and new value the same, not empty: nothing it can change (a missing
+            # key stays missing). The runtime reads a key in one round trip so
+            # (Rendezvous.read).
+            return False
         return self.query in WRITES
 
 

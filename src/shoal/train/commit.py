@@ -26,6 +26,9 @@ from shoal.train.rendezvous import Rendezvous
 
 # Fields of the ballot counter: each holds a count below 2**10 (worlds are far smaller).
 _FIELD = 1 << 10
+# While a step's decision is awaited, how often the run's failure and a newer epoch are
+# looked for (a member lost mid-vote): a recovery takes far longer than this.
+LOOK_S = 0.02
 _COUNT, FAILED, SKIP, ROLLBACK, DIVERGED = (_FIELD ** i for i in range(5))
 
 
@@ -90,7 +93,9 @@ def agree(rdzv: Rendezvous, epoch: MembershipEpoch, rank: int, step: int, ballot
     if _field(total, _COUNT) == world:  # this ballot completed the count: decide for everyone
         return rdzv.decide(e, step, _propose(rdzv, epoch, total, proposer))
     while True:
-        decided = rdzv.wait_decision(e, step, poll_s)
+        # The failure flag and the newest epoch are two more round trips: asked once per
+        # LOOK_S of waiting, not once per poll.
+        decided = rdzv.wait_decision(e, step, max(poll_s, LOOK_S))
         if decided is not None:
             return decided
         waiting()

@@ -26,13 +26,20 @@ from shoal.spec.elastic import Phase, ProgressBeat
 from shoal.train.rendezvous import Rendezvous
 
 log = logging.getLogger(__name__)
+# The least time between two beats: a step reaches two or three progress points, and at a
+# few ms a step each was a store round trip (through a market job's gate, two more
+# relays). The liveness deadline is never under 100 ms (`--stall-deadline-s`'s least), and
+# 0.25 s more than three step times (shoal.elastic.liveness): a point seen this late
+# changes no verdict.
+BEAT_GAP_S = 0.05
 
 
 class ProgressReporter:
     def __init__(self, worker: str, connect: Callable[[], Rendezvous],
-                 refresh_s: float = 0.25) -> None:
+                 refresh_s: float = 0.25, gap_s: float = BEAT_GAP_S) -> None:
         self.worker = worker
         self.refresh_s = refresh_s
+        self.gap_s = gap_s
         self._point: ProgressBeat | None = None
         self._refreshed_at = 0.0
         self._connect = connect
@@ -86,18 +93,31 @@ class ProgressReporter:
     def _write(self) -> None:
         rdzv = self._connect()
         rtt_s = rdzv.round_trip_s()  # the store measured from here, once, for the authority
+        beaten_at = -self.gap_s
         while True:
-            self._wake.wait()
+            pending = self._latest is not None
+            self._wake.wait(max(0.0, beaten_at + self.gap_s - time.monotonic()) if pending
+                            else None)
             self._wake.clear()
+            stopping = self._stop.is_set()
             with self._lock:
-                beat, self._latest = self._latest, None
+                beat = None
+                # Reports go at once (chaos by step reads `progress`); a beat waits out the
+                # gap since the last one, and only the newest point is written. The last
+                # one goes whatever the gap.
+                if self._latest is not None and (
+                        stopping or time.monotonic() >= beaten_at + self.gap_s):
+                    beat, self._latest = self._latest, None
                 reports, self._reports = list(self._reports.values()), {}
-            writes = ([lambda r, b=beat.model_copy(update={"rtt_s": rtt_s}): r.beat(self.worker, b)]
-                      if beat is not None else [])
-            for write in [*writes, *reports]:
+            writes = list(reports)
+            if beat is not None:
+                beaten_at = time.monotonic()
+                writes.insert(0, lambda r, b=beat.model_copy(update={"rtt_s": rtt_s}):
+                              r.beat(self.worker, b))
+            for write in writes:
                 try:
                     write(rdzv)
                 except (RuntimeError, OSError) as error:  # the store is down or unreachable
                     log.debug("progress report failed: %s", error)
-            if self._stop.is_set():
+            if stopping:
                 return

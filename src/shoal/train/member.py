@@ -24,6 +24,7 @@ from shoal.train.replica import ReplicaState
 from shoal.train.run_config import RunConfig
 
 log = logging.getLogger(__name__)
+CHANGE_LOOK_S = 0.02  # Membership.changed(): the least time between two looks at the store
 
 SPARE_WAIT_S = 1.0  # a waiting spare looks at the job (failed, done) this often
 
@@ -40,6 +41,7 @@ class Membership:
         self.leave_wanted = threading.Event()  # set by SIGTERM (a spot notice)
         self.leave_posted = False  # the authority was told; the leave lands at a step boundary
         self._awaiting_admission = False
+        self._next_look = 0.0  # changed(): when the store is next asked
         # (our epoch, a member that gave notice) -> when a newer epoch was first seen
         # without it while it had not exited
         self._leavers_seen: dict[tuple[int, str], float] = {}
@@ -73,8 +75,15 @@ class Membership:
         """A newer epoch that loses one of our members makes the current exchange moot.
 
         Asked over and over while waiting on peers, so it also refreshes our progress
-        point: the authority sees we can still reach the store."""
+        point: the authority sees we can still reach the store. The store is asked at most
+        every CHANGE_LOOK_S: a collective polls this every few ms, each time a round trip
+        (through a market job's gate, two more relays), and a recovery takes far longer
+        than the look it may wait for."""
         self.progress.waiting()
+        now = time.monotonic()
+        if now < self._next_look:
+            return False
+        self._next_look = now + CHANGE_LOOK_S
         latest = self.rdzv.latest_epoch()
         if latest <= self.record.epoch:
             return False

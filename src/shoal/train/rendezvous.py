@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime
 import json
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch.distributed as dist
 
@@ -19,11 +21,15 @@ from shoal.spec.elastic import MembershipEpoch, ProgressBeat, StepDecision, Work
 from shoal.train.errors import TrainError
 
 _CONNECT_TIMEOUT_S = 60.0
+T = TypeVar("T")
 # Short waits poll `check` (Rendezvous.wait_keys): pauses grow from the first to the last by
 # this factor, so a key is seen at most ~30% of the time waited after it was set, and at
 # most 5 ms after; waits this long or longer block in the store instead.
 _FIRST_PAUSE_S, _LAST_PAUSE_S, _PAUSE_GROWTH = 0.0002, 0.005, 1.3
 _BLOCKING_WAIT_S = 1.0
+# What `Rendezvous.read` compares with: no key the runtime writes ever holds it.
+_ABSENT = "\x00shoal:absent"
+_ABSENT_BYTES = _ABSENT.encode()
 
 
 class RendezvousError(TrainError):
@@ -72,11 +78,19 @@ class Rendezvous:
         self.store.set(f"epoch/{record.epoch}", record.model_dump_json())
         self.store.set("epoch/latest", str(record.epoch))
 
+    def read(self, key: str) -> bytes | None:
+        """The key's value, or None while it is not set, in one round trip (`get` waits
+        for the key, then reads it: two; `check` then `get`: three). It is a
+        compare-and-set that cannot change anything: the expected and the new value are
+        the same, and not empty (an empty expected value would create the key); the gate
+        takes it for the read it is (shoal.elastic.store_wire)."""
+        value = self.store.compare_set(key, _ABSENT, _ABSENT)
+        return None if value == _ABSENT_BYTES else value
+
     def latest_epoch(self) -> int:
         """Newest published epoch number, or -1 before the first."""
-        if not self.store.check(["epoch/latest"]):
-            return -1
-        return int(self.store.get("epoch/latest"))
+        value = self.read("epoch/latest")
+        return -1 if value is None else int(value)
 
     def epoch(self, number: int) -> MembershipEpoch:
         return MembershipEpoch.model_validate_json(self.store.get(f"epoch/{number}"))
@@ -101,9 +115,8 @@ class Rendezvous:
 
     def wait_decision(self, epoch: int, step: int, timeout_s: float) -> StepDecision | None:
         key = f"decision/{epoch}/{step}"
-        if not self.wait_keys([key], timeout_s):
-            return None
-        return StepDecision.model_validate_json(self.store.get(key))
+        value = self._poll(lambda: self.read(key), timeout_s)
+        return None if value is None else StepDecision.model_validate_json(value)
 
     def decide(self, epoch: int, step: int, proposal: StepDecision) -> StepDecision:
         """Write `proposal` unless a decision exists; return the one that stands."""
@@ -218,7 +231,8 @@ class Rendezvous:
         self.store.set("progress", str(step))
 
     def progress(self) -> int:
-        return int(self.store.get("progress")) if self.store.check(["progress"]) else 0
+        value = self.read("progress")
+        return 0 if value is None else int(value)
 
     def report_final(self, worker: str, final: dict[str, object]) -> None:
         """`worker` reached the job's last step; `final` holds its figures (`steps`, and
@@ -263,7 +277,8 @@ class Rendezvous:
         self.store.set("done", "1")
 
     def failure(self) -> str | None:
-        return self.store.get("failed").decode() if self.store.check(["failed"]) else None
+        value = self.read("failed")
+        return None if value is None else value.decode()
 
     def check_failed(self) -> None:
         reason = self.failure()
@@ -290,13 +305,20 @@ class Rendezvous:
                 return True
             except (dist.DistStoreError, RuntimeError):
                 return False
+        return self._poll(lambda: self.store.check(keys) or None, timeout_s) is not None
+
+    @staticmethod
+    def _poll(ask: Callable[[], T | None], timeout_s: float) -> T | None:
+        """`ask` until it answers (not None) or `timeout_s` has passed; always asked once,
+        however far the store is. Pauses grow from _FIRST_PAUSE_S to _LAST_PAUSE_S."""
         deadline = time.monotonic() + timeout_s
         pause = _FIRST_PAUSE_S
         while True:
-            if self.store.check(keys):  # always asked once, however far the store is
-                return True
+            answer = ask()
+            if answer is not None:
+                return answer
             left = deadline - time.monotonic()
             if left <= 0:
-                return False
+                return None
             time.sleep(min(pause, left))
             pause = min(pause * _PAUSE_GROWTH, _LAST_PAUSE_S)
