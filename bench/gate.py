@@ -13,8 +13,10 @@ A step's time is the gap between consecutive commits in worker 0's step log
 Prints one JSON line: `direct_step_ms` and `gated_step_ms` (medians over the
 runs), `added_ms` (their difference: the store's round trips of a step, each
 through two more relays: the launcher's tunnel and the host's gate), the
-runs' figures, and the job's steps. The cost per step is fixed: the tiny
-model's ~5 ms steps show it at its largest share.
+runs' figures, `requests_per_worker_step` (the store requests the gate relayed,
+per worker and step, median over the gated runs: every request a worker and its
+launcher make, start and end included), and the job's steps. The cost per
+step is fixed: the tiny model's ~5 ms steps show it at its largest share.
 
     .venv/bin/python bench/gate.py [--steps 300] [--repeats 3]
 """
@@ -35,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bench.history
 from bench.history import RECORD_HELP, append_result  # noqa: E402
 
 SHOAL = [sys.executable, "-m", "shoal.cli.main"]
+WORKERS = 2  # one per launcher, each named as a lease of its own
 JOB = """name = "gate-bench"
 seed = 7
 steps = {steps}
@@ -56,13 +59,14 @@ interval_steps = 100000
 """
 
 
-def run(root: Path, steps: int, gated: bool) -> float:
-    """The median step time (s) of one run."""
+def run(root: Path, steps: int, gated: bool) -> tuple[float, float | None]:
+    """The median step time (s) of one run, and (gated) the store requests the gate relayed
+    per worker and step."""
     root.mkdir(parents=True)
     job = root / "job.toml"
     job.write_text(JOB.format(steps=steps, root=root))
     host_cmd = SHOAL + ["rendezvous", "--bind", "127.0.0.1", "--port", "0", "--run-dir",
-                        str(root / "host"), "--min-workers", "2", "--linger-s", "0",
+                        str(root / "host"), "--min-workers", str(WORKERS), "--linger-s", "0",
                         "--steps", str(steps)]
     if gated:
         host_cmd += ["--gate-dir", str(root / "gate")]
@@ -74,7 +78,7 @@ def run(root: Path, steps: int, gated: bool) -> float:
         time.sleep(0.1)
     endpoint = json.loads((root / "host" / "host.json").read_text())["endpoint"]
     launchers = []
-    for i in range(2):
+    for i in range(WORKERS):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
         if gated:
             env["SHOAL_RENDEZVOUS_PASS"] = subprocess.run(
@@ -90,7 +94,11 @@ def run(root: Path, steps: int, gated: bool) -> float:
     commits = sorted(json.loads(line)["t_commit"] for path in (root / "run0").rglob("*.jsonl")
                      for line in path.read_text().splitlines() if '"t_commit"' in line)
     gaps = [b - a for a, b in zip(commits[50:], commits[51:])]
-    return statistics.median(gaps)
+    requests = None
+    if gated:  # the host wrote what its gate relayed as it closed
+        relayed = json.loads((root / "host" / "gate.json").read_text())["relayed"]
+        requests = sum(relayed.values()) / (steps * WORKERS)
+    return statistics.median(gaps), requests
 
 
 def main() -> None:
@@ -100,16 +108,21 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     args = parser.parse_args()
     runs: dict[str, list[float]] = {"direct": [], "gated": []}
+    requests: list[float] = []
     with tempfile.TemporaryDirectory(prefix="shoal-gate-bench-") as tmp:
         for repeat in range(args.repeats):
             for gated in (False, True):
                 name = "gated" if gated else "direct"
-                runs[name].append(run(Path(tmp) / f"{repeat}-{name}", args.steps, gated))
+                step_s, per_step = run(Path(tmp) / f"{repeat}-{name}", args.steps, gated)
+                runs[name].append(step_s)
+                if per_step is not None:
+                    requests.append(per_step)
     direct, gated = (statistics.median(runs[k]) * 1e3 for k in ("direct", "gated"))
     result = {"direct_step_ms": round(direct, 2), "gated_step_ms": round(gated, 2),
               "added_ms": round(gated - direct, 2),
+              "requests_per_worker_step": round(statistics.median(requests), 2),
               "runs_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in runs.items()},
-              "steps": args.steps, "workers": 2}
+              "steps": args.steps, "workers": WORKERS}
     print(json.dumps(result))
     if args.record:
         append_result("gate", result)

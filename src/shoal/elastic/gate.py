@@ -123,6 +123,7 @@ class StoreGate:
             raise ControlError(f"cannot serve the rendezvous gate on {bind}:{port} "
                                f"({error.strerror}); pick another --bind address or port") from None
         self.admitted: dict[str, int] = {}  # identity -> connections admitted (for the log)
+        self.relayed: dict[str, int] = {}  # lease identity -> requests relayed to the store
         self._open: dict[str, set[asyncio.StreamWriter]] = {}  # identity -> its connections
         self._revoked: frozenset[str] | None = None  # None: unreadable, every token refused
         self._revoked_stamp: object = ()
@@ -195,6 +196,7 @@ class StoreGate:
                         if said is not None:
                             raise _Refused(request, said)
                         store_writer.write(request.raw)
+                        self.relayed[identity] = self.relayed.get(identity, 0) + 1
                     await store_writer.drain()
             except (ConnectionError, ssl.SSLError):
                 pass

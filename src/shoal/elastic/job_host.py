@@ -79,7 +79,9 @@ def serve_job(config: JobHostConfig) -> dict[str, object]:
         return final
     finally:
         if gate is not None:
-            log.info("gate admitted %s", gate.admitted)
+            log.info("gate admitted %s, relayed %s requests", gate.admitted, gate.relayed)
+            _write(config.run_dir / "gate.json", {"admitted": gate.admitted,
+                                                  "relayed": gate.relayed})
             gate.close()
         server.close()
 
