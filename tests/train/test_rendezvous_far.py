@@ -59,5 +59,5 @@ def test_waits_and_reads_work_across_a_slow_link(network: Network, tmp_path):
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["waited"] is True and out["latest"] == 3 and out["missing"] is False
     assert out["round_trip_s"] >= 0.080  # two links of 20 ms each way
-    # A short wait asks the store at least once, however far it is.
-    assert out["missing_s"] >= out["round_trip_s"] and out["wait_s"] >= out["round_trip_s"]
+    # A short wait asks the store at least once, however far it is: a round trip of the link.
+    assert out["missing_s"] >= 0.080 and out["wait_s"] >= 0.080
