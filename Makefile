@@ -13,16 +13,15 @@ demo: $(VENV)/.installed
 
 # The suite in two parts. First everything that neither times itself nor races real
 # processes against deadlines, TEST_JOBS tests at a time (pytest-xdist); then the
-# end-to-end tests (`slow`, not `parallel_ok`), which fence stalled workers and time out
-# lost agents, two at a time: they ran one at a time until a torch store wait that hangs
-# 5 s under load was found (shoal.train.rendezvous.wait_keys); since, all 101 passed two at
-# a time on two cores. Both parts always run (a failure in the first still shows the
-# second's); either failing fails the target.
+# end-to-end tests (`slow`), one at a time, on an otherwise quiet machine: they fence
+# stalled workers and time out lost agents, and a neighbour's load is not a fault.
+# (Measured: two at a time they take 18.4 min instead of 26, but an agent that the load
+# kept silent 3 s was declared lost, and a job leased twice.) Both parts always run (a
+# failure in the first still shows the second's); either failing fails the target.
 TEST_JOBS ?= 2
-SLOW_JOBS ?= 2
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -m "not slow or parallel_ok" -n $(TEST_JOBS); first=$$?; \
-	$(PY) -m pytest -m "slow and not parallel_ok" -n $(SLOW_JOBS); second=$$?; \
+	$(PY) -m pytest -m "slow and not parallel_ok"; second=$$?; \
 	[ $$first -eq 0 ] && [ $$second -eq 0 ]
 
 # The loop for an edit: every test not marked slow (none over ~10 s), TEST_JOBS at a time;
