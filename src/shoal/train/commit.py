@@ -22,13 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shoal.spec.elastic import GuardVerdict, MembershipEpoch, StepDecision
-from shoal.train.rendezvous import Rendezvous
+from shoal.train.rendezvous import EPOCH_LOOK_S, Rendezvous
 
 # Fields of the ballot counter: each holds a count below 2**10 (worlds are far smaller).
 _FIELD = 1 << 10
-# While a step's decision is awaited, how often the run's failure and a newer epoch are
-# looked for (a member lost mid-vote): a recovery takes far longer than this.
-LOOK_S = 0.02
 _COUNT, FAILED, SKIP, ROLLBACK, DIVERGED = (_FIELD ** i for i in range(5))
 
 
@@ -93,9 +90,8 @@ def agree(rdzv: Rendezvous, epoch: MembershipEpoch, rank: int, step: int, ballot
     if _field(total, _COUNT) == world:  # this ballot completed the count: decide for everyone
         return rdzv.decide(e, step, _propose(rdzv, epoch, total, proposer))
     while True:
-        # The failure flag and the newest epoch are two more round trips: asked once per
-        # LOOK_S of waiting, not once per poll.
-        decided = rdzv.wait_decision(e, step, max(poll_s, LOOK_S))
+        # The failure flag and the newest epoch: asked once per EPOCH_LOOK_S, not per poll.
+        decided = rdzv.wait_decision(e, step, max(poll_s, EPOCH_LOOK_S))
         if decided is not None:
             return decided
         waiting()

@@ -19,12 +19,11 @@ from shoal.train.inject import InjectedFaults
 from shoal.train.live_state import state_limit
 from shoal.train.liveness import ProgressReporter
 from shoal.train.membership import form_epoch
-from shoal.train.rendezvous import Rendezvous, connect
+from shoal.train.rendezvous import EPOCH_LOOK_S, Rendezvous, connect
 from shoal.train.replica import ReplicaState
 from shoal.train.run_config import RunConfig
 
 log = logging.getLogger(__name__)
-CHANGE_LOOK_S = 0.02  # Membership.changed(): the least time between two looks at the store
 
 SPARE_WAIT_S = 1.0  # a waiting spare looks at the job (failed, done) this often
 
@@ -76,14 +75,12 @@ class Membership:
 
         Asked over and over while waiting on peers, so it also refreshes our progress
         point: the authority sees we can still reach the store. The store is asked at most
-        every CHANGE_LOOK_S: a collective polls this every few ms, each time a round trip
-        (through a market job's gate, two more relays), and a recovery takes far longer
-        than the look it may wait for."""
+        every EPOCH_LOOK_S, though a collective polls this every few ms."""
         self.progress.waiting()
         now = time.monotonic()
         if now < self._next_look:
             return False
-        self._next_look = now + CHANGE_LOOK_S
+        self._next_look = now + EPOCH_LOOK_S
         latest = self.rdzv.latest_epoch()
         if latest <= self.record.epoch:
             return False

@@ -27,6 +27,10 @@ T = TypeVar("T")
 # most 5 ms after; waits this long or longer block in the store instead.
 _FIRST_PAUSE_S, _LAST_PAUSE_S, _PAUSE_GROWTH = 0.0002, 0.005, 1.3
 _BLOCKING_WAIT_S = 1.0
+# While a worker waits on peers (a collective, a step's decision), the least time between two
+# looks for a newer epoch (and the run's failure): each is a round trip (through a market
+# job's gate, two more relays), and a recovery takes far longer than the look it waits for.
+EPOCH_LOOK_S = 0.02
 # What `Rendezvous.read` compares with: no key the runtime writes ever holds it.
 _ABSENT = "\x00shoal:absent"
 _ABSENT_BYTES = _ABSENT.encode()
