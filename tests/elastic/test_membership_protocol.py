@@ -9,8 +9,16 @@ import pytest
 from shoal.elastic.authority import AuthorityConfig, MembershipAuthority
 from shoal.elastic.serve import RendezvousServer
 from shoal.elastic.liveness import LivenessConfig
-from shoal.spec.elastic import GuardVerdict, MembershipEpoch, Phase, ProgressBeat
-from shoal.train.commit import Ballot, Excluded, Proposer, agree
+from shoal.elastic.decider import decide_step
+from shoal.spec.elastic import (
+    GuardVerdict,
+    MembershipEpoch,
+    Phase,
+    ProgressBeat,
+    StepBallot,
+    StepDecision,
+)
+from shoal.train.commit import agree
 from shoal.train.rendezvous import RunFailed
 
 FAST = LivenessConfig(floor_s=0.5, initial_s=0.5)
@@ -44,7 +52,7 @@ def test_authority_forms_drops_admits_and_reforms(rdzv):
     authority.tick(0.2)
     assert rdzv.epoch(2).members == ("a", "c") and rdzv.epoch(2).reason == "join"
 
-    rdzv.request_reform(2)
+    authority.request_reform(2)  # what its step decider asks after a failed step
     authority.tick(0.3)
     assert rdzv.epoch(3).members == ("a", "c") and rdzv.epoch(3).reason == "reform"
 
@@ -191,7 +199,7 @@ def test_reforms_that_never_commit_give_the_run_up(rdzv):
     rdzv.request_join("a")
     authority.tick(0.0)
     for attempt in range(3):
-        rdzv.request_reform(authority.epoch)
+        authority.request_reform(authority.epoch)
         authority.tick(0.01 * (attempt + 1))
     assert authority.failure and "failed 2 times" in authority.failure
     with pytest.raises(RunFailed):
@@ -203,7 +211,7 @@ def test_a_resync_reform_names_whose_state_stands(rdzv):
     rdzv.request_join("a")
     rdzv.request_join("b")
     authority.tick(0.0)
-    rdzv.request_reform(0, state_source="b")
+    authority.request_reform(0, state_source="b")
     authority.tick(0.01)
     assert rdzv.epoch(1).state_source == "b" and rdzv.epoch(1).reason == "resync"
 
@@ -212,19 +220,45 @@ def _epoch(number, members):
     return MembershipEpoch(epoch=number, members=members, weights=(1.0,) * len(members))
 
 
-def _proposer(record, source="a"):
-    return Proposer(weights=lambda: None, resync_source=lambda: source,
-                    lost_member=lambda newest: not set(record.members) <= set(newest.members))
+def _ballot(ok=True, verdict=GuardVerdict.apply, fingerprint=5, step=7):
+    return StepBallot(step=step, ok=ok, verdict=verdict, fingerprint=fingerprint if ok else None)
 
 
-def _vote_in_threads(rdzv, record, outcomes):
+def _deciding(rdzv, members, **config):
+    """A started authority (its step decider runs) whose first epoch holds `members`
+    (one letter each), who vote by hand."""
+    config = {"liveness": LivenessConfig(floor_s=60.0, initial_s=60.0), **config}
+    authority = MembershipAuthority(rdzv.another(), AuthorityConfig(min_workers=len(members),
+                                                                    **config))
+    for who in members:
+        rdzv.request_join(who)
+    authority.start(watch_requests=rdzv.another())
+    return authority, _next_epoch(rdzv, -1)
+
+
+def _next_epoch(rdzv, after):
+    for _ in range(500):
+        if rdzv.latest_epoch() > after:
+            return rdzv.epoch(rdzv.latest_epoch())
+        threading.Event().wait(0.01)
+    raise AssertionError(f"no epoch after {after}")
+
+
+@pytest.fixture
+def stopping():
+    started = []
+    yield started.append
+    for authority in started:
+        authority.stop()
+
+
+def _vote_in_threads(rdzv, record, ballots, index=0):
     results = {}
 
-    def vote(rank, ok):
-        results[rank] = agree(rdzv, record, rank, 7, ok if isinstance(ok, Ballot) else Ballot(ok),
-                              poll_s=0.01, proposer=_proposer(record))
+    def vote(worker, ballot):
+        results[worker] = agree(rdzv.another(), record, worker, index, ballot)
 
-    threads = [threading.Thread(target=vote, args=item) for item in outcomes.items()]
+    threads = [threading.Thread(target=vote, args=item) for item in ballots.items()]
     for t in threads:
         t.start()
     for t in threads:
@@ -232,48 +266,97 @@ def _vote_in_threads(rdzv, record, outcomes):
     return results
 
 
-def test_step_commits_only_if_every_exchange_succeeded(rdzv):
-    record = _epoch(0, ("a", "b", "c"))
-    rdzv.publish_epoch(record)
-    decided = _vote_in_threads(rdzv, record, {0: True, 1: True, 2: True})
-    assert all(d.commit for d in decided.values())
+def test_step_commits_only_if_every_exchange_succeeded(rdzv, stopping):
+    authority, record = _deciding(rdzv, "abc")
+    stopping(authority)
+    decided = _vote_in_threads(rdzv, record, {"a": _ballot(), "b": _ballot(), "c": _ballot()})
+    assert len(decided) == 3 and all(d.commit for d in decided.values())
 
-    record = _epoch(1, ("a", "b", "c"))
-    rdzv.publish_epoch(record)
-    decided = _vote_in_threads(rdzv, record, {0: True, 1: False, 2: True})
-    assert not any(d.commit for d in decided.values())
-    assert rdzv.reform_requested(1) == (True, None)
+    decided = _vote_in_threads(rdzv, record, {"a": _ballot(), "b": _ballot(ok=False),
+                                              "c": _ballot()}, index=1)
+    assert len(decided) == 3 and not any(d.commit for d in decided.values())
+    assert _next_epoch(rdzv, 0).reason == "reform"
 
 
-def test_the_strictest_guard_verdict_stands_for_every_rank(rdzv):
-    record = _epoch(0, ("a", "b", "c"))
-    rdzv.publish_epoch(record)
-    decided = _vote_in_threads(rdzv, record, {0: Ballot(True), 1: Ballot(True, GuardVerdict.rollback),
-                                              2: Ballot(True, GuardVerdict.skip)})
+def test_the_strictest_guard_verdict_stands_for_every_rank(rdzv, stopping):
+    authority, record = _deciding(rdzv, "abc")
+    stopping(authority)
+    decided = _vote_in_threads(rdzv, record, {"a": _ballot(),
+                                              "b": _ballot(verdict=GuardVerdict.rollback),
+                                              "c": _ballot(verdict=GuardVerdict.skip)})
     assert {d.verdict for d in decided.values()} == {GuardVerdict.rollback}
     assert all(d.commit for d in decided.values())
 
 
-def test_differing_replicas_discard_the_step_and_name_one_source(rdzv):
+def test_differing_replicas_discard_the_step_and_the_authority_names_the_most_common(rdzv,
+                                                                                      stopping):
+    authority, record = _deciding(rdzv, "abc")
+    stopping(authority)
+    a, b, c = record.members  # in the order they joined
+    decided = _vote_in_threads(rdzv, record, {a: _ballot(fingerprint=1),
+                                              b: _ballot(fingerprint=2),
+                                              c: _ballot(fingerprint=2)})
+    source = record.members[1]  # the lower rank of the two alike
+    assert all(not d.commit and d.resync_from == source for d in decided.values())
+    resync = _next_epoch(rdzv, 0)
+    assert resync.state_source == source and resync.reason == "resync"
+
+
+def test_a_member_cannot_name_itself_the_state_source():
+    """Issue 40, point 6: c's ballot differs; the state that stands is the majority's,
+    whatever c says. On a tie, the lowest rank's (the only choice without a majority)."""
+    record = _epoch(3, ("a", "b", "c"))
+    ballots = {"a": _ballot(fingerprint=1), "b": _ballot(fingerprint=1), "c": _ballot(fingerprint=9)}
+    outcome = decide_step(record, ballots, 3, lambda: None)
+    assert outcome.reform and outcome.decision.resync_from == "a" and not outcome.decision.commit
+    tie = decide_step(_epoch(3, ("a", "c")), {"a": ballots["a"], "c": ballots["c"]}, 3, lambda: None)
+    assert tie.decision.resync_from == "a"
+
+
+def test_ballots_on_different_steps_or_without_a_fingerprint_commit_nothing():
     record = _epoch(0, ("a", "b"))
-    rdzv.publish_epoch(record)
-    decided = _vote_in_threads(rdzv, record, {0: Ballot(True, diverged=True),
-                                              1: Ballot(True, diverged=True)})
-    assert all(not d.commit and d.resync_from == "a" for d in decided.values())
-    assert rdzv.reform_requested(0) == (True, "a")
+    outcome = decide_step(record, {"a": _ballot(), "b": _ballot(step=8)}, 0, lambda: None)
+    assert not outcome.decision.commit and outcome.reform
+    blind = StepBallot(step=7, ok=True)
+    outcome = decide_step(record, {"a": _ballot(), "b": blind}, 2, lambda: None)
+    assert not outcome.decision.commit and outcome.decision.next_epoch == 2 and not outcome.reform
 
 
-def test_a_dropped_member_no_longer_blocks_the_decision(rdzv):
-    record = _epoch(0, ("a", "b", "c"))
-    rdzv.publish_epoch(record)
-    timer = threading.Timer(0.1, lambda: rdzv.publish_epoch(_epoch(1, ("a", "b"))))
+def test_new_weights_only_when_a_ballot_says_they_are_due():
+    record = _epoch(0, ("a", "b"))
+    asked = []
+
+    def weights():
+        asked.append(1)
+        return (1.0, 3.0)
+
+    assert decide_step(record, {"a": _ballot(), "b": _ballot()}, 0, weights).decision.weights is None
+    due = _ballot().model_copy(update={"rebalance": True})
+    assert decide_step(record, {"a": due, "b": due}, 0, weights).decision.weights == (1.0, 3.0)
+    assert asked == [1]
+
+
+def test_a_dropped_member_no_longer_blocks_the_decision(rdzv, stopping):
+    authority, record = _deciding(rdzv, "abc")
+    stopping(authority)
+    # c is dropped without notice (its launcher saw its process exit) while a and b wait.
+    timer = threading.Timer(0.2, lambda: rdzv.another().report_exit("c"))
     timer.start()
-    decided = _vote_in_threads(rdzv, record, {0: True, 1: True})  # c never votes
-    # The survivors agree to redo the step in the next epoch rather than wait for c.
-    assert all(not d.commit and d.next_epoch == 1 for d in decided.values())
-    with pytest.raises(Excluded):
-        agree(rdzv, _epoch(0, ("a", "b", "c")), 2, 8, Ballot(True), poll_s=0.01,
-              proposer=_proposer(record))
+    decided = _vote_in_threads(rdzv, record, {"a": _ballot(), "b": _ballot()})  # c never votes
+    # The survivors redo the step in the next epoch rather than wait for c.
+    assert len(decided) == 2 and all(not d.commit and d.next_epoch == 1 for d in decided.values())
+    # c, waking up, casts its ballot and finds the step discarded: it is no member of epoch 1.
+    late = agree(rdzv.another(), record, "c", 0, _ballot())
+    assert not late.commit and "c" not in rdzv.epoch(late.next_epoch).members
+
+
+def test_a_member_that_gave_notice_is_waited_for_then_given_up(rdzv, stopping):
+    authority, record = _deciding(rdzv, "ab", leaver_grace_s=0.3)
+    stopping(authority)
+    rdzv.request_leave("b")
+    assert _next_epoch(rdzv, 0).reason == "leave:b"
+    decided = _vote_in_threads(rdzv, record, {"a": _ballot()})  # b never votes
+    assert decided["a"] == StepDecision(commit=False, next_epoch=1)
 
 
 def test_a_member_behind_is_fenced_only_once_it_stops_making_progress():
@@ -326,3 +409,25 @@ def test_the_deadline_never_falls_below_round_trips_to_the_store():
     near = {w: b.model_copy(update={"rtt_s": 0.0002}) for w, b in far.items()}
     watch.laggards(near, 0.1)
     assert watch.step_deadline_s() == pytest.approx(0.2)
+
+
+def test_the_authority_names_who_holds_the_state_for_a_joiner(rdzv, stopping):
+    """After a decided step, a join epoch names a member that held the state through
+    every epoch since (the lowest rank of them); after a resync, its source."""
+    authority, record = _deciding(rdzv, "ab")
+    stopping(authority)
+    a, b = record.members
+    _vote_in_threads(rdzv, record, {a: _ballot(), b: _ballot()})
+    rdzv.request_join("c")
+    joined = _next_epoch(rdzv, 0)
+    assert joined.members == (a, b, "c") and joined.state_holder == a
+    assert joined.state_source is None
+    # A divergence in the join epoch: c's state differs; a and b are alike.
+    _vote_in_threads(rdzv, joined, {a: _ballot(fingerprint=4), b: _ballot(fingerprint=3),
+                                    "c": _ballot(fingerprint=3)})
+    resync = _next_epoch(rdzv, 1)
+    assert resync.state_source == b and resync.state_holder is None
+    # The resync never forms (a is lost during it); the next epoch's holder is b alone.
+    rdzv.report_exit(a)
+    after = _next_epoch(rdzv, 2)
+    assert after.members == (b, "c") and after.state_holder == b

@@ -21,7 +21,7 @@ from shoal.elastic.job_host import JobHostConfig, _serve
 from shoal.elastic.liveness import LivenessConfig
 from shoal.elastic.store_policy import LEASE_BYTES, LeasePolicy, StoreView, lease_of
 from shoal.elastic.store_wire import Query, Request, RequestReader, WireError, encode
-from shoal.spec.elastic import Phase, ProgressBeat, StepDecision, WorkerArrival
+from shoal.spec.elastic import Phase, ProgressBeat, StepBallot, StepDecision, WorkerArrival
 from shoal.train.rendezvous import Rendezvous, connect
 
 MINE, MINE_TOO, THEIRS = "prov-l7-a0-w0", "prov-l7-a0-w1", "other-l8-a0-w0"
@@ -46,6 +46,11 @@ def beat(step: int = 0, phase: Phase = Phase.exchange, epoch: int = 1) -> str:
 
 DECISION = StepDecision(commit=True).model_dump_json().encode()
 SKIPPED = StepDecision(commit=False).model_dump_json().encode()
+BALLOT = StepBallot(step=5, ok=True, fingerprint=3).model_dump_json().encode()
+
+
+def cast(key: str, expected: bytes = b"", value: bytes = BALLOT) -> Request:
+    return Request(Query.COMPARE_SET, ("/" + key,), (expected, value))
 
 
 # -- the policy, key by key ------------------------------------------------------------
@@ -59,16 +64,24 @@ SKIPPED = StepDecision(commit=False).model_dump_json().encode()
     put(f"arrive/1/{MINE}", WorkerArrival(worker=THEIRS, step=0, has_state=True).model_dump_json()),
     put("join/4", THEIRS), put("join/4", "prov-l77-a0-w0"),  # a name of another lease
     put("group/1/0/1", b"addr"),  # rank 1 of epoch 1 is lease 8's
-    put("state/2"), put("reform/2"),  # epoch 2 has no member of lease 7
-    put("reform/1", "outsider-l9-a0-w0"),  # a state source outside the epoch
+    put("state/2"),  # epoch 2 has no member of lease 7
+    put("reform/1", MINE), put("reform/1", ""),  # the authority re-forms on its own decisions
     put("progress", "99"),  # rank 0 of the newest epoch (2) is lease 8's
     put("anything/else"),  # a key no worker writes
-    add("votes/1/5", 1 + 2 * 1024), add("votes/1/5", 1 + 1024 ** 5), add("votes/1/5", 3), add("votes/1/5", -1),  # no ballot
-    add("votes/2/5", 1),  # no member there
+    add("votes/1/5", 1),  # the old shared ballot counter: any member could stuff it
+    cast(f"vote/1/0/{THEIRS}"), cast(f"vote/1/0/{THEIRS}", value=SKIPPED),  # another's ballot
+    cast(f"vote/2/0/{MINE}"),  # no member of lease 7 in epoch 2
+    cast(f"vote/1/0/{MINE_TOO}"),  # its worker, but no member of epoch 1
+    cast(f"vote/1/0/{MINE}", expected=BALLOT,  # over a ballot cast
+         value=StepBallot(step=5, ok=False).model_dump_json().encode()),
+    cast(f"vote/1/0/{MINE}", value=b"{}"), cast(f"vote/1/x/{MINE}"),  # no ballot; no step
+    cast(f"vote/1/0/{MINE}/x"),
     add("requests", 50), add("exits", 2), add("launcher/node/other-l8-a0", 1),
     Request(Query.COMPARE_SET, ("/decision/1/5",), (DECISION, SKIPPED)),  # an overwrite
     Request(Query.COMPARE_SET, ("/done",), (b"1", b"")),  # expected differs from new
     Request(Query.COMPARE_SET, ("/decision/2/5",), (b"", DECISION)),  # not its epoch
+    Request(Query.COMPARE_SET, ("/decision/1/5",), (b"", DECISION)),  # the authority's alone
+    put("decision/1/5", DECISION),
     Request(Query.COMPARE_SET, ("/done",), (b"", b"1")),
     Request(Query.DELETE_KEY, ("/epoch/1",)), Request(Query.APPEND, ("/hb/" + MINE,), (b"x",)),
     Request(Query.QUEUE_PUSH, ("/q",), (b"x",)),
@@ -84,12 +97,9 @@ def test_a_lease_is_refused_every_key_not_its_own(request_):
     put(f"exit/{MINE_TOO}"), put(f"activate/{MINE_TOO}"), put(f"final/{MINE}", '{"steps": 3}'),
     put(f"arrive/1/{MINE}", WorkerArrival(worker=MINE, step=0, has_state=True).model_dump_json()),
     put("join/4", MINE_TOO), put("request/4"), put("group/1/0/0", b"addr"),
-    put("group/1/background/0/0", b"addr"), put("state/1"), put("reform/1", ""),
-    put("reform/0", THEIRS),  # a member of the epoch, as the deciding rank names it
+    put("group/1/background/0/0", b"addr"), put("state/1"),
     add("requests", 1), add("joins", 1), add("exits", 1), add("joins", 0),
-    add("launcher/node/prov-l7-a0", 1), add("votes/1/5", 1), add("votes/1/5", 1 + 1024),
-    add("votes/0/5", 0),
-    Request(Query.COMPARE_SET, ("/decision/1/5",), (b"", DECISION)),
+    add("launcher/node/prov-l7-a0", 1), cast(f"vote/1/0/{MINE}"), cast(f"vote/0/12/{MINE}"),
     # A read in one round trip (Rendezvous.read): the same expected and new value changes
     # nothing, whoever's key it is.
     Request(Query.COMPARE_SET, ("/epoch/latest",), (b"\x00?", b"\x00?")),
@@ -102,10 +112,8 @@ def test_what_the_runtime_has_a_lease_write_passes(request_):
     assert policy().refusal(request_) is None
 
 
-def test_a_lease_casts_one_ballot_per_member_and_writes_a_join_once():
+def test_a_lease_writes_a_join_once():
     rights = policy()
-    assert rights.refusal(add("votes/1/9", 1)) is None
-    assert "more than" in rights.refusal(add("votes/1/9", 1))
     assert rights.refusal(put("join/12", MINE)) is None
     assert "once" in rights.refusal(put("join/12", MINE))
     # Another lease's policy on the same gate shares what was written once.
@@ -246,12 +254,31 @@ def test_a_lease_cannot_frame_or_evict_another(job):
     assert honest.speeds((THEIRS,)) == [42.0]
 
 
-def test_a_lease_cannot_publish_a_membership_or_name_an_outside_state_source(job):
-    """Point 6: `epoch/N` is the authority's; `reform/E` may name only a member of E."""
+def test_a_lease_cannot_publish_a_membership_decide_a_step_or_vote_for_another(job):
+    """Point 6. Before: a member wrote a step's decision first (compare-and-set) and every
+    member followed it (a failed exchange committed, a rollback applied), asked for a
+    resync naming any member as the state source, and added to one shared ballot
+    counter. Now `epoch/N` and `decision/E/K` are the authority's, each member's ballot is
+    its own key, cast once, and the authority decides from the ballots."""
     server, gate, client, honest, attacker = job
     attempt(lambda: attacker.store.set("epoch/1", '{"epoch": 1, "members": ["prov-l7-a0-w0"]}'))
     assert cut_off(attacker)
     attacker = client(7)
-    attempt(lambda: attacker.request_reform(0, state_source="outsider-l9-a0-w0"))
+    attempt(lambda: attacker.decide(0, 0, StepDecision(commit=True)))
     assert cut_off(attacker)
-    assert server.rdzv.latest_epoch() == 0 and not server.rdzv.reform_requested(0)[0]
+    attacker = client(7)
+    attempt(lambda: attacker.store.set("reform/0", MINE))  # a resync from a source it names
+    assert cut_off(attacker)
+    attacker = client(7)
+    attempt(lambda: attacker.vote(0, 0, THEIRS, StepBallot(step=0, ok=False)))  # in its name
+    assert cut_off(attacker)
+    assert server.rdzv.latest_epoch() == 0 and server.rdzv.decision(0, 0) is None
+    attacker = client(7)
+    attacker.vote(0, 0, MINE, StepBallot(step=0, ok=True, fingerprint=3))
+    attacker.vote(0, 0, MINE, StepBallot(step=0, ok=False))  # a second ballot changes nothing
+    assert server.rdzv.decision(0, 0) is None  # one ballot of two: nothing decided
+    honest.vote(0, 0, THEIRS, StepBallot(step=0, ok=True, fingerprint=3))
+    decided = honest.wait_decision(0, 0, 5.0)
+    assert decided == StepDecision(commit=True)  # both ballots, as each member cast its own
+    assert server.rdzv.ballots(0, 0, server.rdzv.epoch(0).members)[MINE].ok
+    assert [e["identity"] for e in gate.refused] == ["lease:7"] * 4

@@ -42,3 +42,19 @@ def test_live_state_beats_any_checkpoint():
     arrivals = [arrival("holder", 10, has_state=True, step=70), arrival("joiner", 60)]
     (source, needers), loads = plan(arrivals, 1)
     assert (source, needers, loads) == (0, [1], [])
+
+
+def test_the_authoritys_state_holder_sends_whatever_another_member_claims():
+    """Issue 40, point 6: a member that claims to be further than its peers became the
+    state source of every epoch it joined. Now the authority names the holder (a member
+    that held the job's state through every epoch since the last decided step), and a
+    claim only decides whether its claimant receives."""
+    arrivals = [arrival("joiner", None), arrival("veteran", None, has_state=True, step=40),
+                arrival("liar", None, has_state=True, step=99),
+                arrival("peer", None, has_state=True, step=40)]
+    record = MembershipEpoch(epoch=5, members=tuple(a.worker for a in arrivals),
+                             weights=(1.0,) * 4, reason="join", state_holder="veteran")
+    assert _plan_transfer(record, arrivals, 0, lambda: True) == (1, [0, 2])
+    # Without a holder (the start, a restore) the claims still decide.
+    (source, needers), _ = plan(arrivals, 0)
+    assert (source, needers) == (2, [0, 1, 3])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from shoal.spec.elastic import BatchPolicy
-from shoal.train.shares import ShareBalancer
+from shoal.train.shares import ShareBalancer, moved_weights
 
 
 class _Speeds:
@@ -37,7 +37,9 @@ def _own_times(rates, fixed_s, rounds):
         for b, share, rate, fixed in zip(balancers, shares, rates, fixed_s):
             b.after_apply(fixed)
             b.after_compute(board, share, time.time() - share / rate, step)
-        weights = balancers[0].proposal(board, members, step) or weights
+        # What the authority does when a ballot says new weights are due.
+        if balancers[0].rebalance_due(step):
+            weights = moved_weights(board.speeds(members), weights) or weights
     own = [s / r + f for s, r, f in zip(shares, rates, fixed_s)]
     return shares, own
 
@@ -52,18 +54,23 @@ def test_fixed_costs_are_counted_so_own_times_even_out():
     assert shares[3] < 23
 
 
-def test_a_round_voted_once_proposes_when_the_interval_ends_inside_it():
+def test_a_round_voted_once_says_weights_are_due_when_the_interval_ends_inside_it():
     """DiLoCo votes once per round: with rounds of 7 steps and an interval of 10, the
     outer steps at 6, 13, 20 close steps 0-6, 7-13, 14-20, of which the last two hold
     an interval's end (steps 9 and 19)."""
-    board, members = _Speeds(), ("w0", "w1")
     balancer = ShareBalancer("w0", rebalance_interval=10, report_interval=1, slowdown=1.0)
-    balancer.weights = (1.0, 1.0)
-    board.report_speed("w0", 100.0)
-    board.report_speed("w1", 50.0)
-    due = [step for step in (6, 13, 20) if balancer.proposal(board, members, step, span=7)]
+    due = [step for step in (6, 13, 20) if balancer.rebalance_due(step, span=7)]
     assert due == [13, 20]
-    assert balancer.proposal(board, members, 19) and not balancer.proposal(board, members, 13)
+    assert balancer.rebalance_due(19) and not balancer.rebalance_due(13)
+    off = ShareBalancer("w0", rebalance_interval=0, report_interval=1, slowdown=1.0)
+    assert not any(off.rebalance_due(step) for step in range(30))
+
+
+def test_new_weights_only_once_every_member_has_a_speed_and_they_moved():
+    assert moved_weights([100.0, None], (1.0, 1.0)) is None
+    assert moved_weights([100.0, 50.0], (1.0, 1.0)) == (100.0, 50.0)
+    assert moved_weights([100.0, 50.5], (2.0, 1.0)) is None  # within the dead band
+    assert moved_weights([100.0, 50.0], (1.0, 1.0, 1.0)) is None  # not this membership
 
 
 def test_with_rebalancing_off_a_new_epoch_keeps_shares_equal():

@@ -23,9 +23,10 @@ from pathlib import Path
 
 from shoal import jsonl
 from shoal.errors import ControlError
+from shoal.elastic.decider import StepDecider
 from shoal.elastic.liveness import LivenessConfig, ProgressWatch
-from shoal.spec.elastic import MembershipEpoch, Phase, ProgressBeat
-from shoal.train.rendezvous import Rendezvous
+from shoal.spec.elastic import MembershipEpoch, Phase, ProgressBeat, StepDecision
+from shoal.train.rendezvous import Rendezvous, connect
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,10 @@ class AuthorityConfig:
     # having finished counts only at or past them. None: the members' word on when
     # they finished (a `shoal run`, whose launcher hosts the authority, trusts them).
     steps: int | None = None
+    # A member a newer epoch dropped after it gave notice still votes on the step in flight
+    # (then exits); if it has not this long after, the step is discarded without it (its
+    # lease ended and the gate cut it off first). As long as a collective may linger.
+    leaver_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.min_workers < 1:
@@ -70,6 +75,15 @@ class MembershipAuthority:
         self.event_log = event_log
         self.epoch = -1
         self.members: tuple[str, ...] = ()
+        self.record: MembershipEpoch | None = None  # the newest published
+        # Decides every voted step once started (tests drive `tick` alone, deciding none).
+        self.decider: StepDecider | None = None
+        self._reform_wanted: tuple[int, str | None] | None = None  # set by the decider
+        self._reform_lock = threading.Lock()
+        # Members that hold the job's state, all alike: those of the epoch of the last
+        # decided step (a resync's source alone), that have been in every epoch since.
+        self._holders: tuple[str, ...] = ()
+        self._history: dict[int, tuple[str, ...]] = {}  # published epoch -> members
         self.failure: str | None = None
         self._pending: list[str] = []  # registered, not yet admitted
         self._pending_since = 0.0  # when the oldest of them registered
@@ -86,13 +100,36 @@ class MembershipAuthority:
         self._watcher: threading.Thread | None = None
 
     def start(self, watch_requests: Rendezvous | None = None) -> MembershipAuthority:
-        """Run in a thread; `watch_requests` (a second store connection) wakes it on requests."""
+        """Run in a thread, deciding every voted step (shoal.elastic.decider);
+        `watch_requests` (a second store connection) wakes it on requests."""
+        host, port = self.rdzv.store.host, self.rdzv.store.port
+        self.decider = StepDecider(lambda: Rendezvous(connect(host, port)),
+                                   lambda: self.record.epoch if self.record else -1,
+                                   self.request_reform, self._decided)
+        if self.record is not None:
+            self.decider.follow(self.record)
         self._thread.start()
         if watch_requests is not None:
             self._watcher = threading.Thread(target=self._watch_requests, args=(watch_requests,),
                                              name="authority-requests", daemon=True)
             self._watcher.start()
         return self
+
+    def request_reform(self, epoch: int, state_source: str | None = None) -> None:
+        """Re-form `epoch`'s members (a step of it failed); with `state_source`, every
+        other member adopts that member's state. The step decider asks it; nobody else."""
+        with self._reform_lock:
+            self._reform_wanted = (epoch, state_source)
+        self.notify()
+
+    def _decided(self, record: MembershipEpoch, decision: StepDecision) -> None:
+        """A step of `record` was decided (the decider's thread): who holds the state now."""
+        held = (decision.resync_from,) if decision.resync_from else record.members
+        with self._reform_lock:
+            later = [m for e, m in self._history.items() if e > record.epoch]
+            self._holders = tuple(h for h in held if all(h in m for m in later))
+            for e in [e for e in self._history if e < record.epoch]:
+                del self._history[e]
 
     def notify(self) -> None:
         """Something changed (a process exited, a request arrived): decide now."""
@@ -103,6 +140,11 @@ class MembershipAuthority:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        if self.decider is not None:  # after the tick thread: they share one connection
+            self.decider.stop(self.rdzv)
+            # It refers back to this authority (and so to the host's store): without the
+            # cycle broken, the store would serve until a garbage collection.
+            self.decider = None
         if self._watcher is not None and self._watcher.is_alive():
             self.rdzv.wake_watchers()  # its wait returns; it sees the stop and ends
             self._watcher.join(timeout=5)
@@ -135,14 +177,15 @@ class MembershipAuthority:
             return  # the job reached its end: members exiting now are not faults
         requests = self.rdzv.requests_seen()
         leaving: list[str] = []
-        reform, source = False, None
+        reform, source = self._take_reform()
+        if self.decider is not None and self.record is not None \
+                and self.decider.has_open_before(self.record.epoch):
+            self.decider.discard_lost(self.rdzv, self.record, self.config.leaver_grace_s)
         if requests != self._requests_seen:  # only then is there anything to read
             self._requests_seen = requests
             self._take_joins(now)
             leaving = self.rdzv.leaving(list(self.members))
             self._exited.update(self.rdzv.exited(list(self.members) + self._pending))
-            if self.epoch >= 0:
-                reform, source = self.rdzv.reform_requested(self.epoch)
         # Final reports are read only once a member's beat says it finished (the last
         # tick's reading): a read of every member's report at every request would cost
         # a round trip per member all through the job.
@@ -169,6 +212,14 @@ class MembershipAuthority:
                           veterans=self.members)
         elif reform:
             self._reform(source, now)
+
+    def _take_reform(self) -> tuple[bool, str | None]:
+        """(wanted, state source): a re-form of the newest epoch the decider asked for."""
+        with self._reform_lock:
+            wanted, self._reform_wanted = self._reform_wanted, None
+        if wanted is None or wanted[0] != self.epoch:
+            return False, None  # none, or of an epoch already superseded
+        return True, wanted[1]
 
     def _finished(self, beats: dict[str, ProgressBeat | None]) -> set[str]:
         """Members whose last beat says they finished the job's steps (past `steps`,
@@ -281,17 +332,28 @@ class MembershipAuthority:
             log.warning("no workers left (%s); waiting for joiners", reason)
             return
         self.epoch += 1
+        with self._reform_lock:
+            self._history[self.epoch] = members
+            self._holders = tuple(h for h in self._holders if h in members)
+            holder = None if state_source else next((m for m in members if m in self._holders),
+                                                    None)
         record = MembershipEpoch(epoch=self.epoch, members=members, weights=self._weights(members),
-                                 reason=reason, state_source=state_source)
+                                 reason=reason, state_source=state_source, state_holder=holder)
         self._watch.reset(self.epoch, now, veterans)
         entry = {"t": time.time(), "epoch": self.epoch, "members": list(members), "reason": reason}
-        if state_source is not None:  # a chain break at the resync falls on it (shoal.proof.chain)
-            entry["state_source"] = state_source
+        if state_source or holder:  # a chain break at the epoch's start falls on it
+            entry["state_source"] = state_source or holder  # (shoal.proof.chain)
         # Logged before it is published: the coordinator holds work records to this log, and
         # a member can commit a step in the epoch (and upload its record) only once published.
         if self.event_log is not None:
             jsonl.append(self.event_log, json.dumps(entry))
         self.rdzv.publish_epoch(record)
+        self.record = record
+        if self.decider is not None:
+            self.decider.follow(record)
+            # A member dropped without notice will not vote: its old epoch's step in
+            # flight is discarded now, not at the next tick.
+            self.decider.discard_lost(self.rdzv, record, self.config.leaver_grace_s)
         log.info("epoch %d: %d members %s (%s)", self.epoch, len(members), list(members), reason)
 
     def _weights(self, members: tuple[str, ...]) -> tuple[float, ...]:

@@ -9,20 +9,20 @@ workers write, named as the coordinator names them (`AGENT-lN-aA-wI`,
 - its own workers' keys: `arrive/E/W`, `hb/W`, `speed/W`, `leave/W`, `exit/W`,
   `activate/W`, `final/W`, its node's `launcher/node/NODE`, and a `join/I` that
   names one of its workers (each `join/I` once);
-- as a member of epoch E: its ballot on `votes/E/S` (as many as it has members
-  in E, each one valid ballot), `decision/E/S` once (compare-and-set from
-  nothing), `reform/E` naming a member of E, `state/E`, and the gloo keys of
-  its own ranks under `group/E/`; `progress` while it holds rank 0 of the newest
-  epoch;
+- as a member of epoch E: each of its own members' ballots, `vote/E/K/W`, once
+  (compare-and-set over nothing) and parsing as one; `state/E`, and the gloo
+  keys of its own ranks under `group/E/`; `progress` while it holds rank 0 of
+  the newest epoch;
 - the counters `requests`, `joins` and `exits`, by one at a time;
-- never `epoch/*`, `done`, `failed`, `final` or `final_by` (the authority's),
-  and no key this list does not name.
+- never `epoch/*`, `decision/*`, `done`, `failed`, `final` or `final_by` (the
+  authority's), and no key this list does not name.
 
 So a lease cannot end the job, say another lease's worker exited or joined,
-mark its speed down, or publish a membership. What a member may still do
-within its own epoch (be the first to write a step's decision, ask for a resync
-from a member of its choosing) is the threat model's open part: see
-docs/threat-model.md.
+mark its speed down, publish a membership, decide a step, or name a resync's
+state source (the authority decides every step from the ballots, and picks the
+state that stands: shoal.elastic.decider). What a member may still do (send a
+state source's moved state when the authority picks it, report its own speed
+falsely) is the threat model's open part: see docs/threat-model.md.
 
 Each value is at most MAX_VALUE_BYTES, and what one lease keeps in the store
 at most LEASE_BYTES, so a lease cannot fill the host's memory.
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from shoal.elastic.store_wire import Query, Request
-from shoal.spec.elastic import ProgressBeat, StepDecision, WorkerArrival
+from shoal.spec.elastic import ProgressBeat, StepBallot, WorkerArrival
 from shoal.spec.worker import WorkerId
 
 # What one lease may keep in the store, all its keys together: an honest lease keeps a
@@ -47,10 +47,7 @@ from shoal.spec.worker import WorkerId
 # decided steps; a lease that tries to fill the host's memory is cut off there.
 LEASE_BYTES = 64 << 20
 _LEASE_IDENTITY = re.compile(r"lease:(0|[1-9][0-9]*)")
-# The runtime's ballots: a count of one in the lowest field, then 0 or 1 in each flag's
-# field (shoal.train.commit: four flags, fields of 10 bits).
-_BALLOT_FIELD, _BALLOT_FLAGS = 1 << 10, 4
-_AUTHORITY_ONLY = frozenset({"done", "failed", "final", "final_by"})  # and every epoch/*
+_AUTHORITY_ONLY = frozenset({"done", "failed", "final", "final_by"})  # and epoch/*, decision/*
 
 
 def lease_of(identity: str) -> int | None:
@@ -79,7 +76,6 @@ class LeasePolicy:
     lease: int
     epochs: StoreView
     _stored: dict[str, int] = field(default_factory=dict)  # key -> bytes this lease keeps
-    _ballots: dict[str, int] = field(default_factory=dict)  # votes key -> ballots cast
     _total: int = 0  # sum of _stored
     _latest: int = -1  # the newest epoch this policy has read
 
@@ -99,14 +95,14 @@ class LeasePolicy:
     def _write(self, request: Request) -> str | None:
         key = request.keys[0].removeprefix("/")  # c10d's client puts '/' before every key
         query = request.query
-        if key in _AUTHORITY_ONLY or key.startswith("epoch/"):
+        if key in _AUTHORITY_ONLY or key.startswith(("epoch/", "decision/")):
             return f"{key!r} is the membership authority's to write"
         parts = key.split("/")
         head = parts[0]
         if query is Query.ADD:
             return self._add(key, parts, request.number or 0)
         if query is Query.COMPARE_SET:
-            return self._decide(key, parts, request.values)
+            return self._vote(key, parts, request.values)
         if query is not Query.SET:
             return f"{query.name} is not a write the runtime makes"
         value = request.values[0]
@@ -135,13 +131,6 @@ class LeasePolicy:
             return said
         if head == "request" and len(parts) == 2:
             return None if value == b"1" else "a request flag other than '1'"
-        if head == "reform" and len(parts) == 2:
-            said = self._member(parts[1])
-            source = value.decode(errors="replace")
-            if said or not source:
-                return said
-            members = self.epochs.members(int(parts[1]))
-            return None if members and source in members else "a state source outside the epoch"
         if head == "state" and len(parts) == 2:
             return self._member(parts[1])
         if head == "group" and len(parts) >= 4:
@@ -161,35 +150,25 @@ class LeasePolicy:
         if parts[0] == "launcher" and len(parts) == 3 and parts[1] == "node":
             return (self._own(f"{parts[2]}-w0") or
                     (None if amount in (0, 1) else "a node is claimed once at a time"))
-        if parts[0] == "votes" and len(parts) == 3:
-            said = self._member(parts[1])
-            if said:
-                return said
-            if amount == 0:
-                return None  # a read of the count
-            fields = [amount // _BALLOT_FIELD ** i % _BALLOT_FIELD for i in range(_BALLOT_FLAGS + 1)]
-            if amount >= _BALLOT_FIELD ** (_BALLOT_FLAGS + 1) or fields[0] != 1 or max(fields) > 1:
-                return "not one ballot"
-            cast = self._ballots.get(key, 0)
-            members = self.epochs.members(int(parts[1])) or ()
-            if cast >= sum(1 for m in members if self._owns(m)):
-                return "a ballot more than this lease has members"
-            self._ballots[key] = cast + 1
-            return None
         return f"{key!r} is no counter a lease's worker moves"
 
-    def _decide(self, key: str, parts: list[str], values: tuple[bytes, ...]) -> str | None:
-        if parts[0] != "decision" or len(parts) != 3:
-            return f"compare-and-set of {key!r}: only a step's decision is written so"
-        said = self._member(parts[1])
+    def _vote(self, key: str, parts: list[str], values: tuple[bytes, ...]) -> str | None:
+        """`vote/E/K/W`: a ballot of one of its own members of E, cast once."""
+        if parts[0] != "vote" or len(parts) != 4:
+            return f"compare-and-set of {key!r}: only a member's ballot is written so"
+        said = self._member(parts[1]) or self._own(parts[3])
         if said:
             return said
+        if not parts[2].isdigit() or len(parts[2]) > 12:
+            return f"{parts[2]!r} is not a voted step's number"
+        if parts[3] not in (self.epochs.members(int(parts[1])) or ()):
+            return f"{parts[3]!r} is no member of epoch {parts[1]}"
         if values[0] != b"":
-            return "a decision is written once, over nothing"
+            return "a ballot is cast once, over nothing"
         try:
-            StepDecision.model_validate_json(values[1])
+            StepBallot.model_validate_json(values[1])
         except ValidationError:
-            return "a decision that does not parse"
+            return "a ballot that does not parse"
         return self._keep(key, len(values[1]))
 
     def _gloo(self, parts: list[str]) -> str | None:

@@ -41,6 +41,11 @@ class MembershipEpoch(Frozen):
     reason: str = ""  # why this epoch exists: start, kill, stall, leave, join, rebalance
     # Set when replicas were found to differ: every other member adopts this one's state.
     state_source: str | None = None
+    # Otherwise, the member whose live state a member without it (a joiner) takes: one
+    # that held the job's state through every epoch since the authority last decided a
+    # step (all such members hold the same). None when none did (the start, a restore).
+    # So no member becomes the source by claiming to be furthest (issue 40, point 6).
+    state_holder: str | None = None
 
 
 class Phase(int, enum.Enum):
@@ -79,8 +84,22 @@ class GuardVerdict(str, enum.Enum):
     rollback = "rollback"  # do not apply, and restore the last good state
 
 
+class StepBallot(Frozen):
+    """One member's vote on one voted step of an epoch, at `vote/E/K/W`: a key of its own,
+    written once (compare-and-set over nothing), so anyone can check the authority's
+    decision against the ballots it was made from (issue 40, point 6)."""
+
+    step: int = Field(ge=0)  # the step the member exchanged (every member's must agree)
+    ok: bool  # its exchange (and, with work records, the sent check) succeeded
+    verdict: GuardVerdict = GuardVerdict.apply  # its guard's assessment of the reduced step
+    # Its own replica fingerprint, as it put it in the exchange (None when the exchange
+    # failed): the authority finds divergence, and whose state stands, from these.
+    fingerprint: int | None = Field(None, ge=0)
+    rebalance: bool = False  # the step closes a rebalance interval: new weights are due
+
+
 class StepDecision(Frozen):
-    """The agreed outcome of one step attempt, written once (compare-and-set)."""
+    """The outcome of one voted step, written once by the membership authority."""
 
     commit: bool
     next_epoch: int | None = None  # switch to this epoch after applying (or discarding) the step

@@ -50,6 +50,12 @@ def _plan_transfer(record: MembershipEpoch, arrivals: list[WorkerArrival], rank:
         # Replicas were found to differ: the authority named whose state stands.
         source = record.members.index(record.state_source)
         return source, [r for r in range(len(arrivals)) if r != source]
+    if record.state_holder is not None:
+        named = arrivals[record.members.index(record.state_holder)]
+        if named.has_state:  # the authority's pick: members' claims choose nothing
+            source = record.members.index(record.state_holder)
+            return source, [r for r, a in enumerate(arrivals)
+                            if not (a.has_state and a.step == named.step)]
     holders = [a for a in arrivals if a.has_state]
     if not holders:
         # Nobody holds live state: one member alone reads its newest checkpoint (or keeps

@@ -3,8 +3,9 @@ the workers. Everything that crosses processes goes through here, as
 pydantic values from `shoal.spec`, so the protocol lives in one file.
 
 Keys never repeat across epochs (gloo reads peer addresses from the store;
-stale ones break new groups), and a step's decision is written once with
-compare-and-set, so every worker reads the same outcome.
+stale ones break new groups). Each member casts its ballot on a step under a
+key of its own, and the membership authority alone writes the step's decision,
+once, with compare-and-set, so every worker reads the same outcome.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import TypeVar
 
 import torch.distributed as dist
 
-from shoal.spec.elastic import MembershipEpoch, ProgressBeat, StepDecision, WorkerArrival
+from shoal.spec.elastic import (
+    MembershipEpoch,
+    ProgressBeat,
+    StepBallot,
+    StepDecision,
+    WorkerArrival,
+)
 from shoal.train.errors import TrainError
 
 _CONNECT_TIMEOUT_S = 60.0
@@ -34,6 +41,16 @@ EPOCH_LOOK_S = 0.02
 # What `Rendezvous.read` compares with: no key the runtime writes ever holds it.
 _ABSENT = "\x00shoal:absent"
 _ABSENT_BYTES = _ABSENT.encode()
+
+
+def vote_key(epoch: int, index: int, worker: str) -> str:
+    """`worker`'s ballot on the `index`-th voted step of `epoch` (counted from 0 in each
+    epoch: every member enters an epoch at the same step and votes on the same steps)."""
+    return f"vote/{epoch}/{index}/{worker}"
+
+
+def decision_key(epoch: int, index: int) -> str:
+    return f"decision/{epoch}/{index}"
 
 
 class RendezvousError(TrainError):
@@ -63,6 +80,12 @@ class Rendezvous:
     def __init__(self, store: dist.Store) -> None:
         self.store = store
         self._round_trip_s: float | None = None  # measured when first asked
+
+    def another(self) -> Rendezvous:
+        """A second connection to the same store, for a thread that blocks in store waits
+        (a TCPStore client serves one request at a time: a blocked wait would hold up
+        every other request on its connection)."""
+        return Rendezvous(connect(self.store.host, self.store.port))
 
     def round_trip_s(self) -> float:
         """A round trip to the store (on a LAN well under a millisecond; across a WAN, the
@@ -111,21 +134,36 @@ class Rendezvous:
     def arrival_keys(self, epoch: int, members: tuple[str, ...]) -> list[str]:
         return [f"arrive/{epoch}/{m}" for m in members]
 
-    # -- step votes and decisions ----------------------------------------
+    # -- step votes (each member's own key) and decisions (the authority's) --
 
-    def add_vote(self, epoch: int, step: int, value: int) -> int:
-        """Add to the step's vote counter; returns the total so far."""
-        return self.store.add(f"votes/{epoch}/{step}", value)
+    def vote(self, epoch: int, index: int, worker: str, ballot: StepBallot) -> None:
+        """Cast `worker`'s ballot on the epoch's `index`-th voted step: once, never over
+        another (compare-and-set over nothing: a second write changes nothing)."""
+        self.store.compare_set(vote_key(epoch, index, worker), "", ballot.model_dump_json())
 
-    def wait_decision(self, epoch: int, step: int, timeout_s: float) -> StepDecision | None:
-        key = f"decision/{epoch}/{step}"
-        value = self._poll(lambda: self.read(key), timeout_s)
+    def ballots(self, epoch: int, index: int, members: tuple[str, ...]) -> dict[str, StepBallot]:
+        """Every member's ballot (all must be cast: wait for `vote_keys` first)."""
+        values = self.store.multi_get([vote_key(epoch, index, m) for m in members])
+        return {m: StepBallot.model_validate_json(v) for m, v in zip(members, values)}
+
+    def wait_decision(self, epoch: int, index: int, timeout_s: float) -> StepDecision | None:
+        """The decision once the authority writes it, blocking in the store up to
+        `timeout_s` (two requests when it is there: the wait, then the read)."""
+        key = decision_key(epoch, index)
+        if not self.wait_keys([key], timeout_s, block=True):
+            return None
+        value = self.read(key)
         return None if value is None else StepDecision.model_validate_json(value)
 
-    def decide(self, epoch: int, step: int, proposal: StepDecision) -> StepDecision:
-        """Write `proposal` unless a decision exists; return the one that stands."""
-        key = f"decision/{epoch}/{step}"
-        current = self.store.compare_set(key, "", proposal.model_dump_json())
+    def decision(self, epoch: int, index: int) -> StepDecision | None:
+        value = self.read(decision_key(epoch, index))
+        return None if value is None else StepDecision.model_validate_json(value)
+
+    def decide(self, epoch: int, index: int, proposal: StepDecision) -> StepDecision:
+        """Write `proposal` unless a decision exists; return the one that stands (the
+        authority's deciding thread and its membership thread may both write one)."""
+        current = self.store.compare_set(decision_key(epoch, index), "",
+                                         proposal.model_dump_json())
         return StepDecision.model_validate_json(current)
 
     # -- requests from workers to the authority --------------------------
@@ -189,19 +227,6 @@ class Rendezvous:
 
     def exited(self, workers: list[str]) -> list[str]:
         return [w for w in workers if self.store.check([f"exit/{w}"])]
-
-    def request_reform(self, epoch: int, state_source: str | None = None) -> None:
-        """Ask for a new epoch with the same live members (after a failed step);
-        with `state_source`, every other member adopts that member's state."""
-        self.store.set(f"reform/{epoch}", state_source or "")
-        self._notify()
-
-    def reform_requested(self, epoch: int) -> tuple[bool, str | None]:
-        """(requested, state source) for a reform of `epoch`."""
-        key = f"reform/{epoch}"
-        if not self.store.check([key]):
-            return False, None
-        return True, self.store.get(key).decode() or None
 
     # -- liveness and speed ----------------------------------------------
 
@@ -289,9 +314,11 @@ class Rendezvous:
         if reason is not None:
             raise RunFailed(reason)
 
-    def wait_keys(self, keys: list[str], timeout_s: float) -> bool:
+    def wait_keys(self, keys: list[str], timeout_s: float, block: bool = False) -> bool:
         """True once every key exists; False after `timeout_s` (cancellable loops poll
-        this with a few milliseconds).
+        this with a few milliseconds). `block`: wait in the store however short the
+        wait, for keys that are almost always set long before the timeout runs out
+        (a step's votes, its decision: see below for why that matters).
 
         A short wait asks the store `check` (one request, one answer), never its timed
         `wait`: a wait whose timeout runs out as its keys are set makes torch's TCPStore
@@ -303,7 +330,7 @@ class Rendezvous:
         long wait costs the store no more requests than the old 5 ms waits did.
         A long wait (a watcher's, a spare's) still blocks in the store: its timeout
         runs out rarely, and the race needs a set within a round trip of that moment."""
-        if timeout_s >= _BLOCKING_WAIT_S:
+        if block or timeout_s >= _BLOCKING_WAIT_S:
             try:
                 self.store.wait(keys, datetime.timedelta(seconds=timeout_s))
                 return True

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from shoal.spec.elastic import BatchPolicy, GuardVerdict, Phase
+from shoal.spec.elastic import BatchPolicy, GuardVerdict, Phase, StepBallot
 from shoal.spec.job import Aggregation, SyncSpec
 from shoal.train.attempt import Attempt
 from shoal.train.checkpoint import CheckpointStore
-from shoal.train.commit import Ballot, Excluded, Proposer, agree
+from shoal.train.commit import agree
 from shoal.train.errors import TrainError
 from shoal.train.sync.exchange import GradientExchange, StepScalars
 from shoal.train.group import GroupCancelled, GroupFailed
@@ -79,6 +79,7 @@ class Run:
         self.worker = config.worker
         self.rdzv = Rendezvous(connect(config.host, config.port))
         self.left = False  # this worker handed over and left (SIGTERM)
+        self._votes = 0  # voted steps of this epoch so far: the next ballot's index
         settings = config.settings
         self.balancer = ShareBalancer(config.worker, settings.rebalance_interval,
                                       settings.speed_report_interval, settings.slowdown)
@@ -231,21 +232,9 @@ class Run:
         self.progress.reached(self.record.epoch, self.step_index, Phase.exchange)
         ballot, scalars = self._exchange(tail)
         self.progress.reached(self.record.epoch, self.step_index, Phase.voted)
-        try:
-            decision = agree(self.rdzv, self.record, self.rank, self.step_index, ballot,
-                             poll_s=self.config.settings.poll_s, leaving=self.membership.leave_posted,
-                             proposer=Proposer(self._proposed_weights,
-                                               lambda: _most_common(self.record.members, scalars),
-                                               self.membership.lost_member),
-                             waiting=self.progress.waiting)
-        except Excluded as error:
-            log.warning("[worker %s] %s; rejoining with fresh state", self.worker, error)
-            # Undo what the exchange did here (a DiLoCo outer step took its inner step,
-            # and left `.grad` viewing the old buffers: the next backward would add to
-            # them, and the first step after rejoining would carry this one's gradient).
-            self.sync.skip()
-            self._drop_group(stale=True)
-            return
+        decision = agree(self.rdzv, self.record, self.worker, self._votes, ballot,
+                         waiting=self.progress.waiting)
+        self._votes += 1
         if decision.commit:
             applying = time.time()
             self.committer.voted(attempt, scalars, decision.verdict)
@@ -256,6 +245,11 @@ class Run:
             if decision.weights:
                 self.balancer.weights = decision.weights
         else:
+            # Undo what the exchange did here (a DiLoCo outer step took its inner step,
+            # and left `.grad` viewing the old buffers: the next backward would add to
+            # them, and the redone step would carry this one's gradient). A member
+            # dropped meanwhile (fenced while stalled) finds itself outside the next
+            # epoch and rejoins with fresh state.
             if decision.resync_from:
                 log.warning("[epoch %d] replicas differ at step %d; all adopt %s's state",
                             self.record.epoch, self.step_index, decision.resync_from)
@@ -264,7 +258,7 @@ class Run:
         if not decision.commit or decision.next_epoch is not None:
             self._drop_group(stale=False)
 
-    def _exchange(self, tail: tuple[float, ...]) -> tuple[Ballot, StepScalars | None]:
+    def _exchange(self, tail: tuple[float, ...]) -> tuple[StepBallot, StepScalars | None]:
         """Exchange the step (shoal.train.sync.every_step: all-reduce, a robust rule's all-gather, a
         codec, or DiLoCo), then this member's ballot: did it work, what does the guard
         say, do the replicas' fingerprints agree. With work records, every member also
@@ -277,7 +271,7 @@ class Run:
                                     self.attempt.work(step), self.committer.inner_step)
         except (GroupFailed, GroupCancelled) as error:
             log.info("[epoch %d rank %d] step %d exchange failed: %s", e, self.rank, step, error)
-            return Ballot(ok=False), None
+            return StepBallot(step=step, ok=False), None
         scalars = self.exchange.read_scalars()
         verdict, reason = self.guard.assess(scalars.mean_loss, self.sync.checked())
         if self.hook.checks_sent:
@@ -285,7 +279,7 @@ class Run:
                                             tuple(self.exchange.scalar_tail().tolist()),
                                             self.membership.changed)
             if not checked.ok:
-                return Ballot(ok=False), None
+                return StepBallot(step=step, ok=False), None
             if checked.refusal and verdict is GuardVerdict.apply:
                 verdict, reason = GuardVerdict.skip, checked.refusal
             hopeless = self.hook.hopeless(self.record.members)
@@ -296,13 +290,9 @@ class Run:
         if reason:
             log.warning("[epoch %d] step %d: %s (%s)", self.record.epoch, self.step_index,
                         reason, verdict.value)
-        return Ballot(ok=True, verdict=verdict, diverged=len(set(scalars.fingerprints)) > 1), scalars
-
-    # -- the deciding rank's questions ----------------------------------------
-
-    def _proposed_weights(self) -> tuple[float, ...] | None:
-        return self.balancer.proposal(self.rdzv, self.record.members, self.step_index,
-                                      self.sync.steps_per_vote)
+        rebalance = self.balancer.rebalance_due(step, self.sync.steps_per_vote)
+        return StepBallot(step=step, ok=True, verdict=verdict,
+                          fingerprint=scalars.fingerprints[self.rank], rebalance=rebalance), scalars
 
     # -- membership ---------------------------------------------------------
 
@@ -314,6 +304,7 @@ class Run:
             self.left = True
             return False
         self.balancer.enter_epoch(self.record.weights)
+        self._votes = 0  # voted steps of this epoch so far: the next ballot's index
         self.balancer.base_world = self.balancer.base_world or self.world
         self.exchange.fresh(self.world)
         self.sync.new_epoch(self.record.epoch)
@@ -369,14 +360,6 @@ class Run:
         if self._final is not None:
             self._final.update(figures)
             self.rdzv.report_final(self.worker, self._final)
-
-
-def _most_common(members: tuple[str, ...], scalars: StepScalars) -> str:
-    """The member holding the most common fingerprint (the lowest rank on a tie): whose
-    state all adopt after a divergence. Only asked when the exchange worked."""
-    prints = scalars.fingerprints
-    best = max(range(len(prints)), key=lambda r: (prints.count(prints[r]), -r))
-    return members[best]
 
 
 def _num_samples(dataset: Any) -> int:

@@ -5,9 +5,10 @@ the time a step costs it alone: its compute and its own part of the commit
 (the optimizer step, snapshots, logs), never the time it waits for others.
 Shares proportional to that converge to equal own-times, the balance point,
 even when a slow device's fixed per-step cost is large. Workers publish their
-speeds; every `rebalance_interval` steps the deciding voter proposes new
-weights if the speeds moved, and the step's decision carries them, so every
-member switches shares at the same step.
+speeds; every `rebalance_interval` steps the members' ballots say new weights
+are due, the membership authority computes them from the speeds if they moved,
+and the step's decision carries them, so every member switches shares at the
+same step.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Protocol
 
 from shoal.spec.elastic import BatchPolicy
 from shoal.train.order import split_shares
-from shoal.train.rendezvous import Rendezvous
 
 
 class SpeedReporter(Protocol):
@@ -73,19 +73,22 @@ class ShareBalancer:
         snapshot): a fixed cost per step that its share must leave room for."""
         self._apply_s = seconds if not self._apply_s else 0.8 * self._apply_s + 0.2 * seconds
 
-    def proposal(self, rdzv: Rendezvous, members: tuple[str, ...], step: int,
-                 span: int = 1) -> tuple[float, ...] | None:
-        """New weights from measured speeds, every interval, if any worker's part moved by
-        more than 2% of an equal share (new weights cost nothing: the decision carries them,
-        and a larger dead band left the slowest worker 13% behind the balance point).
-        `span`: the steps this decision closes (a DiLoCo round votes once for all of its
+    def rebalance_due(self, step: int, span: int = 1) -> bool:
+        """Does the step just exchanged close a rebalance interval (new weights due)?
+        `span`: the steps one vote closes (a DiLoCo round votes once for all of its
         steps): due if the interval ends in any of them."""
         interval = self.rebalance_interval
-        if not interval or (step + 1) // interval == max(0, step + 1 - span) // interval:
-            return None
-        speeds = rdzv.speeds(members)
-        if any(s is None for s in speeds):
-            return None
-        total_new, total_old = sum(speeds), sum(self.weights)
-        moved = max(abs(n / total_new - o / total_old) for n, o in zip(speeds, self.weights))
-        return tuple(speeds) if moved > 0.02 / len(speeds) else None
+        return bool(interval) and (step + 1) // interval != max(0, step + 1 - span) // interval
+
+
+def moved_weights(speeds: list[float | None],
+                  weights: tuple[float, ...]) -> tuple[float, ...] | None:
+    """New weights from measured speeds, if any member's part moved by more than 2% of
+    an equal share (new weights cost nothing: the decision carries them, and a larger
+    dead band left the slowest worker 13% behind the balance point); None if not, or
+    while a member has no speed yet."""
+    if not speeds or any(s is None for s in speeds) or len(speeds) != len(weights):
+        return None
+    total_new, total_old = sum(speeds), sum(weights)
+    moved = max(abs(n / total_new - o / total_old) for n, o in zip(speeds, weights))
+    return tuple(speeds) if moved > 0.02 / len(speeds) else None

@@ -14,12 +14,12 @@ from shoal.train.rendezvous import Rendezvous
 
 steps, inner_steps = int(sys.argv[1]), int(sys.argv[2])
 calls: dict[str, list[int]] = {"votes": [], "all_reduces": []}
-add_vote, all_reduce = Rendezvous.add_vote, EpochGroup.all_reduce
+vote, all_reduce = Rendezvous.vote, EpochGroup.all_reduce
 
 
-def counted_vote(self, epoch, step, value):
-    calls["votes"].append(step)
-    return add_vote(self, epoch, step, value)
+def counted_vote(self, epoch, index, worker, ballot):
+    calls["votes"].append(ballot.step)
+    return vote(self, epoch, index, worker, ballot)
 
 
 def counted_all_reduce(self, *args, **kwargs):
@@ -27,7 +27,7 @@ def counted_all_reduce(self, *args, **kwargs):
     return all_reduce(self, *args, **kwargs)
 
 
-Rendezvous.add_vote, EpochGroup.all_reduce = counted_vote, counted_all_reduce
+Rendezvous.vote, EpochGroup.all_reduce = counted_vote, counted_all_reduce
 data = torch.utils.data.TensorDataset(torch.randn(4000, 4), torch.randn(4000, 1))
 run = shoal.join()
 torch.manual_seed(0)

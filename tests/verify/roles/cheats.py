@@ -94,11 +94,12 @@ class LostRecords(Adversary):
 
 
 class ForgedStateSource(Adversary):
-    """Honest work, and once step 2 is applied, a state injected between steps: it asks
-    for a resync naming itself as the state source (what any member of an epoch may
-    write), and moves the parameters it sends (its own too, so nobody's fingerprint
-    differs after). Every record from then on starts from its state, agrees, and
-    replays; only the chain from step to step shows it."""
+    """Honest work, and once step 2 is applied, a state injected between steps if the
+    membership authority picks it as a resync's state source (a member can no longer
+    name itself: the authority picks the most common state): it moves the parameters
+    it sends (its own too, so nobody's fingerprint differs after). Every record from
+    then on starts from its state, agrees, and replays; only the chain from step to
+    step shows it."""
 
     name = "forged_state_source"
     after_step = 2
@@ -106,16 +107,14 @@ class ForgedStateSource(Adversary):
     def record(self, record, ctx):
         if record.step == self.after_step and not ctx.memory.get("forged"):
             ctx.memory["forged"] = True
-            _send_moved_state(ctx.worker)
+            _send_moved_state()
         return record
 
 
-def _send_moved_state(worker: str) -> None:
+def _send_moved_state() -> None:
     import torch
 
     import shoal.train.membership as membership
-    from shoal.train.rendezvous import Rendezvous, connect
-    from shoal.train.run_config import RunConfig
 
     honest_pack = membership.pack
 
@@ -127,7 +126,4 @@ def _send_moved_state(worker: str) -> None:
                     tensor.add_(0.01)
         return honest_pack(state)
 
-    membership.pack = pack
-    config = RunConfig.from_env()
-    rdzv = Rendezvous(connect(config.host, config.port))
-    rdzv.request_reform(rdzv.latest_epoch(), state_source=worker)
+    membership.pack = pack  # the next state this worker sends, if it is ever the source
