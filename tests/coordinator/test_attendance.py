@@ -166,3 +166,23 @@ def test_a_lease_that_ends_loses_its_way_into_the_jobs_store(served):
     co.supervision.revoke_ended_leases(job.job_id)
     assert keys.revoked() == {lease_identity(leases["s-d0"])}
     assert keys.admits(lease_identity(leases["a-d0"]), keys.token(lease_identity(leases["a-d0"])))
+
+
+def test_a_paused_jobs_leases_keep_its_store_while_their_workers_leave(served, monkeypatch):
+    """A pause ends every lease at once; their workers vote on the step in flight and the
+    last writes the job's state down. Cut off at once, that worker failed mid-vote and
+    nothing was written: a pause's leases keep the store for PAUSE_LEAVE_S, then lose it."""
+    from shoal.coordinator.services.supervision import PAUSE_LEAVE_S
+
+    co = served.app.state.coordinator
+    clients, alice, job = offers_and_a_job(served, {"a": PRICE, "b": PRICE})
+    served.app.state.rounds.once()
+    leases = leases_of(alice, job)
+    keys = GateKeys.create_or_load(co.hosts.gate_dir(job.job_id))
+    co.jobs.set_paused(alice.account.address, job.job_id, True)
+    co.supervision.revoke_ended_leases(job.job_id)
+    assert keys.revoked() == frozenset()
+    later = co.desk.now_s() + PAUSE_LEAVE_S + 1
+    monkeypatch.setattr(co.desk, "now_s", lambda: later)
+    co.supervision.revoke_ended_leases(job.job_id)
+    assert keys.revoked() == {lease_identity(lease) for lease in leases.values()}

@@ -24,6 +24,11 @@ from shoal.spec.events import JobHostStarted, JobRendezvous, OfferMarkedDown
 from shoal.spec.worker import WorkerId
 
 
+# How long a paused job's ended leases keep its store: their workers' last step and the
+# state the last of them writes down (a step and a checkpoint: seconds on these jobs).
+PAUSE_LEAVE_S = 30.0
+
+
 class JobSupervision:
     """Each live job's host started and heard, and the agents behind its leases watched."""
 
@@ -74,12 +79,21 @@ class JobSupervision:
     def revoke_ended_leases(self, job_id: str) -> None:
         """Tell the job host's gate which leases ended: their tokens stay valid HMACs, and
         a provider ended for staying out, slashed or preempted must not keep writing the
-        job's store (its worker is stopped by its agent; one that is not is cut off)."""
+        job's store (its worker is stopped by its agent; one that is not is cut off).
+
+        A paused job's leases all end at once, and their workers leave as a spot notice
+        has them leave: the step in flight is voted on and the last member writes the
+        job's state down for whoever resumes it. Cut off at once, that worker failed
+        mid-vote and nothing was written: a pause's leases keep the store (still held to
+        their own keys) for PAUSE_LEAVE_S after they end."""
         now = self.desk.now_s()
         with self.store.read() as session:
+            job = session.get(JobRow, job_id)
+            paused = job is not None and job.status == JobStatus.paused.value
+            cutoff = now - PAUSE_LEAVE_S if paused else now
             ended = set(session.scalars(select(LeaseRow.lease).where(
                 LeaseRow.job_id == job_id, LeaseRow.ends_at_s.is_not(None),
-                LeaseRow.ends_at_s <= now)).all())
+                LeaseRow.ends_at_s <= cutoff)).all())
         self.hosts.revoke(job_id, ended)
 
     def hold_offers_to_speeds(self, job_id: str) -> None:
