@@ -178,6 +178,7 @@ def test_a_stranger_showing_its_own_certificate_is_refused_before_anything_is_se
 
 
 def test_the_pinned_client_reaches_the_real_coordinator(tls):
-    assert tls.client().providers() == []
+    with tls.client() as client:  # closed: an open keep-alive holds the server's stop 10 s
+        assert client.providers() == []
     with pytest.raises(ControlError, match="https://"):
         CoordinatorClient(tls.url.replace("https", "http"), pin=CertificatePin("a" * 64))
