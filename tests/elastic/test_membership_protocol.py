@@ -431,3 +431,18 @@ def test_the_authority_names_who_holds_the_state_for_a_joiner(rdzv, stopping):
     rdzv.report_exit(a)
     after = _next_epoch(rdzv, 2)
     assert after.members == (b, "c") and after.state_holder == b
+
+
+def test_a_ballot_that_does_not_parse_fails_its_step_not_the_authority(rdzv, stopping):
+    """Behind a gate a ballot must parse; a `shoal run` member is trusted, but its bad
+    ballot must fail the step, not end the thread that decides every step after it."""
+    assert not decide_step(_epoch(0, ("a", "b")), {"a": _ballot(), "b": None}, 0,
+                           lambda: None).decision.commit
+    authority, record = _deciding(rdzv, "ab")
+    stopping(authority)
+    a, b = record.members
+    rdzv.store.compare_set(f"vote/0/0/{b}", "", "not a ballot")
+    decided = _vote_in_threads(rdzv, record, {a: _ballot()})
+    assert not decided[a].commit
+    resync = _next_epoch(rdzv, 0)
+    assert resync.reason == "reform"

@@ -17,7 +17,7 @@ import pytest
 from shoal.elastic.authority import AuthorityConfig
 from shoal.elastic.gate import StoreTunnel
 from shoal.elastic.gate_keys import GateKeys, lease_identity
-from shoal.elastic.job_host import JobHostConfig, _serve
+from shoal.elastic.job_host import CutLeases, JobHostConfig, _serve
 from shoal.elastic.liveness import LivenessConfig
 from shoal.elastic.store_policy import LEASE_BYTES, LeasePolicy, StoreView, lease_of
 from shoal.elastic.store_wire import Query, Request, RequestReader, WireError, encode
@@ -282,3 +282,25 @@ def test_a_lease_cannot_publish_a_membership_decide_a_step_or_vote_for_another(j
     assert decided == StepDecision(commit=True)  # both ballots, as each member cast its own
     assert server.rdzv.ballots(0, 0, server.rdzv.epoch(0).members)[MINE].ok
     assert [e["identity"] for e in gate.refused] == ["lease:7"] * 4
+
+
+def test_a_revoked_leases_worker_counts_as_exited_so_no_step_waits_for_it(job, tmp_path):
+    """A slashed provider's lease is revoked as its worker leaves (it gave notice): cut off
+    before its last ballot, it was waited for the leaver's grace (30 s) while its honest
+    peer stalled, was fenced, and the job went back to a checkpoint. The host now reports
+    a revoked lease's workers exited, and the step in flight is discarded at once."""
+    server, gate, client, honest, attacker = job
+    keys, cut = GateKeys.load(tmp_path / "gate"), CutLeases(GateKeys.load(tmp_path / "gate"),
+                                                             server.rdzv)
+    cut.report()
+    attacker.request_leave(MINE)
+    deadline = time.monotonic() + 10
+    while server.rdzv.latest_epoch() < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.rdzv.epoch(1).members == (THEIRS,)
+    honest.vote(0, 0, THEIRS, StepBallot(step=0, ok=True, fingerprint=3))  # MINE never votes
+    assert honest.wait_decision(0, 0, 0.5) is None  # MINE gave notice: it is waited for
+    keys.revoke({lease_identity(7)})
+    cut.report()
+    assert server.rdzv.exited([MINE, THEIRS]) == [MINE]
+    assert honest.wait_decision(0, 0, 5.0) == StepDecision(commit=False, next_epoch=1)

@@ -56,15 +56,18 @@ class Outcome:
     reform: bool = False  # re-form the same members (with decision.resync_from's state)
 
 
-def decide_step(record: MembershipEpoch, ballots: dict[str, StepBallot], newest: int,
+def decide_step(record: MembershipEpoch, ballots: dict[str, StepBallot | None], newest: int,
                 weights_due: Callable[[], tuple[float, ...] | None]) -> Outcome:
-    """The decision of a step every member of `record` voted on. `newest`: the newest
-    published epoch (members switch to it after this step); `weights_due`: new share
-    weights, asked only when a ballot says they are due and the step commits."""
-    votes = [ballots[m] for m in record.members]
+    """The decision of a step every member of `record` voted on (None: a ballot that
+    does not parse, a failed one). `newest`: the newest published epoch (members switch
+    to it after this step); `weights_due`: new share weights, asked only when a ballot
+    says they are due and the step commits."""
+    cast = [ballots[m] for m in record.members]
+    votes = [b for b in cast if b is not None]
     next_epoch = newest if newest > record.epoch else None
-    verdict = max((b.verdict for b in votes), key=_STRICTNESS.__getitem__)
-    ok = (all(b.ok and b.fingerprint is not None for b in votes)
+    verdict = max((b.verdict for b in votes), key=_STRICTNESS.__getitem__,
+                  default=GuardVerdict.apply)
+    ok = (len(votes) == len(cast) and all(b.ok and b.fingerprint is not None for b in votes)
           and len({b.step for b in votes}) == 1)
     if not ok:
         # A failed exchange anywhere (or ballots that do not agree on the step): nobody
@@ -216,24 +219,33 @@ class StepDecider:
             except Exception:  # the store closed under us at the job's end
                 log.debug("step decider of epoch %d stops", epoch, exc_info=True)
                 return
-            with self._lock:
-                if self._open.get(epoch) is not held or held.index != index:
-                    continue  # a discard decided it meanwhile
-                if not voted:
-                    self._idle(rdzv, held, keys)
-                    wait_s = min(MAX_WAIT_S, 2 * wait_s)
-                    continue
-                outcome = decide_step(record, ballots, self.newest(),
-                                      lambda: moved_weights(rdzv.speeds(record.members),
-                                                            held.record.weights))
-                decision = rdzv.decide(epoch, index, outcome.decision)
-                if decision == outcome.decision and outcome.reform:
-                    self.reform(epoch, decision.resync_from)
-                if decision.weights:
-                    held.record = held.record.model_copy(update={"weights": decision.weights})
-                self._close(held, decision)
+            try:
+                with self._lock:
+                    if self._open.get(epoch) is not held or held.index != index:
+                        continue  # a discard decided it meanwhile
+                    if not voted:
+                        self._idle(rdzv, held, keys)
+                        wait_s = min(MAX_WAIT_S, 2 * wait_s)
+                        continue
+                    self._decide(rdzv, held, index, ballots)
+            except (RuntimeError, OSError) as error:  # c10d's, when the store went away
+                log.warning("step decider of epoch %d stops: %s", epoch, error)
+                return
             now = time.monotonic()
             wait_s, last = min(MAX_WAIT_S, max(WAIT_S, WAIT_STEPS * (now - last))), now
+
+    def _decide(self, rdzv: Rendezvous, held: _Open, index: int,
+                ballots: dict[str, StepBallot | None]) -> None:
+        """Under the lock: decide `held`'s step `index` from every member's ballot."""
+        record = held.record
+        outcome = decide_step(record, ballots, self.newest(),
+                              lambda: moved_weights(rdzv.speeds(record.members), record.weights))
+        decision = rdzv.decide(record.epoch, index, outcome.decision)
+        if decision == outcome.decision and outcome.reform:
+            self.reform(record.epoch, decision.resync_from)
+        if decision.weights:
+            held.record = record.model_copy(update={"weights": decision.weights})
+        self._close(held, decision)
 
     def _idle(self, rdzv: Rendezvous, held: _Open, keys: list[str]) -> None:
         """Under the lock, after a wait ran out: end the thread of an epoch abandoned."""

@@ -25,11 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.elastic.authority import AuthorityConfig
-from shoal.elastic.gate_keys import GateKeys
+from shoal.elastic.gate_keys import GateKeys, lease_identity
 from shoal.elastic.liveness import LivenessConfig
 from shoal.elastic.serve import RendezvousServer
 from shoal.elastic.gate import StoreGate
 from shoal.elastic.store_policy import StoreView
+from shoal.errors import ControlError
+from shoal.spec.worker import WorkerId
 from shoal.train.rendezvous import Rendezvous, connect
 
 log = logging.getLogger(__name__)
@@ -61,11 +63,14 @@ def serve_job(config: JobHostConfig) -> dict[str, object]:
         process_alive=lambda worker: None,  # no worker runs here; their launchers report exits
         event_log=config.run_dir / "epochs.jsonl")
     log.info("job host on %s (run dir %s)", host["endpoint"], config.run_dir)
+    cut = CutLeases(GateKeys.load(config.gate_dir), server.rdzv) if gate is not None else None
     try:
         ticks, reached = 0, read_reached(config.run_dir)
         while not server.rdzv.done():
             time.sleep(0.1)
             ticks += 1
+            if cut is not None:
+                cut.report()
             if ticks % SPEEDS_EVERY == 0:
                 _write_speeds(server, config.run_dir)
             if ticks % REACHED_EVERY == 0:
@@ -84,6 +89,44 @@ def serve_job(config: JobHostConfig) -> dict[str, object]:
                                                   "relayed": gate.relayed})
             gate.close()
         server.close()
+
+
+class CutLeases:
+    """The workers of leases the coordinator revoked, reported exited to the authority.
+
+    The gate closes a revoked lease's connections (its lease ended: slashed, withdrawn,
+    preempted past its notice), so none of its workers will vote again. One that had
+    given notice would otherwise be waited for on the step in flight for the leaver's
+    grace (30 s) while its peers stall: a slashed cheat cut off mid-step held its honest
+    peer until the liveness rule fenced it, and the job went back to a checkpoint."""
+
+    def __init__(self, keys: GateKeys, rdzv: Rendezvous) -> None:
+        self.keys, self.rdzv = keys, rdzv
+        self._revoked: frozenset[str] = frozenset()
+        self._members: set[str] = set()  # of every epoch read so far
+        self._read_to = -1  # the newest epoch read
+        self._reported: set[str] = set()
+
+    def report(self) -> None:
+        try:
+            revoked = self.keys.revoked()
+        except ControlError:
+            return  # being rewritten: the gate refuses every token meanwhile
+        if not revoked:
+            return
+        latest = self.rdzv.latest_epoch()
+        if revoked == self._revoked and latest == self._read_to:
+            return
+        self._revoked = revoked
+        for epoch in range(self._read_to + 1, latest + 1):
+            self._members.update(self.rdzv.epoch(epoch).members)
+        self._read_to = max(self._read_to, latest)
+        for worker in sorted(self._members - self._reported):
+            named = WorkerId.leased(worker)
+            if named is not None and lease_identity(named.lease) in revoked:
+                log.info("%s's lease was revoked: it counts as exited", worker)
+                self.rdzv.report_exit(worker)
+                self._reported.add(worker)
 
 
 def _serve(config: JobHostConfig) -> tuple[RendezvousServer, StoreGate | None, dict[str, str]]:

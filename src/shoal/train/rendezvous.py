@@ -53,6 +53,13 @@ def decision_key(epoch: int, index: int) -> str:
     return f"decision/{epoch}/{index}"
 
 
+def _ballot(value: bytes) -> StepBallot | None:
+    try:
+        return StepBallot.model_validate_json(value)
+    except ValueError:
+        return None
+
+
 class RendezvousError(TrainError):
     """The rendezvous store cannot be reached or answered nonsense."""
 
@@ -141,10 +148,13 @@ class Rendezvous:
         another (compare-and-set over nothing: a second write changes nothing)."""
         self.store.compare_set(vote_key(epoch, index, worker), "", ballot.model_dump_json())
 
-    def ballots(self, epoch: int, index: int, members: tuple[str, ...]) -> dict[str, StepBallot]:
-        """Every member's ballot (all must be cast: wait for `vote_keys` first)."""
+    def ballots(self, epoch: int, index: int,
+                members: tuple[str, ...]) -> dict[str, StepBallot | None]:
+        """Every member's ballot (all must be cast: wait for their keys first); None for
+        one that does not parse (a gate refuses those; a `shoal run` member is trusted,
+        but a bad ballot must fail its step, not the authority's thread)."""
         values = self.store.multi_get([vote_key(epoch, index, m) for m in members])
-        return {m: StepBallot.model_validate_json(v) for m, v in zip(members, values)}
+        return {m: _ballot(v) for m, v in zip(members, values)}
 
     def wait_decision(self, epoch: int, index: int, timeout_s: float) -> StepDecision | None:
         """The decision once the authority writes it, blocking in the store up to
