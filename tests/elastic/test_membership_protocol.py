@@ -446,3 +446,21 @@ def test_a_ballot_that_does_not_parse_fails_its_step_not_the_authority(rdzv, sto
     assert not decided[a].commit
     resync = _next_epoch(rdzv, 0)
     assert resync.reason == "reform"
+
+
+def test_a_member_that_moved_on_to_a_newer_epoch_is_not_waited_for(rdzv, stopping):
+    """Found by the quick demo: a join was published as epoch 0 formed; b, sending the
+    state, saw it and left epoch 0 for epoch 1, while a had received the state, formed
+    epoch 0, and waited for b's ballot on its first step. Epoch 1's barrier waited for
+    a: both stalled until a was fenced (21 s), and the job's state was lost with it.
+    Once b arrives at epoch 1's barrier, epoch 0's step is discarded."""
+    from shoal.spec.elastic import WorkerArrival
+
+    authority, record = _deciding(rdzv, "ab")
+    stopping(authority)
+    a, b = record.members
+    rdzv.request_join("c")
+    assert _next_epoch(rdzv, 0).reason == "join"
+    rdzv.arrive(1, WorkerArrival(worker=b, step=0, has_state=True))
+    decided = _vote_in_threads(rdzv, record, {a: _ballot()})  # b never votes in epoch 0
+    assert decided[a] == StepDecision(commit=False, next_epoch=1)

@@ -148,29 +148,35 @@ class StepDecider:
             thread.join(timeout=5)
 
     def discard_lost(self, rdzv: Rendezvous, newest: MembershipEpoch, grace_s: float) -> None:
-        """Discard the step in flight of every older epoch that `newest` dropped a member
-        of that has not voted on it and is lost: it gave no notice (died, fenced), or
-        exited, or gave notice and has not voted for `grace_s` since (its lease ended and
-        the gate cut it off before it could). Called on each of the authority's ticks
-        while an older epoch is open; cheap when none dropped anyone."""
+        """Discard the step in flight of every older epoch with a member that has not
+        voted on it and never will: one that `newest` dropped and is lost (it gave no
+        notice: died, fenced; or exited; or gave notice and has not voted for `grace_s`
+        since: its lease ended and the gate cut it off before it could), or one that has
+        arrived at `newest`'s barrier (it left the older epoch without voting: that epoch
+        formed for some of its members and not for it). Called on each of the
+        authority's ticks while an older epoch is open."""
         now = time.monotonic()
         with self._lock:
             for held in list(self._open.values()):
                 e = held.record.epoch
                 if e >= newest.epoch:
                     continue
-                dropped = [m for m in held.record.members if m not in newest.members]
-                if not dropped:
-                    continue
-                silent = [m for m in dropped
+                silent = [m for m in held.record.members
                           if not rdzv.store.check([vote_key(e, held.index, m)])]
-                if not silent or not self._lost(rdzv, held, silent, now, grace_s):
+                dropped = [m for m in silent if m not in newest.members]
+                moved = [m for m in silent if m in newest.members
+                         and rdzv.store.check(rdzv.arrival_keys(newest.epoch, (m,)))]
+                if not moved and not (dropped and self._lost(rdzv, held, dropped, now,
+                                                             grace_s)):
                     continue
                 decided = rdzv.decide(e, held.index,
                                       StepDecision(commit=False, next_epoch=newest.epoch))
                 log.info("[epoch %d] voted step %d: %s", e, held.index,
-                         "discarded, a member is lost" if not decided.commit else "decided")
-                self._close(held, decided)
+                         "decided" if decided.commit else
+                         f"discarded, {', '.join(moved) or 'a member'} "
+                         f"{'moved on' if moved else 'is lost'}")
+                # The state is where the epoch's last decided step left it: no new holders.
+                self._close(held, decided, holders=False)
 
     def has_open_before(self, epoch: int) -> bool:
         with self._lock:
@@ -185,9 +191,12 @@ class StepDecider:
         first = min(held.leavers_seen.setdefault(m, now) for m in silent)
         return now - first > grace_s
 
-    def _close(self, held: _Open, decision: StepDecision) -> None:
-        """Under the lock: the next step of `held`, or its end (its members leave it)."""
-        self.decided(held.record, decision)
+    def _close(self, held: _Open, decision: StepDecision, holders: bool = True) -> None:
+        """Under the lock: the next step of `held`, or its end (its members leave it).
+        `holders`: tell the authority who holds the state now (not after a discard of
+        a step some members never reached: they may hold no state at all)."""
+        if holders:
+            self.decided(held.record, decision)
         if not decision.commit or decision.next_epoch is not None:
             self._open.pop(held.record.epoch, None)
         else:
