@@ -19,9 +19,15 @@ from shoal.spec.elastic import (
     StepDecision,
 )
 from shoal.train.commit import agree
-from shoal.train.rendezvous import RunFailed
+from shoal.train.rendezvous import Rendezvous, RunFailed, connect
 
 FAST = LivenessConfig(floor_s=0.5, initial_s=0.5)
+
+
+def another(rdzv: Rendezvous) -> Rendezvous:
+    """A connection of its own to the same store (a thread blocked in a wait holds its
+    connection: a TCPStore client serves one request at a time)."""
+    return Rendezvous(connect(rdzv.store.host, rdzv.store.port))
 
 
 @pytest.fixture
@@ -228,11 +234,11 @@ def _deciding(rdzv, members, **config):
     """A started authority (its step decider runs) whose first epoch holds `members`
     (one letter each), who vote by hand."""
     config = {"liveness": LivenessConfig(floor_s=60.0, initial_s=60.0), **config}
-    authority = MembershipAuthority(rdzv.another(), AuthorityConfig(min_workers=len(members),
+    authority = MembershipAuthority(another(rdzv), AuthorityConfig(min_workers=len(members),
                                                                     **config))
     for who in members:
         rdzv.request_join(who)
-    authority.start(watch_requests=rdzv.another())
+    authority.start(watch_requests=another(rdzv))
     return authority, _next_epoch(rdzv, -1)
 
 
@@ -256,7 +262,7 @@ def _vote_in_threads(rdzv, record, ballots, index=0):
     results = {}
 
     def vote(worker, ballot):
-        results[worker] = agree(rdzv.another(), record, worker, index, ballot)
+        results[worker] = agree(another(rdzv), record, worker, index, ballot)
 
     threads = [threading.Thread(target=vote, args=item) for item in ballots.items()]
     for t in threads:
@@ -340,13 +346,13 @@ def test_a_dropped_member_no_longer_blocks_the_decision(rdzv, stopping):
     authority, record = _deciding(rdzv, "abc")
     stopping(authority)
     # c is dropped without notice (its launcher saw its process exit) while a and b wait.
-    timer = threading.Timer(0.2, lambda: rdzv.another().report_exit("c"))
+    timer = threading.Timer(0.2, lambda: another(rdzv).report_exit("c"))
     timer.start()
     decided = _vote_in_threads(rdzv, record, {"a": _ballot(), "b": _ballot()})  # c never votes
     # The survivors redo the step in the next epoch rather than wait for c.
     assert len(decided) == 2 and all(not d.commit and d.next_epoch == 1 for d in decided.values())
     # c, waking up, casts its ballot and finds the step discarded: it is no member of epoch 1.
-    late = agree(rdzv.another(), record, "c", 0, _ballot())
+    late = agree(another(rdzv), record, "c", 0, _ballot())
     assert not late.commit and "c" not in rdzv.epoch(late.next_epoch).members
 
 

@@ -88,12 +88,6 @@ class Rendezvous:
         self.store = store
         self._round_trip_s: float | None = None  # measured when first asked
 
-    def another(self) -> Rendezvous:
-        """A second connection to the same store, for a thread that blocks in store waits
-        (a TCPStore client serves one request at a time: a blocked wait would hold up
-        every other request on its connection)."""
-        return Rendezvous(connect(self.store.host, self.store.port))
-
     def round_trip_s(self) -> float:
         """A round trip to the store (on a LAN well under a millisecond; across a WAN, the
         link's), the least of three: the link, not a busy moment."""
