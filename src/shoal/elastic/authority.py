@@ -79,7 +79,7 @@ class MembershipAuthority:
         # Decides every voted step once started (tests drive `tick` alone, deciding none).
         self.decider: StepDecider | None = None
         self._reform_wanted: tuple[int, str | None] | None = None  # set by the decider
-        self._reform_lock = threading.Lock()
+        self._shared_lock = threading.Lock()  # what the decider's threads also touch
         # Members that hold the job's state, all alike: those of the epoch of the last
         # decided step (a resync's source alone), that have been in every epoch since.
         self._holders: tuple[str, ...] = ()
@@ -118,14 +118,14 @@ class MembershipAuthority:
     def request_reform(self, epoch: int, state_source: str | None = None) -> None:
         """Re-form `epoch`'s members (a step of it failed); with `state_source`, every
         other member adopts that member's state. The step decider asks it; nobody else."""
-        with self._reform_lock:
+        with self._shared_lock:
             self._reform_wanted = (epoch, state_source)
         self.notify()
 
     def _decided(self, record: MembershipEpoch, decision: StepDecision) -> None:
         """A step of `record` was decided (the decider's thread): who holds the state now."""
         held = (decision.resync_from,) if decision.resync_from else record.members
-        with self._reform_lock:
+        with self._shared_lock:
             later = [m for e, m in self._history.items() if e > record.epoch]
             self._holders = tuple(h for h in held if all(h in m for m in later))
             for e in [e for e in self._history if e < record.epoch]:
@@ -215,7 +215,7 @@ class MembershipAuthority:
 
     def _take_reform(self) -> tuple[bool, str | None]:
         """(wanted, state source): a re-form of the newest epoch the decider asked for."""
-        with self._reform_lock:
+        with self._shared_lock:
             wanted, self._reform_wanted = self._reform_wanted, None
         if wanted is None or wanted[0] != self.epoch:
             return False, None  # none, or of an epoch already superseded
@@ -332,7 +332,7 @@ class MembershipAuthority:
             log.warning("no workers left (%s); waiting for joiners", reason)
             return
         self.epoch += 1
-        with self._reform_lock:
+        with self._shared_lock:
             self._history[self.epoch] = members
             self._holders = tuple(h for h in self._holders if h in members)
             holder = None if state_source else next((m for m in members if m in self._holders),

@@ -257,11 +257,9 @@ class StepDecider:
         self._close(held, decision)
 
     def _idle(self, rdzv: Rendezvous, held: _Open, keys: list[str]) -> None:
-        """Under the lock, after a wait ran out: end the thread of an epoch abandoned."""
-        decided = rdzv.decision(held.record.epoch, held.index)
-        if decided is not None:  # decided by a discard this thread did not see
-            self._close(held, decided)
-        elif (held.superseded_at is not None
+        """Under the lock, after a wait ran out: end the thread of an epoch abandoned.
+        (Only this decider writes decisions, and a discard closes the step itself.)"""
+        if (held.superseded_at is not None
               and time.monotonic() - held.superseded_at > ABANDON_S
               and not any(rdzv.store.check([k]) for k in keys)):
             log.info("epoch %d was never formed: its step decider ends", held.record.epoch)
