@@ -60,7 +60,7 @@ def test_checkpoint_guards(tmp_path, cli_env):
     job.write_text(tiny_job_toml(tmp_path / "ckpt", steps=6).replace("width = 32", "width = 64"))
     _assert_one_line_error(_run("train", str(job), "--resume", "-q", env=cli_env), "different job")
     # Every checkpoint damaged: say so, and how to start over.
-    for payload in (tmp_path / "ckpt").glob("*.pt"):
+    for payload in (tmp_path / "ckpt").glob("*.safetensors"):
         payload.write_bytes(b"junk")
     job.write_text(tiny_job_toml(tmp_path / "ckpt", steps=6))
     _assert_one_line_error(_run("train", str(job), "--resume", "-q", env=cli_env), "damaged")

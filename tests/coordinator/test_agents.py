@@ -225,7 +225,7 @@ def test_a_job_out_of_escrow_pauses_and_finishes_on_another_machine_as_if_never_
                                f"step {left_at} carried to the coordinator")
             assert carried.lease == paused.leases[0].lease
             # Written where the agent chose, not where the job file said.
-            assert list((tmp_path / "a" / "jobs" / job_id / "checkpoints").glob("*.pt"))
+            assert list((tmp_path / "a" / "jobs" / job_id / "checkpoints").glob("*.safetensors"))
             assert not (tmp_path / "ckpt-paused").exists()
             kill_group(agent_a)  # the machine is lost, and its disk with it
             shutil.rmtree(tmp_path / "a")

@@ -136,7 +136,7 @@ def test_a_state_nobody_trained_is_never_carried(carry, tmp_path):
     upload_records(b, job_id, leases["dev-b"], workers[1], 1, honest)
     forged_dir = tmp_path / "forged"
     write_checkpoint(forged_dir, job_file, nudge=0.5)
-    forged = next(forged_dir.glob("*.pt")).read_bytes()
+    forged = next(forged_dir.glob("*.safetensors")).read_bytes()
     assert "not what" in refused(lambda: a.upload_checkpoint(job_id, STEP, leases["dev-a"],
                                                              forged), 409)
     # Not a checkpoint; a pickle that would run code; a step other than it says.
@@ -149,7 +149,7 @@ def test_a_state_nobody_trained_is_never_carried(carry, tmp_path):
     evil = io.BytesIO()
     torch.save({"step": STEP, "cursor": 0, "model": {}, "x": Payload()}, evil)
     refused(lambda: a.upload_checkpoint(job_id, STEP, leases["dev-a"], evil.getvalue()), 422)
-    honest_blob = next((tmp_path / "honest").glob("*.pt")).read_bytes()
+    honest_blob = next((tmp_path / "honest").glob("*.safetensors")).read_bytes()
     assert "not 6" in refused(lambda: a.upload_checkpoint(job_id, 6, leases["dev-a"],
                                                           honest_blob), 422)
     assert a.carried_checkpoint(job_id) is None  # nothing held after all of that
@@ -159,7 +159,7 @@ def test_a_state_nobody_trained_is_never_carried(carry, tmp_path):
 def test_only_the_jobs_own_providers_and_submitter_see_its_checkpoints(carry, tmp_path):
     served, a, b, c, submitter, job_id, leases, workers, job_file = carry
     digest = write_checkpoint(tmp_path / "ckpt", job_file)
-    blob = next((tmp_path / "ckpt").glob("*.pt")).read_bytes()
+    blob = next((tmp_path / "ckpt").glob("*.safetensors")).read_bytes()
     upload_records(a, job_id, leases["dev-a"], workers[0], 0, digest)
     refused(lambda: c.upload_checkpoint(job_id, STEP, leases["dev-a"], blob), 403)
     refused(lambda: b.upload_checkpoint(job_id, STEP, leases["dev-a"], blob), 403)  # A's lease
@@ -201,7 +201,7 @@ def test_a_member_that_is_not_the_writer_cannot_carry_the_step_first(
     try:
         _, a, b, _, _, job_id, leases, workers, path = _market(served, tmp_path, job_file)
         digest = write_checkpoint(tmp_path / "ckpt", path)
-        blob = next((tmp_path / "ckpt").glob("*.pt")).read_bytes()
+        blob = next((tmp_path / "ckpt").glob("*.safetensors")).read_bytes()
         if job_file == PROOF_JOB:
             upload_records(a, job_id, leases["dev-a"], workers[0], 0, digest)
             upload_records(b, job_id, leases["dev-b"], workers[1], 1, digest)
@@ -245,9 +245,9 @@ def test_the_writer_cannot_carry_what_the_job_and_step_contradict(carry, tmp_pat
     assert digest == write_checkpoint(tmp_path / "honest", job_file)  # the same parameters
     upload_records(a, job_id, leases["dev-a"], workers[0], 0, digest)
     upload_records(b, job_id, leases["dev-b"], workers[1], 1, digest)
-    forged = next((tmp_path / "forged").glob("*.pt")).read_bytes()
+    forged = next((tmp_path / "forged").glob("*.safetensors")).read_bytes()
 
     refused(lambda: a.upload_checkpoint(job_id, STEP, leases["dev-a"], forged), 409)
     assert a.carried_checkpoint(job_id) is None
-    honest = next((tmp_path / "honest").glob("*.pt")).read_bytes()
+    honest = next((tmp_path / "honest").glob("*.safetensors")).read_bytes()
     assert a.upload_checkpoint(job_id, STEP, leases["dev-a"], honest).verified

@@ -152,7 +152,7 @@ def test_sigterm_on_a_real_run_leaves_the_last_checkpoint(tmp_path, cli_env):
     assert launcher.returncode == 2, stderr
     assert "stopped by SIGTERM: 2 worker(s) handed over and left, 0 killed" in stderr
     assert "last worker leaving: checkpoint of step" in (tmp_path / "run" / "w0.log").read_text()
-    assert list((tmp_path / "ckpt").glob("step-*.pt"))
+    assert list((tmp_path / "ckpt").glob("step-*.safetensors"))
 
 
 @pytest.mark.parametrize("flags, message", [

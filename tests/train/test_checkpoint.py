@@ -55,7 +55,7 @@ def test_damaged_newest_falls_back_to_previous(tmp_path, caplog):
     _write(store, 1, model, optimizer)
     _write(store, 2, model, optimizer)
     store.close()
-    payload = tmp_path / "step-0000000002.pt"
+    payload = tmp_path / "step-0000000002.safetensors"
     blob = bytearray(payload.read_bytes())
     blob[len(blob) // 2] ^= 0xFF
     payload.write_bytes(bytes(blob))
@@ -70,8 +70,8 @@ def test_half_written_checkpoint_is_ignored(tmp_path):
     store = CheckpointStore(tmp_path, IDENTITY)
     _write(store, 4, model, optimizer)
     store.close()
-    (tmp_path / "step-0000000009.pt.tmp").write_bytes(b"partial")
-    (tmp_path / "step-0000000008.pt").write_bytes(b"no manifest yet")
+    (tmp_path / "step-0000000009.safetensors.tmp").write_bytes(b"partial")
+    (tmp_path / "step-0000000008.safetensors").write_bytes(b"no manifest yet")
     assert CheckpointStore(tmp_path, IDENTITY).load_latest().step == 4
 
 
@@ -80,7 +80,7 @@ def test_all_damaged_is_an_error_that_says_what_to_do(tmp_path):
     store = CheckpointStore(tmp_path, IDENTITY)
     _write(store, 1, model, optimizer)
     store.close()
-    (tmp_path / "step-0000000001.pt").write_bytes(b"garbage")
+    (tmp_path / "step-0000000001.safetensors").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="damaged.*--fresh"):
         CheckpointStore(tmp_path, IDENTITY).load_latest()
 
@@ -102,7 +102,7 @@ def test_keeps_only_the_newest(tmp_path):
     store.close()
     manifests = sorted(p.name for p in tmp_path.glob("*.json"))
     assert manifests == ["step-0000000004.json", "step-0000000005.json"]
-    assert len(list(tmp_path.glob("*.pt"))) == 2
+    assert len(list(tmp_path.glob("*.safetensors"))) == 2
     assert json.loads((tmp_path / manifests[-1]).read_text())["step"] == 5
 
 

@@ -74,7 +74,7 @@ def test_damaged_checkpoint_resumes_from_the_previous_one_exactly(tmp_path, cli_
     # written (the writer keeps only the newest pending checkpoint): then 24.
     kept = sorted(int(p.stem.split("-")[1]) for p in directory.glob("step-*.json"))
     assert kept[-1] == 30 and len(kept) >= 2
-    newest = directory / "step-0000000030.pt"
+    newest = directory / "step-0000000030.safetensors"
     newest.write_bytes(newest.read_bytes()[:-10] + b"0123456789")
     resumed = _train(job, tmp_path / "resumed.json", cli_env, "--resume")
     assert resumed["start_step"] == kept[-2]  # 30 was damaged

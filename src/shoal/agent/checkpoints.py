@@ -26,7 +26,14 @@ from shoal.client.http import CoordinatorClient, CoordinatorRefused
 from shoal.errors import ControlError
 from shoal.spec.errors import SpecError
 from shoal.spec.jobfile import parse_job
-from shoal.train.files import checkpoint_manifests, manifest_step, prune_checkpoints, write_whole
+from shoal.train.files import (
+    CHECKPOINT_FORMAT,
+    checkpoint_manifests,
+    manifest_step,
+    payload_name,
+    prune_checkpoints,
+    write_whole,
+)
 
 log = logging.getLogger(__name__)
 DOWNLOAD_EVERY_S = 30.0
@@ -91,7 +98,7 @@ class CheckpointRelay:
             return
         try:
             manifest = json.loads(manifest_path.read_text())
-            data = (folder / manifest["payload"]).read_bytes()
+            data = (folder / payload_name(step)).read_bytes()  # not the manifest's word
         except (OSError, ValueError, KeyError) as error:
             log.warning("job %s: checkpoint of step %d unreadable here (%s); not sent",
                         job_id, step, error)
@@ -134,8 +141,8 @@ class CheckpointRelay:
                         "(replaced meanwhile?); fetching again later", job_id, step)
             return
         name = f"step-{step:010d}"
-        write_whole(folder / f"{name}.pt", data)
-        manifest = {"format": 1, "step": step, "payload": f"{name}.pt", "bytes": len(data),
+        write_whole(folder / payload_name(step), data)
+        manifest = {"format": CHECKPOINT_FORMAT, "step": step, "payload": payload_name(step), "bytes": len(data),
                     "sha256": sha256, "identity": identity, "written_at": time.time(),
                     "carried": True}
         write_whole(folder / f"{name}.json", json.dumps(manifest, indent=1).encode())

@@ -6,8 +6,8 @@ disputes a bonded challenger brings.
 Records are commitments: once stored, a record for (job, worker, step) can
 never be replaced. What a challenge asks for (a worker's revealed
 contribution, or the parameters a step started from) travels as the file
-the worker wrote; nobody but a verifier's own `weights_only` loader ever
-reads it as tensors.
+the worker wrote (safetensors); only a verifier's own reader parses it
+as tensors.
 """
 
 from __future__ import annotations

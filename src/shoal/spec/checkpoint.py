@@ -3,9 +3,9 @@ carried between machines: an agent whose worker wrote a checkpoint sends it
 to the coordinator, and an agent whose worker joins the job fetches it, so
 the job's state survives the last machine that held it.
 
-The checkpoint itself travels as the file the worker wrote (torch.save of
-step, cursor, model, optimizer and RNG state), read only by `weights_only`
-loaders.
+The checkpoint itself travels as the file the worker wrote: a state file
+(safetensors with the state's shape in its header: step, cursor, model,
+optimizer and RNG state), never a pickle.
 """
 
 from __future__ import annotations

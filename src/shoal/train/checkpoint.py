@@ -11,7 +11,6 @@ falls back to the previous good checkpoint if the newest is damaged.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import threading
@@ -22,13 +21,19 @@ from typing import Any
 
 import torch
 
-from shoal.train.archives import ArchiveError, check_archive
 from shoal.train.errors import CheckpointError
-from shoal.train.files import checkpoint_manifests, manifest_step, prune_checkpoints, write_whole
+from shoal.train.files import (
+    CHECKPOINT_FORMAT,
+    checkpoint_manifests,
+    manifest_step,
+    payload_name,
+    prune_checkpoints,
+    write_whole,
+)
+from shoal.train.state_file import StateFileError, decode, encode
 
 log = logging.getLogger(__name__)
 
-_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -130,16 +135,14 @@ class CheckpointStore:
                     self._cond.notify_all()
 
     def _write(self, snapshot: Snapshot) -> None:
-        buffer = io.BytesIO()
-        torch.save({"step": snapshot.step, "cursor": snapshot.cursor, **snapshot.state}, buffer)
-        blob = buffer.getvalue()
+        blob = encode({"step": snapshot.step, "cursor": snapshot.cursor, **snapshot.state})
         self.directory.mkdir(parents=True, exist_ok=True)
         name = f"step-{snapshot.step:010d}"
-        write_whole(self.directory / f"{name}.pt", blob)
+        write_whole(self.directory / payload_name(snapshot.step), blob)
         manifest = {
-            "format": _FORMAT,
+            "format": CHECKPOINT_FORMAT,
             "step": snapshot.step,
-            "payload": f"{name}.pt",
+            "payload": payload_name(snapshot.step),
             "bytes": len(blob),
             "sha256": hashlib.sha256(blob).hexdigest(),
             "identity": self.identity,
@@ -179,25 +182,37 @@ class CheckpointStore:
     def _load_verified(self, manifest_path: Path) -> Snapshot | None:
         try:
             manifest = json.loads(manifest_path.read_text())
-            blob = (self.directory / manifest["payload"]).read_bytes()
-        except (OSError, ValueError, KeyError) as error:
+            if manifest.get("format") != CHECKPOINT_FORMAT:
+                # Format 1 was a torch archive (a zip torch inflates before anything looks
+                # at it): not read any more, whoever wrote it.
+                log.warning("checkpoint %s is of format %r, which this shoal no longer reads "
+                            "(it reads %d); trying the previous one", manifest_path.name,
+                            manifest.get("format"), CHECKPOINT_FORMAT)
+                return None
+            # The payload's name is the step's, whatever the manifest says: a carried
+            # manifest names no other file.
+            blob = (self.directory / payload_name(manifest_step(manifest_path))).read_bytes()
+        except (OSError, ValueError, KeyError, AttributeError) as error:
             log.warning("checkpoint %s unreadable (%s); trying the previous one",
                         manifest_path.name, error)
             return None
-        if len(blob) != manifest["bytes"] or hashlib.sha256(blob).hexdigest() != manifest["sha256"]:
+        if len(blob) != manifest.get("bytes") \
+                or hashlib.sha256(blob).hexdigest() != manifest.get("sha256"):
             log.warning("checkpoint %s is damaged (checksum mismatch); using the previous one",
                         manifest_path.stem)
             return None
         self._check_identity(manifest.get("identity", {}), manifest_path.stem)
         try:
             # A checkpoint may have come from another party (one the coordinator carried
-            # between providers): nothing in it may inflate past its own length.
-            check_archive(blob, len(blob))
-        except ArchiveError as error:
+            # between providers): read as a state file, nothing in it inflates.
+            state = decode(blob, len(blob))
+            if not (isinstance(state, dict) and state.get("step") == manifest_step(manifest_path)
+                    and isinstance(state.get("cursor"), int)):
+                raise StateFileError("it holds no data cursor, or another step than its name's")
+        except StateFileError as error:
             log.warning("checkpoint %s refused (%s); using the previous one",
                         manifest_path.stem, error)
             return None
-        state = torch.load(io.BytesIO(blob), weights_only=True)
         step, cursor = state.pop("step"), state.pop("cursor")
         return Snapshot(step, cursor, state)
 

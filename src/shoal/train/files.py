@@ -7,6 +7,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# A checkpoint's payload: a state file (shoal.train.state_file), named for its step.
+# Format 1 was a torch archive (a zip torch inflates before anything looks at it).
+CHECKPOINT_FORMAT = 2
+PAYLOAD_SUFFIX = ".safetensors"
+
+
+def payload_name(step: int) -> str:
+    return f"step-{step:010d}{PAYLOAD_SUFFIX}"
+
 
 def write_whole(path: Path, blob: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -33,4 +42,4 @@ def prune_checkpoints(folder: Path, keep: int) -> None:
     each older manifest goes first, so no manifest is ever left naming a missing payload."""
     for old in checkpoint_manifests(folder)[keep:]:
         old.unlink(missing_ok=True)
-        old.with_suffix(".pt").unlink(missing_ok=True)
+        old.with_suffix(PAYLOAD_SUFFIX).unlink(missing_ok=True)

@@ -21,14 +21,13 @@ word. A job without work records takes a checkpoint as a joiner takes live
 state from a peer (the same trust), and its view says `verified: false`.
 
 Files live under the coordinator's data folder, one job per folder, laid
-out as the workers' own checkpoint store (`step-N.pt` and its manifest,
+out as the workers' own checkpoint store (`step-N.safetensors` and its manifest,
 the manifest last), so a restart finds them as they were.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import threading
@@ -52,7 +51,13 @@ from shoal.spec.events import CheckpointCarried
 from shoal.spec.job import JobSpec
 from shoal.spec.proof import WorkRecord
 from shoal.spec.worker import WorkerId
-from shoal.train.files import checkpoint_manifests, prune_checkpoints, write_whole
+from shoal.train.files import (
+    CHECKPOINT_FORMAT,
+    checkpoint_manifests,
+    payload_name,
+    prune_checkpoints,
+    write_whole,
+)
 from shoal.train.hashing import param_sha256
 
 log = logging.getLogger(__name__)
@@ -154,7 +159,7 @@ class CheckpointCarry:
         view = self._held(job_id)
         if view is None:
             raise NotFound(f"job '{job_id}' has no carried checkpoint yet")
-        return view, self.carried_dir(job_id) / f"step-{view.step:010d}.pt"
+        return view, self.carried_dir(job_id) / payload_name(view.step)
 
     # ------------------------------------------------------------ checks
     def active_lease(self, session: Session, provider: str, job_id: str,
@@ -252,8 +257,8 @@ class CheckpointCarry:
                provider: str, verified: bool) -> CheckpointView:
         folder = self.carried_dir(job_id)
         name = f"step-{step:010d}"
-        write_whole(folder / f"{name}.pt", data)
-        manifest = {"format": 1, "step": step, "payload": f"{name}.pt", "bytes": len(data),
+        write_whole(folder / payload_name(step), data)
+        manifest = {"format": CHECKPOINT_FORMAT, "step": step, "payload": payload_name(step), "bytes": len(data),
                     "sha256": hashlib.sha256(data).hexdigest(),
                     "identity": spec.resume_identity(), "written_at": self.desk.now_s(),
                     "lease": lease, "provider": provider, "verified": verified}
@@ -263,19 +268,14 @@ class CheckpointCarry:
 
 
 def _load(data: bytes, step: int) -> dict[str, Any]:
-    """The upload as tensors, by the `weights_only` loader (never arbitrary pickles)."""
-    import torch
-
-    from shoal.train.archives import ArchiveError, check_archive
+    """The upload as a state file (shoal.train.state_file: safetensors, nothing in it
+    inflates, nothing runs); a torch archive or anything else is refused unread."""
+    from shoal.train.state_file import StateFileError, decode
 
     try:
-        check_archive(data, len(data))  # nothing in it inflates past what was uploaded
-    except ArchiveError as error:
+        state = decode(data, len(data))
+    except StateFileError as error:
         raise SpecError(f"the body is not a checkpoint a worker wrote: {error}"[:400]) from None
-    try:
-        state = torch.load(io.BytesIO(data), weights_only=True)
-    except Exception as error:  # noqa: BLE001 - whatever a malformed file raises
-        raise SpecError(f"the body is not a checkpoint a worker wrote: {error}"[:400])
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise SpecError("the body is not a checkpoint a worker wrote (no model state)")
     if state.get("step") != step:
