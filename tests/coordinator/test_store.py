@@ -14,8 +14,8 @@ from shoal.coordinator.db.schema import (
 )
 
 
-def test_migrations_build_exactly_the_tables_in_use(store_url):
-    engine = open_store_engine(store_url)
+def test_migrations_build_exactly_the_tables_in_use(empty_store_url):
+    engine = open_store_engine(empty_store_url)
     with engine.connect() as connection:
         assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
     migrate(engine, "base", down=True)  # every migration also goes back down
@@ -56,10 +56,10 @@ def test_a_bad_store_url_says_what_to_give():
         migrate(open_engine("postgresql+psycopg://nobody@127.0.0.1:1/none"))
 
 
-def test_the_state_once_read_from_the_log_is_carried_into_its_own_columns(store_url):
+def test_the_state_once_read_from_the_log_is_carried_into_its_own_columns(empty_store_url):
     """A store at 0008 kept its jobs' serving time, plans, record stores and settlement
     tries only as events: migrated, it finds them in their columns."""
-    engine = open_engine(store_url)
+    engine = open_engine(empty_store_url)
     migrate(engine, "0008")
     tables = MetaData()
     tables.reflect(engine)

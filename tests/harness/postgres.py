@@ -114,11 +114,15 @@ class PostgresServer:
             raise
         return self
 
-    def fresh_database(self, name: str) -> str:
-        """Create an empty database `name`; its SQLAlchemy URL."""
+    def fresh_database(self, name: str, template: str | None = None) -> str:
+        """Create a database `name`, empty or a copy of the database `template` (which
+        nobody may be connected to); its SQLAlchemy URL."""
+        create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template is not None:
+            create = sql.SQL("{} TEMPLATE {}").format(create, sql.Identifier(template))
         with psycopg.connect(host="127.0.0.1", port=self.port, user=USER, dbname="postgres",
                              autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            conn.execute(create)
         return f"postgresql+psycopg://{USER}@127.0.0.1:{self.port}/{name}"
 
     def __exit__(self, *exc: object) -> None:
