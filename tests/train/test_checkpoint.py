@@ -113,13 +113,13 @@ def test_save_does_not_wait_for_the_disk(tmp_path, monkeypatch):
     import shoal.train.checkpoint as checkpoint
 
     release = threading.Event()
-    real = checkpoint.write_whole
+    real = checkpoint.write_checkpoint
 
-    def slow_write(path, blob):
+    def slow_write(*args, **kwargs):
         release.wait(10)
-        real(path, blob)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "write_whole", slow_write)
+    monkeypatch.setattr(checkpoint, "write_checkpoint", slow_write)
     model, optimizer = _model_and_optimizer(0)
     store = CheckpointStore(tmp_path, IDENTITY)
     store.save_async(take_snapshot(1, 0, model, optimizer))

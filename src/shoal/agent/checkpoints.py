@@ -27,12 +27,11 @@ from shoal.errors import ControlError
 from shoal.spec.errors import SpecError
 from shoal.spec.jobfile import parse_job
 from shoal.train.files import (
-    CHECKPOINT_FORMAT,
     checkpoint_manifests,
     manifest_step,
     payload_name,
     prune_checkpoints,
-    write_whole,
+    write_checkpoint,
 )
 
 log = logging.getLogger(__name__)
@@ -140,12 +139,7 @@ class CheckpointRelay:
             log.warning("job %s: the fetched checkpoint of step %d does not match its hash "
                         "(replaced meanwhile?); fetching again later", job_id, step)
             return
-        name = f"step-{step:010d}"
-        write_whole(folder / payload_name(step), data)
-        manifest = {"format": CHECKPOINT_FORMAT, "step": step, "payload": payload_name(step), "bytes": len(data),
-                    "sha256": sha256, "identity": identity, "written_at": time.time(),
-                    "carried": True}
-        write_whole(folder / f"{name}.json", json.dumps(manifest, indent=1).encode())
+        write_checkpoint(folder, step, data, identity, time.time(), carried=True)
         prune_checkpoints(folder, KEEP_DOWNLOADED)
         log.info("job %s: fetched the carried checkpoint of step %d (%d bytes)", job_id, step,
                  len(data))

@@ -28,7 +28,7 @@ from shoal.train.files import (
     manifest_step,
     payload_name,
     prune_checkpoints,
-    write_whole,
+    write_checkpoint,
 )
 from shoal.train.state_file import StateFileError, decode, encode
 
@@ -136,19 +136,7 @@ class CheckpointStore:
 
     def _write(self, snapshot: Snapshot) -> None:
         blob = encode({"step": snapshot.step, "cursor": snapshot.cursor, **snapshot.state})
-        self.directory.mkdir(parents=True, exist_ok=True)
-        name = f"step-{snapshot.step:010d}"
-        write_whole(self.directory / payload_name(snapshot.step), blob)
-        manifest = {
-            "format": CHECKPOINT_FORMAT,
-            "step": snapshot.step,
-            "payload": payload_name(snapshot.step),
-            "bytes": len(blob),
-            "sha256": hashlib.sha256(blob).hexdigest(),
-            "identity": self.identity,
-            "written_at": time.time(),
-        }
-        write_whole(self.directory / f"{name}.json", json.dumps(manifest, indent=1).encode())
+        write_checkpoint(self.directory, snapshot.step, blob, self.identity, time.time())
         log.debug("checkpoint step %d written (%d bytes)", snapshot.step, len(blob))
         self._prune()
 

@@ -4,6 +4,8 @@ the agent and the coordinator carry checkpoints with these too."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -25,6 +27,20 @@ def write_whole(path: Path, blob: bytes) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(partial, path)
+
+
+def write_checkpoint(folder: Path, step: int, blob: bytes, identity: dict, written_at: float,
+                     **extra: object) -> Path:
+    """A checkpoint's payload `blob`, then its manifest (so a manifest never names a
+    payload not yet whole), in `folder`; `extra` goes into the manifest as it is.
+    Returns the manifest's path."""
+    write_whole(folder / payload_name(step), blob)
+    manifest = {"format": CHECKPOINT_FORMAT, "step": step, "payload": payload_name(step),
+                "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
+                "identity": identity, "written_at": written_at, **extra}
+    path = folder / f"step-{step:010d}.json"
+    write_whole(path, json.dumps(manifest, indent=1).encode())
+    return path
 
 
 def checkpoint_manifests(folder: Path) -> list[Path]:

@@ -27,7 +27,6 @@ the manifest last), so a restart finds them as they were.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
@@ -52,11 +51,10 @@ from shoal.spec.job import JobSpec
 from shoal.spec.proof import WorkRecord
 from shoal.spec.worker import WorkerId
 from shoal.train.files import (
-    CHECKPOINT_FORMAT,
     checkpoint_manifests,
     payload_name,
     prune_checkpoints,
-    write_whole,
+    write_checkpoint,
 )
 from shoal.train.hashing import param_sha256
 
@@ -256,15 +254,11 @@ class CheckpointCarry:
     def _write(self, job_id: str, spec: JobSpec, step: int, data: bytes, lease: int,
                provider: str, verified: bool) -> CheckpointView:
         folder = self.carried_dir(job_id)
-        name = f"step-{step:010d}"
-        write_whole(folder / payload_name(step), data)
-        manifest = {"format": CHECKPOINT_FORMAT, "step": step, "payload": payload_name(step), "bytes": len(data),
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                    "identity": spec.resume_identity(), "written_at": self.desk.now_s(),
-                    "lease": lease, "provider": provider, "verified": verified}
-        write_whole(folder / f"{name}.json", json.dumps(manifest, indent=1).encode())
+        manifest = write_checkpoint(folder, step, data, spec.resume_identity(),
+                                    self.desk.now_s(), lease=lease, provider=provider,
+                                    verified=verified)
         prune_checkpoints(folder, KEEP)
-        return _view(job_id, folder / f"{name}.json")
+        return _view(job_id, manifest)
 
 
 def _load(data: bytes, step: int) -> dict[str, Any]:
