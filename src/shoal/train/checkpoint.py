@@ -169,18 +169,17 @@ class CheckpointStore:
 
     def _load_verified(self, manifest_path: Path) -> Snapshot | None:
         try:
+            step = manifest_step(manifest_path)  # a name that gives none: unreadable
             manifest = json.loads(manifest_path.read_text())
-            if manifest.get("format") != CHECKPOINT_FORMAT:
-                # Format 1 was a torch archive (a zip torch inflates before anything looks
-                # at it): not read any more, whoever wrote it.
+            if manifest.get("format") != CHECKPOINT_FORMAT:  # format 1: a torch archive
                 log.warning("checkpoint %s is of format %r, which this shoal no longer reads "
                             "(it reads %d); trying the previous one", manifest_path.name,
                             manifest.get("format"), CHECKPOINT_FORMAT)
                 return None
             # The payload's name is the step's, whatever the manifest says: a carried
             # manifest names no other file.
-            blob = (self.directory / payload_name(manifest_step(manifest_path))).read_bytes()
-        except (OSError, ValueError, KeyError, AttributeError) as error:
+            blob = (self.directory / payload_name(step)).read_bytes()
+        except (OSError, ValueError, IndexError, KeyError, AttributeError) as error:
             log.warning("checkpoint %s unreadable (%s); trying the previous one",
                         manifest_path.name, error)
             return None
@@ -194,7 +193,7 @@ class CheckpointStore:
             # A checkpoint may have come from another party (one the coordinator carried
             # between providers): read as a state file, nothing in it inflates.
             state = decode(blob, len(blob))
-            if not (isinstance(state, dict) and state.get("step") == manifest_step(manifest_path)
+            if not (isinstance(state, dict) and state.get("step") == step
                     and isinstance(state.get("cursor"), int)):
                 raise StateFileError("it holds no data cursor, or another step than its name's")
         except StateFileError as error:

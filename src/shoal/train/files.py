@@ -15,8 +15,9 @@ CHECKPOINT_FORMAT = 2
 PAYLOAD_SUFFIX = ".safetensors"
 
 
-def payload_name(step: int) -> str:
-    return f"step-{step:010d}{PAYLOAD_SUFFIX}"
+def payload_name(step: int, suffix: str = PAYLOAD_SUFFIX) -> str:
+    """A checkpoint's file of `step` (its manifest's with suffix ".json")."""
+    return f"step-{step:010d}{suffix}"
 
 
 def write_whole(path: Path, blob: bytes) -> None:
@@ -38,7 +39,7 @@ def write_checkpoint(folder: Path, step: int, blob: bytes, identity: dict, writt
     manifest = {"format": CHECKPOINT_FORMAT, "step": step, "payload": payload_name(step),
                 "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
                 "identity": identity, "written_at": written_at, **extra}
-    path = folder / f"step-{step:010d}.json"
+    path = folder / payload_name(step, ".json")
     write_whole(path, json.dumps(manifest, indent=1).encode())
     return path
 
