@@ -15,7 +15,8 @@ runs), `added_ms` (their difference: the store's round trips of a step, each
 through two more relays: the launcher's tunnel and the host's gate), the
 runs' figures, `requests_per_worker_step` (the store requests the gate relayed,
 per worker and step, median over the gated runs: every request a worker and its
-launcher make, start and end included), and the job's steps. The cost per
+launcher make, start and end included), `requests_by_kind` (the same, by query
+and key family, from the median gated run), and the job's steps. The cost per
 step is fixed: the tiny model's ~5 ms steps show it at its largest share.
 
     .venv/bin/python bench/gate.py [--steps 300] [--repeats 3]
@@ -59,9 +60,9 @@ interval_steps = 100000
 """
 
 
-def run(root: Path, steps: int, gated: bool) -> tuple[float, float | None]:
+def run(root: Path, steps: int, gated: bool) -> tuple[float, dict[str, float] | None]:
     """The median step time (s) of one run, and (gated) the store requests the gate relayed
-    per worker and step."""
+    per worker and step, by query and key family."""
     root.mkdir(parents=True)
     job = root / "job.toml"
     job.write_text(JOB.format(steps=steps, root=root))
@@ -96,9 +97,15 @@ def run(root: Path, steps: int, gated: bool) -> tuple[float, float | None]:
     gaps = [b - a for a, b in zip(commits[50:], commits[51:])]
     requests = None
     if gated:  # the host wrote what its gate relayed as it closed
-        relayed = json.loads((root / "host" / "gate.json").read_text())["relayed"]
-        requests = sum(relayed.values()) / (steps * WORKERS)
+        gate = json.loads((root / "host" / "gate.json").read_text())
+        requests = {kind: n / (steps * WORKERS) for kind, n in gate["relayed_kinds"].items()}
     return statistics.median(gaps), requests
+
+
+def median_run(requests: list[dict[str, float]]) -> dict[str, float]:
+    """The gated run whose total is the median's (the middle one of an odd count)."""
+    ordered = sorted(requests, key=lambda r: sum(r.values()))
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def main() -> None:
@@ -108,7 +115,7 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help=RECORD_HELP)
     args = parser.parse_args()
     runs: dict[str, list[float]] = {"direct": [], "gated": []}
-    requests: list[float] = []
+    requests: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="shoal-gate-bench-") as tmp:
         for repeat in range(args.repeats):
             for gated in (False, True):
@@ -120,7 +127,11 @@ def main() -> None:
     direct, gated = (statistics.median(runs[k]) * 1e3 for k in ("direct", "gated"))
     result = {"direct_step_ms": round(direct, 2), "gated_step_ms": round(gated, 2),
               "added_ms": round(gated - direct, 2),
-              "requests_per_worker_step": round(statistics.median(requests), 2),
+              "requests_per_worker_step": round(statistics.median(
+                  sum(r.values()) for r in requests), 2),
+              # The same by query and key family ("WAIT decision"), from the median run.
+              "requests_by_kind": {k: round(v, 2) for k, v in sorted(
+                  median_run(requests).items(), key=lambda kv: -kv[1]) if v >= 0.01},
               "runs_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in runs.items()},
               "steps": args.steps, "workers": WORKERS}
     print(json.dumps(result))

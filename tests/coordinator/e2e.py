@@ -17,7 +17,7 @@ from shoal.client.tls import CertificatePin, client_context
 from tests.conftest import shoal_command, tiny_job_toml
 
 # Fast beats and short timeouts, so a lost agent is replaced in seconds.
-COORDINATOR_ENV = {"SHOAL_COORDINATOR_HEARTBEAT_S": "0.5", "SHOAL_COORDINATOR_AGENT_TIMEOUT_S": "3",
+COORDINATOR_ENV = {"SHOAL_COORDINATOR_HEARTBEAT_S": "0.5", "SHOAL_COORDINATOR_AGENT_TIMEOUT_S": "6",
                    "SHOAL_COORDINATOR_CLEAR_INTERVAL_S": "0.5"}
 
 

@@ -59,3 +59,29 @@ def test_every_event_round_trips_through_the_log_and_the_api(tmp_path):
     finally:
         co.hosts.stop_all()
         co.engine.dispose()
+
+
+def test_the_client_and_shoal_events_read_the_log_to_its_end_past_the_first_page(served):
+    # A job with challenges records thousands of events; its reveal and settlement come
+    # last. Before: `shoal events` and the tests' reads stopped at the first 1000.
+    from typer.testing import CliRunner
+
+    from shoal.cli.main import app
+    from shoal.spec.events import ChallengeRaised, JobSettled
+
+    co = served.app.state.coordinator
+    with co.desk.change() as session:
+        for i in range(2345):
+            record_event(session, float(i), "someone", ChallengeRaised(
+                challenge=i, worker="w", step=i, blob="params", agent_id="a"), job_id="j")
+        record_event(session, 9999.0, COORDINATOR, example(JobSettled), job_id="j")
+    read = list(served.client().every_event(job="j"))
+    assert [e.detail.get("challenge") for e in read[:-1]] == list(range(2345))
+    assert read[-1].kind == "job_settled"
+    assert [e.seq for e in served.client().every_event(job="j", after=read[-2].seq)] == [
+        read[-1].seq]
+
+    printed = CliRunner().invoke(app, ["events", "j", "--json", "--coordinator", served.url])
+    assert printed.exit_code == 0, printed.output
+    lines = printed.output.splitlines()
+    assert len(lines) == 2346 and '"job_settled"' in lines[-1]

@@ -136,7 +136,7 @@ def test_a_cheat_disputed_is_slashed_at_the_step_it_cheated(disputed):
                  if e.kind == "offer_withdrawn" and "dispute" in e.detail["reason"]]
     assert withdrawn == ["a-d0"]  # the cheat's provider leaves the job; b stays
     # ...and is barred from it: a re-posted offer must not lease it straight back.
-    (barred,) = [e for e in challenger.events(job=s.job_id, limit=1000)
+    (barred,) = [e for e in challenger.every_event(job=s.job_id)
                  if e.kind == "provider_barred"]
     assert barred.detail["provider"].lower() == s.p1.address.lower()
     assert f"slashed in dispute {dispute}" in barred.detail["reason"]

@@ -62,7 +62,7 @@ def _answered(s) -> bool:
 
 
 def _events(s, kind: str) -> list:
-    return [e for e in s.vera.events(job=s.job_id, limit=1000) if e.kind == kind]
+    return [e for e in s.vera.every_event(job=s.job_id) if e.kind == kind]
 
 
 def test_an_honest_answer_after_the_verdict_costs_the_verifier_nothing(late):

@@ -130,7 +130,7 @@ def _found_upheld_and_slashed(s, poisoner: str) -> None:
         (poisoner, POISONED, "upheld")
     assert s["ledger"].lease(s["chain_job"], s["p2"].address).slashed
     # The slashed provider is barred from the job: a re-posted offer must not win it back.
-    barred = [e for e in client.events(job=s["job_id"], limit=1000)
+    barred = [e for e in client.every_event(job=s["job_id"])
               if e.kind == "provider_barred"]
     assert [e.detail["provider"].lower() for e in barred] == [s["p2"].address.lower()]
     assert barred[0].detail["reason"].startswith("slashed: ")

@@ -88,7 +88,7 @@ def test_a_cheating_provider_is_caught_slashed_replaced_and_unpaid(hardhat_url, 
         assert done.status is JobStatus.finished, stack.logs()
         assert verifier.wait(timeout=300) == 1, stack.logs()  # it found cheating
         found = json.loads((tmp_path / "verifier.log").read_text().strip().splitlines()[-1])
-        reveal = wait_for(lambda: [e for e in alice.events(job=job.job_id, limit=1000)
+        reveal = wait_for(lambda: [e for e in alice.every_event(job=job.job_id)
                                    if e.kind == "forced_errors_revealed"], bool, 60, stack,
                           "the forced errors revealed")[0]
         planted = {(worker, step) for _, worker, step, state in reveal.detail["plants"]
@@ -100,10 +100,10 @@ def test_a_cheating_provider_is_caught_slashed_replaced_and_unpaid(hardhat_url, 
                 if (v.worker, v.step) not in planted} == {"b"}
         assert {w.split("-l")[0] for w in found["guilty"]} <= {"b"} | {
             w.split("-l")[0] for w, _ in planted}
-        assert not [e for e in alice.events(job=job.job_id, limit=1000)
+        assert not [e for e in alice.every_event(job=job.job_id)
                     if e.kind == "forced_error_missed"]  # the verifier replays: it misses none
 
-        events = alice.events(job=job.job_id, limit=1000)
+        events = list(alice.every_event(job=job.job_id))
         (slashed,) = [e for e in events if e.kind == "worker_slashed"]  # once, on chain
         assert slashed.detail["provider"] == cheat.address and "tx" in slashed.detail, slashed
         upheld = [e for e in events if e.kind == "verdict_upheld"]  # later verdicts on record

@@ -141,7 +141,7 @@ def events_command(
     after = 0
     with _client(url, None, cert_sha256) as client:
         while True:
-            for event in client.events(job=job, after=after, limit=1000):
+            for event in client.every_event(job=job, after=after):
                 after = event.seq
                 if as_json:
                     typer.echo(event.model_dump_json())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import httpx
@@ -205,7 +205,18 @@ class CoordinatorClient:
         return self._all_pages("/v1/participants", Participant, lambda p: p.address)
 
     def events(self, job: str | None = None, after: int = 0, limit: int = 200) -> list[Event]:
+        """One page of the audit log, oldest first: at most `limit` events after `after`."""
         return self._get("/v1/events", list[Event], job=job, after=after, limit=limit)
+
+    def every_event(self, job: str | None = None, after: int = 0) -> Iterator[Event]:
+        """The audit log after `after`, page by page to its end: a job with challenges
+        records thousands of events, and its settlement and reveal come last."""
+        while True:
+            page = self.events(job=job, after=after, limit=MAX_PAGE)
+            yield from page
+            if len(page) < MAX_PAGE:
+                return
+            after = page[-1].seq
 
 
     # ------------------------------------------------------------ a job's progress

@@ -10,7 +10,10 @@ from rich.panel import Panel
 from rich.table import Table
 
 from shoal.demo.runner import Demo
+from shoal.spec.coordinator import MAX_PAGE
 from shoal.spec.events import EventKind
+
+MARKS = (EventKind.worker_slashed, EventKind.offer_withdrawn, EventKind.verdict_rejected)
 
 
 def render(demo: Demo) -> Panel:
@@ -49,11 +52,12 @@ def render(demo: Demo) -> Panel:
             after = [t for t in commits if t > fired.t]
             resumed = f"steps again after {after[0] - fired.t:.2f} s" if after else "…"
             faults.add_row(f"{at:.0f} s", fired.event.kind.value, fired.event.provider, resumed)
-        for e in co.reads.events(s.job_id, limit=1000):
-            if e.kind in (EventKind.worker_slashed, EventKind.offer_withdrawn,
-                          EventKind.verdict_rejected):
-                at = e.at_s - (s.started_t or e.at_s)
-                faults.add_row(f"{at:.0f} s", e.kind.replace("_", " "),
-                               str(e.detail.get("offer_id") or e.detail.get("provider") or ""), "")
+        while page := co.reads.events(s.job_id, after=s.marks_after, limit=MAX_PAGE):
+            s.marks_after = page[-1].seq
+            s.marks += [e for e in page if e.kind in MARKS]
+        for e in s.marks:
+            at = e.at_s - (s.started_t or e.at_s)
+            faults.add_row(f"{at:.0f} s", e.kind.replace("_", " "),
+                           str(e.detail.get("offer_id") or e.detail.get("provider") or ""), "")
         parts.append(faults)
     return Panel(Group(*parts), title="shoal demo", subtitle=time.strftime("%H:%M:%S"))

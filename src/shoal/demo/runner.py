@@ -65,6 +65,8 @@ class DemoState:
     committed: int = 0  # steps committed so far
     fired: list[FiredEvent] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    marks: list = field(default_factory=list)  # the job's events the live view lists
+    marks_after: int = 0  # the audit log read so far (the full demo records thousands)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from shoal import jsonl
 from shoal.errors import ControlError
 from shoal.elastic.gate_keys import GateKeys
 from shoal.elastic.store_policy import LeasePolicy, StoreView, lease_of
-from shoal.elastic.store_wire import RequestReader, WireError
+from shoal.elastic.store_wire import Request, RequestReader, WireError
 from shoal.spec.coordinator import RendezvousPass
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,9 @@ class StoreGate:
                                f"({error.strerror}); pick another --bind address or port") from None
         self.admitted: dict[str, int] = {}  # identity -> connections admitted (for the log)
         self.relayed: dict[str, int] = {}  # lease identity -> requests relayed to the store
+        # What they asked, by query and key family ("WAIT decision", "SET hb"): where a
+        # step's round trips go (bench/gate.py prints it).
+        self.relayed_kinds: dict[str, int] = {}
         self._open: dict[str, set[asyncio.StreamWriter]] = {}  # identity -> its connections
         self._revoked: frozenset[str] | None = None  # None: unreadable, every token refused
         self._revoked_stamp: object = ()
@@ -197,6 +200,8 @@ class StoreGate:
                             raise _Refused(request, said)
                         store_writer.write(request.raw)
                         self.relayed[identity] = self.relayed.get(identity, 0) + 1
+                        kind = request_kind(request)
+                        self.relayed_kinds[kind] = self.relayed_kinds.get(kind, 0) + 1
                     await store_writer.drain()
             except (ConnectionError, ssl.SSLError):
                 pass
@@ -377,3 +382,9 @@ async def _close(writer: asyncio.StreamWriter) -> None:
     except ConnectionError:
         pass
     writer.close()
+
+
+def request_kind(request: Request) -> str:
+    """A request's query and the family of its first key: `SET hb`, `WAIT decision`."""
+    family = request.keys[0].split("/", 1)[0] if request.keys else ""
+    return f"{request.query.name} {family}".rstrip()

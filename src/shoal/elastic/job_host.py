@@ -86,7 +86,8 @@ def serve_job(config: JobHostConfig) -> dict[str, object]:
         if gate is not None:
             log.info("gate admitted %s, relayed %s requests", gate.admitted, gate.relayed)
             _write(config.run_dir / "gate.json", {"admitted": gate.admitted,
-                                                  "relayed": gate.relayed})
+                                                  "relayed": gate.relayed,
+                                                  "relayed_kinds": gate.relayed_kinds})
             gate.close()
         server.close()
 
