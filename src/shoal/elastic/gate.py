@@ -386,5 +386,6 @@ async def _close(writer: asyncio.StreamWriter) -> None:
 
 def request_kind(request: Request) -> str:
     """A request's query and the family of its first key: `SET hb`, `WAIT decision`."""
-    family = request.keys[0].split("/", 1)[0] if request.keys else ""
+    # c10d's client puts "/" before every key.
+    family = request.keys[0].removeprefix("/").split("/", 1)[0] if request.keys else ""
     return f"{request.query.name} {family}".rstrip()
