@@ -470,3 +470,74 @@ def test_a_member_that_moved_on_to_a_newer_epoch_is_not_waited_for(rdzv, stoppin
     rdzv.arrive(1, WorkerArrival(worker=b, step=0, has_state=True))
     decided = _vote_in_threads(rdzv, record, {a: _ballot()})  # b never votes in epoch 0
     assert decided[a] == StepDecision(commit=False, next_epoch=1)
+
+
+# -- a member's word on its own progress (issue 40, point 6) ------------------------
+
+def _deciding_by_hand(rdzv, members: str, **config):
+    """A tick-driven authority whose step decider runs (so it knows the votes decided)."""
+    from shoal.elastic.decider import StepDecider
+
+    authority = MembershipAuthority(rdzv, AuthorityConfig(min_workers=len(members),
+                                                          liveness=FAST, **config))
+    for who in members:
+        rdzv.request_join(who)
+    authority.tick(0.0)
+    authority.decider = StepDecider(lambda: another(rdzv), lambda: authority.epoch,
+                                    authority.request_reform, authority._decided)
+    authority.decider.follow(rdzv.epoch(0))
+    return authority
+
+
+def test_a_member_beating_far_ahead_gets_nobody_fenced(rdzv):
+    """c withholds its part of the exchange a and b wait in, and beats as if it had
+    voted on a step nine votes on (no vote of this epoch is decided yet). Before, its
+    count made it the lead and a and b were fenced as behind it: c alone kept the job
+    (and its state, and every later epoch's pay)."""
+    authority = _deciding_by_hand(rdzv, "abc")
+    try:
+        for who in "abc":
+            _beat(rdzv, who, 0, 1, 0, Phase.arrived)
+        for waits, now in enumerate((0.1, 0.3, 0.5, 0.7, 0.9, 1.2, 1.5, 2.0)):
+            for who in "ab":  # honest: in the exchange of vote 0, waiting, saying so
+                rdzv.beat(who, ProgressBeat(epoch=0, count=2, step=0, phase=Phase.exchange,
+                                            waits=waits))
+            rdzv.beat("c", ProgressBeat(epoch=0, count=40, step=30, phase=Phase.voted,
+                                        vote=9, waits=waits))
+            authority.tick(now)
+        assert rdzv.latest_epoch() == 0  # nobody is behind a vote that was never decided
+    finally:
+        authority.decider.stop(rdzv)
+
+
+def test_a_member_that_beats_finished_early_neither_stops_admissions_nor_escapes_fencing(rdzv):
+    """c says it finished the job's 100 steps when none is decided: before, the authority
+    took it at its word, admitted no joiner from then on, and never fenced c."""
+    authority = _deciding_by_hand(rdzv, "abc", steps=100)
+    try:
+        for who in "ab":
+            _beat(rdzv, who, 0, 2, 0, Phase.exchange)
+        _beat(rdzv, "c", 0, 9, 100, Phase.finished)
+        rdzv.request_join("d")
+        authority.tick(0.1)
+        authority.tick(0.25)  # the join batch is over: d is admitted
+        assert rdzv.latest_epoch() == 1 and "d" in rdzv.epoch(1).members
+    finally:
+        authority.decider.stop(rdzv)
+
+
+def test_a_member_claiming_steps_it_never_took_does_not_shorten_its_peers_deadline():
+    """a and b take a step every 0.25 s; c reports a thousand steps more at every look.
+    Before, the job's pace was read off the furthest report, so c drove the deadline
+    down to its floor and a merely slow peer could be fenced."""
+    from shoal.elastic.liveness import ProgressWatch
+
+    watch = ProgressWatch(LivenessConfig(floor_s=0.2, initial_s=30.0, step_multiple=3.0,
+                                         margin_s=0.1))
+    watch.reset(0, 0.0)
+    for look in range(8):
+        beats = {w: ProgressBeat(epoch=0, count=2 + look, step=look, phase=Phase.exchange)
+                 for w in "ab"}
+        beats["c"] = ProgressBeat(epoch=0, count=2 + look, step=1000 * look, phase=Phase.exchange)
+        watch.laggards(beats, 1.0 + 0.25 * look)
+    assert watch.step_deadline_s() == pytest.approx(3 * 0.25 + 0.1)

@@ -10,6 +10,7 @@ c10d's own client through the tunnel an agent uses."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -22,6 +23,7 @@ from shoal.elastic.liveness import LivenessConfig
 from shoal.elastic.store_policy import LEASE_BYTES, LeasePolicy, StoreView, lease_of
 from shoal.elastic.store_wire import Query, Request, RequestReader, WireError, encode
 from shoal.spec.elastic import Phase, ProgressBeat, StepBallot, StepDecision, WorkerArrival
+from shoal.train.commit import agree
 from shoal.train.rendezvous import Rendezvous, connect
 
 MINE, MINE_TOO, THEIRS = "prov-l7-a0-w0", "prov-l7-a0-w1", "other-l8-a0-w0"
@@ -224,6 +226,15 @@ def test_a_lease_cannot_end_the_job_and_cut_everyones_pay(job):
     finish(honest, THEIRS, 3)
     time.sleep(0.5)  # many authority ticks
     assert not server.rdzv.done()
+    # A member's beat says it finished only once the host has decided the job's steps:
+    # both vote on the last one (step 9), then finish.
+    record = server.rdzv.epoch(0)
+    voters = [threading.Thread(target=agree, args=(rdzv, record, worker, 0, StepBallot(
+        step=9, ok=True, fingerprint=5))) for rdzv, worker in ((attacker, MINE), (honest, THEIRS))]
+    for voter in voters:
+        voter.start()
+    for voter in voters:
+        voter.join(10)
     finish(attacker, MINE, 10)
     finish(honest, THEIRS, 10)
     deadline = time.monotonic() + 5

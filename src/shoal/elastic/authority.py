@@ -223,10 +223,18 @@ class MembershipAuthority:
 
     def _finished(self, beats: dict[str, ProgressBeat | None]) -> set[str]:
         """Members whose last beat says they finished the job's steps (past `steps`,
-        where this host knows them)."""
+        where this host knows them). While this host decides the steps, one member's
+        word is taken only once it has decided that many, or when every member says so
+        (all restored the job's last step, after a restart, and had nothing left to
+        vote on): a member beating "finished" early would otherwise stop every
+        admission and never be fenced."""
         floor = self.config.steps or 0
-        return {w for w, b in beats.items()
-                if b is not None and b.phase is Phase.finished and b.step >= floor}
+        finished = {w for w, b in beats.items()
+                    if b is not None and b.phase is Phase.finished and b.step >= floor}
+        if floor and self.decider is not None and self.decider.steps_decided < floor \
+                and finished != set(self.members):
+            return set()
+        return finished
 
     def _end_if_finished(self) -> bool:
         """End the job once every member has finished, each past the steps a final report
@@ -317,11 +325,16 @@ class MembershipAuthority:
                 dropped.add(worker)
                 reasons.append(f"leave:{worker}")
         if self.members:
-            for worker in self._watch.laggards(beats, now):
+            for worker in self._watch.laggards(beats, now, self._votes_decided):
                 if worker not in dropped and worker not in finished:
                     dropped.add(worker)
                     reasons.append(f"stall:{worker}")
         return dropped, reasons
+
+    def _votes_decided(self, epoch: int) -> int | None:
+        """The votes decided so far in `epoch`, while its steps are decided here: no
+        member's beat counts past them (None: unknown, its word stands)."""
+        return None if self.decider is None else self.decider.votes_decided(epoch)
 
     def _publish(self, members: tuple[str, ...], reason: str, now: float,
                  state_source: str | None = None, veterans: tuple[str, ...] = ()) -> None:

@@ -116,6 +116,10 @@ class StepDecider:
         self.decided = decided  # told every decision that stands (under the lock)
         self._lock = threading.Lock()  # one decision at a time: a thread's, or a discard
         self._open: dict[int, _Open] = {}
+        # The job's steps done, as decided here: one past the newest step a committed
+        # decision was made on (ballots on different steps commit nothing, so no member
+        # alone can move it).
+        self.steps_decided = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -177,6 +181,13 @@ class StepDecider:
                          f"{'moved on' if moved else 'is lost'}")
                 # The state is where the epoch's last decided step left it: no new holders.
                 self._close(held, decided, holders=False)
+
+    def votes_decided(self, epoch: int) -> int | None:
+        """The votes decided so far in `epoch` while its steps are decided here (its vote
+        in flight is the next); None once it is closed, or before it was followed."""
+        with self._lock:
+            held = self._open.get(epoch)
+            return None if held is None else held.index
 
     def has_open_before(self, epoch: int) -> bool:
         with self._lock:
@@ -250,6 +261,9 @@ class StepDecider:
         outcome = decide_step(record, ballots, self.newest(),
                               lambda: moved_weights(rdzv.speeds(record.members), record.weights))
         decision = rdzv.decide(record.epoch, index, outcome.decision)
+        if decision.commit:
+            steps = [b.step for b in ballots.values() if b is not None]
+            self.steps_decided = max(self.steps_decided, max(steps, default=-1) + 1)
         if decision == outcome.decision and outcome.reform:
             self.reform(record.epoch, decision.resync_from)
         if decision.weights:

@@ -17,6 +17,14 @@ point while it waits on peers. Two rules, one deadline:
   fenced: everyone may be waiting in the same exchange, but the one that
   cannot reach the store (partitioned, frozen) is the one they wait for.
 
+A member's point is its own word, so the authority counts it only as far as it
+can check it (issue 40, point 6): points are compared as (epoch, voted steps
+passed, at the exchange or not), the voted steps capped at the votes the
+authority has decided in that epoch, and a vote cast is no further than the
+exchange before it. A member that beats "far ahead" of its peers (a count of a
+thousand, a vote not yet decided) therefore leads nobody: before, its peers,
+waiting in an exchange it withheld its part from, were fenced as behind it.
+
 The deadline follows the job:
 a multiple of the median step time plus a margin, never below a floor,
 nor below `rtt_multiple` round trips of the slowest member's path to the
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shoal.errors import ControlError
@@ -52,7 +61,19 @@ class LivenessConfig:
                                "step_multiple at least 1, margin_s not negative")
 
 
-Position = tuple[int, int]  # (epoch, progress points reached in it)
+# (epoch, voted steps passed in it, 1 if in or past the exchange of the next else 0)
+Position = tuple[int, int, int]
+_COMPUTING = (Phase.arrived, Phase.stepped)
+
+
+def position(beat: ProgressBeat | None, decided: int | None) -> Position:
+    """Where `beat` puts its member, as far as the authority can tell: never past the
+    `decided` votes of its epoch (None: not known here), and a vote cast no further than
+    the exchange it ends (the ballot says nothing the exchange did not)."""
+    if beat is None:
+        return (-1, 0, 0)
+    vote = beat.vote if decided is None else min(beat.vote, decided)
+    return (beat.epoch, vote, 0 if beat.phase in _COMPUTING else 1)
 
 
 class ProgressWatch:
@@ -69,13 +90,16 @@ class ProgressWatch:
         self.config = config
         self.epoch, self._started_at = -1, 0.0
         self._veterans: frozenset[str] = frozenset()
-        self._lead: Position = (-1, 0)
+        self._lead: Position = (-1, 0, 0)
+        self._lead_arrived = True  # the lead's members are only at the epoch's barrier
         self._lead_at = 0.0
         self._seen: dict[str, tuple[int, int, int] | None] = {}  # last (epoch, count, waits)
         self._changed_at: dict[str, float] = {}  # when that last changed
         self._advanced_at: dict[str, float] = {}  # when the member last made progress
-        self._voted_step, self._voted_at = -1, 0.0
-        self.step_times: deque[float] = deque(maxlen=config.history)
+        # Each member's own pace: the newest step it reported and when that was first seen,
+        # and its step times since. A member's word moves only its own pace.
+        self._sighted: dict[str, tuple[int, float]] = {}
+        self._paces: dict[str, deque[float]] = {}
         self.rtt_s = 0.0  # the slowest member's round trip to the store, as reported
 
     def reset(self, epoch: int, now: float, veterans: tuple[str, ...] = ()) -> None:
@@ -85,27 +109,35 @@ class ProgressWatch:
         self._lead_at = now
 
     def step_deadline_s(self) -> float:
+        """From the slowest member's median step time (members that reported a few steps):
+        a member that claims steps it never took speeds up only its own pace, so it
+        cannot shorten the deadline its peers are held to."""
         floor = max(self.config.floor_s, self.config.rtt_multiple * self.rtt_s)
-        if len(self.step_times) < 3:
+        paces = [statistics.median(p) for p in self._paces.values() if len(p) >= 3]
+        if not paces:
             return max(floor, self.config.initial_s)
-        typical = statistics.median(self.step_times)
-        return max(floor, self.config.step_multiple * typical + self.config.margin_s)
+        return max(floor, self.config.step_multiple * max(paces) + self.config.margin_s)
 
     def _deadline_s(self) -> float:
         # While the lead has only arrived at the newest epoch, the others may still be
         # finishing a step in the previous one.
-        arriving = self._lead[0] == self.epoch and self._lead[1] <= 1
+        arriving = self._lead[0] == self.epoch and self._lead_arrived
         return self.step_deadline_s() * (2 if arriving else 1)
 
-    def laggards(self, beats: dict[str, ProgressBeat | None], now: float) -> list[str]:
-        """Members behind the lead, or silent while a veteran waits, past the deadline."""
-        positions = self._observe(beats, now)
+    def laggards(self, beats: dict[str, ProgressBeat | None], now: float,
+                 decided: Callable[[int], int | None] = lambda epoch: None) -> list[str]:
+        """Members behind the lead, or silent while a veteran waits, past the deadline.
+        `decided(epoch)`: the votes decided so far in that epoch (None: unknown); read
+        after `beats`, so that no honest member is ever past it."""
+        positions = self._observe(beats, now, decided)
         self.rtt_s = max((b.rtt_s or 0.0 for b in beats.values() if b is not None), default=0.0)
         self._measure_steps(beats, now)
         pace = [w for w in positions if w in self._veterans] or list(positions)
-        lead = max((positions[w] for w in pace), default=(-1, 0))
+        lead = max((positions[w] for w in pace), default=(-1, 0, 0))
         if lead != self._lead:
             self._lead, self._lead_at = lead, now
+        self._lead_arrived = all(beats[w] is None or beats[w].phase is Phase.arrived
+                                 for w in pace if positions[w] == lead)
         deadline = self._deadline_s()
         behind = [w for w, at in positions.items() if at < lead
                   and now - max(self._behind_since(w), self._advanced_at[w]) > deadline]
@@ -115,7 +147,8 @@ class ProgressWatch:
                          and positions[o] >= positions[w] for o in pace)]
         return behind + silent
 
-    def _observe(self, beats: dict[str, ProgressBeat | None], now: float) -> dict[str, Position]:
+    def _observe(self, beats: dict[str, ProgressBeat | None], now: float,
+                 decided: Callable[[int], int | None]) -> dict[str, Position]:
         for worker, beat in beats.items():
             key = None if beat is None else (beat.epoch, beat.count, beat.waits)
             if worker not in self._changed_at or self._seen.get(worker) != key:
@@ -126,7 +159,8 @@ class ProgressWatch:
                         or key[:2] != seen[:2] or beat.phase is Phase.arrived):
                     self._advanced_at[worker] = now
                 self._seen[worker], self._changed_at[worker] = key, now
-        return {w: (b.epoch, b.count) if b is not None else (-1, 0) for w, b in beats.items()}
+        return {w: position(b, None if b is None else decided(b.epoch))
+                for w, b in beats.items()}
 
     def _behind_since(self, worker: str) -> float:
         # A newcomer is behind from the moment it was admitted, not from when the lead
@@ -140,14 +174,20 @@ class ProgressWatch:
         return max(0.0, oldest + self._deadline_s() - now)
 
     def _measure_steps(self, beats: dict[str, ProgressBeat | None], now: float) -> None:
-        """Step time: between first sightings of later steps in any member's report (the
-        authority may see several steps pass between two looks; each gets an equal part).
-        Any phase counts: a member's reporter sends only its latest point, so a look may
-        never catch a vote."""
-        steps = [b.step for b in beats.values() if b is not None]
-        if not steps or max(steps) <= self._voted_step:
-            return
-        newest = max(steps)
-        if self._voted_step >= 0:
-            self.step_times.append((now - self._voted_at) / (newest - self._voted_step))
-        self._voted_step, self._voted_at = newest, now
+        """Each member's step time: between first sightings of its later steps (the
+        authority may see several pass between two looks; each gets an equal part). Any
+        phase counts: a member's reporter sends only its latest point, so a look may never
+        catch a vote. A member seen at an earlier step (rolled back) starts over."""
+        for worker in [w for w in self._sighted if w not in beats]:
+            del self._sighted[worker]  # no longer a member: its pace no longer counts
+            self._paces.pop(worker, None)
+        for worker, beat in beats.items():
+            if beat is None:
+                continue
+            seen = self._sighted.get(worker)
+            if seen is None or beat.step < seen[0]:
+                self._sighted[worker] = (beat.step, now)
+            elif beat.step > seen[0]:
+                pace = self._paces.setdefault(worker, deque(maxlen=self.config.history))
+                pace.append((now - seen[1]) / (beat.step - seen[0]))
+                self._sighted[worker] = (beat.step, now)

@@ -69,6 +69,10 @@ class ProgressBeat(Frozen):
     count: int = Field(ge=0)  # progress points reached in this epoch (arrival = 1)
     step: int = Field(ge=0)
     phase: Phase
+    # The voted steps this member has passed in this epoch: its point lies on the way to
+    # the next one (the authority, which decides every vote, knows how many there were:
+    # shoal.elastic.liveness never takes a member's word for being further than that).
+    vote: int = Field(0, ge=0)
     # Refreshes while waiting on peers at this point (a barrier, an exchange): they
     # show the member can still reach the store, so one that cannot (partitioned,
     # frozen) stands out even when every member waits at the same point.

@@ -43,7 +43,7 @@ class ProgressReporter:
         self._point: ProgressBeat | None = None
         self._refreshed_at = 0.0
         self._connect = connect
-        self._epoch, self._count = -1, 0
+        self._epoch, self._count, self._vote = -1, 0, 0
         self._latest: ProgressBeat | None = None
         self._reports: dict[str, Callable[[Rendezvous], Any]] = {}  # the newest of each kind
         self._lock = threading.Lock()
@@ -56,9 +56,12 @@ class ProgressReporter:
         """Record a progress point; the count restarts with every epoch."""
         with self._lock:
             if epoch != self._epoch:
-                self._epoch, self._count = epoch, 0
+                self._epoch, self._count, self._vote = epoch, 0, 0
             self._count += 1
-            self._point = ProgressBeat(epoch=epoch, count=self._count, step=step, phase=phase)
+            self._point = ProgressBeat(epoch=epoch, count=self._count, step=step, phase=phase,
+                                       vote=self._vote)
+            if phase is Phase.voted:  # what it reaches next is on the way to the next vote
+                self._vote += 1
             self._latest, self._refreshed_at = self._point, time.monotonic()
         self._wake.set()
 
