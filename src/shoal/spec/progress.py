@@ -34,6 +34,10 @@ class MembershipChange(Frozen):
     epoch: int
     members: tuple[str, ...]
     reason: str = ""
+    # The member whose state every other member adopted as the epoch formed (a resync's,
+    # a join's), as the job's host published it: a break in the chain of steps at the
+    # epoch's first step falls on it (shoal.proof.chain).
+    state_source: str | None = None
 
 
 class JobPlanView(Frozen):

@@ -108,5 +108,8 @@ class PublishedEpochs:
             if epoch not in job.members and isinstance(value.get("state_source"), str):
                 job.sources[epoch] = value["state_source"]
             job.members.setdefault(epoch, members)
+            source = value.get("state_source")
             job.changes.append(MembershipChange(t=t, epoch=epoch, members=members,
-                                                reason=str(value.get("reason", ""))))
+                                                reason=str(value.get("reason", "")),
+                                                state_source=source if isinstance(source, str)
+                                                else None))

@@ -199,7 +199,13 @@ class Referee:
                           hyper_sha256=hyper_digest(spec.hyperparameters()),
                           tolerance=spec.proof.tolerance, verifier="referee",
                           records=lambda: self.records.work_records(job_id))
-        judge = Verifier(auditor, spec.proof, salt=b"", roots=roots.get, total_steps=spec.steps)
+        # The job's published membership: a break in the chain of steps falls on the
+        # state source its host named (before, the referee knew none, replayed the source's
+        # record, found it matching and rejected a true verdict: its verifier lost stake).
+        published = self.records.published
+        judge = Verifier(auditor, spec.proof, salt=b"", roots=roots.get, total_steps=spec.steps,
+                         members=lambda e: published.members(job_id, e),
+                         sources=lambda e: published.state_source(job_id, e))
         found = judge.audit_one(record, records)
         if found.kind is VerdictKind.unavailable:
             return Ruling.undecided, f"the referee could not replay: {found.detail}", found

@@ -65,8 +65,10 @@ class RemoteAudits:
         self.answer_wait_s, self.poll_s = answer_wait_s, poll_s
         self.roots: dict[int, bytes] = {}
         self._members: dict[int, tuple[str, ...]] = {}  # the job's published membership
+        self._sources: dict[int, str] = {}  # ... and the state source each epoch named
         self.verifier = Verifier(auditor, job.proof, salt=salt, roots=self.roots.get,
-                                 total_steps=job.steps, members=self._members.get)
+                                 total_steps=job.steps, members=self._members.get,
+                                 sources=self._sources.get)
         self.done: set[int] = set()
         self._records: dict[int, list[WorkRecord]] = {}  # served epochs' (they stay as served)
         self._around: list[WorkRecord] = []  # what the audits being replayed may look back on
@@ -130,8 +132,9 @@ class RemoteAudits:
         if not unrecorded:
             judged = set()  # none judged
         else:
-            self._members.update({c.epoch: c.members
-                                  for c in self.client.membership(self.job_id)})
+            changes = self.client.membership(self.job_id)
+            self._members.update({c.epoch: c.members for c in changes})
+            self._sources.update({c.epoch: c.state_source for c in changes if c.state_source})
             shares = [u for u in self.verifier.unrecorded(records) if u.worker is not None
                       and (judged is None or (u.worker, u.step) in judged)]
         # Under DiLoCo the files an audit needs may be named by records of other epochs
