@@ -67,7 +67,10 @@ def run(root: Path, steps: int, gated: bool) -> tuple[float, dict[str, float] | 
     job = root / "job.toml"
     job.write_text(JOB.format(steps=steps, root=root))
     host_cmd = SHOAL + ["rendezvous", "--bind", "127.0.0.1", "--port", "0", "--run-dir",
-                        str(root / "host"), "--min-workers", str(WORKERS), "--linger-s", "0",
+                        # The host waits up to this long for the members to exit: worker
+                        # 0 adds its val_loss to the final report after the job is done,
+                        # and at 0 the store could close under it (1 run in 8 failed so).
+                        str(root / "host"), "--min-workers", str(WORKERS), "--linger-s", "2",
                         "--steps", str(steps)]
     if gated:
         host_cmd += ["--gate-dir", str(root / "gate")]
