@@ -541,3 +541,22 @@ def test_a_member_claiming_steps_it_never_took_does_not_shorten_its_peers_deadli
         beats["c"] = ProgressBeat(epoch=0, count=2 + look, step=1000 * look, phase=Phase.exchange)
         watch.laggards(beats, 1.0 + 0.25 * look)
     assert watch.step_deadline_s() == pytest.approx(3 * 0.25 + 0.1)
+
+
+def test_the_votes_an_epoch_passed_are_known_while_it_runs_and_once_it_is_closed(rdzv, stopping):
+    """What caps a member's beats in its epoch: the votes decided there, and once the
+    epoch is closed (a member dropped, the step in flight discarded) the votes its
+    members passed, so that a late beat of the old epoch cannot lead the new one."""
+    authority, record = _deciding(rdzv, "abc")
+    stopping(authority)
+    assert authority.decider.votes_decided(0) == 0
+    assert _vote_in_threads(rdzv, record, {w: _ballot() for w in "abc"})["a"].commit
+    assert authority.decider.votes_decided(0) == 1
+    timer = threading.Timer(0.2, lambda: another(rdzv).report_exit("c"))
+    timer.start()
+    decided = _vote_in_threads(rdzv, record, {"a": _ballot(step=8), "b": _ballot(step=8)},
+                               index=1)
+    assert not decided["a"].commit and decided["a"].next_epoch == 1
+    assert authority.decider.votes_decided(0) == 2  # closed: its members passed two votes
+    assert authority.decider.votes_decided(1) == 0  # the new epoch, followed from its start
+    assert authority.decider.votes_decided(7) is None  # never followed here

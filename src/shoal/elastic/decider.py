@@ -116,6 +116,7 @@ class StepDecider:
         self.decided = decided  # told every decision that stands (under the lock)
         self._lock = threading.Lock()  # one decision at a time: a thread's, or a discard
         self._open: dict[int, _Open] = {}
+        self._closed: dict[int, int] = {}  # recently closed epochs -> the votes they passed
         # The job's steps done, as decided here: one past the newest step a committed
         # decision was made on (ballots on different steps commit nothing, so no member
         # alone can move it).
@@ -184,10 +185,11 @@ class StepDecider:
 
     def votes_decided(self, epoch: int) -> int | None:
         """The votes decided so far in `epoch` while its steps are decided here (its vote
-        in flight is the next); None once it is closed, or before it was followed."""
+        in flight is the next); once closed, the votes its members passed (the last one
+        decided or discarded included); None if it was never followed here."""
         with self._lock:
             held = self._open.get(epoch)
-            return None if held is None else held.index
+            return self._closed.get(epoch) if held is None else held.index
 
     def has_open_before(self, epoch: int) -> bool:
         with self._lock:
@@ -210,6 +212,10 @@ class StepDecider:
             self.decided(held.record, decision)
         if not decision.commit or decision.next_epoch is not None:
             self._open.pop(held.record.epoch, None)
+            epoch = held.record.epoch
+            self._closed[epoch] = held.index + 1
+            for old in [e for e in self._closed if e < epoch - 16]:
+                del self._closed[old]
         else:
             held.index += 1
             held.leavers_seen.clear()
