@@ -24,8 +24,9 @@ from pathlib import Path
 from shoal import jsonl
 from shoal.errors import ControlError
 from shoal.elastic.decider import StepDecider
+from shoal.elastic.job_end import JobEnd
 from shoal.elastic.liveness import LivenessConfig, ProgressWatch
-from shoal.spec.elastic import MembershipEpoch, Phase, ProgressBeat, StepDecision
+from shoal.spec.elastic import MembershipEpoch, StepDecision
 from shoal.train.rendezvous import Rendezvous, connect
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class MembershipAuthority:
         self._failed_reforms = 0
         self._progress_at_reform = -1
         self._ending = False  # a member has finished the job: admit nobody more
+        self.end = JobEnd(rendezvous, config.steps)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="membership-authority", daemon=True)
@@ -189,7 +191,7 @@ class MembershipAuthority:
         # Final reports are read only once a member's beat says it finished (the last
         # tick's reading): a read of every member's report at every request would cost
         # a round trip per member all through the job.
-        if self._ending and self._end_if_finished():
+        if self._ending and self.end.end_if_finished(self.members, self._steps_decided()):
             return
         if self.epoch < 0:
             # A worker that died before the first epoch (registered or not) will never
@@ -221,43 +223,8 @@ class MembershipAuthority:
             return False, None  # none, or of an epoch already superseded
         return True, wanted[1]
 
-    def _finished(self, beats: dict[str, ProgressBeat | None]) -> set[str]:
-        """Members whose last beat says they finished the job's steps (past `steps`,
-        where this host knows them). While this host decides the steps, one member's
-        word is taken only once it has decided that many, or when every member says so
-        (all restored the job's last step, after a restart, and had nothing left to
-        vote on): a member beating "finished" early would otherwise stop every
-        admission and never be fenced."""
-        floor = self.config.steps or 0
-        finished = {w for w, b in beats.items()
-                    if b is not None and b.phase is Phase.finished and b.step >= floor}
-        if floor and self.decider is not None and self.decider.steps_decided < floor \
-                and finished != set(self.members):
-            return set()
-        return finished
-
-    def _end_if_finished(self) -> bool:
-        """End the job once every member has finished, each past the steps a final report
-        names, from this host's own reading of the members' beats: the reporter is rank 0
-        of the epoch if it reported, else the first member that did. No member's report
-        alone ends the job (issue 40, point 1: a lease writing `done` would have every
-        honest lease paid for a fraction of its work)."""
-        beats = self.rdzv.beats(list(self.members))
-        if self._finished(beats) != set(self.members):
-            return False
-        # Read now: a member writes its report before its finished beat, so every report
-        # is in (rank 0's among them, the one with the figures).
-        claims = self.rdzv.final_claims(self.members)
-        for worker in [m for m in self.members if m in claims]:
-            steps = claims[worker].get("steps")
-            if not isinstance(steps, int) or isinstance(steps, bool):
-                continue
-            if all(b is not None and b.step >= steps for b in beats.values()):
-                log.info("every member finished step %d: the job is done (%s reports)",
-                         steps, worker)
-                self.rdzv.mark_done(worker)
-                return True
-        return False
+    def _steps_decided(self) -> int | None:
+        return self.decider.steps_decided if self.decider is not None else None
 
     def _keep_last_holder(self, dropped: set[str], reasons: list[str],
                           leaving: list[str]) -> tuple[set[str], list[str]]:
@@ -312,7 +279,7 @@ class MembershipAuthority:
         dropped, reasons = set(), []
         beats = self.rdzv.beats(list(self.members)) if self.members else {}
         # A member that finished the job exits, and beats no more: neither is a fault.
-        finished = self._finished(beats)
+        finished = self.end.finished(self.members, beats, self._steps_decided())
         self._ending = bool(finished)
         for worker in self.members:
             if worker in finished:
@@ -325,16 +292,13 @@ class MembershipAuthority:
                 dropped.add(worker)
                 reasons.append(f"leave:{worker}")
         if self.members:
-            for worker in self._watch.laggards(beats, now, self._votes_decided):
+            # No member's beat counts past the votes decided here (unknown: its word).
+            decided = self.decider.votes_decided if self.decider else lambda epoch: None
+            for worker in self._watch.laggards(beats, now, decided):
                 if worker not in dropped and worker not in finished:
                     dropped.add(worker)
                     reasons.append(f"stall:{worker}")
         return dropped, reasons
-
-    def _votes_decided(self, epoch: int) -> int | None:
-        """The votes decided so far in `epoch`, while its steps are decided here: no
-        member's beat counts past them (None: unknown, its word stands)."""
-        return None if self.decider is None else self.decider.votes_decided(epoch)
 
     def _publish(self, members: tuple[str, ...], reason: str, now: float,
                  state_source: str | None = None, veterans: tuple[str, ...] = ()) -> None:
