@@ -105,11 +105,11 @@ class PublishedEpochs:
                 continue
             members = tuple(map(str, members))
             # One host per job, numbering each epoch once: the first line of a number stands.
-            if epoch not in job.members and isinstance(value.get("state_source"), str):
-                job.sources[epoch] = value["state_source"]
-            job.members.setdefault(epoch, members)
             source = value.get("state_source")
+            source = source if isinstance(source, str) else None
+            if epoch not in job.members and source is not None:
+                job.sources[epoch] = source
+            job.members.setdefault(epoch, members)
             job.changes.append(MembershipChange(t=t, epoch=epoch, members=members,
                                                 reason=str(value.get("reason", "")),
-                                                state_source=source if isinstance(source, str)
-                                                else None))
+                                                state_source=source))

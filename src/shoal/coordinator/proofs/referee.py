@@ -200,8 +200,8 @@ class Referee:
                           tolerance=spec.proof.tolerance, verifier="referee",
                           records=lambda: self.records.work_records(job_id))
         # The job's published membership: a break in the chain of steps falls on the
-        # state source its host named (before, the referee knew none, replayed the source's
-        # record, found it matching and rejected a true verdict: its verifier lost stake).
+        # state source its host named (before, the referee knew none and could only replay
+        # the source's record, which agrees with its own claims: never upheld).
         published = self.records.published
         judge = Verifier(auditor, spec.proof, salt=b"", roots=roots.get, total_steps=spec.steps,
                          members=lambda e: published.members(job_id, e),
