@@ -10,8 +10,6 @@ never upheld, and a replay matching the record's claims rejected it."""
 
 from __future__ import annotations
 
-import json
-import time
 import tomllib
 
 import pytest
@@ -22,7 +20,7 @@ from shoal.spec.proof import Verdict, VerdictKind
 from tests.coordinator.conftest import ruled_on
 from tests.coordinator.refereed import refereed_job
 from tests.coordinator.replayable import replayable
-from tests.coordinator.test_proofs import PROOF_JOB, host_reached
+from tests.coordinator.test_proofs import PROOF_JOB, host_reached, publish
 
 # It hosts a job and runs a chain and a coordinator (over 5 s on two cores): out of
 # `make check`'s loop, in `make test`'s first part (it times nothing).
@@ -30,18 +28,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.parallel_ok]
 
 RESYNC_AT = 7  # the first step of the resync epoch (inside proof epoch 1: steps 5-9)
 MOVED = "9" * 64  # the parameters the state source sent instead of the job's
-
-
-def publish(co, job_id: str, members: list[str], reason: str, source: str | None = None) -> None:
-    """One line of the job host's epochs.jsonl, as its membership authority writes it."""
-    path = co.hosts.run_dir(job_id) / "epochs.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    epoch = len(path.read_text().splitlines()) if path.exists() else 0
-    line = {"t": time.time(), "epoch": epoch, "members": members, "reason": reason}
-    if source is not None:
-        line["state_source"] = source
-    with path.open("a") as log:
-        log.write(json.dumps(line) + "\n")
 
 
 def test_a_break_in_the_chain_is_upheld_against_the_state_source_the_host_named(tmp_path):

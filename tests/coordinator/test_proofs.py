@@ -46,15 +46,19 @@ def record(worker: str, step: int, contribution: str = "c", job: str = "tiny", *
                       membership_epoch=epoch)
 
 
-def publish(coordinator, job_id: str, members: list[str], reason: str) -> int:
+def publish(coordinator, job_id: str, members: list[str], reason: str,
+            source: str | None = None) -> int:
     """The job's host publishes the next membership epoch: one line of its epochs.jsonl,
-    as the membership authority writes it. Returns the epoch's number."""
+    as the membership authority writes it (`source`: the state source it names).
+    Returns the epoch's number."""
     path = coordinator.hosts.run_dir(job_id) / "epochs.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     epoch = len(path.read_text().splitlines()) if path.exists() else 0
+    line = {"t": time.time(), "epoch": epoch, "members": members, "reason": reason}
+    if source is not None:
+        line["state_source"] = source
     with path.open("a") as log:
-        log.write(json.dumps({"t": time.time(), "epoch": epoch, "members": members,
-                              "reason": reason}) + "\n")
+        log.write(json.dumps(line) + "\n")
     return epoch
 
 

@@ -139,7 +139,7 @@ class CheckpointRelay:
             log.warning("job %s: the fetched checkpoint of step %d does not match its hash "
                         "(replaced meanwhile?); fetching again later", job_id, step)
             return
-        write_checkpoint(folder, step, data, identity, time.time(), carried=True)
+        write_checkpoint(folder, step, data, identity, time.time(), sha256, carried=True)
         prune_checkpoints(folder, KEEP_DOWNLOADED)
         log.info("job %s: fetched the carried checkpoint of step %d (%d bytes)", job_id, step,
                  len(data))

@@ -31,13 +31,14 @@ def write_whole(path: Path, blob: bytes) -> None:
 
 
 def write_checkpoint(folder: Path, step: int, blob: bytes, identity: dict, written_at: float,
-                     **extra: object) -> Path:
+                     sha256: str | None = None, **extra: object) -> Path:
     """A checkpoint's payload `blob`, then its manifest (so a manifest never names a
-    payload not yet whole), in `folder`; `extra` goes into the manifest as it is.
+    payload not yet whole), in `folder`; `sha256`: the blob's, where the caller checked
+    it already (else hashed here); `extra` goes into the manifest as it is.
     Returns the manifest's path."""
     write_whole(folder / payload_name(step), blob)
     manifest = {"format": CHECKPOINT_FORMAT, "step": step, "payload": payload_name(step),
-                "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
+                "bytes": len(blob), "sha256": sha256 or hashlib.sha256(blob).hexdigest(),
                 "identity": identity, "written_at": written_at, **extra}
     path = folder / payload_name(step, ".json")
     write_whole(path, json.dumps(manifest, indent=1).encode())
