@@ -22,7 +22,7 @@ from shoal.spec.elastic import ElasticReport, StepRecord
 from shoal.elastic.chaos import parse_chaos
 from shoal.elastic.report import lineage
 from shoal.elastic.launcher import Launcher, LaunchConfig
-from shoal.train.run_config import RUN_DIR, WORKER, RunSettings
+from shoal.train.run_config import RunSettings
 from shoal.train.step_log import read_step_logs
 
 from bench.fault_plan import Applied, FaultPlan, drive
@@ -127,7 +127,14 @@ class ShoalTarget:
     def victim_pids(self, rank: int, whole_host: bool) -> list[int]:
         if whole_host:
             raise ValueError("host-kill needs hosts: run it with the namespaced placement")
-        return worker_pids(self.run_dir, _last_epoch(self.run_dir)["members"][rank])
+        # The process this launcher holds for the worker: workers are forked from a
+        # preloaded interpreter (shoal.elastic.preload), so /proc/PID/environ is the fork
+        # server's and names no worker.
+        worker = _last_epoch(self.run_dir)["members"][rank]
+        process = self.launcher.pool.workers.get(worker)
+        if process is None or not process.alive():
+            raise RuntimeError(f"no live process of shoal worker {worker}")
+        return [process.pid]
 
     def partition(self, rank: int) -> None:
         raise ValueError("partition needs hosts: run it with the namespaced placement")
@@ -142,25 +149,6 @@ class ShoalTarget:
         if "error" in self.outcome:
             raise RuntimeError(f"shoal failed: {self.outcome['error']}")
         return self.outcome["report"]  # type: ignore[return-value]
-
-
-def worker_pids(run_dir: Path, worker: str) -> list[int]:
-    """The process of shoal worker `worker` of the run in `run_dir`, found by its environment
-    (so the launcher's internals, and which host runs it, do not matter)."""
-    wanted = {f"{WORKER}={worker}".encode(), f"{RUN_DIR}={run_dir}".encode()}
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = set((entry / "environ").read_bytes().split(b"\0"))
-        except OSError:
-            continue
-        if wanted <= environ:
-            found.append(int(entry.name))
-    if not found:
-        raise RuntimeError(f"no process of shoal worker {worker}")
-    return found
 
 
 def _last_epoch(run_dir: Path) -> dict:

@@ -51,8 +51,8 @@ SKIPPED = StepDecision(commit=False).model_dump_json().encode()
 BALLOT = StepBallot(step=5, ok=True, fingerprint=3).model_dump_json().encode()
 
 
-def cast(key: str, expected: bytes = b"", value: bytes = BALLOT) -> Request:
-    return Request(Query.COMPARE_SET, ("/" + key,), (expected, value))
+def cast(key: str, value: bytes = BALLOT) -> Request:
+    return put(key, value)
 
 
 # -- the policy, key by key ------------------------------------------------------------
@@ -74,8 +74,7 @@ def cast(key: str, expected: bytes = b"", value: bytes = BALLOT) -> Request:
     cast(f"vote/1/0/{THEIRS}"), cast(f"vote/1/0/{THEIRS}", value=SKIPPED),  # another's ballot
     cast(f"vote/2/0/{MINE}"),  # no member of lease 7 in epoch 2
     cast(f"vote/1/0/{MINE_TOO}"),  # its worker, but no member of epoch 1
-    cast(f"vote/1/0/{MINE}", expected=BALLOT,  # over a ballot cast
-         value=StepBallot(step=5, ok=False).model_dump_json().encode()),
+    Request(Query.COMPARE_SET, (f"/vote/1/0/{MINE}",), (b"", BALLOT)),  # a ballot is a set
     cast(f"vote/1/0/{MINE}", value=b"{}"), cast(f"vote/1/x/{MINE}"),  # no ballot; no step
     cast(f"vote/1/0/{MINE}/x"),
     add("requests", 50), add("exits", 2), add("launcher/node/other-l8-a0", 1),
@@ -112,6 +111,20 @@ def test_a_lease_is_refused_every_key_not_its_own(request_):
 ], ids=lambda r: f"{r.query.name}:{','.join(r.keys)}")
 def test_what_the_runtime_has_a_lease_write_passes(request_):
     assert policy().refusal(request_) is None
+
+
+def test_a_member_casts_each_ballot_once_and_in_order():
+    """A ballot is a plain set (one round trip with the wait after it), so the policy
+    holds it to once: a second ballot on a step, or one on a step before its last, could
+    change what a decision was made from after the authority read it."""
+    rights = policy()
+    assert rights.refusal(cast(f"vote/0/3/{MINE}")) is None
+    again = cast(f"vote/0/3/{MINE}", StepBallot(step=5, ok=False).model_dump_json().encode())
+    assert "once" in rights.refusal(again)
+    assert "once" in rights.refusal(cast(f"vote/0/2/{MINE}"))  # an older step
+    assert rights.refusal(cast(f"vote/0/4/{MINE}")) is None
+    assert rights.refusal(cast(f"vote/1/0/{MINE}")) is None  # a newer epoch starts at 0
+    assert "once" in rights.refusal(cast(f"vote/0/9/{MINE}"))  # back to an older epoch
 
 
 def test_a_lease_writes_a_join_once():
@@ -286,13 +299,14 @@ def test_a_lease_cannot_publish_a_membership_decide_a_step_or_vote_for_another(j
     assert server.rdzv.latest_epoch() == 0 and server.rdzv.decision(0, 0) is None
     attacker = client(7)
     attacker.vote(0, 0, MINE, StepBallot(step=0, ok=True, fingerprint=3))
-    attacker.vote(0, 0, MINE, StepBallot(step=0, ok=False))  # a second ballot changes nothing
+    attempt(lambda: attacker.vote(0, 0, MINE, StepBallot(step=0, ok=False)))  # a second one
+    assert cut_off(attacker)
     assert server.rdzv.decision(0, 0) is None  # one ballot of two: nothing decided
     honest.vote(0, 0, THEIRS, StepBallot(step=0, ok=True, fingerprint=3))
     decided = honest.wait_decision(0, 0, 5.0)
     assert decided == StepDecision(commit=True)  # both ballots, as each member cast its own
     assert server.rdzv.ballots(0, 0, server.rdzv.epoch(0).members)[MINE].ok
-    assert [e["identity"] for e in gate.refused] == ["lease:7"] * 4
+    assert [e["identity"] for e in gate.refused] == ["lease:7"] * 5
 
 
 def test_a_revoked_leases_worker_counts_as_exited_so_no_step_waits_for_it(job, tmp_path):

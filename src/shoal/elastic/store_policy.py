@@ -9,8 +9,9 @@ workers write, named as the coordinator names them (`AGENT-lN-aA-wI`,
 - its own workers' keys: `arrive/E/W`, `hb/W`, `speed/W`, `leave/W`, `exit/W`,
   `activate/W`, `final/W`, its node's `launcher/node/NODE`, and a `join/I` that
   names one of its workers (each `join/I` once);
-- as a member of epoch E: each of its own members' ballots, `vote/E/K/W`, once
-  (compare-and-set over nothing) and parsing as one; `state/E`, and the gloo
+- as a member of epoch E: each of its own members' ballots, `vote/E/K/W`, parsing
+  as one, each newer than that member's last (so cast once, and never over a
+  ballot the authority has read); `state/E`, and the gloo
   keys of its own ranks under `group/E/`; `progress` while it holds rank 0 of
   the newest epoch;
 - the counters `requests`, `joins` and `exits`, by one at a time;
@@ -78,6 +79,9 @@ class LeasePolicy:
     _stored: dict[str, int] = field(default_factory=dict)  # key -> bytes this lease keeps
     _total: int = 0  # sum of _stored
     _latest: int = -1  # the newest epoch this policy has read
+    # worker -> (epoch, index) of its newest ballot: a member votes on ever newer steps, so
+    # one position per worker holds "once" (a set of every ballot key would only grow).
+    _voted: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def refusal(self, request: Request) -> str | None:
         if not request.writes:
@@ -102,7 +106,9 @@ class LeasePolicy:
         if query is Query.ADD:
             return self._add(key, parts, request.number or 0)
         if query is Query.COMPARE_SET:
-            return self._vote(key, parts, request.values)
+            # The runtime's members write nothing by compare-and-set (its reads that look
+            # like one are taken as reads: shoal.elastic.store_wire); the authority does.
+            return f"compare-and-set of {key!r}: a lease's worker writes no key so"
         if query is not Query.SET:
             return f"{query.name} is not a write the runtime makes"
         value = request.values[0]
@@ -129,6 +135,8 @@ class LeasePolicy:
             if not said:
                 self.epochs.once.add(key)
             return said
+        if head == "vote" and len(parts) == 4:
+            return self._vote(parts, value)
         if head == "request" and len(parts) == 2:
             return None if value == b"1" else "a request flag other than '1'"
         if head == "state" and len(parts) == 2:
@@ -152,24 +160,27 @@ class LeasePolicy:
                     (None if amount in (0, 1) else "a node is claimed once at a time"))
         return f"{key!r} is no counter a lease's worker moves"
 
-    def _vote(self, key: str, parts: list[str], values: tuple[bytes, ...]) -> str | None:
-        """`vote/E/K/W`: a ballot of one of its own members of E, cast once."""
-        if parts[0] != "vote" or len(parts) != 4:
-            return f"compare-and-set of {key!r}: only a member's ballot is written so"
+    def _vote(self, parts: list[str], value: bytes) -> str | None:
+        """`vote/E/K/W`: a ballot of one of its own members of E, newer than its last.
+        Cast once: a second ballot on a step could change what its decision was made
+        from after the authority read it (the ballots stay beside it to be checked)."""
         said = self._member(parts[1]) or self._own(parts[3])
         if said:
             return said
         if not parts[2].isdigit() or len(parts[2]) > 12:
             return f"{parts[2]!r} is not a voted step's number"
-        if parts[3] not in (self.epochs.members(int(parts[1])) or ()):
-            return f"{parts[3]!r} is no member of epoch {parts[1]}"
-        if values[0] != b"":
-            return "a ballot is cast once, over nothing"
+        worker, position = parts[3], (int(parts[1]), int(parts[2]))
+        if worker not in (self.epochs.members(position[0]) or ()):
+            return f"{worker!r} is no member of epoch {parts[1]}"
+        if position <= self._voted.get(worker, (-1, -1)):
+            return (f"{worker} already voted on epoch {position[0]}'s step {position[1]} "
+                    "or a newer one: a ballot is cast once")
         try:
-            StepBallot.model_validate_json(values[1])
+            StepBallot.model_validate_json(value)
         except ValidationError:
             return "a ballot that does not parse"
-        return self._keep(key, len(values[1]))
+        self._voted[worker] = position  # (what it keeps is counted by the caller)
+        return None
 
     def _gloo(self, parts: list[str]) -> str | None:
         """gloo's address keys: `group/E/[background/]DEVICE/RANK`, each rank its own."""

@@ -15,7 +15,8 @@ is its member's own (issue 40, point 6).
 
 The decision also carries the switch to a newer epoch (join, leave) and new
 share weights, so all members change together at the same step boundary. Two
-store requests and one blocking wait per step: the ballot, the wait, the read.
+round trips to the store per step: the ballot (sent, never answered) with the
+wait for the decision, then the read of it.
 """
 
 from __future__ import annotations

@@ -138,9 +138,12 @@ class Rendezvous:
     # -- step votes (each member's own key) and decisions (the authority's) --
 
     def vote(self, epoch: int, index: int, worker: str, ballot: StepBallot) -> None:
-        """Cast `worker`'s ballot on the epoch's `index`-th voted step: once, never over
-        another (compare-and-set over nothing: a second write changes nothing)."""
-        self.store.compare_set(vote_key(epoch, index, worker), "", ballot.model_dump_json())
+        """Cast `worker`'s ballot on the epoch's `index`-th voted step. A plain set: c10d's
+        client sends it and waits for no answer, so the ballot and the wait for the
+        decision that follows it cost one round trip, not two. Behind a gate a ballot is
+        cast once: the store policy refuses any ballot of a worker that is not newer than
+        its last (shoal.elastic.store_policy); a `shoal run` member is trusted."""
+        self.store.set(vote_key(epoch, index, worker), ballot.model_dump_json())
 
     def ballots(self, epoch: int, index: int,
                 members: tuple[str, ...]) -> dict[str, StepBallot | None]:
