@@ -85,6 +85,8 @@ class MembershipAuthority:
         # decided step (a resync's source alone), that have been in every epoch since.
         self._holders: tuple[str, ...] = ()
         self._history: dict[int, tuple[str, ...]] = {}  # published epoch -> members
+        # member -> its share weight as its last decided step left it (new epochs keep it)
+        self._carried: dict[str, float] = {}
         self.failure: str | None = None
         self._pending: list[str] = []  # registered, not yet admitted
         self._pending_since = 0.0  # when the oldest of them registered
@@ -128,6 +130,7 @@ class MembershipAuthority:
         """A step of `record` was decided (the decider's thread): who holds the state now."""
         held = (decision.resync_from,) if decision.resync_from else record.members
         with self._shared_lock:
+            self._carried.update(zip(record.members, record.weights))
             later = [m for e, m in self._history.items() if e > record.epoch]
             self._holders = tuple(h for h in held if all(h in m for m in later))
             for e in [e for e in self._history if e < record.epoch]:
@@ -334,8 +337,11 @@ class MembershipAuthority:
         log.info("epoch %d: %d members %s (%s)", self.epoch, len(members), list(members), reason)
 
     def _weights(self, members: tuple[str, ...]) -> tuple[float, ...]:
-        """Shares by measured speed; a newcomer gets the mean of the known speeds."""
-        speeds = self.rdzv.speeds(members)
-        known = [s for s in speeds if s]
+        """Each member's weight as the last step it took part in left it (a new epoch
+        moves no share: shares move only at rebalance points, where the host's clock
+        judges each move: shoal.elastic.share_moves); a newcomer gets the mean."""
+        with self._shared_lock:
+            carried = [self._carried.get(m) for m in members]
+        known = [w for w in carried if w]
         default = sum(known) / len(known) if known else 1.0
-        return tuple(s if s else default for s in speeds)
+        return tuple(w if w else default for w in carried)

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from shoal.elastic.share_moves import EpochSteps, ShareMoves
 from shoal.spec.elastic import GuardVerdict, MembershipEpoch, StepBallot, StepDecision
 from shoal.train.rendezvous import Rendezvous, vote_key
 from shoal.train.shares import moved_weights
@@ -97,6 +98,7 @@ class _Open:
     superseded_at: float | None = None
     # members dropped by a newer epoch after giving notice -> when that was first seen
     leavers_seen: dict[str, float] = field(default_factory=dict)
+    steps: EpochSteps = field(default_factory=EpochSteps)  # its step times, by this host's clock
 
 
 class StepDecider:
@@ -121,6 +123,7 @@ class StepDecider:
         # decision was made on (ballots on different steps commit nothing, so no member
         # alone can move it).
         self.steps_decided = 0
+        self.moves = ShareMoves()  # share moves stand only if the steps after them are no slower
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -264,12 +267,17 @@ class StepDecider:
                 ballots: dict[str, StepBallot | None]) -> None:
         """Under the lock: decide `held`'s step `index` from every member's ballot."""
         record = held.record
-        outcome = decide_step(record, ballots, self.newest(),
-                              lambda: moved_weights(rdzv.speeds(record.members), record.weights))
+
+        def weights_due() -> tuple[float, ...] | None:
+            proposed = moved_weights(rdzv.speeds(record.members), record.weights)
+            return self.moves.due(held.steps, record.weights, proposed)
+
+        outcome = decide_step(record, ballots, self.newest(), weights_due)
         decision = rdzv.decide(record.epoch, index, outcome.decision)
         if decision.commit:
-            steps = [b.step for b in ballots.values() if b is not None]
-            self.steps_decided = max(self.steps_decided, max(steps, default=-1) + 1)
+            step = max((b.step for b in ballots.values() if b is not None), default=-1)
+            self.steps_decided = max(self.steps_decided, step + 1)
+            held.steps.committed(time.monotonic(), step, decision.weights is not None)
         if decision == outcome.decision and outcome.reform:
             self.reform(record.epoch, decision.resync_from)
         if decision.weights:

@@ -23,7 +23,9 @@ mark its speed down, publish a membership, decide a step, or name a resync's
 state source (the authority decides every step from the ballots, and picks the
 state that stands: shoal.elastic.decider). What a member may still do (send a
 state source's moved state when the authority picks it, report its own speed
-falsely) is the threat model's open part: see docs/threat-model.md.
+falsely: shares move only as far as the host's clock confirms,
+shoal.elastic.share_moves) is the threat model's open part: see
+docs/threat-model.md.
 
 Each value is at most MAX_VALUE_BYTES, and what one lease keeps in the store
 at most LEASE_BYTES, so a lease cannot fill the host's memory.

@@ -90,7 +90,7 @@ class GuardVerdict(str, enum.Enum):
 
 class StepBallot(Frozen):
     """One member's vote on one voted step of an epoch, at `vote/E/K/W`: a key of its own,
-    written once (compare-and-set over nothing), so anyone can check the authority's
+    written once (a gate refuses a second), so anyone can check the authority's
     decision against the ballots it was made from (issue 40, point 6)."""
 
     step: int = Field(ge=0)  # the step the member exchanged (every member's must agree)

@@ -1,0 +1,109 @@
+"""Share moves held to the host's own clock (issue 40, point 6: speeds at the host).
+
+Each member reports its own speed (shoal.train.shares), and shares follow the
+reports. A member that inflates its report takes a share it cannot compute in
+time, and every step waits for it; one that deflates it idles on a small share
+while its lease is paid by the second. The host cannot see a member compute:
+the exchange is between the members, and one step's time is a single figure,
+the slowest member's. When shares follow the reports, every member looks
+exactly as fast as it claims by anything measured within one step. What the
+host can see is what a move of the shares did to the step time: so a move is
+a trial. The median step time over the interval after it is held against the
+median over the interval before; a move that made steps slower (beyond
+`TOLERANCE`) is undone at the next rebalance point, and the next 2**k
+proposals are passed over after the k-th undone one. One move grows no
+member's share by more than `GROWTH`: a claim of any size makes steps at most
+that much slower for one interval, each time it is tried, ever more rarely.
+
+What a report can still do: deflate this member's own share (a slower device
+looks the same to every clock; its offer is marked down to the speed it
+showed: shoal.coordinator.services.speed_marks), or move the shares within
+`TOLERANCE` per accepted move. docs/threat-model.md says so.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+# A move stands if the steps after it are at most this much slower than before (a move
+# that changes nothing measures within noise of the time before it, either way).
+TOLERANCE = 0.02
+# The most one move multiplies a member's share by: a true speed-up is reached in a few
+# moves (2x in two), a false claim costs one interval of steps at most this much slower.
+GROWTH = 1.5
+MIN_INTERVALS = 3  # step times needed on each side to judge (fewer: no move, no verdict)
+WINDOW = 32  # the newest step times kept on each side
+
+
+@dataclass
+class _Trial:
+    before: float  # median step time under the weights the move replaced
+    weights: tuple[float, ...]  # those weights, to go back to
+
+
+@dataclass
+class EpochSteps:
+    """One epoch's committed steps as the deciding host timed them, since its shares
+    last moved, and the move on trial if any."""
+
+    times: list[float] = field(default_factory=list)  # seconds per step, newest last
+    trial: _Trial | None = None
+    _last: tuple[float, int] | None = None  # (host time, step) of the last committed decision
+
+    def committed(self, t: float, step: int, weights_moved: bool) -> None:
+        """A committed decision on `step` at host time `t`; `weights_moved`: it carries
+        new weights (the steps after it run under them)."""
+        if self._last is not None and step > self._last[1]:
+            self.times.append((t - self._last[0]) / (step - self._last[1]))
+            del self.times[:-WINDOW]
+        self._last = (t, step)
+        if weights_moved:
+            self.times.clear()
+
+    def median(self) -> float | None:
+        return statistics.median(self.times) if len(self.times) >= MIN_INTERVALS else None
+
+
+@dataclass
+class ShareMoves:
+    """The job's share moves, across epochs: which proposals become decisions."""
+
+    undone: int = 0  # moves undone so far in the job
+    _skip: int = 0  # proposals still to pass over
+
+    def due(self, steps: EpochSteps, current: tuple[float, ...],
+            proposed: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        """The weights a rebalance point's decision carries: the proposal (the members'
+        reported speeds, if they moved), the weights a failed move replaced, or None."""
+        after = steps.median()
+        trial = steps.trial
+        if trial is not None:
+            if after is None:
+                return None  # too few steps since the move to judge it: judged next time
+            steps.trial = None
+            if after > trial.before * (1 + TOLERANCE):
+                self.undone += 1
+                self._skip = 2 ** self.undone
+                return trial.weights
+        if proposed is None or proposed == current:
+            return None
+        if self._skip > 0:
+            self._skip -= 1
+            return None
+        if after is None:
+            return None  # no time measured under the current weights: nothing to hold it to
+        steps.trial = _Trial(before=after, weights=current)
+        return bounded(current, proposed)
+
+
+def bounded(current: tuple[float, ...], proposed: tuple[float, ...]) -> tuple[float, ...]:
+    """`proposed`, or the step towards it that grows no member's share by more than
+    GROWTH (the same direction, in the proposal's units)."""
+    old_total, new_total = sum(current), sum(proposed)
+    old = [w / old_total for w in current]
+    new = [w / new_total for w in proposed]
+    step = min([1.0] + [(GROWTH - 1) * o / (n - o) for o, n in zip(old, new) if n > GROWTH * o])
+    if step >= 1.0:
+        return proposed
+    return tuple(new_total * (o + step * (n - o)) for o, n in zip(old, new))
