@@ -560,3 +560,33 @@ def test_the_votes_an_epoch_passed_are_known_while_it_runs_and_once_it_is_closed
     assert authority.decider.votes_decided(0) == 2  # closed: its members passed two votes
     assert authority.decider.votes_decided(1) == 0  # the new epoch, followed from its start
     assert authority.decider.votes_decided(7) is None  # never followed here
+
+
+def test_a_claimed_speed_the_steps_refute_is_undone_and_not_published(rdzv, stopping):
+    """Point 6, speeds at the host, through the real decider: c reports 10x the speed
+    that a and b report, though all three compute alike. The rebalance point after step
+    4 moves c's share up (as far as one move may, 1.5x); the steps after take as long as
+    c's bigger share does, so the next point undoes the move, and the speed the job
+    publishes for c (which its offer is held to) is the one its share stood at.
+    Before: c kept 10/12 of every step, and its 10x stood in `speeds.json`."""
+    authority, record = _deciding(rdzv, "abc")
+    stopping(authority)
+    now = [0.0]
+    authority.decider.clock = lambda: now[0]  # the host's clock, as the steps move it
+    for member, speed in (("a", 100.0), ("b", 100.0), ("c", 1000.0)):
+        rdzv.report_speed(member, speed)
+    weights, batch, true_speed = record.weights, 300, 100.0
+    for index in range(10):
+        share = weights[2] / sum(weights)
+        now[0] += max(w / sum(weights) * batch / true_speed for w in weights)  # the slowest
+        ballots = {m: _ballot(step=index) for m in record.members}
+        if index in (4, 9):  # rebalance points
+            ballots = {m: b.model_copy(update={"rebalance": True}) for m, b in ballots.items()}
+        decided = _vote_in_threads(rdzv, record, ballots, index=index)
+        assert all(d.commit for d in decided.values())
+        weights = decided["a"].weights or weights
+        if index == 4:
+            assert weights[2] / sum(weights) == pytest.approx(0.5)  # 1/3 -> 1/2: the bound
+    assert share == pytest.approx(0.5) and weights == (1.0, 1.0, 1.0)  # undone at step 9
+    assert authority.decider.moves.refuted == {"c"}
+    assert authority.published_speeds(("a", "b", "c")) == {"a": 100.0, "b": 100.0, "c": 100.0}

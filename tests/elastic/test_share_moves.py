@@ -10,10 +10,11 @@ import statistics
 
 import pytest
 
-from shoal.elastic.share_moves import EpochSteps, ShareMoves
+from shoal.elastic.share_moves import EpochSteps, ShareMoves, bounded
 from shoal.train.shares import moved_weights
 
 BATCH, EXCHANGE_S, INTERVAL = 240, 0.02, 20
+MEMBERS = ("a", "b", "c")
 
 
 def run(true_speeds, reported, steps=600, moves: ShareMoves | None = None, seed=0,
@@ -36,7 +37,8 @@ def run(true_speeds, reported, steps=600, moves: ShareMoves | None = None, seed=
         new = None
         if (step + 1) % INTERVAL == 0:
             proposed = moved_weights(reported(step, speeds), weights)
-            new = proposed if moves is None else moves.due(epoch, weights, proposed)
+            new = proposed if moves is None else moves.due(epoch, MEMBERS[:len(speeds)],
+                                                           weights, proposed)
         epoch.committed(t, step, new is not None)
         weights = new or weights
     return history, weights
@@ -70,6 +72,11 @@ def test_a_member_claiming_more_speed_than_it_has_holds_the_job_up_once_then_not
     assert after_s < 1.1 * fair_s  # one interval 1.5x slower each time it is tried
     assert after_weights == (1.0, 1.0, 1.0)  # the claim did not stand
     assert 2 <= moves.undone <= 5  # tried at steps 20, 80, 200, 440: undone each time
+    # The speed its offer is held to: the one its share stood at, on its peers' scale.
+    assert moves.refuted == {"c"}
+    reported = dict(zip(MEMBERS, liar(factor)(0, speeds)))
+    published = moves.published(dict(zip(MEMBERS, after_weights)), reported)
+    assert published == {"a": 100.0, "b": 100.0, "c": 100.0}
 
 
 def test_a_device_that_really_slows_down_gets_a_smaller_share_and_keeps_it():
@@ -77,7 +84,7 @@ def test_a_device_that_really_slows_down_gets_a_smaller_share_and_keeps_it():
     the steps after it are faster, so it stands."""
     moves = ShareMoves()
     history, weights = run([100.0, 100.0, 100.0], honest, moves=moves, slow_from=(100, 2, 2.0))
-    assert moves.undone == 0
+    assert moves.undone == 0 and not moves.refuted
     assert weights[2] / sum(weights) == pytest.approx(0.2, abs=0.01)  # 50 of 250 samples/s
     balanced = BATCH / 250 + EXCHANGE_S
     assert statistics.median(history[-100:]) == pytest.approx(balanced, rel=0.03)
@@ -95,14 +102,20 @@ def test_a_move_is_judged_only_on_enough_steps_each_side():
     moves, epoch = ShareMoves(), EpochSteps()
     epoch.committed(0.0, 0, False)
     epoch.committed(1.0, 1, False)  # one step time: too few to hold a move to
-    assert moves.due(epoch, (1.0, 1.0), (1.0, 3.0)) is None
+    pair = ("a", "b")
+    assert moves.due(epoch, pair, (1.0, 1.0), (1.0, 3.0)) is None
     for step in range(2, 6):
         epoch.committed(float(step), step, False)
-    assert moves.due(epoch, (1.0, 1.0), (1.0, 3.0)) == (1.0, 3.0)  # on trial
+    assert moves.due(epoch, pair, (1.0, 1.0), (1.0, 2.0)) == (1.0, 2.0)  # on trial
     epoch.committed(6.0, 6, True)
     epoch.committed(8.0, 7, False)  # slower since, but one step time: not judged yet
-    assert moves.due(epoch, (1.0, 3.0), None) is None and epoch.trial is not None
+    assert moves.due(epoch, pair, (1.0, 2.0), None) is None and epoch.trial is not None
     for step in range(8, 11):
         epoch.committed(8.0 + 2 * (step - 7), step, False)
-    assert moves.due(epoch, (1.0, 3.0), (1.0, 4.0)) == (1.0, 1.0)  # undone
-    assert moves.undone == 1 and epoch.trial is None
+    assert moves.due(epoch, pair, (1.0, 2.0), (1.0, 4.0)) == (1.0, 1.0)  # undone
+    assert moves.undone == 1 and epoch.trial is None and moves.refuted == {"b"}
+
+
+def test_one_move_grows_a_share_by_at_most_half():
+    assert bounded((1.0, 1.0), (1.0, 4.0)) == pytest.approx((1.25, 3.75))  # 4/5 asked: 3/4
+    assert bounded((1.0, 1.0), (2.0, 3.0)) == (2.0, 3.0)  # 1/2 -> 3/5: within bound

@@ -136,6 +136,17 @@ class MembershipAuthority:
             for e in [e for e in self._history if e < record.epoch]:
                 del self._history[e]
 
+    def published_speeds(self, members: tuple[str, ...]) -> dict[str, float]:
+        """`members`' speeds as the job publishes them (the coordinator holds offers to
+        them): each one's own report, but a member whose claimed speed the host's clock
+        refuted gets the speed its share stood at (shoal.elastic.share_moves)."""
+        reported = {m: s for m, s in zip(members, self.rdzv.speeds(members)) if s}
+        with self._shared_lock:
+            weights = {m: self._carried[m] for m in members if m in self._carried}
+        if self.decider is None:
+            return reported
+        return self.decider.moves.published(weights, reported)
+
     def notify(self) -> None:
         """Something changed (a process exited, a request arrived): decide now."""
         self._wake.set()

@@ -124,6 +124,7 @@ class StepDecider:
         # alone can move it).
         self.steps_decided = 0
         self.moves = ShareMoves()  # share moves stand only if the steps after them are no slower
+        self.clock: Callable[[], float] = time.monotonic  # what times the steps moves are held to
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -270,14 +271,14 @@ class StepDecider:
 
         def weights_due() -> tuple[float, ...] | None:
             proposed = moved_weights(rdzv.speeds(record.members), record.weights)
-            return self.moves.due(held.steps, record.weights, proposed)
+            return self.moves.due(held.steps, record.members, record.weights, proposed)
 
         outcome = decide_step(record, ballots, self.newest(), weights_due)
         decision = rdzv.decide(record.epoch, index, outcome.decision)
         if decision.commit:
             step = max((b.step for b in ballots.values() if b is not None), default=-1)
             self.steps_decided = max(self.steps_decided, step + 1)
-            held.steps.committed(time.monotonic(), step, decision.weights is not None)
+            held.steps.committed(self.clock(), step, decision.weights is not None)
         if decision == outcome.decision and outcome.reform:
             self.reform(record.epoch, decision.resync_from)
         if decision.weights:

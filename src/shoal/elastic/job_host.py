@@ -166,13 +166,18 @@ def store_view(rdzv: Rendezvous) -> StoreView:
 
 
 def _write_speeds(server: RendezvousServer, run_dir: Path) -> None:
-    """The current members' measured samples/s, for the coordinator to hold offers to."""
+    """The current members' samples/s, for the coordinator to hold offers to: each one's
+    own measure, but the speed its share stood at for one whose claim the host's clock
+    refuted (MembershipAuthority.published_speeds)."""
     rdzv = server.rdzv
     latest = rdzv.latest_epoch()
     if latest < 0:
         return
     members = rdzv.epoch(latest).members
-    speeds = {m: s for m, s in zip(members, rdzv.speeds(members)) if s}
+    if server.authority is not None:
+        speeds = server.authority.published_speeds(members)
+    else:
+        speeds = {m: s for m, s in zip(members, rdzv.speeds(members)) if s}
     _write(run_dir / "speeds.json", {"epoch": latest, "speeds": speeds, "t": time.time()})
 
 

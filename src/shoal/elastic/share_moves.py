@@ -15,6 +15,10 @@ proposals are passed over after the k-th undone one. One move grows no
 member's share by more than `GROWTH`: a claim of any size makes steps at most
 that much slower for one interval, each time it is tried, ever more rarely.
 
+A member whose share a move grew, when the move is undone, is refuted: the
+speed the job publishes for it (which its offer is held to) is then the one
+its share stood at, on the scale its peers' reports set, not its own word.
+
 What a report can still do: deflate this member's own share (a slower device
 looks the same to every clock; its offer is marked down to the speed it
 showed: shoal.coordinator.services.speed_marks), or move the shares within
@@ -40,6 +44,7 @@ WINDOW = 32  # the newest step times kept on each side
 class _Trial:
     before: float  # median step time under the weights the move replaced
     weights: tuple[float, ...]  # those weights, to go back to
+    grown: frozenset[str]  # the members whose share the move grew
 
 
 @dataclass
@@ -70,9 +75,12 @@ class ShareMoves:
     """The job's share moves, across epochs: which proposals become decisions."""
 
     undone: int = 0  # moves undone so far in the job
+    # Members whose grown share was undone (and not grown by a move that stood since);
+    # replaced whole, never changed in place: the job host reads it from another thread.
+    refuted: frozenset[str] = frozenset()
     _skip: int = 0  # proposals still to pass over
 
-    def due(self, steps: EpochSteps, current: tuple[float, ...],
+    def due(self, steps: EpochSteps, members: tuple[str, ...], current: tuple[float, ...],
             proposed: tuple[float, ...] | None) -> tuple[float, ...] | None:
         """The weights a rebalance point's decision carries: the proposal (the members'
         reported speeds, if they moved), the weights a failed move replaced, or None."""
@@ -85,7 +93,9 @@ class ShareMoves:
             if after > trial.before * (1 + TOLERANCE):
                 self.undone += 1
                 self._skip = 2 ** self.undone
+                self.refuted = self.refuted | trial.grown
                 return trial.weights
+            self.refuted = self.refuted - trial.grown
         if proposed is None or proposed == current:
             return None
         if self._skip > 0:
@@ -93,16 +103,40 @@ class ShareMoves:
             return None
         if after is None:
             return None  # no time measured under the current weights: nothing to hold it to
-        steps.trial = _Trial(before=after, weights=current)
-        return bounded(current, proposed)
+        moved = bounded(current, proposed)
+        grown = frozenset(m for m, o, n in zip(members, _shares(current), _shares(moved))
+                          if n > o)
+        steps.trial = _Trial(before=after, weights=current, grown=grown)
+        return moved
+
+    def published(self, weights: dict[str, float], reported: dict[str, float]) -> dict[str, float]:
+        """The speeds the job publishes for its members (`weights`: each one's standing
+        share weight; `reported`: their own word): a refuted member's is its weight on
+        the scale of the others' reports (their median speed per unit of weight); the
+        others' their own. A refuted member with no unrefuted peer to scale by is left out."""
+        refuted = self.refuted
+        scales = [reported[m] / weights[m] for m in reported
+                  if m not in refuted and weights.get(m)]
+        scale = statistics.median(scales) if scales else None
+        out = {}
+        for member, speed in reported.items():
+            if member not in refuted:
+                out[member] = speed
+            elif scale is not None and weights.get(member):
+                out[member] = min(speed, weights[member] * scale)
+        return out
+
+
+def _shares(weights: tuple[float, ...]) -> list[float]:
+    total = sum(weights)
+    return [w / total for w in weights]
 
 
 def bounded(current: tuple[float, ...], proposed: tuple[float, ...]) -> tuple[float, ...]:
     """`proposed`, or the step towards it that grows no member's share by more than
     GROWTH (the same direction, in the proposal's units)."""
-    old_total, new_total = sum(current), sum(proposed)
-    old = [w / old_total for w in current]
-    new = [w / new_total for w in proposed]
+    new_total = sum(proposed)
+    old, new = _shares(current), _shares(proposed)
     step = min([1.0] + [(GROWTH - 1) * o / (n - o) for o, n in zip(old, new) if n > GROWTH * o])
     if step >= 1.0:
         return proposed
