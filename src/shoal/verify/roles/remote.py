@@ -143,9 +143,12 @@ class RemoteAudits:
         # a later record starts from it, which may be any later epoch's (a peer restarting
         # at theta_outer from an old round's end): so every rooted epoch's records, each
         # fetched once.
+        # An every-step audit looks back one step before the epoch's first: the chain
+        # from the previous epoch's last step (its break falls on the state source of an
+        # epoch formed right at the boundary).
         diloco = any(r.local is not None for r in records)
         self._around = self._served_records(max(self.roots, default=epoch)) if diloco \
-            else records
+            else self._epoch_records(epoch - 1) + records
         self._too_late = set()
         self._fetch(chosen, self._around, shares)
         result = self.verifier.audit_epoch(epoch, records, chosen=chosen, judged=judged)
@@ -189,10 +192,16 @@ class RemoteAudits:
         """The records of every epoch up to `upto` that the coordinator serves (rooted)."""
         out = []
         for epoch in sorted(e for e in self.roots if e <= upto):
-            if epoch not in self._records:
-                self._records[epoch] = self.client.work_records(self.job_id, epoch)
-            out += self._records[epoch]
+            out += self._epoch_records(epoch)
         return out
+
+    def _epoch_records(self, epoch: int) -> list[WorkRecord]:
+        """One rooted epoch's records, fetched once; none for an epoch not rooted."""
+        if epoch not in self.roots:
+            return []
+        if epoch not in self._records:
+            self._records[epoch] = self.client.work_records(self.job_id, epoch)
+        return self._records[epoch]
 
     def _fetch(self, chosen: list[WorkRecord], records: list[WorkRecord],
                unrecorded: list[Unrecorded] = ()) -> None:
