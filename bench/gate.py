@@ -10,14 +10,20 @@ all on this machine. The runs alternate, direct then gated, `--repeats` times.
 A step's time is the gap between consecutive commits in worker 0's step log
 (after the first 50 steps); each run gives its median.
 
+Each repeat also runs the gated job for twice the steps: what the gate
+relayed in the longer run less the shorter one's, over the steps between, is
+the steady state's cost of a step (start and end cancel out).
+
 Prints one JSON line: `direct_step_ms` and `gated_step_ms` (medians over the
 runs), `added_ms` (their difference: the store's round trips of a step, each
 through two more relays: the launcher's tunnel and the host's gate), the
-runs' figures, `requests_per_worker_step` (the store requests the gate relayed,
-per worker and step, median over the gated runs: every request a worker and its
-launcher make, start and end included), `requests_by_kind` (the same, by query
-and key family, from the median gated run), and the job's steps. The cost per
-step is fixed: the tiny model's ~5 ms steps show it at its largest share.
+runs' figures, `requests_per_worker_step` (the store requests the gate relayed
+per worker and step in the steady state, median over the repeats: every
+request a worker and its launcher make), `round_trips_per_worker_step` (those
+of them that wait for an answer: all but `SET`, which c10d's client sends and
+does not wait on), `requests_by_kind` (the steady state's, by query and key
+family, from the median repeat), and the job's steps. The cost per step is
+fixed: the tiny model's ~5 ms steps show it at its largest share.
 
     .venv/bin/python bench/gate.py [--steps 300] [--repeats 3]
 """
@@ -60,9 +66,9 @@ interval_steps = 100000
 """
 
 
-def run(root: Path, steps: int, gated: bool) -> tuple[float, dict[str, float] | None]:
-    """The median step time (s) of one run, and (gated) the store requests the gate relayed
-    per worker and step, by query and key family."""
+def run(root: Path, steps: int, gated: bool) -> tuple[float, dict[str, int] | None]:
+    """The median step time (s) of one run, and (gated) the store requests the gate relayed,
+    by query and key family."""
     root.mkdir(parents=True)
     job = root / "job.toml"
     job.write_text(JOB.format(steps=steps, root=root))
@@ -101,14 +107,25 @@ def run(root: Path, steps: int, gated: bool) -> tuple[float, dict[str, float] | 
     requests = None
     if gated:  # the host wrote what its gate relayed as it closed
         gate = json.loads((root / "host" / "gate.json").read_text())
-        requests = {kind: n / (steps * WORKERS) for kind, n in gate["relayed_kinds"].items()}
+        requests = gate["relayed_kinds"]
     return statistics.median(gaps), requests
 
 
+def per_step(short: dict[str, int], long: dict[str, int], steps: int) -> dict[str, float]:
+    """What the `steps` more steps of the longer run cost, per worker and step, by kind."""
+    return {kind: (long.get(kind, 0) - short.get(kind, 0)) / (steps * WORKERS)
+            for kind in set(short) | set(long)}
+
+
 def median_run(requests: list[dict[str, float]]) -> dict[str, float]:
-    """The gated run whose total is the median's (the middle one of an odd count)."""
+    """The repeat whose total is the median's (the middle one of an odd count)."""
     ordered = sorted(requests, key=lambda r: sum(r.values()))
     return ordered[(len(ordered) - 1) // 2]
+
+
+def answered(requests: dict[str, float]) -> float:
+    """The requests that wait for the store's answer (a `SET` does not)."""
+    return sum(n for kind, n in requests.items() if not kind.startswith("SET "))
 
 
 def main() -> None:
@@ -123,16 +140,19 @@ def main() -> None:
         for repeat in range(args.repeats):
             for gated in (False, True):
                 name = "gated" if gated else "direct"
-                step_s, per_step = run(Path(tmp) / f"{repeat}-{name}", args.steps, gated)
+                step_s, relayed = run(Path(tmp) / f"{repeat}-{name}", args.steps, gated)
                 runs[name].append(step_s)
-                if per_step is not None:
-                    requests.append(per_step)
+                if relayed is not None:
+                    _, longer = run(Path(tmp) / f"{repeat}-long", 2 * args.steps, gated)
+                    requests.append(per_step(relayed, longer, args.steps))
     direct, gated = (statistics.median(runs[k]) * 1e3 for k in ("direct", "gated"))
     result = {"direct_step_ms": round(direct, 2), "gated_step_ms": round(gated, 2),
               "added_ms": round(gated - direct, 2),
               "requests_per_worker_step": round(statistics.median(
                   sum(r.values()) for r in requests), 2),
-              # The same by query and key family ("WAIT decision"), from the median run.
+              "round_trips_per_worker_step": round(statistics.median(
+                  answered(r) for r in requests), 2),
+              # The same by query and key family ("WAIT decision"), from the median repeat.
               "requests_by_kind": {k: round(v, 2) for k, v in sorted(
                   median_run(requests).items(), key=lambda kv: -kv[1]) if v >= 0.01},
               "runs_ms": {k: [round(v * 1e3, 2) for v in vs] for k, vs in runs.items()},

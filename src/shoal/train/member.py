@@ -41,6 +41,7 @@ class Membership:
         self.leave_posted = False  # the authority was told; the leave lands at a step boundary
         self._awaiting_admission = False
         self._next_look = 0.0  # changed(): when the store is next asked
+        self._last_call = 0.0  # changed(): when it was last called
         # (our epoch, a member that gave notice) -> when a newer epoch was first seen
         # without it while it had not exited
         self._leavers_seen: dict[tuple[int, str], float] = {}
@@ -75,9 +76,17 @@ class Membership:
 
         Asked over and over while waiting on peers, so it also refreshes our progress
         point: the authority sees we can still reach the store. The store is asked at most
-        every EPOCH_LOOK_S, though a collective polls this every few ms."""
+        every EPOCH_LOOK_S, and not before a wait has lasted that long, though a collective
+        polls this every few ms."""
         self.progress.waiting()
         now = time.monotonic()
+        if now - self._last_call > 4 * self.config.settings.poll_s:
+            # A new wait (calls within one come every poll_s): most exchanges end within
+            # EPOCH_LOOK_S, and a read of the store in their way delays noticing the end by
+            # its round trip (through a gate, ~1 ms of a ~10 ms step), so a wait first asks
+            # the store once it has lasted that long.
+            self._next_look = max(self._next_look, now + EPOCH_LOOK_S)
+        self._last_call = now
         if now < self._next_look:
             return False
         self._next_look = now + EPOCH_LOOK_S
