@@ -181,3 +181,28 @@ def test_warm_spare_joins_without_a_process_start(tmp_path):
     # It ran one throwaway micro-batch while it waited; nothing of it reached the
     # replicas (checked every step above) or the data order (samples exact above).
     assert log.index("warm spare: a throwaway micro-batch") < log.index("received live state")
+
+
+def test_a_member_withholding_every_exchange_is_held_out_and_the_job_finishes(tmp_path):
+    """Issue 40: w2 stays out of every exchange from step 30 on while it beats as if in
+    it. Its peers wait each time until the collective times out, and nothing says who
+    held them. Before: the same members re-formed 5 times, then the run was given up (one
+    lease ended the job). Now the authority holds members out in turn after the second
+    failure; the epoch without w2 commits, and the job finishes without it, exactly."""
+    steps = 80
+    job = parse_job(_job(tmp_path, steps))
+    config = LaunchConfig(
+        command=[sys.executable, "-m", "shoal.models.gpt_worker", "--job-json",
+                 job.model_dump_json()],
+        workers=3, run_dir=tmp_path / "run", stall_deadline_s=1.5, timeout_s=240,
+        overrides={2: WorkerOverrides(inject=f"withhold@w2:step30-{steps}")},
+        settings=RunSettings(replica_check_interval=1, collective_timeout_s=2.0,
+                             checkpoint_dir=job.checkpoint_dir, checkpoint_interval=10,
+                             identity=job.resume_identity()))
+    report = Launcher(config).run()
+    assert_exact(report, steps)
+    epochs = [json.loads(line) for line in
+              (tmp_path / "run" / "epochs.jsonl").read_text().splitlines()]
+    held = [e["reason"] for e in epochs if e["reason"].startswith("hold-out:")]
+    assert held and held[-1] == "hold-out:w2"  # the others were held out first, in turn
+    assert "w2" not in epochs[-1]["members"]

@@ -24,6 +24,7 @@ from pathlib import Path
 from shoal import jsonl
 from shoal.errors import ControlError
 from shoal.elastic.decider import StepDecider
+from shoal.elastic.failed_steps import HOLD_S, FailedSteps, GiveUp, HoldOut
 from shoal.elastic.job_end import JobEnd
 from shoal.elastic.liveness import LivenessConfig, ProgressWatch
 from shoal.spec.elastic import MembershipEpoch, StepDecision
@@ -42,9 +43,12 @@ class AuthorityConfig:
     # A join waits this long for a fault (an exit, a stall) to publish with, so that a
     # replacement called in at a fault costs the job one new epoch, not two.
     join_batch_s: float = 0.1
-    # Re-forms of the same members in a row with no step committed in between,
-    # after which the run is given up instead of looping.
+    # Re-forms of the same members in a row with no step committed in between, after
+    # which the run is given up instead of looping, where no member can be held out (one
+    # member, or a resync); with two or more, members are held out in turn first
+    # (shoal.elastic.failed_steps), each for this long.
     max_failed_reforms: int = 5
+    hold_out_s: float = HOLD_S
     # The job's steps, where the host knows them (a market job's): a member's report of
     # having finished counts only at or past them. None: the members' word on when
     # they finished (a `shoal run`, whose launcher hosts the authority, trusts them).
@@ -94,8 +98,8 @@ class MembershipAuthority:
         self._requests_seen = 0
         self._exited: set[str] = set()
         self._watch = ProgressWatch(config.liveness)
-        self._failed_reforms = 0
-        self._progress_at_reform = -1
+        # Steps that fail with no fault seen: who is held out next (shoal.elastic.failed_steps)
+        self.failures = FailedSteps(config.max_failed_reforms, hold_s=config.hold_out_s)
         self._ending = False  # a member has finished the job: admit nobody more
         self.end = JobEnd(rendezvous, config.steps)
         self._stop = threading.Event()
@@ -221,11 +225,13 @@ class MembershipAuthority:
         rejoining = [w for w in self._pending if w in self.members]
         if dropped or rejoining:
             survivors = tuple(m for m in self.members if m not in dropped and m not in rejoining)
-            self._publish(survivors + tuple(self._admit(survivors)), ",".join(reasons) or "rejoin",
-                          now, veterans=survivors)
-        elif self._pending and now - self._pending_since >= self.config.join_batch_s:
-            self._publish(self.members + tuple(self._admit(self.members)), "join", now,
-                          veterans=self.members)
+            self.failures.forget()
+            self._publish(survivors + tuple(self._admit(survivors, now)),
+                          ",".join(reasons) or "rejoin", now, veterans=survivors)
+        elif self._pending and now - self._pending_since >= self.config.join_batch_s and \
+                (admitted := self._admit(self.members, now)):
+            self.failures.forget()
+            self._publish(self.members + tuple(admitted), "join", now, veterans=self.members)
         elif reform:
             self._reform(source, now)
 
@@ -254,18 +260,27 @@ class MembershipAuthority:
         return dropped, reasons
 
     def _reform(self, source: str | None, now: float) -> None:
-        """Same members again; give up if that keeps failing with no step committed."""
-        progress = self.rdzv.progress()
-        self._failed_reforms = self._failed_reforms + 1 if progress == self._progress_at_reform else 1
-        self._progress_at_reform = progress
-        if self._failed_reforms > self.config.max_failed_reforms:
-            self.failure = (f"step {progress} failed {self._failed_reforms - 1} times in a row with "
-                            f"the same members {list(self.members)} and no fault the authority "
-                            "could see; see the worker logs (a collective timeout too short for "
-                            "the step, or a network path that drops traffic between workers)")
+        """A step failed with no fault seen: the same members again, or (when that keeps
+        failing) without one member in turn; give the run up when nothing commits."""
+        # The steps as the decider decided them (rank 0's `progress` is its own word: a
+        # rank 0 that moved it would keep failing steps from ever counting as stuck).
+        steps = self.decider.steps_decided if self.decider is not None else self.rdzv.progress()
+        then = self.failures.failed(self.members, steps, now, hold_out=source is None)
+        if isinstance(then, GiveUp):
+            self.failure = (f"{then.reason}; see the worker logs (a collective timeout too short "
+                            "for the step, or a network path that drops traffic between workers)")
             log.error("giving the run up: %s", self.failure)
             self.rdzv.mark_failed(self.failure)
             self._stop.set()
+            return
+        if isinstance(then, HoldOut):
+            log.warning("step %d keeps failing with no fault seen: %s is held out for %.0f s",
+                        steps, then.out, self.config.hold_out_s)
+            # The member held out before is back in: its join request is answered (taken
+            # as a rejoin, it would re-form the group once more for nothing).
+            self._pending = [w for w in self._pending if w not in then.members]
+            self._publish(then.members, f"hold-out:{then.out}", now,
+                          veterans=tuple(m for m in self.members if m in then.members))
             return
         self._publish(self.members, "resync" if source else "reform", now, state_source=source,
                       veterans=self.members)
@@ -279,11 +294,14 @@ class MembershipAuthority:
                 # A member that registers again (fenced, then woke up) is re-admitted fresh.
                 self._pending.append(worker)
 
-    def _admit(self, current: tuple[str, ...]) -> list[str]:
+    def _admit(self, current: tuple[str, ...], now: float) -> list[str]:
+        """The pending joiners to admit now; one held out stays pending until its time."""
         if self._ending:  # a joiner now would wait for members that have finished
             return []
-        admitted = [w for w in self._pending if w not in current and self._alive(w)]
-        self._pending = []
+        held = [w for w in self._pending if self.failures.holds(w, now)]
+        admitted = [w for w in self._pending if w not in current and w not in held
+                    and self._alive(w)]
+        self._pending = held
         return admitted
 
     def _alive(self, worker: str) -> bool:
@@ -316,8 +334,6 @@ class MembershipAuthority:
 
     def _publish(self, members: tuple[str, ...], reason: str, now: float,
                  state_source: str | None = None, veterans: tuple[str, ...] = ()) -> None:
-        if members != self.members:
-            self._failed_reforms = 0
         self.members = members
         if not members:
             log.warning("no workers left (%s); waiting for joiners", reason)

@@ -8,6 +8,9 @@ comma-separated list of
     hang@WORKER:stepN:S             hang S seconds before computing step N, alive (a stuck
                                     data loader or device wait; signals cannot fake that)
     diverge@WORKER:stepN            perturb this worker's parameters before step N
+    withhold@WORKER:stepN[-M]       withhold this worker's part of the exchange of step N
+                                    (to M), at every try, while it keeps beating: its peers
+                                    wait in the collective until it times out
     exchange-delay:S                every DiLoCo outer exchange takes at least S seconds, on
                                     every worker (a slow link that the votes' few bytes do
                                     not queue behind, as they would in one FIFO queue)
@@ -49,6 +52,7 @@ class InjectedFaults:
     nan_loss: tuple[StepFault, ...] = ()
     hang: tuple[StepFault, ...] = ()
     diverge: tuple[StepFault, ...] = ()
+    withhold: tuple[StepFault, ...] = ()
     exchange_delay_s: float = 0.0  # every DiLoCo outer exchange takes at least this long
     # Markers of once-only faults go here, so that each fires in one process of the run.
     claims_dir: Path | None = None
@@ -63,6 +67,7 @@ class InjectedFaults:
                    nan_loss=_step_faults(entries, "nan-loss", worker),
                    hang=_step_faults(entries, "hang", worker),
                    diverge=_step_faults(entries, "diverge", worker),
+                   withhold=_step_faults(entries, "withhold", worker),
                    exchange_delay_s=delays[0] if delays else 0.0, claims_dir=claims_dir)
 
     def dies_sending_state(self, step: int) -> bool:
@@ -75,6 +80,9 @@ class InjectedFaults:
 
     def loss_is_nan(self, step: int) -> bool:
         return any(f.first <= step <= f.last for f in self.nan_loss)
+
+    def withholds(self, step: int) -> bool:
+        return any(f.first <= step <= f.last for f in self.withhold)
 
     def before_step(self, step: int, params: list[torch.Tensor]) -> None:
         """Before computing `step`: the faults only the worker itself can cause."""

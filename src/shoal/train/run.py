@@ -258,6 +258,15 @@ class Run:
         if not decision.commit or decision.next_epoch is not None:
             self._drop_group(stale=False)
 
+    def _withhold(self, step: int) -> None:
+        """The injected `withhold` fault: stay out of the exchange, beating as if waiting in
+        it, until the peers' collective has timed out (or a newer epoch drops a member)."""
+        log.warning("injected fault: withholding step %d's exchange", step)
+        settings = self.config.settings
+        until = time.monotonic() + settings.collective_timeout_s + 1.0
+        while time.monotonic() < until and not self.membership.changed():
+            time.sleep(settings.poll_s)
+
     def _exchange(self, tail: tuple[float, ...]) -> tuple[StepBallot, StepScalars | None]:
         """Exchange the step (shoal.train.sync.every_step: all-reduce, a robust rule's all-gather, a
         codec, or DiLoCo), then this member's ballot: did it work, what does the guard
@@ -266,6 +275,8 @@ class Run:
 
         `tail`: the step scalars this member added (with work records only)."""
         e, step = self.record.epoch, self.step_index
+        if self.faults.withholds(step):
+            self._withhold(step)
         try:
             self.sync.exchange_step(self.group, self.membership.changed,
                                     self.attempt.work(step), self.committer.inner_step)
