@@ -23,18 +23,20 @@ def test_after_the_second_failure_each_member_is_held_out_in_turn_then_the_run_g
     assert isinstance(given_up, GiveUp) and "every one of ['a', 'b', 'c']" in given_up.reason
 
 
-def test_a_step_committed_without_a_member_ends_the_streak_and_the_next_starts_after_it():
+def test_the_member_whose_absence_let_a_step_commit_is_held_out_first_next_time():
     """The withholder is c: the epoch without it commits. It comes back after its hold
-    and fails the job again; the next streak holds out the next member first, so no
-    member is held out twice before the others once."""
+    and fails the job again: it is held out at the first failure (one failed exchange
+    per hold, not four). Were it not the cause, the others follow in turn."""
     failures = FailedSteps(max_reforms=5, hold_s=60.0)
     failures.failed(ABC, 30, 0.0)
     assert failures.failed(ABC, 30, 1.0).out == "a"
     assert failures.failed(("b", "c"), 30, 2.0).out == "b"
     assert failures.failed(("a", "c"), 30, 3.0).out == "c"
     assert failures.holds("c", 62.0) and not failures.holds("c", 63.5)  # its time is up
-    assert failures.failed(ABC, 90, 70.0) == Reform()  # steps done moved: a new streak
-    assert failures.failed(ABC, 90, 71.0).out == "a"  # after c, in turn
+    failures.forget(90)  # c joins back (the authority ends the streak), steps moved on
+    assert failures.failed(ABC, 90, 70.0) == HoldOut(("a", "b"), "c")  # at once
+    assert failures.failed(("a", "b"), 90, 71.0).out == "a"  # not c after all: in turn
+    assert failures.failed(("b", "c"), 90, 72.0).out == "b"
 
 
 def test_one_member_or_a_resync_is_re_formed_until_the_limit():

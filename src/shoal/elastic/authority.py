@@ -225,12 +225,12 @@ class MembershipAuthority:
         rejoining = [w for w in self._pending if w in self.members]
         if dropped or rejoining:
             survivors = tuple(m for m in self.members if m not in dropped and m not in rejoining)
-            self.failures.forget()
+            self.failures.forget(self._steps_done_now())
             self._publish(survivors + tuple(self._admit(survivors, now)),
                           ",".join(reasons) or "rejoin", now, veterans=survivors)
         elif self._pending and now - self._pending_since >= self.config.join_batch_s and \
                 (admitted := self._admit(self.members, now)):
-            self.failures.forget()
+            self.failures.forget(self._steps_done_now())
             self._publish(self.members + tuple(admitted), "join", now, veterans=self.members)
         elif reform:
             self._reform(source, now)
@@ -242,6 +242,12 @@ class MembershipAuthority:
         if wanted is None or wanted[0] != self.epoch:
             return False, None  # none, or of an epoch already superseded
         return True, wanted[1]
+
+    def _steps_done_now(self) -> int:
+        """The steps done, as the decider decided them (rank 0's `progress` is its own
+        word: a rank 0 that moved it would keep failing steps from ever counting as
+        stuck); rank 0's word where no decider runs (tests that drive `tick`)."""
+        return self.decider.steps_decided if self.decider is not None else self.rdzv.progress()
 
     def _steps_decided(self) -> int | None:
         return self.decider.steps_decided if self.decider is not None else None
@@ -262,9 +268,7 @@ class MembershipAuthority:
     def _reform(self, source: str | None, now: float) -> None:
         """A step failed with no fault seen: the same members again, or (when that keeps
         failing) without one member in turn; give the run up when nothing commits."""
-        # The steps as the decider decided them (rank 0's `progress` is its own word: a
-        # rank 0 that moved it would keep failing steps from ever counting as stuck).
-        steps = self.decider.steps_decided if self.decider is not None else self.rdzv.progress()
+        steps = self._steps_done_now()
         then = self.failures.failed(self.members, steps, now, hold_out=source is None)
         if isinstance(then, GiveUp):
             self.failure = (f"{then.reason}; see the worker logs (a collective timeout too short "

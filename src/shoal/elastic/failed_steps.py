@@ -16,8 +16,10 @@ the coordinator's grace for a member that is not in the job, so a lease held
 out is neither ended nor barred: no member is blamed), then takes it back. If
 it fails too, the next member is held out instead. Only when every member has
 been held out once and still no step commits is the run given up: then no one
-member is the cause. A withholder thus costs the job the failed exchanges of
-one cycle per `hold_s`, not the job.
+member is the cause. The member whose absence last let a step commit is held
+out first, at the first failure of the next streak (a suspect, never blamed:
+only the order changes), so a withholder that comes back and withholds again
+costs one failed exchange per `hold_s`, not the job.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class FailedSteps:
     _base: tuple[str, ...] = ()  # the members that first failed
     _tried: list[str] = field(default_factory=list)  # held out since, in turn
     _turn: int = 0  # where the next streak starts holding out (so each takes its turn)
+    _suspect: str | None = None  # the member whose absence last let a step commit
     _held: dict[str, float] = field(default_factory=dict)  # member -> held out until
 
     def failed(self, members: tuple[str, ...], steps_done: int, now: float, *,
@@ -68,16 +71,20 @@ class FailedSteps:
         next. `hold_out`: whether a member may be held out (not for a resync, whose
         members must all take the source's state)."""
         if steps_done != self._steps_done:
-            self.forget()
+            self.forget(steps_done)
             self._steps_done, self._base = steps_done, members
         self._failures += 1
-        if not hold_out or self._failures < self.probe_after or len(self._base) < 2:
+        first = self._suspect in self._base and not self._tried
+        if not hold_out or len(self._base) < 2 or (self._failures < self.probe_after
+                                                    and not first):
             if self._failures > self.max_reforms:
                 return GiveUp(f"step {steps_done} failed {self._failures - 1} times in a row "
                               f"with the same members {list(members)} and no fault the "
                               "authority could see")
             return Reform()
-        left = [m for m in _rotated(self._base, self._turn) if m not in self._tried]
+        order = [m for m in (self._suspect,) if m in self._base]
+        order += [m for m in _rotated(self._base, self._turn) if m not in order]
+        left = [m for m in order if m not in self._tried]
         if not left:
             return GiveUp(f"step {steps_done} failed with every one of {list(self._base)} "
                           "held out in turn, and no fault the authority could see")
@@ -87,10 +94,13 @@ class FailedSteps:
         self._held[out] = now + self.hold_s
         return HoldOut(tuple(m for m in self._base if m != out), out)
 
-    def forget(self) -> None:
-        """A streak ends: a step committed, or a fault or a join changed the members. The
-        next streak starts holding out after the last member this one held out (none is
-        held out twice before the others once)."""
+    def forget(self, steps_done: int) -> None:
+        """A streak ends: a step committed (`steps_done` moved), or a fault or a join
+        changed the members. If a step committed with the last member held out, that one
+        is the suspect; the rotation goes on after it (none is held out twice before the
+        others once)."""
+        if self._tried and steps_done != self._steps_done:
+            self._suspect = self._tried[-1]
         self._turn += len(self._tried)
         self._steps_done, self._failures, self._base, self._tried = None, 0, (), []
 
