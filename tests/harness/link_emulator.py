@@ -1,6 +1,8 @@
 """A userspace link between two TAP devices, for kernels without tc netem:
 one-way delay, a rate limit with a drop-tail queue, and random loss, per
-direction (after Mahimahi's delay and link shells, written for this harness).
+direction (after Mahimahi's delay and link shells, written for this harness);
+and a stranger on the path, who rewrites a byte of some TCP segments and fixes
+their checksums so that the receiver takes them.
 
 Run by tests/harness/netns.py as its own process, so its CPU is not the test's:
 
@@ -49,8 +51,15 @@ class LinkSettings:
     rate_mbit: float | None = None  # None: as fast as the forwarder goes, no queue
     loss_pct: float = 0.0  # share of frames lost at random
     queue_ms: float = 200.0  # drop-tail: the most backlog, as time at rate_mbit
+    # A stranger on the path: the share of TCP segments with at least REWRITE_MIN bytes of
+    # payload (bulk: tensors, not small requests) it rewrites, one bit of one byte each,
+    # their checksums fixed; never those to or from `keep_port`.
+    rewrite_pct: float = 0.0
+    keep_port: int | None = None
 
     def __post_init__(self) -> None:
+        if not 0 <= self.rewrite_pct <= 100:
+            raise ValueError(f"rewrite_pct must be in [0, 100]: {self}")
         if self.delay_ms < 0 or self.queue_ms < 0 or not 0 <= self.loss_pct <= 100:
             raise ValueError(f"delay_ms and queue_ms must be >= 0 and loss_pct in [0, 100]: {self}")
         if self.rate_mbit is not None and self.rate_mbit <= 0:
@@ -150,13 +159,15 @@ class Direction:
         self.configure(LinkSettings())
         self.last_departure = 0.0
         self.line: deque[tuple[float, bytes]] = deque()
-        self.counts = {"frames": 0, "bytes": 0, "lost": 0, "queue_drops": 0, "delivered": 0}
+        self.counts = {"frames": 0, "bytes": 0, "lost": 0, "queue_drops": 0, "delivered": 0,
+                       "rewritten": 0}
 
     def configure(self, settings: LinkSettings) -> None:
         self.delay_s = settings.delay_ms / 1000
         self.bytes_per_s = None if settings.rate_mbit is None else settings.rate_mbit * 1e6 / 8
         self.queue_s = settings.queue_ms / 1000
         self.loss = settings.loss_pct / 100
+        self.rewrite, self.keep_port = settings.rewrite_pct / 100, settings.keep_port
 
     def admit(self, frame: bytes, now: float) -> None:
         self.counts["frames"] += 1
@@ -171,6 +182,11 @@ class Direction:
         if self.loss and self.rng.random() < self.loss:
             self.counts["lost"] += 1
             return
+        if self.rewrite and self.rng.random() < self.rewrite:
+            rewritten = rewrite_tcp(frame, self.keep_port, self.rng)
+            if rewritten is not None:
+                frame = rewritten
+                self.counts["rewritten"] += 1
         # A delay lowered by a new setting must not let a frame pass the ones before it.
         arrival = max(start + self.delay_s, self.line[-1][0] if self.line else 0.0)
         self.line.append((arrival, frame))
@@ -184,6 +200,41 @@ class Direction:
 
     def next_due(self) -> float | None:
         return self.line[0][0] if self.line else None
+
+
+REWRITE_MIN = 512  # payload bytes of a segment a stranger rewrites
+
+
+def rewrite_tcp(frame: bytes, keep_port: int | None, rng: random.Random) -> bytes | None:
+    """`frame` with one bit of its TCP payload flipped and its TCP checksum fixed, or
+    None if it is not an IPv4 TCP segment with REWRITE_MIN bytes of payload, or is to or
+    from `keep_port`."""
+    if len(frame) < 54 or frame[12:14] != b"\x08\x00" or frame[23] != 6:
+        return None
+    ihl = (frame[14] & 0x0F) * 4
+    total = struct.unpack_from("!H", frame, 16)[0]
+    tcp = 14 + ihl
+    offset = (frame[tcp + 12] >> 4) * 4
+    end = 14 + total
+    if end > len(frame) or end - (tcp + offset) < REWRITE_MIN:
+        return None
+    if keep_port is not None and keep_port in struct.unpack_from("!HH", frame, tcp):
+        return None
+    out = bytearray(frame)
+    out[rng.randrange(tcp + offset, end)] ^= 1 << rng.randrange(8)
+    out[tcp + 16:tcp + 18] = b"\x00\x00"
+    pseudo = frame[26:34] + struct.pack("!BBH", 0, 6, end - tcp)
+    struct.pack_into("!H", out, tcp + 16, _checksum(pseudo + bytes(out[tcp:end])))
+    return bytes(out)
+
+
+def _checksum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\x00"
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
 
 
 def die_with(parent_pid: int) -> None:

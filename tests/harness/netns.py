@@ -189,14 +189,18 @@ class Host:
         return True
 
     def emulate(self, delay_ms: float = 0.0, rate_mbit: float | None = None, loss_pct: float = 0.0,
-                queue_ms: float = 200.0, mtu: int | None = None) -> None:
+                queue_ms: float = 200.0, mtu: int | None = None, rewrite_pct: float = 0.0,
+                keep_port: int | None = None) -> None:
         """Shape both directions of this host's link alike in a userspace forwarder: each
         frame is sent at `rate_mbit` (None: no limit) behind a drop-tail queue of at most
         `queue_ms` of backlog, lost with probability `loss_pct`, then delayed by `delay_ms`.
         The first call swaps the veth for a TAP pair (same address and MAC); later calls
         change the settings in place. `mtu` sets both TAPs' MTU: a larger one than the
-        other hosts' still carries TCP (each end's MSS is the smaller), not large UDP."""
-        link = LinkSettings(delay_ms=delay_ms, rate_mbit=rate_mbit, loss_pct=loss_pct, queue_ms=queue_ms)
+        other hosts' still carries TCP (each end's MSS is the smaller), not large UDP.
+        `rewrite_pct`: a stranger on the path rewrites that share of bulk TCP segments
+        (a bit of one byte each, checksums fixed), but none to or from `keep_port`."""
+        link = LinkSettings(delay_ms=delay_ms, rate_mbit=rate_mbit, loss_pct=loss_pct,
+                            queue_ms=queue_ms, rewrite_pct=rewrite_pct, keep_port=keep_port)
         if mtu is not None and not 576 <= mtu <= 65535:
             raise ValueError(f"mtu must be in [576, 65535] (a TAP device's range), not {mtu}")
         if self.forwarder is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.link_emulator import Direction, LinkSettings
+from tests.harness.link_emulator import Direction, LinkSettings, _checksum, rewrite_tcp
 from tests.harness.netns import reap_stale
 from tests.harness.probes import datagrams, goodput_mbit, round_trips_ms
 
@@ -65,6 +66,32 @@ def test_a_shorter_delay_set_mid_flight_keeps_the_order():
     link.admit(b"second", now=0.001)
     assert link.due(0.01) == []
     assert link.due(0.05) == [b"first", b"second"]
+
+
+def _segment(payload: bytes, ports: tuple[int, int] = (40000, 29500)) -> bytes:
+    """An Ethernet frame of an IPv4 TCP segment carrying `payload`, its checksum right."""
+    tcp = struct.pack("!HHIIBBHHH", *ports, 1, 0, 5 << 4, 0x18, 65535, 0, 0)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 40 + len(payload), 0, 0, 64, 6, 0,
+                     bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2]))
+    pseudo = ip[12:20] + struct.pack("!BBH", 0, 6, 20 + len(payload))
+    tcp = tcp[:16] + struct.pack("!H", _checksum(pseudo + tcp + payload)) + tcp[18:]
+    return b"\x00" * 12 + b"\x08\x00" + ip + tcp + payload
+
+
+def test_a_stranger_rewrites_a_bit_of_bulk_segments_and_the_checksum_still_holds():
+    """What the receiving kernel checks still passes: the rewrite reaches the application."""
+    frame = _segment(bytes(range(256)) * 4)
+    out = rewrite_tcp(frame, None, random.Random(3))
+    flipped = [i for i, (a, b) in enumerate(zip(frame, out)) if a != b and not 50 <= i < 52]
+    assert len(flipped) == 1 and flipped[0] >= 54  # one payload byte, besides the checksum
+    assert bin(frame[flipped[0]] ^ out[flipped[0]]).count("1") == 1
+    pseudo = out[26:34] + struct.pack("!BBH", 0, 6, len(out) - 34)
+    assert _checksum(pseudo + out[34:]) == 0  # the receiver's check: a valid segment
+    assert rewrite_tcp(_segment(b"small"), None, random.Random(3)) is None  # not bulk
+    assert rewrite_tcp(_segment(bytes(1024), (29400, 40000)), 29400, random.Random(3)) is None
+    link = direction(rewrite_pct=100.0)
+    link.admit(frame, now=0.0)
+    assert link.counts["rewritten"] == 1 and link.due(1.0) != [frame]
 
 
 def test_settings_are_checked():
