@@ -27,6 +27,7 @@ from shoal.elastic.decider import StepDecider
 from shoal.elastic.failed_steps import HOLD_S, FailedSteps, GiveUp, HoldOut
 from shoal.elastic.job_end import JobEnd
 from shoal.elastic.liveness import LivenessConfig, ProgressWatch
+from shoal.elastic.share_moves import MemberWeights
 from shoal.spec.elastic import MembershipEpoch, StepDecision
 from shoal.train.rendezvous import Rendezvous, connect
 
@@ -89,8 +90,7 @@ class MembershipAuthority:
         # decided step (a resync's source alone), that have been in every epoch since.
         self._holders: tuple[str, ...] = ()
         self._history: dict[int, tuple[str, ...]] = {}  # published epoch -> members
-        # member -> its share weight as its last decided step left it (new epochs keep it)
-        self._carried: dict[str, float] = {}
+        self.weights = MemberWeights()  # each member's share weight, carried across epochs
         self.failure: str | None = None
         self._pending: list[str] = []  # registered, not yet admitted
         self._pending_since = 0.0  # when the oldest of them registered
@@ -133,8 +133,8 @@ class MembershipAuthority:
     def _decided(self, record: MembershipEpoch, decision: StepDecision) -> None:
         """A step of `record` was decided (the decider's thread): who holds the state now."""
         held = (decision.resync_from,) if decision.resync_from else record.members
+        self.weights.decided(record.members, record.weights)
         with self._shared_lock:
-            self._carried.update(zip(record.members, record.weights))
             later = [m for e, m in self._history.items() if e > record.epoch]
             self._holders = tuple(h for h in held if all(h in m for m in later))
             for e in [e for e in self._history if e < record.epoch]:
@@ -145,11 +145,9 @@ class MembershipAuthority:
         them): each one's own report, but a member whose claimed speed the host's clock
         refuted gets the speed its share stood at (shoal.elastic.share_moves)."""
         reported = {m: s for m, s in zip(members, self.rdzv.speeds(members)) if s}
-        with self._shared_lock:
-            weights = {m: self._carried[m] for m in members if m in self._carried}
-        if self.decider is None:
-            return reported
-        return self.decider.moves.published(weights, reported)
+        decider = self.decider
+        return reported if decider is None else \
+            decider.moves.published(self.weights.of(members), reported)
 
     def notify(self) -> None:
         """Something changed (a process exited, a request arrived): decide now."""
@@ -348,7 +346,8 @@ class MembershipAuthority:
             self._holders = tuple(h for h in self._holders if h in members)
             holder = None if state_source else next((m for m in members if m in self._holders),
                                                     None)
-        record = MembershipEpoch(epoch=self.epoch, members=members, weights=self._weights(members),
+        record = MembershipEpoch(epoch=self.epoch, members=members,
+                                 weights=self.weights.for_epoch(members),
                                  reason=reason, state_source=state_source, state_holder=holder)
         self._watch.reset(self.epoch, now, veterans)
         entry = {"t": time.time(), "epoch": self.epoch, "members": list(members), "reason": reason}
@@ -366,13 +365,3 @@ class MembershipAuthority:
             # flight is discarded now, not at the next tick.
             self.decider.discard_lost(self.rdzv, record, self.config.leaver_grace_s)
         log.info("epoch %d: %d members %s (%s)", self.epoch, len(members), list(members), reason)
-
-    def _weights(self, members: tuple[str, ...]) -> tuple[float, ...]:
-        """Each member's weight as the last step it took part in left it (a new epoch
-        moves no share: shares move only at rebalance points, where the host's clock
-        judges each move: shoal.elastic.share_moves); a newcomer gets the mean."""
-        with self._shared_lock:
-            carried = [self._carried.get(m) for m in members]
-        known = [w for w in carried if w]
-        default = sum(known) / len(known) if known else 1.0
-        return tuple(w if w else default for w in carried)

@@ -28,6 +28,7 @@ showed: shoal.coordinator.services.speed_marks), or move the shares within
 from __future__ import annotations
 
 import statistics
+import threading
 from dataclasses import dataclass, field
 
 # A move stands if the steps after it are at most this much slower than before (a move
@@ -125,6 +126,30 @@ class ShareMoves:
             elif scale is not None and weights.get(member):
                 out[member] = min(speed, weights[member] * scale)
         return out
+
+
+class MemberWeights:
+    """Each member's share weight as the last step it took part in left it. A new epoch
+    keeps it (shares move only at rebalance points, each move on trial); a newcomer
+    starts at the mean. Written by the decider's threads, read by the authority and the
+    job host."""
+
+    def __init__(self) -> None:
+        self._carried: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def decided(self, members: tuple[str, ...], weights: tuple[float, ...]) -> None:
+        with self._lock:
+            self._carried.update(zip(members, weights))
+
+    def of(self, members: tuple[str, ...]) -> dict[str, float]:
+        with self._lock:
+            return {m: self._carried[m] for m in members if m in self._carried}
+
+    def for_epoch(self, members: tuple[str, ...]) -> tuple[float, ...]:
+        carried = self.of(members)
+        default = sum(carried.values()) / len(carried) if carried else 1.0
+        return tuple(carried.get(m, default) for m in members)
 
 
 def _shares(weights: tuple[float, ...]) -> list[float]:
