@@ -245,7 +245,8 @@ class MembershipAuthority:
         """The steps done, as the decider decided them (rank 0's `progress` is its own
         word: a rank 0 that moved it would keep failing steps from ever counting as
         stuck); rank 0's word where no decider runs (tests that drive `tick`)."""
-        return self.decider.steps_decided if self.decider is not None else self.rdzv.progress()
+        decided = self._steps_decided()
+        return self.rdzv.progress() if decided is None else decided
 
     def _steps_decided(self) -> int | None:
         return self.decider.steps_decided if self.decider is not None else None
