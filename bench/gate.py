@@ -15,9 +15,11 @@ relayed in the longer run less the shorter one's, over the steps between, is
 the steady state's cost of a step (start and end cancel out).
 
 Prints one JSON line: `direct_step_ms` and `gated_step_ms` (medians over the
-runs), `added_ms` (their difference: the store's round trips of a step, each
-through two more relays: the launcher's tunnel and the host's gate), the
-runs' figures, `requests_per_worker_step` (the store requests the gate relayed
+runs), `added_ms` (the median over the repeats of the gated run's step less the
+direct run's just before it: what the gate's relays, the launcher's tunnel and
+the host's gate, add to a step; paired, so that the shared machine's load,
+which moves step times by more than the gate costs, falls on both alike),
+`added_ms_of_medians` (the medians' difference), the runs' figures, `requests_per_worker_step` (the store requests the gate relayed
 per worker and step in the steady state, median over the repeats: every
 request a worker and its launcher make), `round_trips_per_worker_step` (those
 of them that wait for an answer: all but `SET`, which c10d's client sends and
@@ -146,8 +148,9 @@ def main() -> None:
                     _, longer = run(Path(tmp) / f"{repeat}-long", 2 * args.steps, gated)
                     requests.append(per_step(relayed, longer, args.steps))
     direct, gated = (statistics.median(runs[k]) * 1e3 for k in ("direct", "gated"))
+    paired = statistics.median(g - d for d, g in zip(runs["direct"], runs["gated"])) * 1e3
     result = {"direct_step_ms": round(direct, 2), "gated_step_ms": round(gated, 2),
-              "added_ms": round(gated - direct, 2),
+              "added_ms": round(paired, 2), "added_ms_of_medians": round(gated - direct, 2),
               "requests_per_worker_step": round(statistics.median(
                   sum(r.values()) for r in requests), 2),
               "round_trips_per_worker_step": round(statistics.median(

@@ -5,6 +5,7 @@ job's (a man in the middle) fishing for a lease's token."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -65,6 +66,35 @@ def test_a_lease_admitted_reads_and_writes_the_store_through_its_tunnel(gated):
     finally:
         tunnel.close()
     assert gate.admitted[lease_identity(7)] >= 2  # the check, and the store's connection
+
+
+def test_a_read_the_gate_holds_answers_once_its_key_is_set_in_one_round_trip(gated):
+    """A step's decision through a market job's gate: one request, answered when the
+    authority writes it (the gate waits on the store's loopback), the missing answer after
+    the hold; the store untouched by the reads, and the same client's next requests in order."""
+    server, gate, host, keys = gated
+    tunnel = StoreTunnel(*endpoint(host["endpoint"]), keys.gate_pass(lease_identity(7)))
+    try:
+        rdzv = Rendezvous(connect("127.0.0.1", tunnel.port, timeout_s=5.0))
+        assert rdzv.gate_holds_reads()
+        assert not server.rdzv.gate_holds_reads()  # the store itself answers no held read
+        before = dict(gate.relayed_kinds)
+        started = time.monotonic()
+        assert rdzv.read_held("decision/0/0", 0.2) is None  # not written: the hold runs out
+        assert 0.15 < time.monotonic() - started < 2.0
+        threading.Timer(0.2, lambda: server.rdzv.store.set("decision/0/0", "ruled")).start()
+        started = time.monotonic()
+        assert rdzv.read_held("decision/0/0", 1.0) == b"ruled"
+        assert 0.15 < time.monotonic() - started < 0.9  # as it was set, not at the hold's end
+        asked = {k: v - before.get(k, 0) for k, v in gate.relayed_kinds.items()
+                 if v > before.get(k, 0)}
+        assert asked == {"COMPARE_SET decision": 2}  # no wait, no second read
+        assert rdzv.read_held("decision/0/0", 1.0) == b"ruled"  # set: answered at once
+        rdzv.report_speed(SEVEN, 3.0)
+        assert rdzv.speeds((SEVEN,)) == [3.0]  # the connection's requests still in order
+        assert not server.rdzv.store.check(["gate/holds"])
+    finally:
+        tunnel.close()
 
 
 @pytest.mark.parametrize("forgery", ["another lease's name", "another job's key", "no token"])

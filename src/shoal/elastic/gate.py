@@ -34,8 +34,10 @@ from shoal import jsonl
 from shoal.errors import ControlError
 from shoal.elastic.gate_keys import GateKeys
 from shoal.elastic.store_policy import LeasePolicy, StoreView, lease_of
-from shoal.elastic.store_wire import Request, RequestReader, WireError
+from shoal.elastic.store_wire import (MAX_VALUE_BYTES, STOP_WAITING, VALIDATION_MAGIC, Query,
+                                     Request, RequestReader, WireError, encode, value_answer)
 from shoal.spec.coordinator import RendezvousPass
+from shoal.train.rendezvous import GATE_HOLDS_KEY, HELD_READ
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,7 @@ HELLO_TIMEOUT_S = 10.0
 REVOKED_EVERY_S = 1.0  # how often the gate re-reads its revoked tokens and cuts their connections
 _ADMITTED = b"admitted\n"
 _CHUNK = 1 << 16
+MAX_HOLD_S = 1.0  # the longest a held read waits at the gate for its key
 
 
 class GateRefused(ControlError):
@@ -190,6 +193,7 @@ class StoreGate:
         """Relay the store's answers unchanged and the lease's requests one whole request at
         a time, each as the policy allows; close both ends at the first it does not."""
         requests = RequestReader()
+        held = _HeldReads(self.store)
 
         async def forward() -> None:
             try:
@@ -198,15 +202,27 @@ class StoreGate:
                         said = policy.refusal(request)
                         if said is not None:
                             raise _Refused(request, said)
-                        store_writer.write(request.raw)
                         self.relayed[identity] = self.relayed.get(identity, 0) + 1
                         kind = request_kind(request)
                         self.relayed_kinds[kind] = self.relayed_kinds.get(kind, 0) + 1
+                        hold_s = held_for_s(request)
+                        if hold_s is None:
+                            store_writer.write(request.raw)
+                            continue
+                        # c10d's client waits for each answer before its next request, so
+                        # no answer of the store is due to this client while it waits for
+                        # this one (a client that does not wait garbles only its own).
+                        await store_writer.drain()
+                        key = request.keys[0]
+                        value = b"1" if key == "/" + GATE_HOLDS_KEY else await held.read(key, hold_s)
+                        writer.write(value_answer(request.values[0] if value is None else value))
+                        await writer.drain()
                     await store_writer.drain()
-            except (ConnectionError, ssl.SSLError):
+            except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
                 pass
             finally:
                 store_writer.close()
+                held.close()
 
         _no_delay(writer, store_writer)
         try:
@@ -267,6 +283,58 @@ class StoreGate:
 
     def close(self) -> None:
         self._loop.close()
+
+
+def held_for_s(request: Request) -> float | None:
+    """How long to hold `request`, a read that waits for its key (Rendezvous.read_held),
+    at most MAX_HOLD_S; None for any other request (relayed to the store as it is)."""
+    if (request.query is not Query.COMPARE_SET or len(request.keys) != 1
+            or request.values[0] != request.values[1]
+            or not request.values[0].startswith(HELD_READ)):
+        return None
+    try:
+        return min(MAX_HOLD_S, int(request.values[0][len(HELD_READ):]) / 1000)
+    except ValueError:
+        return None  # the store answers it as a read of a missing key
+
+
+class _HeldReads:
+    """One client connection's held reads: a wait for the key and a read of it on a store
+    connection of their own (the job host's loopback), so that the client's round trip
+    through tunnel and gate is one. A wait that runs out closes that connection (the store
+    drops a closed connection's wait: no cancel to race with the key's arrival)."""
+
+    def __init__(self, store: tuple[str, int]) -> None:
+        self.store = store
+        self._ends: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def read(self, key: str, hold_s: float) -> bytes | None:
+        if self._ends is None:
+            reader, writer = await asyncio.open_connection(*self.store)
+            _no_delay(writer)
+            writer.write(encode(Request(Query.VALIDATE, number=VALIDATION_MAGIC)))
+            self._ends = reader, writer
+        reader, writer = self._ends
+        writer.write(encode(Request(Query.WAIT, (key,))))
+        await writer.drain()
+        try:
+            said = await asyncio.wait_for(reader.readexactly(1), hold_s)
+        except asyncio.TimeoutError:
+            self.close()
+            return None
+        if said != STOP_WAITING:
+            raise ConnectionError(f"the store answered a wait with {said!r}")
+        writer.write(encode(Request(Query.GET, (key,))))
+        await writer.drain()
+        size = int.from_bytes(await reader.readexactly(8), "little")
+        if size > MAX_VALUE_BYTES:
+            raise ConnectionError(f"the store answered a read with {size} bytes")
+        return await reader.readexactly(size)
+
+    def close(self) -> None:
+        if self._ends is not None:
+            self._ends[1].close()
+            self._ends = None
 
 
 class StoreTunnel:

@@ -22,6 +22,8 @@ from shoal.errors import ControlError
 MAX_KEY_BYTES = 1024  # the runtime's keys are short (`arrive/12/agent-l7-a0-w0`)
 MAX_VALUE_BYTES = 1 << 20  # its values too: an epoch's record of 1,000 members is ~60 kB
 MAX_KEYS = 1024  # keys in one check, wait or multi-get
+VALIDATION_MAGIC = 0x3C85F7CE  # the first request of a c10d client (TCPStoreBackend.hpp)
+STOP_WAITING = b"\x00"  # the store's answer to a wait once its keys are set
 
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
@@ -208,6 +210,11 @@ def encode(request: Request) -> bytes:
                 if field == "P":
                     out += _sized(values.pop(0))
     return bytes(out)
+
+
+def value_answer(value: bytes) -> bytes:
+    """The store's answer to a get or a compare-and-set: the value, sized."""
+    return _sized(value)
 
 
 def _sized(data: bytes) -> bytes:

@@ -14,9 +14,10 @@ name a resync's state source, or say that another member failed: each ballot
 is its member's own (issue 40, point 6).
 
 The decision also carries the switch to a newer epoch (join, leave) and new
-share weights, so all members change together at the same step boundary. Two
-round trips to the store per step: the ballot (sent, never answered) with the
-wait for the decision, then the read of it.
+share weights, so all members change together at the same step boundary. The
+ballot is sent and never answered; the decision is one round trip through a
+market job's gate, which holds the read until it is written (two to a store
+with no gate: the wait, then the read).
 """
 
 from __future__ import annotations

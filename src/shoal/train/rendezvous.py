@@ -41,6 +41,16 @@ EPOCH_LOOK_S = 0.02
 # What `Rendezvous.read` compares with: no key the runtime writes ever holds it.
 _ABSENT = "\x00shoal:absent"
 _ABSENT_BYTES = _ABSENT.encode()
+# A read a job host's gate holds until its key is set (shoal.elastic.gate): the same
+# compare-and-set that cannot change anything, whose value asks the gate to answer once
+# the key exists, or after the milliseconds that follow the prefix, with the value itself
+# (as the store answers for a missing key). A store with no gate answers at once so.
+HELD_READ = b"\x00shoal:held:"
+GATE_HOLDS_KEY = "gate/holds"  # the gate answers a held read of it with "1" at once
+
+
+def held_read_value(hold_s: float) -> str:
+    return (HELD_READ + str(max(0, round(hold_s * 1000))).encode()).decode()
 
 
 def vote_key(epoch: int, index: int, worker: str) -> str:
@@ -87,6 +97,7 @@ class Rendezvous:
     def __init__(self, store: dist.Store) -> None:
         self.store = store
         self._round_trip_s: float | None = None  # measured when first asked
+        self._gate_holds: bool | None = None  # asked when first needed
 
     def round_trip_s(self) -> float:
         """A round trip to the store (on a LAN well under a millisecond; across a WAN, the
@@ -114,6 +125,24 @@ class Rendezvous:
         takes it for the read it is (shoal.elastic.store_wire)."""
         value = self.store.compare_set(key, _ABSENT, _ABSENT)
         return None if value == _ABSENT_BYTES else value
+
+    def gate_holds_reads(self) -> bool:
+        """Whether a gate between us and the store holds reads (asked once)."""
+        if self._gate_holds is None:
+            ask = held_read_value(0)
+            self._gate_holds = self.store.compare_set(GATE_HOLDS_KEY, ask, ask) == b"1"
+        return self._gate_holds
+
+    def read_held(self, key: str, hold_s: float) -> bytes | None:
+        """The key's value once it is set, or None after about `hold_s`, in one round
+        trip to the gate, which holds the read (its own wait and read of the store are on
+        the job host's loopback); without a holding gate, the store's blocking wait and
+        then a read: two."""
+        if not self.gate_holds_reads():
+            return self.read(key) if self.wait_keys([key], hold_s, block=True) else None
+        ask = held_read_value(hold_s)
+        value = self.store.compare_set(key, ask, ask)
+        return None if value == ask.encode() else value
 
     def latest_epoch(self) -> int:
         """Newest published epoch number, or -1 before the first."""
@@ -154,12 +183,9 @@ class Rendezvous:
         return {m: _ballot(v) for m, v in zip(members, values)}
 
     def wait_decision(self, epoch: int, index: int, timeout_s: float) -> StepDecision | None:
-        """The decision once the authority writes it, blocking in the store up to
-        `timeout_s` (two requests when it is there: the wait, then the read)."""
-        key = decision_key(epoch, index)
-        if not self.wait_keys([key], timeout_s, block=True):
-            return None
-        value = self.read(key)
+        """The decision once the authority writes it, waiting up to `timeout_s` (one round
+        trip through a market job's gate, two to a store with none: `read_held`)."""
+        value = self.read_held(decision_key(epoch, index), timeout_s)
         return None if value is None else StepDecision.model_validate_json(value)
 
     def decision(self, epoch: int, index: int) -> StepDecision | None:
