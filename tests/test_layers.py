@@ -19,6 +19,7 @@ ALLOWED = {
     "market": {"spec"},
     "plan": {"spec"},
     "proof": {"spec"},
+    "bundle": {"spec"},
     "ledger": {"spec"},
     "sim": {"spec", "market", "plan", "proof"},
     "client": {"spec"},
@@ -32,9 +33,9 @@ ALLOWED = {
     "demo": {"spec", "market", "plan", "proof", "ledger", "client", "elastic", "train",
              "verify", "coordinator", "agent", "models"},
     "cli": {"spec", "market", "plan", "proof", "ledger", "client", "elastic", "train",
-            "verify", "coordinator", "agent", "models", "demo", "sim"},
+            "verify", "coordinator", "agent", "models", "demo", "sim", "bundle"},
 }
-PURE = {"spec", "market", "plan", "proof", "sim"}
+PURE = {"spec", "market", "plan", "proof", "sim", "bundle"}
 HEAVY = {"torch", "fastapi", "starlette", "uvicorn", "sqlalchemy", "psycopg", "psycopg2",
          "sqlite3", "web3", "eth_tester", "eth_account", "eth", "vyper", "flask", "aiohttp"}
 # Inside the coordinator: routes -> services -> store, one way (full-stack-fastapi's shape).

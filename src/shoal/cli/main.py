@@ -18,6 +18,7 @@ import typer
 
 from shoal import ShoalError, __version__
 from shoal.cli.agent_cmd import agent_command
+from shoal.cli.bundle_cmd import bundle_command
 from shoal.cli.chain_cmd import chain_app
 from shoal.cli import chain_tx_cmd  # noqa: F401  (adds create-job, fund, stake, withdraw)
 from shoal.cli.coordinator_cmd import coordinator_command
@@ -50,6 +51,7 @@ app.command("rendezvous-pass")(rendezvous_pass_command)
 app.command("coordinator")(coordinator_command)
 app.command("agent")(agent_command)
 app.command("submit")(submit_command)
+app.command("bundle")(bundle_command)
 app.command("jobs")(jobs_command)
 app.command("providers")(providers_command)
 app.command("events")(events_command)
