@@ -12,9 +12,11 @@ import pytest
 
 from shoal.elastic.gate_keys import GateKeys, lease_identity
 from shoal.elastic.job_host import JobHostConfig, _serve
-from shoal.elastic.gate import GateRefused, StoreGate, StoreTunnel
+from shoal.elastic.gate import (MAX_HOLD_S, MIN_HOLD_S, GateRefused, StoreGate, StoreTunnel,
+                               held_for_s)
+from shoal.elastic.store_wire import Query, Request
 from shoal.spec.coordinator import RendezvousPass
-from shoal.train.rendezvous import Rendezvous, RendezvousError, connect
+from shoal.train.rendezvous import HELD_READ, Rendezvous, RendezvousError, connect
 
 
 SEVEN, EIGHT = "prov-l7-a0-w0", "prov-l8-a0-w0"  # a worker of lease 7, one of lease 8
@@ -202,3 +204,16 @@ def test_a_malformed_hello_is_closed_and_the_gate_stays_up(gated, hello):
         tunnel.check()
     finally:
         tunnel.close()
+
+
+def test_a_lease_cannot_ask_the_gate_for_holds_outside_its_bounds():
+    """A hold of nothing would have the gate reconnect to the store at the lease's pace; a
+    hold of hours would keep its connection: both are bounded, and a malformed one is a
+    plain read the store answers."""
+    def hold(value: bytes) -> float | None:
+        return held_for_s(Request(Query.COMPARE_SET, ("/decision/0/0",), (value, value)))
+
+    assert hold(HELD_READ + b"0") == hold(HELD_READ + b"-5") == MIN_HOLD_S
+    assert hold(HELD_READ + b"3600000") == MAX_HOLD_S
+    assert hold(HELD_READ + b"250") == 0.25
+    assert hold(HELD_READ + b"soon") is None and hold(b"\x00shoal:absent") is None

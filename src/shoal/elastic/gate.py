@@ -47,6 +47,9 @@ REVOKED_EVERY_S = 1.0  # how often the gate re-reads its revoked tokens and cuts
 _ADMITTED = b"admitted\n"
 _CHUNK = 1 << 16
 MAX_HOLD_S = 1.0  # the longest a held read waits at the gate for its key
+# And the shortest: a hold that runs out costs the store a new loopback connection, so a
+# lease asking for holds of nothing cannot have the gate reconnect faster than this.
+MIN_HOLD_S = 0.05
 
 
 class GateRefused(ControlError):
@@ -287,15 +290,17 @@ class StoreGate:
 
 def held_for_s(request: Request) -> float | None:
     """How long to hold `request`, a read that waits for its key (Rendezvous.read_held),
-    at most MAX_HOLD_S; None for any other request (relayed to the store as it is)."""
+    from MIN_HOLD_S to MAX_HOLD_S; None for any other request (relayed to the store as it
+    is)."""
     if (request.query is not Query.COMPARE_SET or len(request.keys) != 1
             or request.values[0] != request.values[1]
             or not request.values[0].startswith(HELD_READ)):
         return None
     try:
-        return min(MAX_HOLD_S, int(request.values[0][len(HELD_READ):]) / 1000)
+        asked = int(request.values[0][len(HELD_READ):]) / 1000
     except ValueError:
         return None  # the store answers it as a read of a missing key
+    return min(MAX_HOLD_S, max(MIN_HOLD_S, asked))
 
 
 class _HeldReads:

@@ -84,9 +84,7 @@ class TokenShards:
 
     def get_batch(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets of samples `ids`, each [len(ids), context], as int64."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= len(self)):
-            raise IndexError(f"sample ids {ids.min()}..{ids.max()} outside 0..{len(self) - 1}")
+        ids = _ids(ids, len(self))
         shard = np.searchsorted(self._first, ids, side="right") - 1
         start = (ids - self._first[shard]) * self.context * self.dtype.itemsize
         size = (self.context + 1) * self.dtype.itemsize
@@ -114,7 +112,11 @@ class Windows:
         return x[0], y[0]
 
     def get_batch(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.count):
-            raise IndexError(f"sample ids {ids.min()}..{ids.max()} outside 0..{self.count - 1}")
-        return self.shards.get_batch(ids + self.first)
+        return self.shards.get_batch(_ids(ids, self.count) + self.first)
+
+
+def _ids(ids: np.ndarray, count: int) -> np.ndarray:
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= count):
+        raise IndexError(f"sample ids {ids.min()}..{ids.max()} outside 0..{count - 1}")
+    return ids
