@@ -1,0 +1,139 @@
+"""A job's code run where it cannot reach the provider (issue 41, first part).
+
+A bundled job is a stranger's code. It runs under bubblewrap (Debian's
+`bubblewrap`): in namespaces of its own, as an unprivileged user, seeing only
+the system's programs and libraries and the Python it runs on (read-only), a
+few files of /etc that name no secret, a private /tmp, and its own directory
+(read-write): not the agent's keys, not the provider's other files. Its
+processes and memory are capped by a cgroup of its own, and `close` ends
+every process in it, however many it forked.
+
+What it does not do yet: a cap on the disk its directory may fill, and a
+network limited to the job's peers, gate and data (today: all of the host's
+network, or none).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal import ShoalError
+
+_CGROUP_V1 = Path("/sys/fs/cgroup")
+_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32")
+# Of /etc, what a Python program and its TLS clients need, and no credential.
+_ETC = ("/etc/ssl", "/etc/ca-certificates", "/etc/resolv.conf", "/etc/hosts",
+        "/etc/nsswitch.conf", "/etc/localtime", "/etc/ld.so.cache", "/etc/alternatives")
+_NOBODY = 65534
+
+
+class SandboxError(ShoalError):
+    """The sandbox cannot be set up on this host (no bubblewrap, no cgroup to use)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one job's processes may use together."""
+
+    processes: int = 512
+    memory_bytes: int = 8 << 30
+    network: bool = True  # the host's network; False: none at all
+
+
+class Sandbox:
+    """Runs commands for job `name` confined to `directory` (created if missing), with
+    `read_only` paths (the job's environment, the Python it runs on) visible too."""
+
+    def __init__(self, name: str, directory: Path, *, read_only: Sequence[Path] = (),
+                 limits: Limits = Limits()) -> None:
+        self.bwrap = shutil.which("bwrap")
+        if self.bwrap is None:
+            raise SandboxError("bubblewrap is not installed: `apt-get install bubblewrap` "
+                               "(a provider runs strangers' code only inside it)")
+        self.name, self.directory, self.limits = name, directory.resolve(), limits
+        self.directory.mkdir(parents=True, exist_ok=True)
+        interpreter = Path(sys.base_prefix).resolve()
+        self.read_only = tuple(dict.fromkeys(Path(p).resolve() for p in (interpreter, *read_only)))
+        self._groups = self._make_groups()
+
+    def _make_groups(self) -> dict[str, Path]:
+        """A pids and a memory cgroup of this job's own (cgroup v1, as on this host's
+        kernel; a host on cgroup v2 alone is said, not run unconfined)."""
+        groups = {}
+        for controller, limit_file, limit in (
+                ("pids", "pids.max", self.limits.processes),
+                ("memory", "memory.limit_in_bytes", self.limits.memory_bytes)):
+            root = _CGROUP_V1 / controller
+            if not (root / "cgroup.procs").is_file():
+                raise SandboxError(f"no cgroup v1 {controller} controller at {root}: this "
+                                   "host cannot cap a job's processes and memory yet")
+            group = root / "shoal" / self.name
+            try:
+                group.mkdir(parents=True, exist_ok=True)
+                (group / limit_file).write_text(str(limit))
+            except OSError as error:
+                raise SandboxError(f"cannot make the cgroup {group} ({error.strerror}): the "
+                                   "agent runs bundled jobs as root") from None
+            groups[controller] = group
+        return groups
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """`argv` as bubblewrap runs it for this job."""
+        out = [self.bwrap, "--die-with-parent", "--new-session", "--unshare-all",
+               "--unshare-user", "--uid", str(_NOBODY), "--gid", str(_NOBODY),
+               "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        if self.limits.network:
+            out.append("--share-net")
+        for path in (*_SYSTEM, *_ETC):
+            if Path(path).exists():
+                out += ["--ro-bind", path, path]
+        for path in self.read_only:
+            out += ["--ro-bind", str(path), str(path)]
+        out += ["--bind", str(self.directory), str(self.directory),
+                "--chdir", str(self.directory), "--", *argv]
+        return out
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str], *, stdout: object = None,
+              stderr: object = None) -> subprocess.Popen:
+        """Start `argv` in the sandbox with exactly `env` (nothing of the agent's own)."""
+        procs = [str(group / "cgroup.procs") for group in self._groups.values()]
+
+        def enter() -> None:  # in the child, before bubblewrap runs: all it starts is capped
+            for path in procs:
+                with open(path, "w") as handle:
+                    handle.write(str(os.getpid()))
+
+        return subprocess.Popen(self.command(argv), env=dict(env), stdout=stdout, stderr=stderr,
+                                stdin=subprocess.DEVNULL, preexec_fn=enter)
+
+    def processes(self) -> list[int]:
+        """The job's processes still running (none once it is closed)."""
+        try:
+            text = (self._groups["pids"] / "cgroup.procs").read_text()
+        except FileNotFoundError:
+            return []
+        return [int(pid) for pid in text.split()]
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """End every process of the job and remove its cgroups."""
+        deadline = time.monotonic() + timeout_s
+        while (alive := self.processes()) and time.monotonic() < deadline:
+            for pid in alive:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        for group in self._groups.values():
+            try:
+                group.rmdir()
+            except OSError:
+                pass  # a process that outlived the kills keeps it; said by `processes`

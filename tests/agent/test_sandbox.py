@@ -1,0 +1,130 @@
+"""A stranger's job script under the provider's sandbox (issue 41), as a hostile
+submitter would write it: it cannot read the agent's key or write outside its
+directory, its forks and its memory are capped, with no network it reaches
+nothing, and the agent (this test's process) goes on."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from shoal.agent.sandbox import Limits, Sandbox
+
+
+@pytest.fixture
+def provider(tmp_path: Path) -> Path:
+    """The provider's files beside the job's: an agent key."""
+    keys = tmp_path / "agent" / "keys"
+    keys.mkdir(parents=True)
+    (keys / "agent.key").write_text("0xprovider-secret")
+    return tmp_path
+
+
+def _run(sandbox: Sandbox, code: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    script = sandbox.directory / f"job-{uuid.uuid4().hex[:6]}.py"
+    script.write_text(textwrap.dedent(code))
+    # The Python the job's environment is built on (the sandbox shows it, read-only).
+    python = str(Path(sys.base_prefix) / "bin" / "python3")
+    process = sandbox.start([python, str(script)], {"PATH": "/usr/bin:/bin"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = process.communicate(timeout=timeout_s)
+    finally:
+        sandbox.close()
+    return subprocess.CompletedProcess(process.args, process.returncode, out.decode(),
+                                       err.decode())
+
+
+def _sandbox(provider: Path, **limits: object) -> Sandbox:
+    return Sandbox(f"test-{uuid.uuid4().hex[:8]}", provider / "jobs" / "job1",
+                   limits=Limits(**limits))
+
+
+def test_the_job_sees_its_directory_and_not_the_agents_key_or_files(provider: Path):
+    sandbox = _sandbox(provider)
+    done = _run(sandbox, f"""
+        import os, json
+        seen = {{}}
+        for path in ({str(provider / "agent" / "keys" / "agent.key")!r}, "/etc/shadow",
+                     {str(provider / "agent")!r}):
+            seen[path] = os.path.exists(path)
+        # Of the home directory, only the Python it runs on (bound there on this host).
+        seen["home"] = sorted(os.listdir("/root")) if os.path.isdir("/root") else []
+        open("result.txt", "w").write("trained")
+        for target in ({str(provider / "outside.txt")!r}, "/usr/evil", "/etc/evil"):
+            try:
+                open(target, "w").write("x")
+                seen[target] = "written"
+            except OSError as error:
+                seen[target] = type(error).__name__
+        open("/tmp/scratch", "w").write("private")
+        print(json.dumps(seen))
+        """)
+    assert done.returncode == 0, done.stderr
+    seen = __import__("json").loads(done.stdout)
+    assert not any(seen[p] for p in (str(provider / "agent" / "keys" / "agent.key"),
+                                     "/etc/shadow", str(provider / "agent")))
+    assert set(seen["home"]) <= {".pyenv"}
+    # Whatever it wrote outside its directory went to the sandbox's own scratch root (gone
+    # with it) or was refused (the system's files are read-only): none of it is the host's.
+    assert seen["/usr/evil"] == "OSError"
+    for target in (provider / "outside.txt", Path("/usr/evil"), Path("/etc/evil")):
+        assert not target.exists()
+    assert (sandbox.directory / "result.txt").read_text() == "trained"
+    assert not Path("/tmp/scratch").exists()  # its /tmp was its own
+
+
+def test_a_fork_bomb_is_capped_and_every_process_ended(provider: Path):
+    sandbox = _sandbox(provider, processes=24)
+    done = _run(sandbox, """
+        import os, time
+        children = 0
+        try:
+            while True:
+                if os.fork() == 0:
+                    time.sleep(600)
+                    os._exit(0)
+                children += 1
+        except OSError as error:
+            print(children, type(error).__name__, flush=True)
+        """)
+    assert done.returncode == 0, done.stderr
+    children, error = done.stdout.split()
+    assert int(children) < 24 and error == "BlockingIOError"
+    assert sandbox.processes() == []  # the sleeping children were ended by close()
+
+
+def test_a_memory_hog_is_killed_at_its_cap(provider: Path):
+    done = _run(_sandbox(provider, memory_bytes=256 << 20), """
+        blocks = []
+        for _ in range(64):
+            blocks.append(bytearray(64 << 20))  # 4 GiB asked, 64 MiB at a time
+        print("never")
+        """)
+    assert done.returncode != 0 and "never" not in done.stdout
+
+
+def test_without_network_the_job_reaches_nothing(provider: Path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        done = _run(_sandbox(provider, network=False), f"""
+            import socket
+            try:
+                socket.create_connection(("127.0.0.1", {port}), timeout=3)
+                print("connected")
+            except OSError as error:
+                print(type(error).__name__)
+            """)
+    finally:
+        listener.close()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() in ("ConnectionRefusedError", "OSError")
