@@ -24,7 +24,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from shoal import ShoalError
-from shoal.spec.bundle import PINNED, BundleFile, BundleManifest, bundle_path_problem
+from shoal.spec.bundle import (BundleFile, BundleManifest, bundle_path_problem,
+                               requirement_problem)
 
 MANIFEST = "shoal-bundle.json"
 FILES = "files/"  # the archive holds MANIFEST and, under this, each file
@@ -154,15 +155,9 @@ def _requirements(path: Path) -> tuple[str, ...]:
         line = raw.split("#", 1)[0].strip().replace(" ", "")
         if not line:
             continue
-        match = PINNED.fullmatch(line)
-        if match is None:
-            raise BundleError(f"{path}:{number}: {raw.strip()!r} is not pinned: give each "
-                              "requirement as NAME==VERSION (as `pip freeze` writes it), so "
-                              "every provider builds the same environment")
-        if match.group("name").lower() == "torch":
-            raise BundleError(f"{path}:{number}: torch is the provider's (its version is "
-                              "part of each offer, and the auction matches it): drop it from "
-                              "the requirements")
+        problem = requirement_problem(line)
+        if problem:
+            raise BundleError(f"{path}:{number}: {problem}")
         lines.append(line)
     return tuple(sorted(set(lines), key=str.lower))
 

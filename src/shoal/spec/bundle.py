@@ -15,17 +15,31 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 
 from shoal.spec.base import Frozen
+from shoal.spec.proof import SHA256_HEX
+from shoal.spec.worker import WORKER_NAME
 
-SHA256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-# A file's place in a bundle: a relative POSIX path of plain components (letters, digits,
-# '.', '_', '-'; none empty, '.' or '..'), so that unpacking it can only ever write inside
-# the directory it is unpacked into.
-_COMPONENT = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
+SHA256 = Annotated[str, Field(pattern=SHA256_HEX)]
+# A file's place in a bundle: a relative POSIX path of plain components, each one as a
+# worker's name is (letters, digits, '.', '_', '-'; never empty, '.' or '..'), so that
+# unpacking it can only ever write inside the directory it is unpacked into.
+_COMPONENT = re.compile(WORKER_NAME)
 MAX_PATH_CHARS = 512
 # One requirement as a bundle holds it: a distribution name, optional extras, `==` and an
 # exact version; nothing a package index would resolve differently tomorrow.
 PINNED = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9._,-]+\])?"
                     r"==(?P<version>[A-Za-z0-9.+!_-]+)$")
+
+
+def requirement_problem(line: str) -> str | None:
+    """Why `line` cannot be a bundle's requirement, or None if it can."""
+    match = PINNED.fullmatch(line)
+    if match is None:
+        return (f"{line!r} is not pinned: give each requirement as NAME==VERSION (as `pip "
+                "freeze` writes it), so every provider builds the same environment")
+    if match.group("name").lower() == "torch":
+        return ("torch is the provider's (its version is part of each offer, and the auction "
+                "matches it): drop it from the requirements")
+    return None
 
 
 def bundle_path_problem(path: str) -> str | None:
@@ -72,11 +86,9 @@ class BundleManifest(Frozen):
     @classmethod
     def _pinned(cls, lines: tuple[str, ...]) -> tuple[str, ...]:
         for line in lines:
-            match = PINNED.fullmatch(line)
-            if match is None:
-                raise ValueError(f"requirement {line!r} is not pinned as NAME==VERSION")
-            if match.group("name").lower() == "torch":
-                raise ValueError("torch is the provider's, not the bundle's")
+            problem = requirement_problem(line)
+            if problem:
+                raise ValueError(problem)
         return lines
 
     @model_validator(mode="after")
