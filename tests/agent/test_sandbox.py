@@ -5,6 +5,7 @@ nothing, and the agent (this test's process) goes on."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -128,3 +129,27 @@ def test_without_network_the_job_reaches_nothing(provider: Path):
         listener.close()
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() in ("ConnectionRefusedError", "OSError")
+
+
+def test_a_graceful_leave_reaches_the_job_not_only_bubblewrap(provider: Path):
+    # bubblewrap passes no signal on: a SIGTERM sent to it would kill the job outright,
+    # where a spot notice must let the job's launcher hand over at a step boundary.
+    sandbox = _sandbox(provider)
+    script = sandbox.directory / "leaves.py"
+    script.write_text(textwrap.dedent("""
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *_: (print("handing over", flush=True),
+                                                   sys.exit(7)))
+        print("ready", flush=True)
+        time.sleep(60)
+        """))
+    python = str(Path(sys.base_prefix) / "bin" / "python3")
+    process = sandbox.start([python, str(script)], {"PATH": "/usr/bin:/bin"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert process.stdout.readline() == b"ready\n"
+        sandbox.signal(process, signal.SIGTERM)
+        out, _ = process.communicate(timeout=30)
+    finally:
+        sandbox.close()
+    assert out == b"handing over\n" and process.returncode == 7

@@ -16,6 +16,7 @@ from fsspec.implementations.local import LocalFileSystem
 from shoal.train.errors import TrainError
 from shoal.train.token_shards import TokenShards
 from tests.conftest import shoal_command
+from tests.harness.s3 import aws_env, s3_bucket
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,24 +34,16 @@ def _expected(shards: list[np.ndarray], context: int) -> list[np.ndarray]:
             for i in range((len(s) - 1) // context)]
 
 
+def shard_objects() -> dict[str, bytes]:
+    """The corpus as its bucket holds it: three shards of token ids."""
+    return {f"tokens/train-{i:03d}.bin": shard.tobytes() for i, shard in enumerate(_shards())}
+
+
 @pytest.fixture(scope="module")
 def s3():
     """A bucket on moto's S3 server on loopback, and the options that reach it."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    options = {"endpoint_url": f"http://{host}:{port}", "key": "test", "secret": "test",
-               "client_kwargs": {"region_name": "us-east-1"}}
-    client = boto3.client("s3", endpoint_url=options["endpoint_url"], region_name="us-east-1",
-                          aws_access_key_id="test", aws_secret_access_key="test")
-    client.create_bucket(Bucket="corpus")
-    for i, shard in enumerate(_shards()):
-        client.put_object(Bucket="corpus", Key=f"tokens/train-{i:03d}.bin", Body=shard.tobytes())
-    yield options
-    server.stop()
+    with s3_bucket("corpus", shard_objects()) as options:
+        yield options
 
 
 def test_windows_from_s3_are_the_shards_own_in_order(s3):
@@ -113,8 +106,7 @@ def test_shoal_run_trains_from_s3_exactly_through_a_kill(s3, tmp_path, cli_env):
     """The user's loop (examples/token_lm.py) on two workers reading the bucket, one killed
     mid-run: no sample skipped or seen twice, and the held-out loss of the run on one
     worker (the same samples in the same order)."""
-    env = {**cli_env, "AWS_ENDPOINT_URL": s3["endpoint_url"], "AWS_ACCESS_KEY_ID": "test",
-           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {**cli_env, **aws_env(s3)}
     reports = {}
     for workers, chaos in ((2, ["--chaos", "kill:1@step20"]), (1, [])):
         report = tmp_path / f"report-{workers}.json"

@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shoal.agent.bundled import BundledLeases
 from shoal.agent.checkpoints import CheckpointRelay
+from shoal.agent.environments import Environments
 from shoal.agent.leases import LeaseWorkers
 from shoal.agent.preflight import preflight
 from shoal.agent.progress import ProgressRelay
+from shoal.agent.sandbox import sandbox_problem
 from shoal.agent.proofs import ProofRelay
 from shoal.client.http import CoordinatorClient, CoordinatorRefused
 from shoal.errors import ControlError
@@ -68,6 +71,8 @@ class AgentConfig:
     grace_s: float = 20.0  # a leaving worker's time to hand over before it is killed
     adversary: str | None = None  # workers cheat this way (rehearsing the verifiers)
     chain: ChainPin | None = None  # None: sign no chain lease (off-chain jobs only)
+    bundled_jobs: bool = True  # run submitters' own code, sandboxed (where this host can)
+    pip_args: tuple[str, ...] = ()  # for pip, building bundled jobs' environments
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -76,11 +81,24 @@ class AgentConfig:
             raise ControlError("--slowdown must be at least 1 (1: this machine's own speed)")
 
 
+def _bundled_leases(client: CoordinatorClient, config: AgentConfig) -> BundledLeases | None:
+    """What runs bundled jobs here, or None (said) where this agent will not."""
+    if not config.bundled_jobs:
+        return None
+    problem = sandbox_problem()
+    if problem is not None:
+        log.warning("bundled jobs (submitters' own code) are refused here: %s", problem)
+        return None
+    return BundledLeases(client.another_connection(), config.work_dir,
+                         Environments(config.work_dir / "environments", config.pip_args))
+
+
 class Agent:
     def __init__(self, client: CoordinatorClient, config: AgentConfig) -> None:
         self.client, self.config = client, config
         self.workers = LeaseWorkers(config.agent_id, config.work_dir, config.slowdown,
-                                    config.grace_s, adversary=config.adversary)
+                                    config.grace_s, adversary=config.adversary,
+                                    bundled=_bundled_leases(client, config))
         # Uploads run on a thread and a connection of their own: a beat held up behind
         # them would get the agent reaped and its leases replaced. Challenge answers run
         # on a third: behind a checkpoint carry (the coordinator verifies it before it

@@ -18,11 +18,13 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shoal.agent.bundled import BundledLeases, SandboxedWorker
 from shoal.agent.checkpoints import checkpoint_dir
 from shoal.agent.proofs import proof_dir
 from shoal.elastic.gate_keys import PASS_ENV
 from shoal.elastic.worker_process import WorkerProcess
 from shoal.spec.errors import SpecError
+from shoal.spec.job import JobSpec
 from shoal.spec.jobfile import parse_job, refuse_for_providers
 from shoal.spec.coordinator import Assignment
 
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 class LeaseWorker:
     lease: int
     job: str
-    process: WorkerProcess
+    process: WorkerProcess | SandboxedWorker
     started_s: float
     leaving: bool = False  # told to leave (notice or lease ended); not restarted
     exit_code: int | None = None
@@ -43,8 +45,10 @@ class LeaseWorker:
 class LeaseWorkers:
     def __init__(self, agent_id: str, work_dir: Path, slowdown: float = 1.0,
                  grace_s: float = 20.0, max_restarts: int = 2,
-                 adversary: str | None = None) -> None:
+                 adversary: str | None = None, bundled: BundledLeases | None = None) -> None:
+        """`bundled`: runs the leases of bundled jobs (None: this agent refuses them)."""
         self.agent_id, self.work_dir, self.adversary = agent_id, work_dir, adversary
+        self.bundled = bundled
         self.slowdown, self.grace_s, self.max_restarts = slowdown, grace_s, max_restarts
         self.workers: dict[int, LeaseWorker] = {}
         self.refused: set[int] = set()  # leases whose job file this agent will not run
@@ -82,18 +86,21 @@ class LeaseWorkers:
 
     def _start(self, assignment: Assignment, attempt: int) -> LeaseWorker | None:
         lease = assignment.lease
+        if lease.lease in self.refused:
+            return None
         try:  # the agent trusts no one with its disk, not even its coordinator
-            refuse_for_providers(parse_job(tomllib.loads(assignment.job_file), "job_file"))
+            spec = parse_job(tomllib.loads(assignment.job_file), "job_file")
+            refuse_for_providers(spec)
         except (SpecError, tomllib.TOMLDecodeError) as error:
-            if lease.lease not in self.refused:
-                log.error("lease %d (job %s): not running it: %s", lease.lease, lease.job, error)
-                self.refused.add(lease.lease)
+            self._refuse(lease.lease, lease.job, str(error))
             return None
         lease_dir = self.work_dir / f"lease-{lease.lease}"
         lease_dir.mkdir(parents=True, exist_ok=True)
         job_file = self.job_file(lease.lease)
         job_file.write_text(assignment.job_file)
         node = f"{self.agent_id}-l{lease.lease}-a{attempt}"
+        if spec.bundle is not None:
+            return self._start_bundled(assignment, spec, node, attempt)
         # The submitter's job file never chooses where on this machine files are written:
         # checkpoints go under the agent's own directory, one per job, kept across leases.
         # Work records and challenge files likewise (the agent uploads and answers from there).
@@ -113,14 +120,42 @@ class LeaseWorkers:
             env[PASS_ENV] = assignment.rendezvous_pass.model_dump_json()
         process = WorkerProcess(node, command, env, lease_dir / "worker.log",
                                 on_exit=lambda _: None)
-        worker = LeaseWorker(lease.lease, lease.job, process, time.monotonic())
-        previous = self.workers.get(lease.lease)
-        if previous is not None:
-            worker.exited = previous.exited + [previous.process.process.returncode]
-        self.workers[lease.lease] = worker
         log.info("lease %d (job %s): worker %s started, rendezvous %s", lease.lease, lease.job,
                  node, assignment.rendezvous)
+        return self._hold(lease.lease, lease.job, process)
+
+    def _start_bundled(self, assignment: Assignment, spec: JobSpec, node: str,
+                       attempt: int) -> LeaseWorker | None:
+        """A bundled job's worker, once its code and environment are ready (got ready on
+        a thread of their own: until then, nothing, and the next beat asks again)."""
+        lease = assignment.lease
+        if self.bundled is None:
+            self._refuse(lease.lease, lease.job, "a bundled job (the submitter's own code), "
+                         "and this agent runs none: start it with --bundled-jobs")
+            return None
+        try:
+            code = self.bundled.ready(lease.lease, lease.job, spec)
+        except Exception as error:  # a bad bundle, pip failing, no sandbox: said, not run
+            self._refuse(lease.lease, lease.job, f"its bundle: {error}")
+            return None
+        if code is None:
+            return None
+        process = self.bundled.start(code, assignment, spec, node, attempt, self.grace_s,
+                                     self.work_dir / f"lease-{lease.lease}" / "worker.log")
+        return self._hold(lease.lease, lease.job, process)
+
+    def _hold(self, number: int, job: str, process: WorkerProcess | SandboxedWorker) -> LeaseWorker:
+        worker = LeaseWorker(number, job, process, time.monotonic())
+        previous = self.workers.get(number)
+        if previous is not None:
+            worker.exited = previous.exited + [previous.process.process.returncode]
+        self.workers[number] = worker
         return worker
+
+    def _refuse(self, number: int, job: str, why: str) -> None:
+        if number not in self.refused:
+            log.error("lease %d (job %s): not running it: %s", number, job, why)
+            self.refused.add(number)
 
     def _restart(self, worker: LeaseWorker, assignment: Assignment) -> None:
         code = worker.process.process.returncode

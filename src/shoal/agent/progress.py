@@ -26,7 +26,10 @@ class ProgressRelay:
         """Send new rank-0 steps of each lease's workers (`leases`: number -> job)."""
         sent = 0
         for number, job_id in sorted(leases.items()):
-            for path in sorted((self.work_dir / f"lease-{number}").glob("run-*/steps-*.jsonl")):
+            lease_dir = self.work_dir / f"lease-{number}"
+            # A bundled job's launcher runs in the lease's sandbox directory, job/.
+            for path in sorted([*lease_dir.glob("run-*/steps-*.jsonl"),
+                                *lease_dir.glob("job/run-*/steps-*.jsonl")]):
                 sent += self._upload_file(number, job_id, path)
         return sent
 

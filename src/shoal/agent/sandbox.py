@@ -48,6 +48,18 @@ class Limits:
     network: bool = True  # the host's network; False: none at all
 
 
+def sandbox_problem() -> str | None:
+    """Why this host cannot run sandboxes, or None if it can."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap is not installed (`apt-get install bubblewrap`)"
+    for controller in ("pids", "memory"):
+        if not (_CGROUP_V1 / controller / "cgroup.procs").is_file():
+            return f"no cgroup v1 {controller} controller at {_CGROUP_V1 / controller}"
+        if not os.access(_CGROUP_V1 / controller, os.W_OK):
+            return f"cannot make cgroups under {_CGROUP_V1 / controller} (run the agent as root)"
+    return None
+
+
 class Sandbox:
     """Runs commands for job `name` confined to `directory` (created if missing), with
     `read_only` paths (the job's environment, the Python it runs on) visible too."""
@@ -114,6 +126,21 @@ class Sandbox:
         return subprocess.Popen(self.command(argv), env=dict(env), stdout=stdout, stderr=stderr,
                                 stdin=subprocess.DEVNULL, preexec_fn=enter)
 
+    def signal(self, process: subprocess.Popen, signum: int) -> None:
+        """Send `signum` to the command `process` (a `start`ed bubblewrap) runs.
+
+        bubblewrap passes no signal on: a SIGTERM to it kills it, and the job dies with it
+        at once, where a graceful leave must reach the job's launcher. In the job's own pid
+        namespace bubblewrap's monitor is pid 1 and the command pid 2; that process is
+        found from the outside as the monitor's child, whom the job cannot change.
+        """
+        for monitor in _children(process.pid):
+            for command in _children(monitor):
+                try:
+                    os.kill(command, signum)
+                except ProcessLookupError:
+                    pass
+
     def processes(self) -> list[int]:
         """The job's processes still running (none once it is closed)."""
         try:
@@ -137,3 +164,17 @@ class Sandbox:
                 group.rmdir()
             except OSError:
                 pass  # a process that outlived the kills keeps it; said by `processes`
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        except OSError:
+            pass
+    return found

@@ -5,6 +5,6 @@ someone else and writes it out. Plain Python (tarfile, hashlib): it imports only
 """
 
 from shoal.bundle.pack import Bundle, BundleError, pack_bundle
-from shoal.bundle.unpack import unpack_bundle
+from shoal.bundle.unpack import check_bundle, unpack_bundle
 
-__all__ = ["Bundle", "BundleError", "pack_bundle", "unpack_bundle"]
+__all__ = ["Bundle", "BundleError", "check_bundle", "pack_bundle", "unpack_bundle"]

@@ -25,17 +25,18 @@ from shoal.spec.bundle import BundleManifest
 MAX_MANIFEST_BYTES = 1 << 20
 
 
+def check_bundle(archive: bytes, sha256: str, *,
+                 max_bytes: int = MAX_BUNDLE_BYTES) -> BundleManifest:
+    """`archive`'s manifest, once the archive is checked against `sha256` and against its
+    manifest (as `unpack_bundle` checks it), writing nothing."""
+    return _verified(archive, sha256, max_bytes)[0]
+
+
 def unpack_bundle(archive: bytes, sha256: str, dest: Path, *,
                   max_bytes: int = MAX_BUNDLE_BYTES) -> BundleManifest:
     """Check `archive` against `sha256` and its own manifest, write its files under
     `dest` (which must not exist yet, or be empty) and return the manifest."""
-    if len(archive) > max_bytes:
-        raise BundleError(f"a bundle of {len(archive)} bytes (at most {max_bytes})")
-    actual = hashlib.sha256(archive).hexdigest()
-    if actual != sha256:
-        raise BundleError(f"the bundle's SHA-256 is {actual[:16]}…, not the job's "
-                          f"{sha256[:16]}…: not the job's code; nothing of it was run")
-    manifest, contents = _checked(archive)
+    manifest, contents = _verified(archive, sha256, max_bytes)
     if dest.exists() and any(dest.iterdir()):
         raise BundleError(f"{dest} is not empty: a bundle is unpacked into a directory of "
                           "its own")
@@ -47,6 +48,17 @@ def unpack_bundle(archive: bytes, sha256: str, dest: Path, *,
         except (NotADirectoryError, IsADirectoryError, FileExistsError):
             raise BundleError(f"the bundle's {path!r} is both a file and a directory") from None
     return manifest
+
+
+def _verified(archive: bytes, sha256: str,
+              max_bytes: int) -> tuple[BundleManifest, dict[str, bytes]]:
+    if len(archive) > max_bytes:
+        raise BundleError(f"a bundle of {len(archive)} bytes (at most {max_bytes})")
+    actual = hashlib.sha256(archive).hexdigest()
+    if actual != sha256:
+        raise BundleError(f"the bundle's SHA-256 is {actual[:16]}…, not the job's "
+                          f"{sha256[:16]}…: not the job's code; nothing of it was run")
+    return _checked(archive)
 
 
 def _checked(archive: bytes) -> tuple[BundleManifest, dict[str, bytes]]:

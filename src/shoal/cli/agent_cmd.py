@@ -37,6 +37,13 @@ def agent_command(
     contract: str = typer.Option(None, "--contract", metavar="ADDRESS", help="The market "
                                  "contract your stake is on (with --chain-id): terms naming "
                                  "another are not signed. Without both, no chain lease is."),
+    bundled_jobs: bool = typer.Option(True, "--bundled-jobs/--no-bundled-jobs",
+                                      help="Run submitters' own code (bundled jobs), each in "
+                                           "its own environment and a bubblewrap sandbox."),
+    pip_option: list[str] = typer.Option([], "--pip-option", metavar="OPTION",
+                                         help="Passed to pip when a bundled job's environment "
+                                              "is built (your index: --index-url=URL; "
+                                              "repeatable)."),
     url: str = URL, key: Path = KEY, cert_sha256: str = CERT_SHA256,
 ) -> None:
     """Pre-flight this machine, offer its devices, run workers for their leases."""
@@ -55,7 +62,8 @@ def agent_command(
     config = AgentConfig(agent_id=agent_id, work_dir=work_dir or Path("runs") / f"agent-{agent_id}",
                          devices=devices, device_kind=device_kind, region=region,
                          price_wei_per_s=price, slowdown=slowdown, grace_s=grace_s,
-                         adversary=adversary, chain=pin,
+                         adversary=adversary, chain=pin, bundled_jobs=bundled_jobs,
+                         pip_args=tuple(pip_option),
                          tenancy=Tenancy.on_demand if on_demand else Tenancy.spot)
     with coordinator_client(url, load_key(str(key)), cert_sha256) as client:
         agent = Agent(client, config)

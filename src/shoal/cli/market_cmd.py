@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -60,7 +61,9 @@ def key_new(path: Path = typer.Argument(..., help="Where to write the key (mode 
 
 
 def submit_command(
-    job_file: Path = typer.Argument(..., help="The job file (TOML) to run."),
+    job: Path = typer.Argument(..., help="A job file (TOML), or your own script (.py): it is "
+                               "bundled with the modules it imports and sent first."),
+    args: Optional[list[str]] = typer.Argument(None, help="The script's arguments (after --)."),
     workers: int = typer.Option(..., "--workers", help="Devices wanted."),
     max_price: int = typer.Option(..., "--max-price", help="Most wei per second per device."),
     budget: int = typer.Option(..., "--budget", help="Wei escrowed for the job."),
@@ -72,34 +75,113 @@ def submit_command(
     chain_job: int = typer.Option(None, "--chain-job", help="Your job on the settlement "
                                   "contract whose escrow backs --budget (if the coordinator "
                                   "settles on a chain)."),
+    requirements: Optional[Path] = typer.Option(None, "--requirements", "-r", help="Script: "
+                                                "its pinned requirements (NAME==VERSION "
+                                                "lines; torch is the provider's)."),
+    include: list[Path] = typer.Option([], "--include", help="Script: another file or "
+                                       "directory beside it to carry (repeatable)."),
+    data: Optional[str] = typer.Option(None, "--data", help="Script: the data's URL, as its "
+                                       "workers read it (recorded in the bundle)."),
+    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Script: the steps its "
+                                        "run.batches loop runs (the job ends there)."),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", min=1, help="Script: "
+                                               "the global batch its run.batches takes."),
+    env: list[str] = typer.Option([], "--env", metavar="NAME=VALUE", help="Script: a "
+                                  "variable its workers get, e.g. the data store's endpoint "
+                                  "(the job's providers read it; repeatable)."),
     url: str = URL, cert_sha256: str = CERT_SHA256, key: Path = KEY,
 ) -> None:
-    """Submit a job with its budget and price ceiling; prints the job id."""
+    """Submit a job with its budget and price ceiling; prints the job id.
+
+    A script is the job `shoal run SCRIPT -- ARGS` would run, on leased devices: bundled
+    (`shoal bundle`), sent, and named by its SHA-256 in the job, which providers run in
+    its own environment and a sandbox.
+    """
     from pydantic import ValidationError
 
     from shoal.client.http import CoordinatorRefused
     from shoal.errors import ControlError
     from shoal.spec.coordinator import JobSubmission, Registration
 
-    if not job_file.is_file():
-        raise ControlError(f"job file {job_file} not found")
+    if not job.is_file():
+        raise ControlError(f"{job} not found: give a job file (.toml) or a script (.py)")
+    script = job.suffix == ".py"
+    if not script:
+        given = [flag for flag, value in (("--requirements", requirements), ("--data", data),
+                                           ("--steps", steps), ("--global-batch", global_batch),
+                                           ("--include", include), ("--env", env),
+                                           ("script arguments", args)) if value]
+        if given:
+            raise ControlError(f"{', '.join(given)}: for a script (.py); a job file says "
+                               "all of it itself")
     with _client(url, key, cert_sha256) as client:
         try:
-            client.register(Registration(role="submitter", name=job_file.stem[:64] or "submitter"))
+            client.register(Registration(role="submitter", name=job.stem[:64] or "submitter"))
         except CoordinatorRefused as refused:
             if refused.status != 409:
                 raise
+        if script:
+            job_file = _send_bundle(client, job, list(args or []), requirements, include, data,
+                                    steps, global_batch, env)
+        else:
+            job_file = job.read_text()
         try:
             submission = JobSubmission(
-                name=job_file.stem[:64], job_file=job_file.read_text(), workers=workers,
+                name=job.stem[:64], job_file=job_file, workers=workers,
                 min_workers=min_workers, max_price_wei_per_s=max_price, budget_wei=budget,
                 priority=priority, regions=frozenset(region), chain_job=chain_job,
                 tenancies=frozenset({"spot"}) if spot_only else frozenset({"spot", "on_demand"}))
         except ValidationError as error:
             raise ControlError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
                                          for e in error.errors())) from None
-        job = client.submit(submission)
-    typer.echo(job.job_id)
+        view = client.submit(submission)
+    typer.echo(view.job_id)
+
+
+def _send_bundle(client, script: Path, args: list[str], requirements: Path | None,  # noqa: ANN001
+                 include: list[Path], data: str | None, steps: int | None,
+                 global_batch: int | None, env: list[str]) -> str:
+    """Bundle `script`, send the bundle, and write the job file that names it."""
+    from shoal.bundle import pack_bundle
+    from shoal.errors import ControlError
+    from shoal.spec.jobfile import parse_job
+
+    if steps is None or global_batch is None:
+        raise ControlError("a script's job needs --steps and --global-batch: the numbers "
+                           "its run.batches loop takes (the job ends at those steps, and "
+                           "the market plans for that batch)")
+    variables = {}
+    for item in env:
+        name, equals, value = item.partition("=")
+        if not equals:
+            raise ControlError(f"--env {item!r}: give NAME=VALUE")
+        variables[name] = value
+    bundle = pack_bundle(script, requirements=requirements, include=tuple(include), data=data)
+    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in script.stem)[:64] or "job"
+    values = {"name": name, "steps": steps, "global_batch": global_batch,
+              "bundle": {"sha256": bundle.sha256, "args": args, "env": variables}}
+    parse_job(values, "the job")  # refused here, with its reason, before anything is sent
+    client.upload_bundle(bundle.sha256, bundle.archive)
+    typer.echo(f"bundle {bundle.sha256} ({len(bundle.archive)} bytes, "
+               f"{len(bundle.manifest.files)} files) sent", err=True)
+    return _toml(values)
+
+
+def _toml(values: dict) -> str:
+    """The job file of a script's job (TOML of strings, numbers and one table deep)."""
+    def value(v: object) -> str:
+        if isinstance(v, str):
+            return json.dumps(v)  # a TOML basic string is a JSON string
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
+        return str(v)
+
+    lines = [f"{k} = {value(v)}" for k, v in values.items() if not isinstance(v, dict)]
+    for table, items in ((k, v) for k, v in values.items() if isinstance(v, dict)):
+        lines += ["", f"[{table}]", *(f"{k} = {value(x)}" for k, x in items.items())]
+    return "\n".join(lines) + "\n"
 
 
 def jobs_command(url: str = URL, cert_sha256: str = CERT_SHA256,

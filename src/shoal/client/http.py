@@ -24,6 +24,7 @@ from shoal.spec.audit import (
     ChallengeRequest, Challenges, ChallengeView, DisputeFiling, DisputeView, JobFile,
     ProofEpochView, RecordUpload, UploadReceipt, VerdictFiling, VerdictView,
 )
+from shoal.spec.bundle import BundleManifest
 from shoal.spec.checkpoint import CheckpointView
 from shoal.spec.ledger import LeaseAcceptance
 from shoal.spec.progress import JobPlanView, MembershipChange, ProgressUpload, StepProgress
@@ -268,6 +269,14 @@ class CoordinatorClient:
 
     def checkpoint_file(self, job_id: str, step: int) -> bytes:
         return self.request("GET", f"/v1/jobs/{job_id}/checkpoints/{step}/file", raw=True)
+
+    def upload_bundle(self, sha256: str, archive: bytes) -> BundleManifest:
+        return TypeAdapter(BundleManifest).validate_python(self.request(
+            "PUT", f"/v1/bundles/{sha256}", archive))
+
+    def bundle(self, sha256: str) -> bytes:
+        """A job bundle's archive as sent (check it with shoal.bundle before any use)."""
+        return self.request("GET", f"/v1/bundles/{sha256}", raw=True)
 
     def file_verdicts(self, job_id: str, filing: VerdictFiling) -> list[VerdictView]:
         return self._post(f"/v1/jobs/{job_id}/proof/verdicts", filing, list[VerdictView])

@@ -11,7 +11,8 @@ which nothing is used before it is built:
 - the market: `desk` (the market, its clock and its writer), `participants`,
   `offers` and `agents` (providers' offers, their agents and heartbeats),
   `probing` (agents' network probes), `reads`;
-- the jobs: `specs` (each job's spec), `jobs` (as their submitters drive them),
+- the jobs: `specs` (each job's spec), `bundles` (the submitters' own code, for
+  jobs that run it), `jobs` (as their submitters drive them),
   `progress`, `planning` (the plan of each job's members), `attendance` (leases
   held to the jobs' membership), `supervision` (the watch over running work),
   `files` (who may send a large file before it is read), `carry` (checkpoints
@@ -51,6 +52,7 @@ from shoal.coordinator.proofs.verdict_stake import VerdictStake
 from shoal.coordinator.proofs.verdicts import Verdicts
 from shoal.coordinator.services import journal
 from shoal.coordinator.services.attendance import LeaseAttendance
+from shoal.coordinator.services.bundles import JobBundles
 from shoal.coordinator.services.chain_jobs import ChainSettlement
 from shoal.coordinator.services.checkpoints import CheckpointCarry
 from shoal.coordinator.services.file_admission import FileAdmission
@@ -137,8 +139,9 @@ class Coordinator:
         # The jobs' lifecycle, their supervision and settlement.
         self.chain = ChainSettlement(store, desk, settings, settlement, self.attendance,
                                      records.record_dues)
+        self.bundles = JobBundles(store, settings, specs.job_spec, self.carry.active_lease)
         self.jobs = JobLifecycle(desk, settings, self.participants, self.hosts, settlement,
-                                 self.chain, records.close_proofs)
+                                 self.chain, records.close_proofs, self.bundles.check_job)
         self.supervision = JobSupervision(store, desk, settings, self.hosts, self.attendance,
                                           self.jobs.end, self.offers.withdraw,
                                           records.awaiting_records,

@@ -18,6 +18,13 @@ from shoal.spec.base import Frozen
 from shoal.spec.proof import SHA256_HEX
 from shoal.spec.worker import WORKER_NAME
 
+# What a bundled job's worker is told its job's steps and global batch by (the agent sets
+# them; `run.batches` holds the script's loop to them): the job host ends the job at those
+# steps and no others, so a script looping for fewer would leave the job open and its
+# submitter paying, and the market planned and priced the job for that batch.
+JOB_STEPS_ENV = "SHOAL_JOB_STEPS"
+JOB_GLOBAL_BATCH_ENV = "SHOAL_JOB_GLOBAL_BATCH"
+
 SHA256 = Annotated[str, Field(pattern=SHA256_HEX)]
 # A file's place in a bundle: a relative POSIX path of plain components, each one as a
 # worker's name is (letters, digits, '.', '_', '-'; never empty, '.' or '..'), so that

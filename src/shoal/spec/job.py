@@ -7,11 +7,13 @@ value is validated here, once, so the runtime can trust what it receives.
 from __future__ import annotations
 
 import enum
+import re
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from shoal.spec.base import Frozen
+from shoal.spec.bundle import SHA256
 from shoal.spec.plan import Codec, SyncMode
 from shoal.spec.proof import ProofSpec
 
@@ -172,6 +174,37 @@ class CheckpointSpec(Frozen):
     keep: int = Field(3, ge=1, le=1000)
 
 
+# A variable a bundled job's script is given (`[bundle] env`): a plain name, never one of
+# the runtime's own (SHOAL_*) or one that changes how Python or the loader start.
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+_ENV_RESERVED = ("SHOAL_", "PYTHON", "LD_", "TORCH_", "OMP_", "PATH", "HOME")
+
+
+class BundleRef(Frozen):
+    """`[bundle]`: the job is the submitter's own script, packed by `shoal bundle` (or
+    `shoal submit SCRIPT`) into the archive whose SHA-256 this is. Every provider, and
+    whoever checks its work, runs exactly that archive's script with `args`.
+
+    `env`: variables the script is given, such as the endpoint of the data's store. The
+    job's providers read them (they are in the job file each lease is sent): give only
+    what is meant for them, a read-only credential of the data at most.
+    """
+
+    sha256: SHA256
+    args: tuple[Annotated[str, Field(max_length=1024)], ...] = Field((), max_length=64)
+    env: dict[str, Annotated[str, Field(max_length=4096)]] = Field({}, max_length=32)
+
+    @field_validator("env")
+    @classmethod
+    def _plain_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not _ENV_NAME.fullmatch(name) or name.startswith(_ENV_RESERVED):
+                raise ValueError(f"bundle.env: {name!r} cannot be set for a job's script "
+                                 "(upper-case letters, digits and '_'; none of "
+                                 f"{', '.join(p + '*' for p in _ENV_RESERVED)})")
+        return env
+
+
 class JobSpec(Frozen):
     """One training job, as read from a job file."""
 
@@ -193,6 +226,18 @@ class JobSpec(Frozen):
     aggregation: Aggregation = Aggregation.mean
     proof: ProofSpec = ProofSpec()
     sync: SyncSpec = SyncSpec()
+    # The submitter's own script (None: the built-in GPT as [model] and [data] say).
+    bundle: BundleRef | None = None
+
+    @model_validator(mode="after")
+    def _bundle_alone(self) -> JobSpec:
+        if self.bundle is not None and self.proof.enabled:
+            # Records, audits and the referee replay the built-in trainer's steps; a
+            # script's steps are its own loop, which no verifier can replay yet.
+            raise ValueError("[proof] is not available for a bundled job yet (a verifier "
+                             "replays the built-in trainer's steps, not a script's): set "
+                             "[proof] enabled = false, or train the built-in model")
+        return self
 
     @model_validator(mode="after")
     def _sync_fits_aggregation(self) -> JobSpec:

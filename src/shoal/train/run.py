@@ -19,6 +19,7 @@ with the same samples, by whoever is left.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shoal.spec.bundle import JOB_GLOBAL_BATCH_ENV, JOB_STEPS_ENV
 from shoal.spec.elastic import BatchPolicy, GuardVerdict, Phase, StepBallot
 from shoal.spec.job import Aggregation, SyncSpec
 from shoal.train.attempt import Attempt
@@ -139,6 +141,7 @@ class Run:
         """This worker's share of every step, in micro-batches, until `steps` commit."""
         if self.model is None:
             raise TrainError("call run.wrap(model, optimizer) before run.batches(...)")
+        _hold_to_the_job(steps, global_batch)
         order = DataOrder(_num_samples(dataset), seed)
         self.sync.plan(steps)
         if self.config.spare and self.config.settings.spare_warmup and self.record is None:
@@ -377,6 +380,18 @@ def _num_samples(dataset: Any) -> int:
     count = getattr(dataset, "num_samples", None)
     count = count() if callable(count) else count
     return int(count if count is not None else len(dataset))
+
+
+def _hold_to_the_job(steps: int, global_batch: int) -> None:
+    """A bundled market job's loop runs the steps and batch its job was submitted with:
+    its host ends the job at those steps, and the market priced it for that batch."""
+    for name, value, given in ((JOB_STEPS_ENV, steps, "steps"),
+                               (JOB_GLOBAL_BATCH_ENV, global_batch, "global_batch")):
+        job = os.environ.get(name)
+        if job is not None and int(job) != value:
+            raise TrainError(f"run.batches({given}={value}), but this job was submitted with "
+                             f"{given} = {job}: give the script (its args) the job's number "
+                             "(`shoal submit --steps/--global-batch`)")
 
 
 def _fetch(dataset: Any, ids: np.ndarray) -> Any:

@@ -15,7 +15,7 @@ from fastapi import APIRouter, FastAPI
 
 from shoal import __version__
 from shoal.coordinator.api import (
-    agents, checkpoints, disputes, events, health, jobs, participants, probe, progress, proofs,
+    agents, bundles, checkpoints, disputes, events, health, jobs, participants, probe, progress, proofs,
 )
 from shoal.coordinator.api.errors import PROBLEMS, answer_errors
 from shoal.coordinator.api.fast_heartbeat import serve_heartbeats_fast
@@ -28,7 +28,7 @@ from shoal.coordinator.rounds import RoundLoop
 
 ROUTERS: tuple[APIRouter, ...] = (
     health.router, participants.router, agents.router, jobs.router, events.router,
-    progress.router, proofs.router, disputes.router, probe.router, checkpoints.router,
+    progress.router, proofs.router, disputes.router, probe.router, checkpoints.router, bundles.router,
 )
 
 

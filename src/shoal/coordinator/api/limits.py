@@ -46,7 +46,9 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = self.max_bytes
-        if self.file_paths is not None and self.file_paths.fullmatch(scope["path"]):
+        # Files are PUT; a GET of the same path (a bundle's) carries no body to admit.
+        if self.file_paths is not None and scope["method"] == "PUT" \
+                and self.file_paths.fullmatch(scope["path"]):
             limit = self.file_bytes
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):

@@ -9,9 +9,9 @@ small limit to those paths is admitted unread only when its signed headers
 (the body's hash announced beside them, `identity.BODY_SHA256`) verify, the
 nonce is fresh, and the signer is the one party that may send that file: the
 provider answerable for the challenge, or one holding a lease of the job the
-checkpoint is for. The body, once read, is checked against the announced
-hash by the usual signature check, and the call itself checks the rest
-again (nothing here changes the store).
+checkpoint is for, or a submitter for a job bundle. The body, once read, is
+checked against the announced hash by the usual signature check, and the call
+itself checks the rest again (nothing here changes the store).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ from shoal.spec.coordinator import Role
 
 _ANSWER = re.compile(r"/v1/challenges/([0-9]{1,20})/answer")
 _CHECKPOINT = re.compile(r"/v1/jobs/([^/]+)/checkpoints/[0-9]+")
+_BUNDLE = re.compile(r"/v1/bundles/[0-9a-f]{64}")
 # The paths whose bodies are files, not JSON: the body limit lets these through up to
 # max_file_bytes, past max_body_bytes only once `admit_file` has said who may send them.
-FILE_UPLOADS = re.compile(f"{_ANSWER.pattern}|{_CHECKPOINT.pattern}")
+FILE_UPLOADS = re.compile(f"{_ANSWER.pattern}|{_CHECKPOINT.pattern}|{_BUNDLE.pattern}")
 
 
 # Each checks, in the caller's session, that `provider` may send the file; raises if not.
@@ -69,7 +70,13 @@ class FileAdmission:
         with self.store.engine.connect() as connection:
             if beats.nonce_seen(connection, signer.address, signer.nonce):
                 raise Unauthenticated(REPLAYED)
-        if self.participants.role_of(signer.address) is not Role.provider:
+        role = self.participants.role_of(signer.address)
+        if _BUNDLE.fullmatch(path) is not None:
+            if role is not Role.submitter:  # a bundle is a job's code: its submitter's
+                raise Forbidden(f"{signer.address} is not a submitter: only submitters "
+                                "send bundles")
+            return signer
+        if role is not Role.provider:
             raise Forbidden(f"{signer.address} is not a provider: only the provider "
                             "whose worker wrote a file may send it")
         with self.store.read() as session:

@@ -45,16 +45,21 @@ class JobLifecycle:
 
     def __init__(self, desk: MarketDesk, settings: CoordinatorSettings,
                  participants: Participants, hosts: JobHosts, settlement: Settlement | None,
-                 chain: ChainSettlement, close_proofs: CloseProofs) -> None:
+                 chain: ChainSettlement, close_proofs: CloseProofs,
+                 check_bundle: Callable[[str, str], None]) -> None:
         """`settlement` None: escrow is the store's bookkeeping only; else `chain` holds
-        each job to its escrow on chain and settles it at its end."""
+        each job to its escrow on chain and settles it at its end. `check_bundle(submitter,
+        sha256)` raises unless a job of the submitter's may name that bundle."""
         self.desk, self.settings, self.participants, self.hosts = desk, settings, \
             participants, hosts
         self.settlement, self.chain, self.close_proofs = settlement, chain, close_proofs
+        self.check_bundle = check_bundle
 
     def submit(self, submitter: str, submission: JobSubmission) -> JobView:
         """Take a job whose job file providers would run, against its escrow."""
         spec = _check_job_file(submission.job_file)
+        if spec.bundle is not None:
+            self.check_bundle(submitter, spec.bundle.sha256)
         size = 4 * spec.model.parameters()  # float32: what a `params` file of it holds
         if size > self.settings.max_file_bytes:
             # The coordinator builds the model to check carried checkpoints and plant
