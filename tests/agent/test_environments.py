@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import subprocess
 import sys
 import zipfile
@@ -17,12 +18,15 @@ from shoal.agent.environments import Environments, EnvironmentError_
 from shoal.spec.bundle import BundleFile, BundleManifest
 
 
-def _wheel(folder: Path, name: str, version: str, body: str) -> None:
+def _wheel(folder: Path, name: str, version: str, body: str, requires: str = "") -> None:
     """A pure-Python wheel of one module, as a package index would serve it."""
     dist = f"{name}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    if requires:
+        metadata += f"Requires-Dist: {requires}\n"
     files = {
         f"{name}.py": body.encode(),
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/METADATA": metadata.encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
                          b"Tag: py3-none-any\n",
     }
@@ -52,6 +56,9 @@ def environments(tmp_path: Path) -> Environments:
     _wheel(index, "shoalpin", "1.0", "VERSION = '1.0'\n")
     _wheel(index, "shoalpin", "2.0", "VERSION = '2.0'\n")
     _wheel(index, "idna", "0.0.1", "__version__ = '0.0.1'\n")  # the provider has 3.x
+    # A package that needs another torch, and that torch (a stand-in) on the index.
+    _wheel(index, "torch", "9.0", "__version__ = '9.0'\n")
+    _wheel(index, "needsnewtorch", "1.0", "", requires="torch>=9")
     return Environments(tmp_path / "envs", ("--no-index", "--find-links", str(index)))
 
 
@@ -89,4 +96,14 @@ def test_a_bundles_pin_wins_over_the_providers_copy_which_stays_as_it_was(enviro
 def test_a_pin_that_cannot_be_installed_is_said_and_leaves_nothing(environments):
     with pytest.raises(EnvironmentError_, match="shoalpin==3.0"):
         environments.python(_manifest("shoalpin==3.0"))
+    assert [p.name for p in environments.root.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_a_pin_that_pulls_in_another_torch_is_refused_not_installed(environments, monkeypatch):
+    # torch is the provider's: installed, the index's torch 9.0 would shadow it in the
+    # job's environment, and the job would run on a torch no offer named. (No pip
+    # configuration of this machine's: its own constraints would hide whether ours hold.)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    with pytest.raises(EnvironmentError_, match="needsnewtorch==1.0"):
+        environments.python(_manifest("needsnewtorch==1.0"))
     assert [p.name for p in environments.root.iterdir() if not p.name.endswith(".lock")] == []

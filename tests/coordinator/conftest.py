@@ -136,12 +136,13 @@ def served(store_url, operator) -> Iterator[Served]:
 
 
 def provider_with_agent(client: CoordinatorClient, agent_id: str = "agent-a",
-                        speed: float = 100.0, devices: int = 1, region: str = "eu") -> None:
+                        speed: float = 100.0, devices: int = 1, region: str = "eu",
+                        torch: str | None = None) -> None:
     client.register(Registration(role="provider", name=f"p-{agent_id}"))
     client.register_agent(AgentRegistration(
         agent_id=agent_id, region=region,
         devices=tuple(Preflight(device_kind="cpu", speed_samples_per_s=speed, memory_gb=4.0,
-                                backend=Backend.gloo, collective_ok=True)
+                                backend=Backend.gloo, collective_ok=True, torch=torch)
                       for _ in range(devices))))
 
 

@@ -19,12 +19,14 @@ from shoal.spec.coordinator import JobSubmission, OfferTerms, Registration
 from tests.coordinator.conftest import Served, provider_with_agent
 
 PRICE = 1_000
+TORCH = "2.13.0"
 
 
-def _bundle(tmp_path: Path, text: str = "import shoal\nprint('the submitter\\'s own')\n"):
+def _bundle(tmp_path: Path, text: str = "import shoal\nprint('the submitter\\'s own')\n",
+            torch: str = TORCH):
     script = tmp_path / "train.py"
     script.write_text(text)
-    return pack_bundle(script)
+    return pack_bundle(script, torch=torch)
 
 
 def _job_file(sha256: str) -> str:
@@ -54,7 +56,7 @@ def test_a_bundle_goes_to_its_submitter_and_its_jobs_providers_only(served, tmp_
     alice, mallory = _submitter(served, "alice"), _submitter(served, "mallory")
     a, b = served.client(Account.create()), served.client(Account.create())
     for client, agent, price in ((a, "agent-a", PRICE), (b, "agent-b", 3 * PRICE)):
-        provider_with_agent(client, agent)
+        provider_with_agent(client, agent, torch=TORCH)
         client.post_offer(OfferTerms(offer_id=f"dev-{agent[-1]}", agent_id=agent,
                                      price_wei_per_s=price))
     bundle = _bundle(tmp_path)
@@ -110,3 +112,23 @@ def test_a_bundled_job_with_proof_is_refused_with_what_to_do(served, tmp_path):
     _refused(lambda: alice.submit(JobSubmission(
         name="own", job_file=job_file, workers=1, max_price_wei_per_s=PRICE,
         budget_wei=10**12)), 422, "enabled = false")
+
+
+def test_a_bundle_is_leased_only_to_devices_on_its_torch(served, tmp_path):
+    """A script written against one torch release never lands on a device running
+    another, however cheap: the offer names its release, and the auction matches it."""
+    alice = _submitter(served, "alice")
+    cheap, right = served.client(Account.create()), served.client(Account.create())
+    for client, agent, price, torch in ((cheap, "agent-a", PRICE, "2.12.1"),
+                                        (right, "agent-b", 3 * PRICE, TORCH)):
+        provider_with_agent(client, agent, torch=torch)
+        client.post_offer(OfferTerms(offer_id=f"dev-{agent[-1]}", agent_id=agent,
+                                     price_wei_per_s=price))
+    bundle = _bundle(tmp_path)
+    assert bundle.manifest.torch == TORCH
+    alice.upload_bundle(bundle.sha256, bundle.archive)
+    job = alice.submit(JobSubmission(name="own", job_file=_job_file(bundle.sha256), workers=2,
+                                     max_price_wei_per_s=4 * PRICE, budget_wei=10**12))
+    served.app.state.rounds.once()
+    (lease,) = alice.job(job.job_id).leases  # two wanted; one device runs its torch
+    assert lease.provider.lower() == right.account.address.lower()

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import shoal
-from shoal.agent.environments import Environments
+from shoal.agent.environments import Environments, provider_torch
 from shoal.agent.sandbox import Limits, Sandbox
 from shoal.bundle import unpack_bundle
 from shoal.client.http import CoordinatorClient
@@ -113,6 +113,12 @@ class BundledLeases:
         if code_dir.exists():  # an earlier try of this lease's, interrupted: start afresh
             shutil.rmtree(code_dir)
         manifest = unpack_bundle(archive, sha256, code_dir)
+        here = provider_torch()
+        if manifest.torch is not None and manifest.torch != here:
+            # The auction leases a bundle's job only to offers of its release; a lease that
+            # gets here anyway is refused now, not found out at an audit.
+            raise ControlError(f"the bundle was written against torch {manifest.torch}; "
+                               f"this agent's workers run {here}")
         python = self.environments.python(manifest)
         log.info("lease %d (job %s): bundle %s… ready (%s, %d requirements)", lease, job,
                  sha256[:12], manifest.script, len(manifest.requirements))
@@ -125,7 +131,12 @@ class BundledLeases:
         cached = self.work_dir / "bundles" / f"{sha256}.tar"
         with self._fetch_lock:
             if cached.is_file():
-                return cached.read_bytes()
+                archive = cached.read_bytes()
+                if hashlib.sha256(archive).hexdigest() == sha256:
+                    return archive
+                log.warning("the cached bundle %s… is not what its name says; fetching it "
+                            "again", sha256[:12])
+                cached.unlink()
             try:
                 archive = self.client.bundle(sha256)
             except ControlError as error:

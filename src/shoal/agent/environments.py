@@ -16,6 +16,7 @@ later lease would take for a finished one.
 from __future__ import annotations
 
 import fcntl
+import importlib.metadata
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shoal import ShoalError
-from shoal.spec.bundle import BundleManifest
+from shoal.spec.bundle import BundleManifest, torch_release
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +79,14 @@ class Environments:
             f"import site; site.addsitedir({directory!r})\n"
             for directory in site_module.getsitepackages()))
         if manifest.requirements:
+            # torch is the provider's: a pin that would pull in another (torchvision of
+            # another release, say) fails here, with pip's reason, rather than shadow it.
+            constraints = building / "shoal-constraints.txt"
+            torch = provider_torch()
+            constraints.write_text(f"torch=={torch}\n" if torch else "")
             command = [str(_interpreter(building)), "-m", "pip", "install", "--quiet",
-                       "--disable-pip-version-check", "--no-input", *self.pip_args,
-                       *manifest.requirements]
+                       "--disable-pip-version-check", "--no-input", "-c", str(constraints),
+                       *self.pip_args, *manifest.requirements]
             try:
                 done = subprocess.run(command, capture_output=True, text=True,
                                       timeout=self.timeout_s)
@@ -100,6 +106,14 @@ class Environments:
         log.info("built the environment %s… (%d requirements) in %.1f s",
                  manifest.requirements_sha256[:12], len(manifest.requirements),
                  time.monotonic() - started)
+
+
+def provider_torch() -> str | None:
+    """The torch release this agent's workers run on (None: none installed)."""
+    try:
+        return torch_release(importlib.metadata.version("torch"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _interpreter(environment: Path) -> Path:

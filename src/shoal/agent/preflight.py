@@ -22,6 +22,7 @@ from shoal.client.http import CoordinatorClient, CoordinatorRefused
 from shoal.errors import ControlError
 from shoal.elastic.link_probe import AGENT_RANK, LinkFigures, exchange, probe_group
 from shoal.elastic.netaddr import address_towards
+from shoal.agent.environments import provider_torch
 from shoal.spec.coordinator import Backend, Preflight, ProbeRendezvous
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ def preflight(client: CoordinatorClient, agent_id: str, devices: int, device_kin
                   "that the coordinator binds an address this host can reach (its --host, or "
                   "SHOAL_COORDINATOR_RENDEZVOUS_BIND)", link.reason)
     return tuple(Preflight(device_kind=device_kind, speed_samples_per_s=round(speed, 2),
-                           memory_gb=memory, backend=Backend.gloo, collective_ok=link.collective_ok,
+                           memory_gb=memory, backend=Backend.gloo, torch=provider_torch(),
+                           collective_ok=link.collective_ok,
                            rtt_ms=link.rtt_ms, bandwidth_gbps=link.bandwidth_gbps)
                  for _ in range(devices))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.metadata
 import io
 import tarfile
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from pydantic import ValidationError
 
 from shoal import ShoalError
 from shoal.spec.bundle import (BundleFile, BundleManifest, bundle_path_problem,
-                               requirement_problem)
+                               requirement_problem, torch_release)
 
 MANIFEST = "shoal-bundle.json"
 FILES = "files/"  # the archive holds MANIFEST and, under this, each file
@@ -48,10 +49,12 @@ class Bundle:
 
 
 def pack_bundle(script: Path, *, requirements: Path | None = None,
-                include: tuple[Path, ...] = (), data: str | None = None) -> Bundle:
+                include: tuple[Path, ...] = (), data: str | None = None,
+                torch: str | None = None) -> Bundle:
     """Pack `script` with the local modules it imports, the files and directories in
     `include` (relative to the script's directory), `requirements` (a pip requirements
-    file of NAME==VERSION lines) and the data reference `data`."""
+    file of NAME==VERSION lines) and the data reference `data`. `torch`: the release the
+    script needs on providers (default: the one installed here, which it was run on)."""
     script = script.resolve()
     if not script.is_file() or script.suffix != ".py":
         raise BundleError(f"{script} is not a Python script: give the file `shoal run` "
@@ -72,7 +75,7 @@ def pack_bundle(script: Path, *, requirements: Path | None = None,
                         for p, b in sorted(entries.items())),
             requirements=lines,
             requirements_sha256=_sha256("\n".join(lines).encode()),
-            data=data)
+            data=data, torch=_torch_here() if torch is None else torch)
     except ValidationError as error:
         raise BundleError(f"cannot bundle {script.name}: {_first(error)}") from None
     archive = _archive(manifest, entries)
@@ -81,6 +84,15 @@ def pack_bundle(script: Path, *, requirements: Path | None = None,
                           f"{MAX_BUNDLE_BYTES >> 20}): pass large data by URL (--data), "
                           "not in the bundle")
     return Bundle(archive=archive, sha256=_sha256(archive), manifest=manifest)
+
+
+def _torch_here() -> str | None:
+    """The torch release installed beside this Python (read from its metadata: packing
+    imports no torch), or None where there is none."""
+    try:
+        return torch_release(importlib.metadata.version("torch"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _local_modules(script: Path, root: Path) -> set[Path]:

@@ -35,6 +35,7 @@ def fits_device(offer: Offer, bid: Bid) -> bool:
         and offer.memory_gb >= bid.min_memory_gb
         and (not bid.regions or offer.region in bid.regions)
         and offer.tenancy in bid.tenancies
+        and (bid.torch is None or offer.torch == bid.torch)
     )
 
 

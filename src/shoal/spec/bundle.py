@@ -60,6 +60,17 @@ def bundle_path_problem(path: str) -> str | None:
     return None
 
 
+# A torch release as offers and bundles name it: "2.13.0" (a local build tag such as
+# "+cpu" is the device's business, which the offer's device kind says).
+TORCH_RELEASE = r"^[0-9]{1,4}(\.[0-9]{1,4}){1,3}([a-z]+[0-9]{0,8})?$"
+TorchRelease = Annotated[str, Field(pattern=TORCH_RELEASE)]
+
+
+def torch_release(version: str) -> str:
+    """The release of a torch version string (its local build tag dropped)."""
+    return version.split("+", 1)[0]
+
+
 class BundleFile(Frozen):
     """One file of a bundle: where it goes, its size and its SHA-256."""
 
@@ -88,6 +99,9 @@ class BundleManifest(Frozen):
     requirements: tuple[str, ...] = ()
     requirements_sha256: SHA256
     data: str | None = Field(default=None, max_length=2048)
+    # The torch release the submitter wrote the script against (None: the script does not
+    # care which). The market leases only devices whose agent runs that release.
+    torch: TorchRelease | None = None
 
     @field_validator("requirements")
     @classmethod

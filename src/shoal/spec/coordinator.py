@@ -14,6 +14,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from shoal.spec.audit import ChallengeView
+from shoal.spec.bundle import TorchRelease
 from shoal.spec.job import Frozen
 from shoal.spec.market import DeviceLease, Name, PricePerSecond, Tenancy, Wei
 
@@ -85,6 +86,7 @@ class Preflight(Frozen):
     speed_samples_per_s: float = Field(gt=0.0, le=1e9)
     memory_gb: float = Field(gt=0.0, le=1e6)
     backend: Backend = Backend.gloo
+    torch: TorchRelease | None = None  # the release the agent's workers run on
     collective_ok: bool  # a collective with the coordinator's probe completed
     rtt_ms: float | None = Field(None, gt=0.0, le=600_000.0)  # a one-float all-reduce, median
     # A two-rank all-reduce of a few MiB: payload bits over the median time (what

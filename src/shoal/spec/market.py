@@ -38,6 +38,7 @@ class Offer(Frozen):
     region: Name
     price_wei_per_s: PricePerSecond
     tenancy: Tenancy = Tenancy.spot
+    torch: str | None = None  # the torch release its workers run on (the agent's pre-flight)
 
 
 class Bid(Frozen):
@@ -60,6 +61,9 @@ class Bid(Frozen):
     # provider, booked for at most the time since it was accepted, so a second device
     # of the provider would work unpaid.
     max_devices_per_provider: int | None = Field(None, ge=1, le=100_000)
+    # Only devices running this torch release (a bundled job: the release its script was
+    # written against; None: any, the built-in trainer runs on each).
+    torch: str | None = None
 
     @model_validator(mode="after")
     def _min_fits(self) -> Bid:

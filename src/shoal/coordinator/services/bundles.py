@@ -78,8 +78,9 @@ class JobBundles:
                  len(manifest.files), len(archive), submitter)
         return manifest
 
-    def check_job(self, submitter: str, sha256: str) -> None:
-        """A job of `submitter`'s may name bundle `sha256`: it is here and was theirs."""
+    def check_job(self, submitter: str, sha256: str) -> BundleManifest:
+        """A job of `submitter`'s may name bundle `sha256`: it is here and was theirs; its
+        manifest."""
         if not self.archive_path(sha256).is_file():
             raise SpecError(f"job_file: [bundle] sha256 = {sha256[:16]}… is no bundle this "
                             "coordinator holds: send it first (`shoal submit SCRIPT` does "
@@ -87,6 +88,8 @@ class JobBundles:
         if submitter.lower() not in self._owners(sha256):
             raise Forbidden(f"bundle {sha256[:16]}… was not sent by {submitter}: a job names "
                             "only a bundle its own submitter sent (send it yourself)")
+        return check_bundle(self.archive_path(sha256).read_bytes(), sha256,
+                            max_bytes=self.settings.max_file_bytes)
 
     def read(self, reader: str, sha256: str) -> Path:
         """The bundle's archive, for a submitter who sent it or a provider holding a lease

@@ -24,6 +24,7 @@ from shoal.coordinator.services.views import job_view
 from shoal.coordinator.db.schema import JobRow
 from shoal.coordinator.db.store import record_event
 from shoal.coordinator.settings import CoordinatorSettings
+from shoal.spec.bundle import BundleManifest
 from shoal.spec.coordinator import COORDINATOR, ENDED, JobStatus, JobSubmission, JobView, Role
 from shoal.spec.errors import SpecError
 from shoal.spec.events import JOB_ENDS, JobPaused, JobResumed, JobSubmitted, JobToppedUp
@@ -46,10 +47,11 @@ class JobLifecycle:
     def __init__(self, desk: MarketDesk, settings: CoordinatorSettings,
                  participants: Participants, hosts: JobHosts, settlement: Settlement | None,
                  chain: ChainSettlement, close_proofs: CloseProofs,
-                 check_bundle: Callable[[str, str], None]) -> None:
+                 check_bundle: Callable[[str, str], BundleManifest]) -> None:
         """`settlement` None: escrow is the store's bookkeeping only; else `chain` holds
         each job to its escrow on chain and settles it at its end. `check_bundle(submitter,
-        sha256)` raises unless a job of the submitter's may name that bundle."""
+        sha256)` raises unless a job of the submitter's may name that bundle (and answers its
+        manifest: the job's bid asks for devices on the bundle's torch release)."""
         self.desk, self.settings, self.participants, self.hosts = desk, settings, \
             participants, hosts
         self.settlement, self.chain, self.close_proofs = settlement, chain, close_proofs
@@ -58,8 +60,9 @@ class JobLifecycle:
     def submit(self, submitter: str, submission: JobSubmission) -> JobView:
         """Take a job whose job file providers would run, against its escrow."""
         spec = _check_job_file(submission.job_file)
+        torch = None
         if spec.bundle is not None:
-            self.check_bundle(submitter, spec.bundle.sha256)
+            torch = self.check_bundle(submitter, spec.bundle.sha256).torch
         size = 4 * spec.model.parameters()  # float32: what a `params` file of it holds
         if size > self.settings.max_file_bytes:
             # The coordinator builds the model to check carried checkpoints and plant
@@ -83,6 +86,7 @@ class JobLifecycle:
         # provider, booked for at most the time since it was accepted, so a provider's
         # second device in the job would work unpaid.
         bid = Bid(job=job_id, max_devices_per_provider=1 if submission.chain_job else None,
+                  torch=torch,
                   **submission.model_dump(exclude={"name", "job_file", "chain_job"}))
         with self.desk.change() as session:
             self.chain.refuse_used_chain_job(session, submission.chain_job)  # under the lock: once

@@ -61,7 +61,8 @@ class ProviderOffers:
             offer = Offer(offer_id=terms.offer_id, provider=provider,
                           device_kind=measured["device_kind"], speed_samples_per_s=speed,
                           memory_gb=measured["memory_gb"], region=agent.region,
-                          price_wei_per_s=terms.price_wei_per_s, tenancy=terms.tenancy)
+                          price_wei_per_s=terms.price_wei_per_s, tenancy=terms.tenancy,
+                          torch=measured.get("torch"))
             reference = self.desk.command(session, journal.PostOffer(offer=offer), now)
             if row is None:
                 row = OfferRow(offer_id=offer.offer_id, provider=provider, marked_down=False)
