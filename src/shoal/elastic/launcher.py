@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import NoReturn
 
 from shoal.elastic.authority import AuthorityConfig
@@ -233,11 +234,12 @@ class Launcher:
             return
         if self.config.rendezvous is None:
             raise ControlError("every worker exited before the job finished; see "
-                               f"{self.config.run_dir}/w*.log (resume from checkpoints "
-                               "with the same job and --resume)")
+                               f"{self.config.run_dir}/w*.log"
+                               + _first_error(self.config.run_dir, "w*.log"))
         if self.server is None:
             raise ControlError(f"every worker on {self.node} exited before the job finished; "
-                               f"see {self.config.run_dir}/{self.node}-w*.log")
+                               f"see {self.config.run_dir}/{self.node}-w*.log"
+                               + _first_error(self.config.run_dir, f"{self.node}-w*.log"))
         # The serving host keeps the store up while other hosts' workers train.
         authority = self.server.authority
         if authority is not None and authority.members:
@@ -288,3 +290,18 @@ class Launcher:
 
 def worker_command(script: str, args: list[str]) -> list[str]:
     return [sys.executable, script, *args]
+
+
+def _first_error(run_dir: Path, pattern: str, lines: int = 25) -> str:
+    """The traceback of the first worker whose log ends in one (as torchrun shows the
+    failing rank's): a user's bug is read here, not hunted for in a log."""
+    for path in sorted(run_dir.glob(pattern)):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        start = text.rfind("Traceback (most recent call last)")
+        if start >= 0:
+            tail = text[start:].rstrip().splitlines()[-lines:]
+            return f"\n{path.name} failed with:\n" + "\n".join(tail)
+    return ""

@@ -109,6 +109,13 @@ def eta_het(steps: list[StepRecord], speeds: dict[str, float]) -> float | None:
     return round(achieved / total, 4) if total > 0 else None
 
 
+def _published(final: dict) -> dict[str, object]:
+    """The program's own figures from the job's final word (not the runtime's)."""
+    return {str(k)[:64]: v for k, v in list(final.items())[:64]
+            if k not in ("steps", "param_sha256")
+            and (v is None or isinstance(v, (int, float, str, bool)))}
+
+
 def build_report(run_dir: Path, faults: list[FaultEvent], started: float,
                  final: dict, speeds: dict[str, float] | None = None) -> ElasticReport:
     records = read_step_logs(run_dir)
@@ -134,6 +141,7 @@ def build_report(run_dir: Path, faults: list[FaultEvent], started: float,
         param_sha256=final.get("param_sha256"),
         train_loss=statistics.fmean(applied[-20:]) if applied else None,
         val_loss=final.get("val_loss"),
+        published=_published(final),
         samples_dropped=sum(r.samples_dropped for r in steps),
         slt_seen=max((r.slt_seen for r in steps if r.slt_seen), default=None),
         rounds_late=sum(r.rounds_late for r in steps),

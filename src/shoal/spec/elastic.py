@@ -179,6 +179,9 @@ class ElasticReport(Frozen):
     param_sha256: str | None  # of the final parameters, as in the single-worker report
     train_loss: float | None = None  # mean global loss of the last 20 applied steps
     val_loss: float | None = None  # when the worker program reports one
+    # Every figure the program published (run.publish_final(name=value, ...)), val_loss
+    # among them: numbers, strings and booleans.
+    published: dict[str, float | int | str | bool | None] = Field({}, max_length=64)
     # Samples seen in committed steps whose gradient work never reached the model: a
     # DiLoCo member lost mid-round takes its inner work with it (0 for every-step sync).
     samples_dropped: int = 0

@@ -46,6 +46,7 @@ from shoal.train.member import Membership
 from shoal.train.order import DataOrder, share_positions
 from shoal.train.rendezvous import Rendezvous, connect
 from shoal.train.replica import ReplicaState
+from shoal.train.schedules import HeldState
 from shoal.train.run_config import RunConfig
 from shoal.train.shares import ShareBalancer
 from shoal.train.step_commit import StepCommitter
@@ -56,13 +57,36 @@ from shoal.train.sync.protocol import Sync
 log = logging.getLogger(__name__)
 
 
-class ElasticOptimizer:
-    """The user's optimizer, stepped only by the run when a step commits."""
+class ElasticOptimizer(torch.optim.Optimizer):
+    """The user's optimizer, stepped only by the run when a step commits.
 
-    def __init__(self, run: Run, inner: torch.optim.Optimizer) -> None:
+    An `Optimizer` to whoever checks (a torch or transformers scheduler built on it
+    refuses anything else), whose parameter groups and state are the inner one's:
+    `Optimizer.__init__` is not run, as this holds no parameters of its own.
+    """
+
+    def __init__(self, run: Run, inner: torch.optim.Optimizer) -> None:  # noqa: D107
         self._run, self.inner = run, inner
 
-    def step(self, closure: Any = None) -> None:
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.inner.param_groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.inner.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.inner.defaults
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        self.inner.load_state_dict(state_dict)
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
         self._run.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -71,6 +95,9 @@ class ElasticOptimizer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return f"ElasticOptimizer({self.inner!r})"
 
 
 class Run:
@@ -86,6 +113,7 @@ class Run:
         self.balancer = ShareBalancer(config.worker, settings.rebalance_interval,
                                       settings.speed_report_interval, settings.slowdown)
         self.guard = StepGuard(settings.guard)
+        self.held = HeldState()  # the user's schedulers and kept objects
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.replica: ReplicaState | None = None
@@ -117,9 +145,12 @@ class Run:
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              grad_clip: float = 0.0,
              aggregation: Aggregation = Aggregation.mean,
-             sync: SyncSpec | None = None) -> tuple[torch.nn.Module, ElasticOptimizer]:
+             sync: SyncSpec | None = None,
+             scheduler: Any = None) -> tuple[torch.nn.Module, ElasticOptimizer]:
         """`aggregation`: how the workers' contributions combine (the job file's rule);
-        `sync`: every-step all-reduce or DiLoCo, and the codec (the job's [sync])."""
+        `sync`: every-step all-reduce or DiLoCo, and the codec (the job's [sync]);
+        `scheduler`: a learning-rate scheduler built on `optimizer`, which the run then
+        steps (see `schedule`)."""
         self.model, self.optimizer = model, optimizer
         self.aggregation = Aggregation(aggregation)
         self.exchange = GradientExchange(list(model.parameters()), len(optimizer.param_groups),
@@ -128,12 +159,34 @@ class Run:
                                     self.faults.exchange_delay_s)
         self.replica = ReplicaState(model, optimizer, self.guard, self.balancer, self.checkpoints)
         self.replica.extras["sync"] = self.sync
+        self.replica.extras["held"] = self.held
         self.committer = StepCommitter(
             self.config, model, optimizer, self.exchange, self.sync, self.guard, self.balancer,
             self.replica, self.membership, self.progress, self.checkpoints, self.step_log,
             self.hook, grad_clip)
+        self.committer.on_commit = self.held.committed
         self.hook.attach(self.sync, self.exchange, optimizer)
-        return model, ElasticOptimizer(self, optimizer)
+        self.elastic_optimizer = ElasticOptimizer(self, optimizer)
+        if scheduler is not None:
+            self.schedule(scheduler)
+        return model, self.elastic_optimizer
+
+    def schedule(self, scheduler: Any) -> Any:
+        """Step `scheduler` (a torch or transformers learning-rate scheduler) once per
+        committed step, on every member alike, and carry its state to joiners and into
+        checkpoints; the loop's own `scheduler.step()` then does nothing. Returns it.
+
+        A scheduler stepped by the loop alone would be stepped once per batch a worker
+        saw (never on an empty share) and from zero on a joiner: each member would follow
+        its own schedule."""
+        self.held.schedule(scheduler)
+        return scheduler
+
+    def keep(self, name: str, holder: Any) -> Any:
+        """Carry `holder`'s state (state_dict / load_state_dict: an EMA of the weights, a
+        GradScaler) to joiners and into checkpoints, like the model's. Returns it."""
+        self.held.keep(name, holder)
+        return holder
 
     def batches(self, dataset: Any, global_batch: int, steps: int, *, seed: int = 0,
                 micro_batch: int | None = None,
@@ -142,6 +195,7 @@ class Run:
         if self.model is None:
             raise TrainError("call run.wrap(model, optimizer) before run.batches(...)")
         _hold_to_the_job(steps, global_batch)
+        self.held.check_optimizer(self.optimizer, self.elastic_optimizer)
         order = DataOrder(_num_samples(dataset), seed)
         self.sync.plan(steps)
         if self.config.spare and self.config.settings.spare_warmup and self.record is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,9 @@ class StepCommitter:
     # The step just committed rolled back to the state this step started from (its work
     # record says so, and must end there), or None.
     rolled_back_to: int | None = None
+    # After every committed step, applied or not (the run's schedulers: one schedule step
+    # per job step, so a joiner handed the state follows the same schedule).
+    on_commit: Callable[[], None] = lambda: None
 
     def voted(self, attempt: Attempt, scalars: StepScalars, verdict: GuardVerdict) -> None:
         """A step every member voted to commit, with the verdict they agreed on."""
@@ -115,6 +119,7 @@ class StepCommitter:
         t_commit = time.time()
         agreed = self.sync.consensus  # under DiLoCo, replicas agree only after outer steps
         self.replica.advance(attempt.global_batch, snapshot=applied and agreed)
+        self.on_commit()
         step = self.replica.step
         check = self.config.settings.replica_check_interval
         self.hash_due = self.hash_due or bool(check and step % check == 0)

@@ -1,0 +1,126 @@
+"""A user's loop as they write it (issue 41), with code nobody here wrote: a
+transformers GPT-2 with `get_linear_schedule_with_warmup`, and torch's
+`CosineAnnealingLR` built before `run.wrap`. Through a kill and a join the job
+follows the schedule it was written with: the same final learning rate and
+held-out loss as on one worker. A scheduler the run was not given, and a script
+that fails, stop the run at once with the error."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import shoal_command
+
+REPO = Path(__file__).resolve().parents[2]
+COSINE = """
+import sys
+import torch
+import shoal
+
+run = shoal.join()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=STEPS)
+if GIVEN:
+    model, optimizer = run.wrap(model, optimizer, scheduler=scheduler)
+else:
+    model, optimizer = run.wrap(model, optimizer)
+g = torch.Generator().manual_seed(1)
+x = torch.randn(512, 8, generator=g)
+data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).sin())
+for xb, yb in run.batches(data, global_batch=32, steps=STEPS):
+    torch.nn.functional.mse_loss(model(xb), yb).backward()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+if run.is_reporter:
+    run.publish_final(lr=scheduler.get_last_lr()[0], mse=float(
+        torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True).sin())))
+"""
+
+
+def _run(tmp_path: Path, script: Path, workers: int, chaos: str | None, *args: str,
+         env: dict[str, str]) -> tuple[subprocess.CompletedProcess, dict | None]:
+    report = tmp_path / f"report-{script.stem}-{workers}.json"
+    command = ["run", str(script), "--workers", str(workers), "--run-dir",
+               str(tmp_path / f"run-{script.stem}-{workers}"), "--report", str(report)]
+    if chaos:
+        command += ["--chaos", chaos]
+    done = subprocess.run(shoal_command(*command, "--", *args), env=env, capture_output=True,
+                          text=True, cwd=REPO, timeout=600)
+    return done, json.loads(report.read_text()) if report.exists() else None
+
+
+def _script(tmp_path: Path, given: bool, steps: int) -> Path:
+    path = tmp_path / f"cosine_{'given' if given else 'not_given'}.py"
+    path.write_text(COSINE.replace("STEPS", str(steps)).replace("GIVEN", str(given)))
+    return path
+
+
+@pytest.mark.slow
+def test_a_cosine_schedule_built_before_wrap_is_followed_through_a_kill_and_a_join(
+        tmp_path, cli_env):
+    steps = 60
+    script = _script(tmp_path, True, steps)
+    reports = {}
+    for workers, chaos in ((3, "kill:1@step15,join@step25"), (1, None)):
+        done, reports[workers] = _run(tmp_path, script, workers, chaos, env=cli_env)
+        assert done.returncode == 0, done.stderr[-3000:]
+    churned, alone = reports[3], reports[1]
+    assert [f["kind"] for f in churned["faults"]] == ["kill", "join"]
+    assert churned["samples_skipped"] == churned["samples_duplicated"] == 0
+    # One schedule step per job step, on every member and on the joiner alike: where the
+    # loop stepped it, the job ran at 0.77x its schedule after a kill and a join.
+    assert churned["published"]["lr"] == pytest.approx(alone["published"]["lr"], abs=1e-12)
+    assert alone["published"]["lr"] == pytest.approx(0.1 * (1 + math.cos(math.pi)), abs=1e-9)
+    assert churned["published"]["mse"] == pytest.approx(alone["published"]["mse"], rel=1e-5)
+
+
+def test_a_scheduler_the_run_was_not_given_stops_the_run_with_what_to_write(tmp_path, cli_env):
+    done, _ = _run(tmp_path, _script(tmp_path, False, 20), 2, None, env=cli_env)
+    assert done.returncode != 0
+    # The worker's own traceback, in the launcher's error: not only in a log.
+    assert "Traceback" in done.stderr and "run.schedule(s)" in done.stderr, done.stderr
+
+
+def test_a_script_that_raises_at_start_stops_within_seconds_with_its_traceback(
+        tmp_path, cli_env):
+    script = tmp_path / "broken.py"
+    script.write_text(textwrap.dedent("""
+        import shoal
+        run = shoal.join()
+        raise ValueError("the user's bug, line 4")
+        """))
+    done, _ = _run(tmp_path, script, 2, None, env=cli_env)
+    assert done.returncode != 0
+    assert "ValueError: the user's bug, line 4" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_a_transformers_gpt2_loop_with_its_scheduler_through_a_kill_and_a_join(
+        tmp_path, cli_env):
+    pytest.importorskip("transformers")
+    rng = np.random.default_rng(0)
+    phrases = [rng.integers(0, 50257, size=12, dtype=np.uint16) for _ in range(40)]
+    for i in range(3):
+        np.concatenate([phrases[j] for j in rng.integers(0, 40, size=400)]).tofile(
+            tmp_path / f"train-{i:03d}.bin")
+    script = REPO / "examples" / "market-transformers" / "train.py"
+    args = ("--data", str(tmp_path / "train-*.bin"), "--steps", "60", "--warmup", "10")
+    reports = {}
+    for workers, chaos in ((2, "kill:1@step20,join@step30"), (1, None)):
+        done, reports[workers] = _run(tmp_path, script, workers, chaos, *args, env=cli_env)
+        assert done.returncode == 0, done.stderr[-3000:]
+    churned, alone = reports[2], reports[1]
+    assert [f["kind"] for f in churned["faults"]] == ["kill", "join"]
+    assert churned["published"]["lr"] == alone["published"]["lr"] == 0.0  # linear to zero
+    assert churned["val_loss"] == pytest.approx(alone["val_loss"], abs=1e-4)
+    assert churned["val_loss"] < 9.0  # it learned the phrases (ln 50257 = 10.8 at start)
