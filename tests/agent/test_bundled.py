@@ -5,6 +5,7 @@ coordinator sending other bytes) is never unpacked."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from shoal.agent.bundled import BundledLeases
 from shoal.agent.environments import Environments
+from shoal.agent.sandbox import Limits
 from shoal.bundle import pack_bundle
 from shoal.errors import ControlError
 from shoal.spec.jobfile import parse_job
@@ -51,8 +53,19 @@ def _setup(tmp_path: Path, torch: str | None, archive: bytes | None = None,
     (work / "bundles" / f"{bundle.sha256}.tar").write_bytes(archive or bundle.archive)
     spec = parse_job({"steps": 10, "global_batch": 4, "bundle": {"sha256": bundle.sha256}})
     leases = BundledLeases(_Coordinator(served or bundle.archive), work,  # type: ignore[arg-type]
-                           Environments(work / "environments"))
+                           Environments(work / "environments"), Limits(disk_bytes=32 << 20))
+    _made.append(leases)
     return leases, spec, bundle
+
+
+_made: list[BundledLeases] = []
+
+
+@pytest.fixture(autouse=True)
+def _release_disks():
+    yield
+    while _made:
+        _made.pop().release_all()
 
 
 def test_a_bundle_for_another_torch_is_refused_before_it_runs(tmp_path):
@@ -60,6 +73,7 @@ def test_a_bundle_for_another_torch_is_refused_before_it_runs(tmp_path):
     with pytest.raises(ControlError, match="written against torch 1.0.0"):
         _ready(leases, spec)
     assert not (tmp_path / "agent" / "environments").exists()  # nothing built for it
+    assert not (tmp_path / "agent" / "lease-1").exists()  # nor a disk made
 
 
 def test_the_bundle_of_the_provider_s_torch_is_made_ready(tmp_path):
@@ -89,3 +103,13 @@ def test_a_cache_that_is_not_what_its_name_says_is_fetched_again(tmp_path):
     assert _ready(leases, spec).script.read_text() == "print('trained')\n"
     assert leases.client.asked == 1
     assert (tmp_path / "agent" / "bundles" / f"{bundle.sha256}.tar").read_bytes() == bundle.archive
+
+
+def test_a_lease_s_code_is_on_a_disk_of_its_own_released_with_it(tmp_path):
+    leases, spec, _ = _setup(tmp_path, torch=None)
+    code = _ready(leases, spec)
+    assert os.path.ismount(code.directory) and code.script.is_file()
+    assert leases.held() == {1}
+    leases.release(1)
+    assert not os.path.ismount(code.directory) and leases.held() == set()
+    assert not (code.directory.parent / ".job.disk").exists()

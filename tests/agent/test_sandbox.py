@@ -5,6 +5,7 @@ nothing, and the agent (this test's process) goes on."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.agent.sandbox import Limits, Sandbox
+from shoal.agent.sandbox import Disk, Limits, Sandbox
 
 
 @pytest.fixture
@@ -153,3 +154,29 @@ def test_a_graceful_leave_reaches_the_job_not_only_bubblewrap(provider: Path):
     finally:
         sandbox.close()
     assert out == b"handing over\n" and process.returncode == 7
+
+
+def test_a_job_that_fills_its_disk_fills_only_its_own(provider: Path):
+    directory = provider / "jobs" / "filler"
+    disk = Disk(directory, 64 << 20)
+    try:
+        sandbox = Sandbox(f"test-{uuid.uuid4().hex[:8]}", directory)
+        done = _run(sandbox, """
+            written = 0
+            try:
+                with open("fill", "wb") as out:
+                    while True:
+                        out.write(b"x" * (1 << 20))
+                        out.flush()
+                        written += 1
+            except OSError as error:
+                print(written, error.errno, flush=True)
+            """)
+        assert done.returncode == 0, done.stderr
+        written, errno = map(int, done.stdout.split())
+        assert errno == 28 and 32 <= written < 64  # ENOSPC inside its 64 MiB, not the host's
+        # The image holds what it wrote and no more: the provider's disk kept its room.
+        assert disk.image.stat().st_blocks * 512 <= 72 << 20
+    finally:
+        disk.release()
+    assert not os.path.ismount(directory) and not disk.image.exists()

@@ -9,13 +9,14 @@ the held-out loss of the same script under `shoal run` on one worker."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from shoal.agent.sandbox import sandbox_problem
+from shoal.agent.sandbox import Disk, sandbox_problem
 from shoal.spec.coordinator import JobStatus, Registration
 from tests.conftest import free_port, shoal_command
 from tests.coordinator.e2e import Stack, kill_group, submitter, wait_healthy
@@ -67,12 +68,17 @@ def test_a_submitters_script_runs_sandboxed_on_the_market_through_a_lost_machine
             # Both leases' workers train; then agent b's machine is lost whole.
             wait_for(lambda: _steps_logged(tmp_path / "b"), lambda n: n >= 20, 300, stack,
                      "agent b's sandboxed worker training")
+            # Each lease's job directory is a disk of its own.
+            assert [os.path.ismount(p) for p in (tmp_path / "a").glob("lease-*/job")] == [True]
             kill_group(agents["b"])
             wait_for(lambda: _steps_logged(tmp_path / "c"), lambda n: n >= 1, 300, stack,
                      "agent c's worker joining in b's place")
             done = wait_for(lambda: alice.job(job_id), lambda j: j.status in (
                 JobStatus.finished, JobStatus.failed), 600, stack, "job end")
             assert done.status is JobStatus.finished, stack.logs()
+            # The leases over, their disks go (and the images with them).
+            wait_for(lambda: [*tmp_path.glob("[ac]/lease-*/.job.disk")], lambda d: not d, 60,
+                     stack, "the ended leases' disks released")
             final = json.loads((tmp_path / "coord" / "jobs" / job_id / "final.json").read_text())
             market = final["final"]
             for agent in "ac":
@@ -84,6 +90,8 @@ def test_a_submitters_script_runs_sandboxed_on_the_market_through_a_lost_machine
                 assert "transformers==5.25.0" in (environment / "shoal-env.json").read_text()
         finally:
             stack.close()
+            for image in tmp_path.glob("*/lease-*/.job.disk"):  # b's: its machine was lost
+                Disk.release_image(image)
 
         # The same script under `shoal run`, on one worker: the same samples in the same order.
         report = tmp_path / "one.json"

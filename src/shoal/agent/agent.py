@@ -20,7 +20,7 @@ from shoal.agent.environments import Environments
 from shoal.agent.leases import LeaseWorkers
 from shoal.agent.preflight import preflight
 from shoal.agent.progress import ProgressRelay
-from shoal.agent.sandbox import sandbox_problem
+from shoal.agent.sandbox import Limits, sandbox_problem
 from shoal.agent.proofs import ProofRelay
 from shoal.client.http import CoordinatorClient, CoordinatorRefused
 from shoal.errors import ControlError
@@ -73,6 +73,7 @@ class AgentConfig:
     chain: ChainPin | None = None  # None: sign no chain lease (off-chain jobs only)
     bundled_jobs: bool = True  # run submitters' own code, sandboxed (where this host can)
     pip_args: tuple[str, ...] = ()  # for pip, building bundled jobs' environments
+    job_disk_bytes: int = 20 << 30  # the disk one bundled lease may fill
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -90,7 +91,8 @@ def _bundled_leases(client: CoordinatorClient, config: AgentConfig) -> BundledLe
         log.warning("bundled jobs (submitters' own code) are refused here: %s", problem)
         return None
     return BundledLeases(client.another_connection(), config.work_dir,
-                         Environments(config.work_dir / "environments", config.pip_args))
+                         Environments(config.work_dir / "environments", config.pip_args),
+                         Limits(disk_bytes=config.job_disk_bytes))
 
 
 class Agent:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 import signal
 import site
 import subprocess
@@ -34,8 +33,8 @@ from pathlib import Path
 
 import shoal
 from shoal.agent.environments import Environments, provider_torch
-from shoal.agent.sandbox import Limits, Sandbox
-from shoal.bundle import unpack_bundle
+from shoal.agent.sandbox import Disk, Limits, Sandbox
+from shoal.bundle import check_bundle, unpack_bundle
 from shoal.client.http import CoordinatorClient
 from shoal.elastic.gate_keys import PASS_ENV
 from shoal.errors import ControlError
@@ -66,7 +65,11 @@ class BundledLeases:
         self.environments, self.limits = environments, limits
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bundle")
         self._ready: dict[int, Future[ReadyCode]] = {}
+        self._disks: dict[int, Disk] = {}
+        self._lock = threading.Lock()  # the disks, from the preparing threads and the beat's
         self._fetch_lock = threading.Lock()
+        for image in work_dir.glob("lease-*/.job.disk"):  # an earlier run's, killed: not ours
+            Disk.release_image(image)
 
     def ready(self, lease: int, job: str, spec: JobSpec) -> ReadyCode | None:
         """The lease's code once ready; None while it is being got ready. Raises what
@@ -101,24 +104,46 @@ class BundledLeases:
                  assignment.lease.job, node)
         return SandboxedWorker(sandbox, argv, env, log_path)
 
-    def forget(self, lease: int) -> None:
-        self._ready.pop(lease, None)
+    def release(self, lease: int) -> None:
+        """The lease is over and its worker gone: its disk (and all on it) goes."""
+        future = self._ready.pop(lease, None)
+        if future is not None and not future.done():
+            future.add_done_callback(lambda _: self.release(lease))  # once it is made
+            return
+        with self._lock:
+            disk = self._disks.pop(lease, None)
+        if disk is not None:
+            disk.release()
+            log.info("lease %d: its disk released", lease)
+
+    def held(self) -> set[int]:
+        """The leases whose code is got ready or held here."""
+        with self._lock:
+            return set(self._ready) | set(self._disks)
+
+    def release_all(self) -> None:
+        for lease in list(self._disks):
+            self.release(lease)
 
     def _prepare(self, lease: int, job: str, spec: JobSpec) -> ReadyCode:
         assert spec.bundle is not None
         sha256 = spec.bundle.sha256
         archive = self._archive(sha256)
-        directory = self.work_dir / f"lease-{lease}" / "job"
-        code_dir = directory / "code"
-        if code_dir.exists():  # an earlier try of this lease's, interrupted: start afresh
-            shutil.rmtree(code_dir)
-        manifest = unpack_bundle(archive, sha256, code_dir)
+        manifest = check_bundle(archive, sha256)  # nothing of it written before this
         here = provider_torch()
         if manifest.torch is not None and manifest.torch != here:
             # The auction leases a bundle's job only to offers of its release; a lease that
             # gets here anyway is refused now, not found out at an audit.
             raise ControlError(f"the bundle was written against torch {manifest.torch}; "
                                f"this agent's workers run {here}")
+        directory = self.work_dir / f"lease-{lease}" / "job"
+        # The job's directory is a disk of its own: filling it fills only that. (Made
+        # afresh: what an earlier agent left there is not this lease's.)
+        disk = Disk(directory, self.limits.disk_bytes)
+        with self._lock:
+            self._disks[lease] = disk
+        code_dir = directory / "code"
+        unpack_bundle(archive, sha256, code_dir)
         python = self.environments.python(manifest)
         log.info("lease %d (job %s): bundle %s… ready (%s, %d requirements)", lease, job,
                  sha256[:12], manifest.script, len(manifest.requirements))

@@ -74,6 +74,12 @@ class LeaseWorkers:
                 self._start(assignment, attempt=0)
             elif not worker.process.alive() and not worker.leaving:
                 self._restart(worker, assignment)
+        if self.bundled is not None:  # a bundled lease over, its worker gone: its disk goes
+            assigned = {a.lease.lease for a in assignments}
+            for number in self.bundled.held() - assigned:
+                worker = self.workers.get(number)
+                if worker is None or not worker.process.alive():
+                    self.bundled.release(number)
 
     def stop_all(self) -> None:
         """Every worker leaves gracefully, then whatever is left after the grace is killed."""
@@ -83,6 +89,8 @@ class LeaseWorkers:
         for worker in self.workers.values():
             if not worker.process.wait(deadline - time.monotonic()):
                 worker.process.kill()
+        if self.bundled is not None:
+            self.bundled.release_all()
 
     def _start(self, assignment: Assignment, attempt: int) -> LeaseWorker | None:
         lease = assignment.lease

@@ -8,9 +8,12 @@ few files of /etc that name no secret, a private /tmp, and its own directory
 processes and memory are capped by a cgroup of its own, and `close` ends
 every process in it, however many it forked.
 
-What it does not do yet: a cap on the disk its directory may fill, and a
-network limited to the job's peers, gate and data (today: all of the host's
-network, or none).
+Its directory can be a `Disk` of its own: a file system of a fixed size in an
+image file, mounted there, so a job that fills its directory fills only that
+(the provider's disk keeps its room), and gone when the lease is.
+
+What it does not do yet: a network limited to the job's peers, gate and data
+(today: all of the host's network, or none).
 """
 
 from __future__ import annotations
@@ -45,13 +48,64 @@ class Limits:
 
     processes: int = 512
     memory_bytes: int = 8 << 30
+    disk_bytes: int = 20 << 30  # the job's own directory (a `Disk`), where the agent makes one
     network: bool = True  # the host's network; False: none at all
+
+
+class Disk:
+    """A file system of `size_bytes` (ext4 in a sparse image file beside `directory`),
+    mounted at `directory` (nosuid, nodev): what a job writes there counts against it
+    alone. `release` unmounts it and removes the image."""
+
+    def __init__(self, directory: Path, size_bytes: int) -> None:
+        self.directory = directory.resolve()
+        self.image = self.directory.parent / f".{self.directory.name}.disk"
+        if size_bytes < 16 << 20:
+            raise SandboxError(f"a job's disk of {size_bytes} bytes: at least 16 MiB")
+        self.release()  # one an agent that died left mounted
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if any(self.directory.iterdir()):
+            raise SandboxError(f"{self.directory} is not empty: a job's disk is mounted on an "
+                               "empty directory")
+        with open(self.image, "wb") as image:
+            image.truncate(size_bytes)  # sparse: the provider's disk is used as it fills
+        # Owned by the agent's user, as the directory it replaces: the job's user is that
+        # user mapped into the sandbox's namespace.
+        for command in (["mkfs.ext4", "-q", "-F", "-m", "0", str(self.image)],
+                        ["mount", "-o", "loop,nosuid,nodev", str(self.image),
+                         str(self.directory)]):
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                self.image.unlink(missing_ok=True)
+                raise SandboxError(f"cannot make the job's disk ({' '.join(command[:1])}: "
+                                   f"{done.stderr.strip() or done.returncode}); the agent "
+                                   "runs bundled jobs as root, with e2fsprogs")
+        (self.directory / "lost+found").rmdir()
+
+    def release(self) -> None:
+        """Unmount (lazily, if a process still holds it: it is gone once that is) and
+        remove the image; nothing if there is none."""
+        if os.path.ismount(self.directory):
+            subprocess.run(["umount", "-l", str(self.directory)], capture_output=True)
+        self.image.unlink(missing_ok=True)
+
+    @staticmethod
+    def release_image(image: Path) -> None:
+        """Release the disk whose image is `image` (one a killed agent left mounted)."""
+        directory = image.parent / image.name.removeprefix(".").removesuffix(".disk")
+        if os.path.ismount(directory):
+            subprocess.run(["umount", "-l", str(directory)], capture_output=True)
+        image.unlink(missing_ok=True)
 
 
 def sandbox_problem() -> str | None:
     """Why this host cannot run sandboxes, or None if it can."""
     if shutil.which("bwrap") is None:
         return "bubblewrap is not installed (`apt-get install bubblewrap`)"
+    if shutil.which("mkfs.ext4") is None:
+        return "mkfs.ext4 is not installed (`apt-get install e2fsprogs`): no disk to cap a job's"
+    if not Path("/dev/loop-control").exists():
+        return "no loop devices (/dev/loop-control): no disk of its own to give a job"
     for controller in ("pids", "memory"):
         if not (_CGROUP_V1 / controller / "cgroup.procs").is_file():
             return f"no cgroup v1 {controller} controller at {_CGROUP_V1 / controller}"

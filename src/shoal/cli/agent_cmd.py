@@ -40,6 +40,8 @@ def agent_command(
     bundled_jobs: bool = typer.Option(True, "--bundled-jobs/--no-bundled-jobs",
                                       help="Run submitters' own code (bundled jobs), each in "
                                            "its own environment and a bubblewrap sandbox."),
+    job_disk_gb: float = typer.Option(20.0, "--job-disk-gb", min=0.02, help="The disk each "
+                                      "bundled job's lease may fill (a file system of its own)."),
     pip_option: list[str] = typer.Option([], "--pip-option", metavar="OPTION",
                                          help="Passed to pip when a bundled job's environment "
                                               "is built (your index: --index-url=URL; "
@@ -63,7 +65,7 @@ def agent_command(
                          devices=devices, device_kind=device_kind, region=region,
                          price_wei_per_s=price, slowdown=slowdown, grace_s=grace_s,
                          adversary=adversary, chain=pin, bundled_jobs=bundled_jobs,
-                         pip_args=tuple(pip_option),
+                         pip_args=tuple(pip_option), job_disk_bytes=int(job_disk_gb * 2**30),
                          tenancy=Tenancy.on_demand if on_demand else Tenancy.spot)
     with coordinator_client(url, load_key(str(key)), cert_sha256) as client:
         agent = Agent(client, config)
