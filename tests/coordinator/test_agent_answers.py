@@ -25,7 +25,7 @@ def test_a_challenge_is_answered_while_the_relay_is_held_up(filed, tmp_path):  #
     reveal.write_bytes(b"the contribution of step 1")
     held, release = threading.Event(), threading.Event()
 
-    def carry_held_up(_jobs):  # a carry the coordinator takes its time over
+    def carry_held_up(_jobs, live=None):  # a carry the coordinator takes its time over
         held.set()
         release.wait(60)
 

@@ -116,7 +116,14 @@ def test_a_checkpoint_travels_from_the_writers_agent_to_a_joiners_and_restores(c
     assert (held.step, held.verified, held.lease) == (STEP, True, leases["dev-a"])
 
     relay_b = CheckpointRelay(b, tmp_path / "b")
-    relay_b.sync({leases["dev-b"]: (job_id, job_file)})
+    # A lease that ended here fetches nothing (the coordinator would refuse it, every
+    # 30 s, for as long as the agent runs).
+    asked = []
+    b.checkpoint_file = lambda *args: asked.append(args)  # type: ignore[method-assign]
+    relay_b.sync({leases["dev-b"]: (job_id, job_file)}, live=set())
+    assert asked == []
+    del b.checkpoint_file
+    relay_b.sync({leases["dev-b"]: (job_id, job_file)}, live={leases["dev-b"]})
     spec = parse_job(tomllib.loads(job_file.read_text()), "job_file")
     restored = CheckpointStore(checkpoint_dir(tmp_path / "b", job_id), spec.resume_identity(),
                                keep=2).load_latest()

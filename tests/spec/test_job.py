@@ -80,3 +80,25 @@ def test_proof_refuses_a_codec_or_late_rounds_with_a_way_out():
                  {"codec": "int8"}):  # every-step too: what is summed must be what is committed
         with pytest.raises(SpecError, match="codec = 'none' and slt = 0"):
             parse_job({"steps": 4, "global_batch": 2, "proof": {"enabled": True}, "sync": sync})
+
+
+def test_a_bundle_section_names_the_script_its_args_and_plain_variables():
+    job = parse_job({"steps": 4, "global_batch": 2, "bundle": {
+        "sha256": "a" * 64, "args": ["--lr", "3e-4"], "env": {"AWS_ENDPOINT_URL": "http://x"}}})
+    assert job.bundle.args == ("--lr", "3e-4")
+    # Variables that would change how the runtime, Python or the loader start are refused.
+    for name in ("SHOAL_JOB_STEPS", "PYTHONPATH", "LD_PRELOAD", "PATH", "lower", "A-B"):
+        with pytest.raises(SpecError, match="cannot be set"):
+            parse_job({"steps": 4, "global_batch": 2,
+                       "bundle": {"sha256": "a" * 64, "env": {name: "x"}}})
+    with pytest.raises(SpecError, match=r"\[proof\] is not available for a bundled job"):
+        parse_job({"steps": 4, "global_batch": 2, "proof": {"enabled": True},
+                   "bundle": {"sha256": "a" * 64}})
+
+
+def test_a_submission_with_nothing_to_pay_is_refused():
+    from shoal.spec.coordinator import JobSubmission
+
+    with pytest.raises(ValidationError, match="budget_wei"):
+        JobSubmission(name="j", job_file="steps = 1\nglobal_batch = 1\n", workers=1,
+                      max_price_wei_per_s=1, budget_wei=0)

@@ -234,7 +234,9 @@ class Agent:
         except ControlError as error:
             log.warning("sending work records failed (%s); trying again", error)
         # After the records: a checkpoint is checked against its step's records.
-        self.carry.sync({n: (w.job, self.workers.job_file(n)) for n, w in workers.items()})
+        self.carry.sync({n: (w.job, self.workers.job_file(n)) for n, w in workers.items()},
+                        live={n for n, w in workers.items()
+                              if w.process.alive() and not w.leaving})
 
     def _answer_loop(self) -> None:
         """Answer the challenges of each beat as it comes (and at least once a period)."""

@@ -61,20 +61,25 @@ class CheckpointRelay:
         self.client, self.work_dir, self.download_every_s = client, work_dir, download_every_s
         self._jobs: dict[str, _JobCarry] = {}
 
-    def sync(self, leases: dict[int, tuple[str, Path]]) -> None:
-        """`leases`: lease -> (job, its job file) for this agent's live workers."""
+    def sync(self, leases: dict[int, tuple[str, Path]], live: set[int] | None = None) -> None:
+        """`leases`: lease -> (job, its job file) for this agent's workers, an ended lease's
+        too (its worker's last checkpoint is still sent); `live`: those still running, for
+        whose jobs newer checkpoints are fetched (None: all). A job none of whose leases
+        runs here is not fetched for: the coordinator would refuse it every time."""
+        live_jobs = {leases[n][0] for n in (leases if live is None else live) if n in leases}
         by_job: dict[str, tuple[int, Path]] = {}
         for lease, (job_id, job_file) in sorted(leases.items()):
             by_job.setdefault(job_id, (lease, job_file))
         for job_id, (lease, job_file) in by_job.items():
             carry = self._jobs.setdefault(job_id, _JobCarry())
             try:
-                self._sync_job(job_id, lease, job_file, carry)
+                self._sync_job(job_id, lease, job_file, carry, job_id in live_jobs)
             except ControlError as error:
                 log.warning("job %s: carrying checkpoints failed (%s); trying again", job_id,
                             error)
 
-    def _sync_job(self, job_id: str, lease: int, job_file: Path, carry: _JobCarry) -> None:
+    def _sync_job(self, job_id: str, lease: int, job_file: Path, carry: _JobCarry,
+                  fetch: bool) -> None:
         folder = checkpoint_dir(self.work_dir, job_id)
         manifests = checkpoint_manifests(folder)
         local = (manifest_step(manifests[0]), manifests[0]) if manifests else None
@@ -82,7 +87,7 @@ class CheckpointRelay:
         remote_step = remote.step if remote is not None else -1
         if local is not None and local[0] > remote_step:
             self._upload(job_id, lease, folder, local, carry)
-        elif remote is not None and remote_step > (local[0] if local else -1):
+        elif fetch and remote is not None and remote_step > (local[0] if local else -1):
             now = time.monotonic()
             if now - carry.downloaded_at >= self.download_every_s:
                 carry.downloaded_at = now

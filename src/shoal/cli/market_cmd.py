@@ -65,8 +65,9 @@ def submit_command(
                                "bundled with the modules it imports and sent first."),
     args: Optional[list[str]] = typer.Argument(None, help="The script's arguments (after --)."),
     workers: int = typer.Option(..., "--workers", help="Devices wanted."),
-    max_price: int = typer.Option(..., "--max-price", help="Most wei per second per device."),
-    budget: int = typer.Option(..., "--budget", help="Wei escrowed for the job."),
+    max_price: int = typer.Option(..., "--max-price", min=1,
+                                  help="Most wei per second per device."),
+    budget: int = typer.Option(..., "--budget", min=1, help="Wei escrowed for the job."),
     min_workers: int = typer.Option(1, "--min-workers", help="Fewest devices to run with."),
     priority: int = typer.Option(0, "--priority", help="Higher may preempt lower spot leases; "
                                  "above 0 up to the ceiling an operator granted you."),

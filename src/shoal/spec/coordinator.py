@@ -181,7 +181,8 @@ class JobSubmission(Frozen):
     regions: frozenset[Name] = Field(frozenset(), max_length=64)
     tenancies: frozenset[Tenancy] = frozenset(Tenancy)
     max_price_wei_per_s: PricePerSecond
-    budget_wei: Wei
+    # Nothing escrowed pays for nothing: a job with no budget would wait, paused, for ever.
+    budget_wei: Annotated[int, Field(ge=1)]
     priority: int = Field(0, ge=-1_000_000, le=1_000_000)
     # The job on the settlement contract whose escrow backs this budget
     # (required by a coordinator that settles on a chain).
