@@ -132,8 +132,25 @@ def test_a_checkpoint_travels_from_the_writers_agent_to_a_joiners_and_restores(c
     assert (restored.step, restored.cursor) == (original.step, original.cursor)
     for name, tensor in original.state["model"].items():
         assert torch.equal(restored.state["model"][name], tensor), name
-    # The submitter may read its job's model too.
+    # The submitter may read its job's model too, and `shoal model` writes it as a plain
+    # safetensors file of the parameters, loadable with no shoal at all.
     assert submitter.checkpoint_file(job_id, STEP) == b.checkpoint_file(job_id, STEP)
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from shoal.cli.main import app
+
+    key = tmp_path / "submitter.key"
+    key.write_text("0x" + bytes(submitter.account.key).hex())
+    out = tmp_path / "model.safetensors"
+    said = CliRunner().invoke(app, ["model", job_id, "-o", str(out), "--coordinator",
+                                    served.url, "--key", str(key)])
+    assert said.exit_code == 0, said.output
+    assert f"at step {STEP}" in said.output
+    downloaded = load_file(str(out))
+    assert downloaded.keys() == original.state["model"].keys()
+    for name, tensor in original.state["model"].items():
+        assert torch.equal(downloaded[name], tensor), name
 
 
 def test_a_state_nobody_trained_is_never_carried(carry, tmp_path):

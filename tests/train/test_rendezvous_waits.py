@@ -80,3 +80,20 @@ def test_a_read_is_one_request_that_changes_nothing(stores):
     assert waiter.read("present") == b"v"
     assert setter.get("present") == b"v"
     assert waiter.latest_epoch() == -1
+
+
+def test_a_rendezvous_nothing_serves_is_said_plainly_and_soon():
+    import socket
+
+    from shoal.train.rendezvous import RendezvousError, connect
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # bound, never listening: refused
+        started = time.monotonic()
+        with pytest.raises(RendezvousError) as refused:
+            connect("127.0.0.1", port, timeout_s=1.5)
+    assert time.monotonic() - started < 10  # torch's own client retried for minutes
+    said = str(refused.value)
+    assert f"nothing answers at 127.0.0.1:{port}" in said and "--serve" in said
+    assert "\n" not in said and "frame" not in said.lower()  # no C++ stack frames

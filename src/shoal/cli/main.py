@@ -28,7 +28,7 @@ from shoal.cli.demo_cmd import demo_command
 from shoal.cli.dispute_cmd import dispute_command
 from shoal.cli.market_cmd import (
     cancel_command, events_command, grant_command, jobs_command, key_app, providers_command,
-    submit_command, top_up_command,
+    model_command, submit_command, top_up_command,
 )
 from shoal.cli.rendezvous_cmd import rendezvous_command, rendezvous_pass_command
 from shoal.cli.report_cmd import report_command
@@ -53,6 +53,7 @@ app.command("agent")(agent_command)
 app.command("submit")(submit_command)
 app.command("bundle")(bundle_command)
 app.command("jobs")(jobs_command)
+app.command("model")(model_command)
 app.command("providers")(providers_command)
 app.command("events")(events_command)
 app.command("top-up")(top_up_command)

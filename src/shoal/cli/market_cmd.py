@@ -185,6 +185,38 @@ def _toml(values: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def model_command(
+    job: str = typer.Argument(..., help="Your job's id."),
+    out: Path = typer.Option(..., "--out", "-o", help="Where to write the model "
+                             "(safetensors: safetensors.torch.load_file, then "
+                             "model.load_state_dict)."),
+    url: str = URL, cert_sha256: str = CERT_SHA256, key: Path = KEY,
+) -> None:
+    """Download your job's model: the parameters of its newest carried checkpoint."""
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    from shoal.errors import ControlError
+    from shoal.train.state_file import decode
+
+    with _client(url, key, cert_sha256) as client:
+        view = client.carried_checkpoint(job)
+        if view is None:
+            raise ControlError(f"job {job} has no carried checkpoint yet (its workers write "
+                               "one every [checkpoint] interval_steps; try again later)")
+        data = client.checkpoint_file(job, view.step)
+    if hashlib.sha256(data).hexdigest() != view.sha256:
+        raise ControlError(f"the checkpoint of step {view.step} changed while it was fetched "
+                           "(a newer one was carried): run the command again")
+    state = decode(data, limit=len(data))
+    tensors = {name: tensor.contiguous() for name, tensor in state["model"].items()}
+    save_file(tensors, str(out), metadata={"job": job, "step": str(view.step),
+                                           "checkpoint_sha256": view.sha256})
+    typer.echo(f"{out}: the model of job {job} at step {view.step} ({len(tensors)} tensors, "
+               f"{sum(t.numel() for t in tensors.values()):,} parameters)")
+
+
 def jobs_command(url: str = URL, cert_sha256: str = CERT_SHA256,
                  as_json: bool = AS_JSON) -> None:
     """List jobs: status, devices held, spend against budget."""

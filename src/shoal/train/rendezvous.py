@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -28,6 +30,7 @@ from shoal.spec.elastic import (
 from shoal.train.errors import TrainError
 
 _CONNECT_TIMEOUT_S = 60.0
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 # Short waits poll `check` (Rendezvous.wait_keys): pauses grow from the first to the last by
 # this factor, so a key is seen at most ~30% of the time waited after it was set, and at
@@ -80,15 +83,44 @@ class RunFailed(TrainError):
 
 def connect(host: str, port: int, *, is_master: bool = False,
             timeout_s: float = _CONNECT_TIMEOUT_S) -> dist.TCPStore:
+    where = f"{host}:{port}"
+    if not is_master:
+        _wait_until_it_answers(host, port, timeout_s)
     try:
         return dist.TCPStore(host, port, is_master=is_master, wait_for_workers=False,
                              timeout=datetime.timedelta(seconds=timeout_s), use_libuv=True)
     except (RuntimeError, dist.DistStoreError) as error:
-        where = f"{host}:{port}"
+        said = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
         raise RendezvousError(
             f"cannot {'host' if is_master else 'reach'} the rendezvous store at {where} "
-            f"({error}); check that the launcher runs and the port is free and reachable"
+            f"({said}); check that the launcher runs and the port is free and reachable"
         ) from None
+
+
+def _wait_until_it_answers(host: str, port: int, timeout_s: float) -> None:
+    """Wait for something to accept connections at host:port, at most `timeout_s`.
+
+    torch's store client, pointed at a port nothing serves, retries for minutes and then
+    raises with its C++ stack; a host started before the serving one waits here instead,
+    saying so, and one pointed at the wrong place hears it in plain words."""
+    deadline = time.monotonic() + timeout_s
+    said_at = time.monotonic()
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=2.0).close()
+            return
+        except OSError as error:
+            now = time.monotonic()
+            if now >= deadline:
+                raise RendezvousError(
+                    f"nothing answers at {host}:{port} after {timeout_s:.0f} s "
+                    f"({error.strerror or error}): start the serving host first (one host "
+                    "runs with --serve), or check --rendezvous HOST:PORT") from None
+            if now - said_at >= 10.0:
+                log.info("waiting for the rendezvous at %s:%d (%.0f s left)", host, port,
+                         deadline - now)
+                said_at = now
+        time.sleep(0.2)
 
 
 class Rendezvous:
