@@ -124,3 +124,56 @@ def test_a_transformers_gpt2_loop_with_its_scheduler_through_a_kill_and_a_join(
     assert churned["published"]["lr"] == alone["published"]["lr"] == 0.0  # linear to zero
     assert churned["val_loss"] == pytest.approx(alone["val_loss"], abs=1e-4)
     assert churned["val_loss"] < 9.0  # it learned the phrases (ln 50257 = 10.8 at start)
+
+
+CRASHES = """
+import os
+import torch
+import shoal
+
+run = shoal.join()
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 1)
+model, optimizer = run.wrap(model, torch.optim.SGD(model.parameters(), lr=0.05))
+g = torch.Generator().manual_seed(1)
+x = torch.randn(256, 8, generator=g)
+data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+for xb, yb in run.batches(data, global_batch=16, steps=40):
+    if run.step_index == 12 and run.worker in CRASH:
+        os._exit(3)  # the process dies at once, as a segfault or an OOM kill would
+    torch.nn.functional.mse_loss(model(xb), yb).backward()
+    optimizer.step()
+if run.is_reporter:
+    run.publish_final(mse=float(torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))))
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_unasked_is_in_the_report_and_replaced(tmp_path, cli_env):
+    script = tmp_path / "crashes.py"
+    script.write_text(CRASHES.replace("CRASH", "('w1',)"))
+    done, churned = _run(tmp_path, script, 2, None, env=cli_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The exit is a fault of the run's like an injected one, and a new worker (w2) joined
+    # in its place (torchrun's --max-restarts, without restarting anyone else).
+    assert [(f["kind"], f["worker"]) for f in churned["faults"]] == [("exit", "w1"),
+                                                                     ("join", "w2")]
+    assert churned["faults"][0]["steps_lost"] == 0
+    assert churned["samples_skipped"] == churned["samples_duplicated"] == 0
+    alone_script = tmp_path / "alone.py"
+    alone_script.write_text(CRASHES.replace("CRASH", "()"))
+    done, alone = _run(tmp_path, alone_script, 1, None, env=cli_env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert churned["published"]["mse"] == pytest.approx(alone["published"]["mse"], rel=1e-5)
+
+
+def test_when_every_worker_dies_the_run_stops_with_the_error(tmp_path, cli_env):
+    script = tmp_path / "all_crash.py"
+    # Whoever joins in a crashed one's place hits it too: restarts run out, or nobody is
+    # left to join, and the run stops.
+    script.write_text(CRASHES.replace("run.step_index == 12", "run.step_index >= 12").replace(
+        "CRASH", "run.worker").replace(
+        "os._exit(3)", "raise RuntimeError('a bug every worker hits at step 12')"))
+    done, _ = _run(tmp_path, script, 2, None, env=cli_env)
+    assert done.returncode != 0
+    assert "RuntimeError: a bug every worker hits at step 12" in done.stderr, done.stderr

@@ -108,6 +108,7 @@ class LaunchOptions:
     run_dir: Path | None = None
     replica_check_every: int = 0
     spares: int = 0
+    max_restarts: int = 3
     hosts: HostOptions = HostOptions()
 
     def config(self, command: list[str], name: str, settings: RunSettings) -> LaunchConfig:
@@ -123,7 +124,7 @@ class LaunchOptions:
             stall_deadline_s=self.stall_deadline_s, settings=settings,
             overrides=worker_overrides(parse_slow(list(self.slow)),
                                        parse_adversaries(list(self.adversaries))),
-            spares=self.spares, **self.hosts.config_fields(),
+            spares=self.spares, max_restarts=self.max_restarts, **self.hosts.config_fields(),
         )
 
 
@@ -177,6 +178,9 @@ RUN_DIR = typer.Option(None, "--run-dir", help="Where worker logs and step logs 
 REPORT = typer.Option(None, "--report", help="Write the run's JSON report here.")
 SPARES = typer.Option(0, "--spares", min=0,
                       help="Warm spares kept ready; a `join` calls one in (no process start).")
+MAX_RESTARTS = typer.Option(3, "--max-restarts", min=0,
+                            help="On one host: replace a worker that exits unasked (a crash, "
+                                 "an OOM kill) by a new one joining the job, at most N times.")
 REPLICA_CHECK = typer.Option(0, "--replica-check-every", min=0,
                              help="Hash every replica's parameters every N steps (0: after re-forms only).")
 

@@ -9,7 +9,7 @@ import typer
 
 from shoal import ShoalError
 from shoal.cli.launch_options import (
-    ADVERSARY, BIND, CHAOS, CHECKPOINT_DIR, GRACE_S, MIN_WORKERS, NODE, RENDEZVOUS, REPLICA_CHECK,
+    ADVERSARY, BIND, MAX_RESTARTS, CHAOS, CHECKPOINT_DIR, GRACE_S, MIN_WORKERS, NODE, RENDEZVOUS, REPLICA_CHECK,
     REPORT, RUN_DIR, SERVE, SLOW, SPARES, STALL_DEADLINE_S, STALL_S, WORKERS, HostOptions, LaunchOptions,
     launch_and_report, run_settings,
 )
@@ -28,6 +28,7 @@ def run_command(
     report: Optional[Path] = REPORT,
     replica_check_every: int = REPLICA_CHECK,
     spares: int = SPARES,
+    max_restarts: int = MAX_RESTARTS,
     checkpoint_dir: Optional[Path] = CHECKPOINT_DIR,
     rendezvous: Optional[str] = RENDEZVOUS,
     serve: bool = SERVE,
@@ -48,7 +49,7 @@ def run_command(
     options = LaunchOptions(
         workers=workers, chaos=chaos, stall_s=stall_s, stall_deadline_s=stall_deadline_s,
         slow=tuple(slow), adversaries=tuple(adversary), run_dir=run_dir,
-        replica_check_every=replica_check_every, spares=spares,
+        replica_check_every=replica_check_every, spares=spares, max_restarts=max_restarts,
         hosts=HostOptions(rendezvous, serve, bind, node, min_workers, grace_s))
     settings = (run_settings(checkpoint_dir=str(checkpoint_dir.resolve())) if checkpoint_dir
                 else run_settings())

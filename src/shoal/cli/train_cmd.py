@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from shoal.cli.launch_options import (
-    ADVERSARY, BIND, CHAOS, GRACE_S, MIN_WORKERS, NODE, RENDEZVOUS, REPLICA_CHECK, RUN_DIR, SERVE,
+    ADVERSARY, BIND, MAX_RESTARTS, CHAOS, GRACE_S, MIN_WORKERS, NODE, RENDEZVOUS, REPLICA_CHECK, RUN_DIR, SERVE,
     SLOW,
     SPARES, STALL_DEADLINE_S, STALL_S, HostOptions, LaunchOptions, launch_and_report, run_settings,
 )
@@ -38,6 +38,7 @@ def train_command(
     run_dir: Optional[Path] = RUN_DIR,
     replica_check_every: int = REPLICA_CHECK,
     spares: int = SPARES,
+    max_restarts: int = MAX_RESTARTS,
     rendezvous: Optional[str] = RENDEZVOUS,
     serve: bool = SERVE,
     bind: Optional[str] = BIND,
@@ -61,7 +62,7 @@ def train_command(
             workers=workers, chaos=chaos, stall_s=stall_s, stall_deadline_s=stall_deadline_s,
             slow=tuple(slow), adversaries=tuple(adversary), run_dir=run_dir,
             replica_check_every=replica_check_every,
-            spares=spares, hosts=HostOptions(rendezvous, serve, bind, node, min_workers, grace_s))
+            spares=spares, max_restarts=max_restarts, hosts=HostOptions(rendezvous, serve, bind, node, min_workers, grace_s))
         _train_elastic(job, resume, fresh, options, report)
         return
     if chaos or slow or rendezvous or adversary:

@@ -34,6 +34,11 @@ class LaunchConfig:
     # Warm spares: started and ready (torch imported, model built) but idle until a
     # `join` calls one in, so a join costs a state transfer, not a process start.
     spares: int = 0
+    # On one host, a worker that exits unasked (not by --chaos, not done) is replaced by a
+    # new one that joins the running job, at most this many times in the run (torchrun's
+    # --max-restarts, but nobody else restarts). Where every worker is gone there is no one
+    # to join: the run stops with the first worker's error instead.
+    max_restarts: int = 3
     # Across hosts, every launcher names the same rendezvous and one of them serves it.
     rendezvous: str | None = None  # HOST:PORT; None: one host, served here on a free port
     serve: bool = False  # host the store and the authority (implied on one host)
@@ -53,6 +58,8 @@ class LaunchConfig:
             raise ControlError("--workers must be at least 1")
         if self.spares < 0:
             raise ControlError("--spares cannot be negative")
+        if self.max_restarts < 0:
+            raise ControlError("--max-restarts cannot be negative")
         if self.rendezvous is not None:
             parse_endpoint(self.rendezvous)
         elif self.serve or self.node:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from shoal.elastic.authority import AuthorityConfig
+from shoal.elastic.chaos import ChaosEvent
 from shoal.elastic.report import FaultEvent, build_report
 from shoal.errors import ControlError
 from shoal.elastic.launch_config import LaunchConfig
@@ -59,6 +60,8 @@ class Launcher:
         self._sigterm = threading.Event()
         self._empty_since: float | None = None
         self._store_closed_after_finish = False  # see _job_done
+        self._exits_seen: set[str] = set()  # workers whose exit was looked at
+        self._restarts_left = config.max_restarts
         try:
             self.rdzv, self.endpoint = self._open_rendezvous()
             self.node = self._claim_node() if config.rendezvous else ""
@@ -182,6 +185,7 @@ class Launcher:
                                    f"worker logs are in {self.config.run_dir}")
             self._inject_due(now - started)
             self.pool.wake_stalled(now)
+            self._replace_unasked_exits(now - started)
             self._check_workers_left(now)
             time.sleep(SUPERVISE_EVERY_S)
         # Read now: once this host's workers are gone, the serving host may close the store.
@@ -259,6 +263,34 @@ class Launcher:
             fault = self.pool.inject(event, elapsed_s)
             if fault is not None:
                 self.faults.append(fault)
+
+    def _replace_unasked_exits(self, elapsed_s: float) -> None:
+        """A worker that exited on its own (not done, not by --chaos) is a fault of the
+        run's, in its report; on one host a new worker joins in its place while others
+        still hold the job's state, up to --max-restarts (see LaunchConfig.max_restarts)."""
+        injected = {f.worker for f in self.faults if f.kind is not FaultKind.join}
+        for worker, process in list(self.pool.workers.items()):
+            if worker in self._exits_seen or process.alive():
+                continue
+            self._exits_seen.add(worker)
+            code = process.process.returncode
+            if worker in injected or worker in self.pool.spares or code == 0:
+                continue
+            self.faults.append(FaultEvent(FaultKind.exit, worker, time.time()))
+            log.warning("%s exited unasked (status %s)%s", worker, code,
+                        _first_error(self.config.run_dir, f"{worker}.log", lines=3))
+            if self.config.rendezvous is not None or not self.pool.alive_count():
+                continue  # across hosts the agent restarts; with nobody left, no one to join
+            if self._restarts_left <= 0:
+                log.warning("no restart left for it (--max-restarts %d)",
+                            self.config.max_restarts)
+                continue
+            self._restarts_left -= 1
+            fault = self.pool.inject(ChaosEvent(FaultKind.join, None), elapsed_s)
+            if fault is not None:
+                self.faults.append(fault)
+                log.info("%s joins in its place (%d restarts left)", fault.worker,
+                         self._restarts_left)
 
     # -- ending ----------------------------------------------------------
 

@@ -150,6 +150,9 @@ class FaultKind(str, enum.Enum):
     stall = "stall"
     leave = "leave"
     join = "join"
+    # A worker that ended on its own, unasked: a crash, an out-of-memory kill, a kill from
+    # outside the launcher (the others are what --chaos injects).
+    exit = "exit"
 
 
 class FaultReport(Frozen):
