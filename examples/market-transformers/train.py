@@ -29,6 +29,9 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--micro-batch", type=int, default=None,
+                        help="Samples per forward pass (gradients accumulate over the rest).")
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 autocast forward.")
     args = parser.parse_args()
 
     train, held_out = TokenShards(args.data, args.context).split(32)
@@ -45,9 +48,11 @@ def main() -> None:
     scheduler = run.schedule(get_linear_schedule_with_warmup(optimizer, args.warmup, args.steps))
 
     model.train()
-    for x, y in run.batches(train, global_batch=args.global_batch, steps=args.steps):
-        logits = model(input_ids=x).logits
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+    for x, y in run.batches(train, global_batch=args.global_batch, steps=args.steps,
+                            micro_batch=args.micro_batch):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
         loss.backward()
         optimizer.step()
         scheduler.step()

@@ -104,26 +104,56 @@ def test_a_script_that_raises_at_start_stops_within_seconds_with_its_traceback(
     assert "ValueError: the user's bug, line 4" in done.stderr, done.stderr
 
 
-@pytest.mark.slow
-def test_a_transformers_gpt2_loop_with_its_scheduler_through_a_kill_and_a_join(
-        tmp_path, cli_env):
-    pytest.importorskip("transformers")
+def _phrase_shards(folder: Path) -> str:
+    """Three shards of token ids made of 40 repeated phrases (a corpus one can learn)."""
     rng = np.random.default_rng(0)
     phrases = [rng.integers(0, 50257, size=12, dtype=np.uint16) for _ in range(40)]
     for i in range(3):
         np.concatenate([phrases[j] for j in rng.integers(0, 40, size=400)]).tofile(
-            tmp_path / f"train-{i:03d}.bin")
-    script = REPO / "examples" / "market-transformers" / "train.py"
-    args = ("--data", str(tmp_path / "train-*.bin"), "--steps", "60", "--warmup", "10")
+            folder / f"train-{i:03d}.bin")
+    return str(folder / "train-*.bin")
+
+
+TRANSFORMERS = REPO / "examples" / "market-transformers" / "train.py"
+
+
+@pytest.mark.slow
+def test_a_transformers_gpt2_loop_with_its_scheduler_through_a_kill_and_a_join(
+        tmp_path, cli_env):
+    pytest.importorskip("transformers")
+    args = ("--data", _phrase_shards(tmp_path), "--steps", "60", "--warmup", "10")
     reports = {}
     for workers, chaos in ((2, "kill:1@step20,join@step30"), (1, None)):
-        done, reports[workers] = _run(tmp_path, script, workers, chaos, *args, env=cli_env)
+        done, reports[workers] = _run(tmp_path, TRANSFORMERS, workers, chaos, *args,
+                                      env=cli_env)
         assert done.returncode == 0, done.stderr[-3000:]
     churned, alone = reports[2], reports[1]
     assert [f["kind"] for f in churned["faults"]] == ["kill", "join"]
     assert churned["published"]["lr"] == alone["published"]["lr"] == 0.0  # linear to zero
     assert churned["val_loss"] == pytest.approx(alone["val_loss"], abs=1e-4)
     assert churned["val_loss"] < 9.0  # it learned the phrases (ln 50257 = 10.8 at start)
+
+
+@pytest.mark.slow
+def test_gradient_accumulation_and_bf16_autocast_in_a_transformers_loop(tmp_path, cli_env):
+    """Accumulation is the run's micro-batches (an unmodified loop gets the global mean,
+    whatever the world), and a bfloat16 autocast forward trains as on one worker."""
+    pytest.importorskip("transformers")
+    data = _phrase_shards(tmp_path)
+    base = ("--data", data, "--steps", "40", "--warmup", "5")
+    losses = {}
+    for name, workers, extra in (("whole", 1, ()), ("micro", 3, ("--micro-batch", "3")),
+                                 ("bf16-one", 1, ("--bf16",)), ("bf16", 2, ("--bf16",))):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        done, report = _run(run_dir, TRANSFORMERS, workers, None, *base, *extra, env=cli_env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        losses[name] = report["val_loss"]
+    # float32 sums in another order: equal to float rounding.
+    assert losses["micro"] == pytest.approx(losses["whole"], abs=1e-4)
+    # bfloat16's own rounding differs with the split; the loss it reaches does not.
+    assert losses["bf16"] == pytest.approx(losses["bf16-one"], abs=0.02)
+    assert losses["bf16"] == pytest.approx(losses["whole"], abs=0.1)
 
 
 CRASHES = """
