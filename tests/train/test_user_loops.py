@@ -207,3 +207,15 @@ def test_when_every_worker_dies_the_run_stops_with_the_error(tmp_path, cli_env):
     done, _ = _run(tmp_path, script, 2, None, env=cli_env)
     assert done.returncode != 0
     assert "RuntimeError: a bug every worker hits at step 12" in done.stderr, done.stderr
+
+
+def test_rank_and_world_before_the_loop_say_when_they_are_known(tmp_path, cli_env):
+    script = tmp_path / "early_world.py"
+    script.write_text(textwrap.dedent("""
+        import shoal
+        run = shoal.join()
+        per_worker = 64 // run.world  # 0 would be a ZeroDivisionError far from its cause
+        """))
+    done, _ = _run(tmp_path, script, 1, None, env=cli_env)
+    assert done.returncode != 0
+    assert "run.rank and run.world are known once run.batches" in done.stderr, done.stderr
