@@ -66,6 +66,7 @@ def test_a_bundle_goes_to_its_submitter_and_its_jobs_providers_only(served, tmp_
     assert alice.bundle(bundle.sha256) == bundle.archive
     _refused(lambda: a.bundle(bundle.sha256), 403, "holds no lease")
     job = alice.submit(_submission(bundle.sha256))
+    assert job.bundle_sha256 == bundle.sha256  # what `shoal jobs` and the dashboard show
     served.app.state.rounds.once()
     (lease,) = alice.job(job.job_id).leases
     assert lease.provider.lower() == a.account.address.lower()

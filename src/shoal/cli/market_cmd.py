@@ -222,11 +222,12 @@ def jobs_command(url: str = URL, cert_sha256: str = CERT_SHA256,
     """List jobs: status, devices held, spend against budget."""
     with _client(url, None, cert_sha256) as client:
         jobs = client.jobs()
-    table = Table("job", "status", "workers", "held", "spent / budget (wei)", "devices")
+    table = Table("job", "status", "code", "workers", "held", "spent / budget (wei)", "devices")
     now = time.time()
     for job in jobs:
         held = [lease for lease in job.leases if lease.ends_at_s is None or lease.ends_at_s > now]
-        table.add_row(job.job_id, job.status.value, str(job.workers), str(len(held)),
+        code = f"bundle {job.bundle_sha256[:12]}" if job.bundle_sha256 else "built-in GPT"
+        table.add_row(job.job_id, job.status.value, code, str(job.workers), str(len(held)),
                       f"{job.spent_wei} / {job.budget_wei}",
                       ", ".join(f"{lease.offer_id} ({lease.device_kind}, {lease.region}, "
                                 f"{lease.price_wei_per_s} wei/s)" for lease in held))

@@ -228,6 +228,8 @@ class JobView(Frozen):
     created_at_s: float
     rendezvous: str | None = None  # the job host's HOST:PORT once it serves
     chain_job: int | None = None
+    # The submitter's own code it runs (the bundle's SHA-256; None: the built-in GPT).
+    bundle_sha256: str | None = None
 
 
 class AcceptanceTerms(Frozen):

@@ -227,6 +227,8 @@ function renderJobs(selected) {
     const open = job.leases.filter(l => l.ends_at_s == null).length;
     const row = el("tr", {class: job === selected ? "job selected" : "job", "data-job": job.job_id},
       el("td", {}, job.job_id), el("td", {}, job.name), el("td", {}, job.status),
+      el("td", {title: job.bundle_sha256 || ""},
+         job.bundle_sha256 ? `bundle ${job.bundle_sha256.slice(0, 12)}` : "built-in GPT"),
       el("td", {class: "num"}, `${open} / ${job.workers}`), el("td", {class: "num"}, String(job.spent_wei)),
       el("td", {class: "num"}, String(job.budget_wei)), el("td", {}, job.chain_job == null ? "" : job.chain_job));
     row.addEventListener("click", () => {

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import tomllib
+
 from shoal.coordinator.db.schema import AgentRow, EventRow, JobRow, OfferRow, ParticipantRow
 from shoal.market import JobMeter
 from shoal.spec.coordinator import (
@@ -42,7 +45,19 @@ def job_view(row: JobRow, meter: JobMeter | None, now_s: float) -> JobView:
                    budget_wei=budget, spent_wei=spent, remaining_wei=budget - spent,
                    priority=int(row.bid["priority"]), leases=leases,
                    created_at_s=row.created_at_s, rendezvous=row.rendezvous,
-                   chain_job=row.chain_job)
+                   chain_job=row.chain_job, bundle_sha256=_bundle_of(row.job_file))
+
+
+@functools.lru_cache(maxsize=4096)
+def _bundle_of(job_file: str) -> str | None:
+    """The bundle a job file names (parsed once per job file: a page of jobs is read often,
+    and a job file never changes)."""
+    try:
+        bundle = tomllib.loads(job_file).get("bundle")
+    except tomllib.TOMLDecodeError:
+        return None
+    sha256 = bundle.get("sha256") if isinstance(bundle, dict) else None
+    return sha256 if isinstance(sha256, str) else None
 
 
 def event_view(row: EventRow) -> Event:
