@@ -57,12 +57,18 @@ def test_a_submitters_script_runs_sandboxed_on_the_market_through_a_lost_machine
                               "-r", str(EXAMPLE / "requirements.txt"),
                               "--max-price", str(2 * PRICE), "--budget", str(10**15),
                               "--steps", str(STEPS), "--global-batch", "16",
-                              *(f"--env={k}={v}" for k, v in aws_env(s3).items()),
+                              # The endpoint in the (public) job file; the credentials
+                              # from the submitter's environment, as secrets.
+                              "--env", f"AWS_ENDPOINT_URL={s3['endpoint_url']}",
+                              *(f"--secret-env={k}" for k in aws_env(s3)
+                                if k != "AWS_ENDPOINT_URL"),
                               "--coordinator", url, "--key", str(tmp_path / "alice.key"),
                               "--", *SCRIPT_ARGS),
-                env=cli_env, capture_output=True, text=True, cwd=REPO, timeout=120)
+                env={**cli_env, **aws_env(s3)}, capture_output=True, text=True, cwd=REPO,
+                timeout=120)
             assert submitted.returncode == 0, submitted.stderr
             job_id = submitted.stdout.strip()
+            assert "AWS_SECRET_ACCESS_KEY" not in alice.job_file(job_id)
             assert "bundle " in submitted.stderr and " sent" in submitted.stderr
 
             # Both leases' workers train; then agent b's machine is lost whole.

@@ -1,7 +1,8 @@
 """Job bundles at the coordinator (issue 41), tried as a hostile party would: a
 submitter sending an archive that is not what its hash names, one naming someone
 else's bundle in a job of its own (to lease it to itself and read the code), a
-provider with no lease on the job and a stranger reading the code."""
+provider with no lease on the job and a stranger reading the code or the job's
+data credentials."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from pathlib import Path
 
 import pytest
 from eth_account import Account
+from sqlalchemy.orm import Session
 
 from shoal.bundle import pack_bundle
 from shoal.client.http import CoordinatorRefused
+from shoal.coordinator.db.schema import JobRow
 from shoal.coordinator.errors import Forbidden
 from shoal.coordinator.services.bundles import FETCH_GRACE_S
-from shoal.spec.coordinator import JobSubmission, OfferTerms, Registration
+from shoal.spec.coordinator import Heartbeat, JobSubmission, OfferTerms, Registration
 from tests.coordinator.conftest import Served, provider_with_agent
 
 PRICE = 1_000
@@ -133,3 +136,41 @@ def test_a_bundle_is_leased_only_to_devices_on_its_torch(served, tmp_path):
     served.app.state.rounds.once()
     (lease,) = alice.job(job.job_id).leases  # two wanted; one device runs its torch
     assert lease.provider.lower() == right.account.address.lower()
+
+
+def test_a_secret_goes_to_the_running_leases_provider_alone_and_is_gone_with_the_job(
+        served, tmp_path):
+    """The data's credentials: not in the job file (which anyone reads), not to a provider
+    without a lease, and not after the job ended."""
+    alice = _submitter(served, "alice")
+    a, b = served.client(Account.create()), served.client(Account.create())
+    for client, agent, price in ((a, "agent-a", PRICE), (b, "agent-b", 3 * PRICE)):
+        provider_with_agent(client, agent, torch=TORCH)
+        client.post_offer(OfferTerms(offer_id=f"dev-{agent[-1]}", agent_id=agent,
+                                     price_wei_per_s=price))
+    bundle = _bundle(tmp_path)
+    alice.upload_bundle(bundle.sha256, bundle.archive)
+    secret = {"AWS_SECRET_ACCESS_KEY": "s3cr3t-for-the-lease"}
+    job = alice.submit(_submission(bundle.sha256).model_copy(update={"secret_env": secret}))
+    served.app.state.rounds.once()
+    coordinator = served.app.state.coordinator
+    with Session(coordinator.engine) as session, session.begin():  # its host serves
+        session.get(JobRow, job.job_id).rendezvous = "127.0.0.1:1"
+    stranger = served.client(Account.create())
+    assert "s3cr3t" not in stranger.job_file(job.job_id)
+    (lease,) = alice.job(job.job_id).leases
+    reply = coordinator.agents.heartbeat(a.account.address, "agent-a", Heartbeat())
+    assert [x.secret_env for x in reply.assignments] == [secret]
+    assert coordinator.agents.heartbeat(b.account.address, "agent-b",
+                                        Heartbeat()).assignments == ()
+    alice.job_action(job.job_id, "cancel")
+    assert coordinator.secrets.of(job.job_id) == {}
+    assert not list((coordinator.settings.data_dir / "secrets").glob("*"))
+
+
+def test_a_secret_for_a_job_that_runs_no_script_is_refused(served):
+    alice = _submitter(served, "alice")
+    _refused(lambda: alice.submit(JobSubmission(
+        name="gpt", job_file="steps = 10\nglobal_batch = 4\n", workers=1,
+        max_price_wei_per_s=PRICE, budget_wei=10**12,
+        secret_env={"AWS_SECRET_ACCESS_KEY": "x"})), 422, "bundled job")

@@ -95,7 +95,10 @@ class BundledLeases:
                 "--grace-s", str(grace_s),
                 "--checkpoint-dir", str(code.directory / "checkpoints"),
                 "--", *spec.bundle.args]
-        env = {**spec.bundle.env, "PATH": "/usr/bin:/bin", "HOME": str(code.directory),
+        # The lease's secret variables (the data's credentials) go into the worker's
+        # environment and nowhere on this machine's disk.
+        env = {**spec.bundle.env, **assignment.secret_env,
+               "PATH": "/usr/bin:/bin", "HOME": str(code.directory),
                "TORCH_CPP_LOG_LEVEL": "ERROR", "OMP_NUM_THREADS": "1",
                JOB_STEPS_ENV: str(spec.steps), JOB_GLOBAL_BATCH_ENV: str(spec.global_batch)}
         if assignment.rendezvous_pass is not None:

@@ -89,7 +89,12 @@ def submit_command(
                                                "the global batch its run.batches takes."),
     env: list[str] = typer.Option([], "--env", metavar="NAME=VALUE", help="Script: a "
                                   "variable its workers get, e.g. the data store's endpoint "
-                                  "(the job's providers read it; repeatable)."),
+                                  "(in the job file, which anyone may read; repeatable)."),
+    secret_env: list[str] = typer.Option([], "--secret-env", metavar="NAME", help="A "
+                                         "bundled job's secret variable (the data's "
+                                         "credentials), its value taken from your "
+                                         "environment: kept out of the job file and sent "
+                                         "only to running leases' providers (repeatable)."),
     url: str = URL, cert_sha256: str = CERT_SHA256, key: Path = KEY,
 ) -> None:
     """Submit a job with its budget and price ceiling; prints the job id.
@@ -131,12 +136,27 @@ def submit_command(
                 name=job.stem[:64], job_file=job_file, workers=workers,
                 min_workers=min_workers, max_price_wei_per_s=max_price, budget_wei=budget,
                 priority=priority, regions=frozenset(region), chain_job=chain_job,
-                tenancies=frozenset({"spot"}) if spot_only else frozenset({"spot", "on_demand"}))
+                tenancies=frozenset({"spot"}) if spot_only else frozenset({"spot", "on_demand"}),
+                secret_env=_from_environment(secret_env))
         except ValidationError as error:
             raise ControlError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
                                          for e in error.errors())) from None
         view = client.submit(submission)
     typer.echo(view.job_id)
+
+
+def _from_environment(names: list[str]) -> dict[str, str]:
+    """The values of `names` in this process's environment (a secret is never typed on a
+    command line, where `ps` and the shell's history show it)."""
+    import os
+
+    from shoal.errors import ControlError
+
+    missing = [name for name in names if name not in os.environ]
+    if missing:
+        raise ControlError(f"--secret-env {', '.join(missing)}: not set in your environment "
+                           "(export it first; its value is read from there)")
+    return {name: os.environ[name] for name in names}
 
 
 def _send_bundle(client, script: Path, args: list[str], requirements: Path | None,  # noqa: ANN001

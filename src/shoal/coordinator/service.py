@@ -52,7 +52,7 @@ from shoal.coordinator.proofs.verdict_stake import VerdictStake
 from shoal.coordinator.proofs.verdicts import Verdicts
 from shoal.coordinator.services import journal
 from shoal.coordinator.services.attendance import LeaseAttendance
-from shoal.coordinator.services.bundles import JobBundles
+from shoal.coordinator.services.bundles import JobBundles, JobSecrets
 from shoal.coordinator.services.chain_jobs import ChainSettlement
 from shoal.coordinator.services.checkpoints import CheckpointCarry
 from shoal.coordinator.services.file_admission import FileAdmission
@@ -140,14 +140,17 @@ class Coordinator:
         self.chain = ChainSettlement(store, desk, settings, settlement, self.attendance,
                                      records.record_dues)
         self.bundles = JobBundles(store, settings, specs.job_spec, self.carry.active_lease)
+        self.secrets = JobSecrets(settings)
         self.jobs = JobLifecycle(desk, settings, self.participants, self.hosts, settlement,
-                                 self.chain, records.close_proofs, self.bundles.check_job)
+                                 self.chain, records.close_proofs, self.bundles.check_job,
+                                 self.secrets)
         self.supervision = JobSupervision(store, desk, settings, self.hosts, self.attendance,
                                           self.jobs.end, self.offers.withdraw,
                                           records.awaiting_records,
                                           lambda job: specs.job_spec(job).steps)
         self.agents = ProviderAgents(store, desk, settings, self.probing, self.hosts,
-                                     self.challenges.pending, self.chain.acceptance_terms)
+                                     self.challenges.pending, self.chain.acceptance_terms,
+                                     self.secrets.of)
         self.files = FileAdmission(store, desk, settings, self.participants,
                                    self.carry.active_lease, self.challenges.answerable,
                                    plants.plant_fetch)

@@ -11,12 +11,12 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from shoal.spec.audit import ChallengeView
 from shoal.spec.bundle import TorchRelease
-from shoal.spec.job import Frozen
-from shoal.spec.market import DeviceLease, Name, PricePerSecond, Tenancy, Wei
+from shoal.spec.job import Frozen, script_env
+from shoal.spec.market import DeviceLease, Name, PricePerSecond, Tenancy
 
 Address = Annotated[str, Field(pattern=r"^0x[0-9a-fA-F]{40}$")]
 Label = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
@@ -187,6 +187,15 @@ class JobSubmission(Frozen):
     # The job on the settlement contract whose escrow backs this budget
     # (required by a coordinator that settles on a chain).
     chain_job: int | None = Field(None, ge=1)
+    # Variables a bundled job's script gets that are not in its (public) job file: the
+    # data's credentials. Kept by the coordinator, sent only with each running lease's
+    # assignment to its provider, and forgotten when the job ends.
+    secret_env: dict[str, Annotated[str, Field(max_length=4096)]] = Field({}, max_length=16)
+
+    @field_validator("secret_env")
+    @classmethod
+    def _script_variables(cls, env: dict[str, str]) -> dict[str, str]:
+        return script_env(env, "secret_env")
 
     @model_validator(mode="after")
     def _min_fits(self) -> JobSubmission:
@@ -272,6 +281,9 @@ class Assignment(Frozen):
     # Where the coordinator settles on a chain: sign these (POST /v1/leases/N/acceptance);
     # None once accepted, or with no chain.
     acceptance: AcceptanceTerms | None = None
+    # A bundled job's secret variables (JobSubmission.secret_env), for this lease's worker
+    # alone: never written to the provider's disk.
+    secret_env: dict[str, str] = {}
 
 
 class HeartbeatReply(Frozen):

@@ -185,9 +185,9 @@ class BundleRef(Frozen):
     `shoal submit SCRIPT`) into the archive whose SHA-256 this is. Every provider, and
     whoever checks its work, runs exactly that archive's script with `args`.
 
-    `env`: variables the script is given, such as the endpoint of the data's store. The
-    job's providers read them (they are in the job file each lease is sent): give only
-    what is meant for them, a read-only credential of the data at most.
+    `env`: variables the script is given, such as the endpoint of the data's store. They
+    are in the job file, which anyone may read: a credential goes in the submission's
+    `secret_env` instead (sent to each lease's provider alone, while the lease runs).
     """
 
     sha256: SHA256
@@ -197,12 +197,17 @@ class BundleRef(Frozen):
     @field_validator("env")
     @classmethod
     def _plain_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
-            if not _ENV_NAME.fullmatch(name) or name.startswith(_ENV_RESERVED):
-                raise ValueError(f"bundle.env: {name!r} cannot be set for a job's script "
-                                 "(upper-case letters, digits and '_'; none of "
-                                 f"{', '.join(p + '*' for p in _ENV_RESERVED)})")
-        return env
+        return script_env(env, "bundle.env")
+
+
+def script_env(env: dict[str, str], where: str) -> dict[str, str]:
+    """`env`, if a bundled job's script may be given each of its variables."""
+    for name in env:
+        if not _ENV_NAME.fullmatch(name) or name.startswith(_ENV_RESERVED):
+            raise ValueError(f"{where}: {name!r} cannot be set for a job's script "
+                             "(upper-case letters, digits and '_'; none of "
+                             f"{', '.join(p + '*' for p in _ENV_RESERVED)})")
+    return env
 
 
 class JobSpec(Frozen):

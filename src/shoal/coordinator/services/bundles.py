@@ -8,7 +8,8 @@ bundle's hash is no secret (it is in every lease's job file), and otherwise a
 stranger could name someone else's code in a job of its own, lease it to
 itself and read it. A bundle is code its submitter may not want public, so it
 is read only by a submitter who sent it and by the providers holding a lease
-on a job of theirs that names it.
+on a job of theirs that names it. A bundled job's secret variables (its data's
+credentials) are kept beside them, for the providers of its running leases.
 """
 
 from __future__ import annotations
@@ -132,3 +133,44 @@ def _write_atomically(path: Path, data: bytes) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+class JobSecrets:
+    """Bundled jobs' secret variables (`JobSubmission.secret_env`): kept out of the job
+    file (which anyone may read) and out of the store, in one file per job under
+    `data_dir/secrets` readable by the coordinator alone; read for each running lease's
+    assignment and removed when the job ends."""
+
+    def __init__(self, settings: CoordinatorSettings) -> None:
+        self.directory = settings.data_dir / "secrets"
+        self._cache: dict[str, dict[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def keep(self, job_id: str, env: dict[str, str]) -> None:
+        if not env:
+            return
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = self.directory / f"{job_id}.json"
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            json.dump(env, out)
+        with self._lock:
+            self._cache[job_id] = dict(env)
+
+    def of(self, job_id: str) -> dict[str, str]:
+        with self._lock:
+            cached = self._cache.get(job_id)
+        if cached is not None:
+            return cached
+        try:
+            env = json.loads((self.directory / f"{job_id}.json").read_text())
+        except FileNotFoundError:
+            env = {}
+        with self._lock:
+            self._cache[job_id] = env
+        return env
+
+    def forget(self, job_id: str) -> None:
+        (self.directory / f"{job_id}.json").unlink(missing_ok=True)
+        with self._lock:
+            self._cache[job_id] = {}

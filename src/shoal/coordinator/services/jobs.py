@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from shoal.coordinator.errors import Conflict, Forbidden, NotFound
 from shoal.coordinator.services import journal
+from shoal.coordinator.services.bundles import JobSecrets
 from shoal.coordinator.services.chain_jobs import ChainSettlement
 from shoal.coordinator.services.job_hosts import JobHosts
 from shoal.coordinator.services.market_desk import MarketDesk
@@ -47,7 +48,8 @@ class JobLifecycle:
     def __init__(self, desk: MarketDesk, settings: CoordinatorSettings,
                  participants: Participants, hosts: JobHosts, settlement: Settlement | None,
                  chain: ChainSettlement, close_proofs: CloseProofs,
-                 check_bundle: Callable[[str, str], BundleManifest]) -> None:
+                 check_bundle: Callable[[str, str], BundleManifest],
+                 secrets: JobSecrets) -> None:
         """`settlement` None: escrow is the store's bookkeeping only; else `chain` holds
         each job to its escrow on chain and settles it at its end. `check_bundle(submitter,
         sha256)` raises unless a job of the submitter's may name that bundle (and answers its
@@ -55,7 +57,7 @@ class JobLifecycle:
         self.desk, self.settings, self.participants, self.hosts = desk, settings, \
             participants, hosts
         self.settlement, self.chain, self.close_proofs = settlement, chain, close_proofs
-        self.check_bundle = check_bundle
+        self.check_bundle, self.secrets = check_bundle, secrets
 
     def submit(self, submitter: str, submission: JobSubmission) -> JobView:
         """Take a job whose job file providers would run, against its escrow."""
@@ -63,6 +65,9 @@ class JobLifecycle:
         torch = None
         if spec.bundle is not None:
             torch = self.check_bundle(submitter, spec.bundle.sha256).torch
+        elif submission.secret_env:
+            raise SpecError("secret_env is for a bundled job's script (a job file with "
+                            "[bundle]); the built-in trainer reads no variables")
         size = 4 * spec.model.parameters()  # float32: what a `params` file of it holds
         if size > self.settings.max_file_bytes:
             # The coordinator builds the model to check carried checkpoints and plant
@@ -87,7 +92,8 @@ class JobLifecycle:
         # second device in the job would work unpaid.
         bid = Bid(job=job_id, max_devices_per_provider=1 if submission.chain_job else None,
                   torch=torch,
-                  **submission.model_dump(exclude={"name", "job_file", "chain_job"}))
+                  **submission.model_dump(exclude={"name", "job_file", "chain_job",
+                                                   "secret_env"}))
         with self.desk.change() as session:
             self.chain.refuse_used_chain_job(session, submission.chain_job)  # under the lock: once
             now = self.desk.now_s()
@@ -97,6 +103,7 @@ class JobLifecycle:
                          status=JobStatus.waiting.value, created_at_s=now,
                          chain_job=submission.chain_job)
             session.add(row)
+            self.secrets.keep(job_id, submission.secret_env)  # never in the store or a log
             record_event(session, now, submitter, JobSubmitted(
                 workers=bid.workers, budget_wei=bid.budget_wei,
                 max_price_wei_per_s=bid.max_price_wei_per_s), job_id)
@@ -145,6 +152,7 @@ class JobLifecycle:
                 spent_wei=meter.accrued_wei(now), **detail), job_id)
             if status is not JobStatus.finished:
                 self.hosts.stop(job_id, row.host_pid)
+            self.secrets.forget(job_id)
             self.close_proofs(session, row)  # the last epochs' roots go before the bill
             if self.settlement is not None and row.chain_job is not None:
                 self.chain.settle(session, row, meter, now)

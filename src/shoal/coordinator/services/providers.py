@@ -120,12 +120,15 @@ class ProviderAgents:
     def __init__(self, store: Store, desk: MarketDesk, settings: CoordinatorSettings,
                  probing: NetworkProbing, hosts: JobHosts,
                  pending_challenges: PendingChallenges,
-                 acceptance_terms: AcceptanceTerms) -> None:
-        """`pending_challenges` (the audit service's) and `acceptance_terms` (the chain
-        settlement's) fill in each heartbeat's reply."""
+                 acceptance_terms: AcceptanceTerms,
+                 secrets_of: Callable[[str], dict[str, str]] = lambda job: {}) -> None:
+        """`pending_challenges` (the audit service's), `acceptance_terms` (the chain
+        settlement's) and `secrets_of` (a bundled job's secret variables) fill in each
+        heartbeat's reply."""
         self.store, self.desk, self.settings = store, desk, settings
         self.probing, self.hosts = probing, hosts
         self.pending_challenges, self.acceptance_terms = pending_challenges, acceptance_terms
+        self.secrets_of = secrets_of
 
     def register(self, provider: str, registration: AgentRegistration) -> AgentView:
         """Register (or update) a provider's agent with its devices as our probe measured
@@ -181,7 +184,8 @@ class ProviderAgents:
                                          rendezvous_pass=self.hosts.gate_pass(lease.job,
                                                                               lease.lease),
                                          ends_at_s=lease.ends_at_s,
-                                         acceptance=terms.get(lease.lease))
+                                         acceptance=terms.get(lease.lease),
+                                         secret_env=self.secrets_of(lease.job))
                               for lease, job_file, rendezvous in current
                               if lease.lease in open_numbers and rendezvous),
             stop=tuple(n for n in beat.running if n not in open_numbers),
