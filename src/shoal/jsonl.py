@@ -26,15 +26,32 @@ def append(path: Path, *lines: str, sync: bool = True) -> None:
         os.close(fd)
 
 
-def read(path: Path, start: int = 0) -> tuple[list[str], int]:
+def read(path: Path, start: int = 0, limit: int | None = None) -> tuple[list[str], int]:
     """The non-empty whole lines of `path` from byte `start`, and the offset just past
-    them (where the next read starts); ([], start) when there is no file."""
+    them (where the next read starts); ([], start) when there is no file.
+
+    `limit`: a file another party writes (a bundled job's step log, on a provider): at
+    most that many bytes are read, a link is not followed, and a line longer than the
+    limit is skipped, so that no file it writes holds the reader's memory or points it
+    at one of the reader's own."""
     try:
-        with path.open("rb") as handle:
-            handle.seek(start)
-            data = handle.read()
+        if limit is None:
+            with path.open("rb") as handle:
+                handle.seek(start)
+                data = handle.read()
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as handle:
+                handle.seek(start)
+                data = handle.read(limit)
     except FileNotFoundError:
         return [], start
+    except OSError:  # a link, a FIFO: nothing of a worker's
+        if limit is None:
+            raise
+        return [], start
+    if limit is not None and len(data) == limit and b"\n" not in data:
+        return [], start + len(data)  # one line longer than anything a worker writes
     whole = data[: data.rfind(b"\n") + 1]
     lines = whole.decode(errors="replace").splitlines()
     return [line for line in lines if line.strip()], start + len(whole)
