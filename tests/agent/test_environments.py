@@ -5,9 +5,11 @@ torch and shoal behind them; a pin that cannot be installed leaves nothing behin
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import os
 import subprocess
+import tarfile
 import sys
 import zipfile
 from pathlib import Path
@@ -107,3 +109,22 @@ def test_a_pin_that_pulls_in_another_torch_is_refused_not_installed(environments
     with pytest.raises(EnvironmentError_, match="needsnewtorch==1.0"):
         environments.python(_manifest("needsnewtorch==1.0"))
     assert [p.name for p in environments.root.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_a_source_distribution_is_never_built_on_the_provider(environments, tmp_path):
+    # Its setup.py would run here, as the agent (root, beside its key), outside the sandbox.
+    index = Path(environments.pip_args[-1])
+    marker = tmp_path / "setup-ran"
+    package = tmp_path / "evilpkg-1.0"
+    package.mkdir()
+    (package / "setup.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        "from setuptools import setup\nsetup(name='evilpkg', version='1.0')\n")
+    with tarfile.open(index / "evilpkg-1.0.tar.gz", "w:gz") as tar:
+        tar.add(package, arcname="evilpkg-1.0")
+    # Buildable here (setuptools is the provider's; no isolated build to fetch it).
+    buildable = dataclasses.replace(environments,
+                                    pip_args=("--no-build-isolation", *environments.pip_args))
+    with pytest.raises(EnvironmentError_, match="from wheels"):
+        buildable.python(_manifest("evilpkg==1.0"))
+    assert not marker.exists()

@@ -84,9 +84,11 @@ class Environments:
             constraints = building / "shoal-constraints.txt"
             torch = provider_torch()
             constraints.write_text(f"torch=={torch}\n" if torch else "")
+            # Wheels only: building a source distribution runs the package's own setup
+            # code, here, as the agent, outside any sandbox; a wheel only unpacks.
             command = [str(_interpreter(building)), "-m", "pip", "install", "--quiet",
-                       "--disable-pip-version-check", "--no-input", "-c", str(constraints),
-                       *self.pip_args, *manifest.requirements]
+                       "--disable-pip-version-check", "--no-input", "--only-binary=:all:",
+                       "-c", str(constraints), *self.pip_args, *manifest.requirements]
             try:
                 done = subprocess.run(command, capture_output=True, text=True,
                                       timeout=self.timeout_s)
@@ -98,7 +100,8 @@ class Environments:
                 shutil.rmtree(building, ignore_errors=True)
                 said = (done.stderr.strip().splitlines() or ["(pip said nothing)"])[-1]
                 raise EnvironmentError_(f"pip could not install the bundle's requirements "
-                                        f"({', '.join(manifest.requirements)}): {said}")
+                                        f"({', '.join(manifest.requirements)}) from wheels "
+                                        f"(a source build would run its code here): {said}")
         (building / _READY).write_text(json.dumps(
             {"requirements": list(manifest.requirements),
              "built_s": round(time.monotonic() - started, 1)}) + "\n")
