@@ -56,6 +56,7 @@ class JobBundles:
             job_spec, active_lease
         self.directory = settings.data_dir / "bundles"
         self._lock = threading.Lock()  # two uploads of one bundle: one owners file
+        self._manifests: dict[str, BundleManifest] = {}  # checked once per bundle
 
     def archive_path(self, sha256: str) -> Path:
         return self.directory / f"{sha256}.tar"
@@ -71,6 +72,7 @@ class JobBundles:
             path = self.archive_path(sha256)
             if not path.is_file():
                 _write_atomically(path, archive)
+            self._manifests[sha256] = manifest
             owners = self._owners(sha256)
             if submitter.lower() not in owners:
                 _write_atomically(self._owners_path(sha256), json.dumps(
@@ -89,8 +91,14 @@ class JobBundles:
         if submitter.lower() not in self._owners(sha256):
             raise Forbidden(f"bundle {sha256[:16]}… was not sent by {submitter}: a job names "
                             "only a bundle its own submitter sent (send it yourself)")
-        return check_bundle(self.archive_path(sha256).read_bytes(), sha256,
-                            max_bytes=self.settings.max_file_bytes)
+        with self._lock:
+            manifest = self._manifests.get(sha256)
+        if manifest is None:  # kept by an earlier run of this coordinator: checked again
+            manifest = check_bundle(self.archive_path(sha256).read_bytes(), sha256,
+                                    max_bytes=self.settings.max_file_bytes)
+            with self._lock:
+                self._manifests[sha256] = manifest
+        return manifest
 
     def read(self, reader: str, sha256: str) -> Path:
         """The bundle's archive, for a submitter who sent it or a provider holding a lease
