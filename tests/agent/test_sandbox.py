@@ -184,3 +184,41 @@ def test_a_job_that_fills_its_disk_fills_only_its_own(provider: Path):
     finally:
         disk.release()
     assert not os.path.ismount(directory) and not disk.image.exists()
+
+
+def test_a_job_that_burns_cpu_gets_its_leases_share_and_no_more(provider: Path):
+    sandbox = _sandbox(provider, cpus=0.5)
+    throttled = sandbox._groups["cpu"] / "cpu.stat"
+    done = _run(sandbox, """
+        import os, time
+        children = []
+        start = time.monotonic()
+        for _ in range(2):  # two busy processes: two cores' worth, uncapped
+            pid = os.fork()
+            if pid == 0:
+                while time.monotonic() - start < 2.0:
+                    pass
+                os._exit(0)
+            children.append(pid)
+        for pid in children:
+            os.waitpid(pid, 0)
+        wall = time.monotonic() - start
+        used = os.times().children_user + os.times().children_system
+        print(wall, used, flush=True)
+        """)
+    assert done.returncode == 0, done.stderr
+    wall, used = map(float, done.stdout.split())
+    # Half a core for ~2 s is ~1 CPU-second; uncapped it is up to 4. (Less is fine: the
+    # cap bounds the job from above; a loaded machine only gives it less.)
+    assert used <= 0.5 * wall * 1.5 + 0.25, (wall, used)
+    assert not throttled.exists()  # its cgroup went with it
+
+
+def test_the_cpu_cap_is_the_leases_not_the_hosts(provider: Path):
+    sandbox = _sandbox(provider, cpus=1.5)
+    try:
+        group = sandbox._groups["cpu"]
+        assert (group / "cpu.cfs_quota_us").read_text().strip() == "150000"
+        assert (group / "cpu.cfs_period_us").read_text().strip() == "100000"
+    finally:
+        sandbox.close()

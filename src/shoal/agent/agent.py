@@ -8,6 +8,7 @@ a lease ends only when the coordinator says so (or the agent stops).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from shoal.agent.bundled import BundledLeases
 from shoal.agent.checkpoints import CheckpointRelay
 from shoal.agent.environments import Environments
 from shoal.agent.leases import LeaseWorkers
-from shoal.agent.preflight import preflight
+from shoal.agent.preflight import memory_gb, preflight
 from shoal.agent.progress import ProgressRelay
 from shoal.agent.sandbox import Limits, sandbox_problem
 from shoal.agent.proofs import ProofRelay
@@ -90,9 +91,13 @@ def _bundled_leases(client: CoordinatorClient, config: AgentConfig) -> BundledLe
     if problem is not None:
         log.warning("bundled jobs (submitters' own code) are refused here: %s", problem)
         return None
+    # Each lease's job gets its device's share of this machine: the CPU time and memory
+    # the pre-flight measured per device, and its own disk.
+    share = Limits(cpus=(os.cpu_count() or 1) / config.devices,
+                   memory_bytes=int(memory_gb(config.devices) * 2**30),
+                   disk_bytes=config.job_disk_bytes)
     return BundledLeases(client.another_connection(), config.work_dir,
-                         Environments(config.work_dir / "environments", config.pip_args),
-                         Limits(disk_bytes=config.job_disk_bytes))
+                         Environments(config.work_dir / "environments", config.pip_args), share)
 
 
 class Agent:

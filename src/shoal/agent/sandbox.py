@@ -8,7 +8,8 @@ few files of /etc that name no secret, a private /tmp, and its own directory
 processes and memory are capped by a cgroup of its own, and `close` ends
 every process in it, however many it forked.
 
-Its directory can be a `Disk` of its own: a file system of a fixed size in an
+Its CPU time can be capped too (CFS bandwidth: a lease's share of the machine's
+cores, however many processes it runs). Its directory can be a `Disk` of its own: a file system of a fixed size in an
 image file, mounted there, so a job that fills its directory fills only that
 (the provider's disk keeps its room), and gone when the lease is.
 
@@ -36,6 +37,7 @@ _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32")
 _ETC = ("/etc/ssl", "/etc/ca-certificates", "/etc/resolv.conf", "/etc/hosts",
         "/etc/nsswitch.conf", "/etc/localtime", "/etc/ld.so.cache", "/etc/alternatives")
 _NOBODY = 65534
+_CPU_PERIOD_US = 100_000
 
 
 class SandboxError(ShoalError):
@@ -49,6 +51,7 @@ class Limits:
     processes: int = 512
     memory_bytes: int = 8 << 30
     disk_bytes: int = 20 << 30  # the job's own directory (a `Disk`), where the agent makes one
+    cpus: float | None = None  # CPU time per wall second, in cores (None: uncapped)
     network: bool = True  # the host's network; False: none at all
 
 
@@ -131,12 +134,17 @@ class Sandbox:
         self._groups = self._make_groups()
 
     def _make_groups(self) -> dict[str, Path]:
-        """A pids and a memory cgroup of this job's own (cgroup v1, as on this host's
-        kernel; a host on cgroup v2 alone is said, not run unconfined)."""
+        """A pids, a memory and (with a CPU cap) a cpu cgroup of this job's own (cgroup
+        v1, as on this host's kernel; a host on cgroup v2 alone is said, not run
+        unconfined)."""
         groups = {}
-        for controller, limit_file, limit in (
-                ("pids", "pids.max", self.limits.processes),
-                ("memory", "memory.limit_in_bytes", self.limits.memory_bytes)):
+        caps: list[tuple[str, dict[str, int]]] = [
+            ("pids", {"pids.max": self.limits.processes}),
+            ("memory", {"memory.limit_in_bytes": self.limits.memory_bytes})]
+        if self.limits.cpus is not None:  # CFS bandwidth: this much CPU time per period
+            caps.append(("cpu", {"cpu.cfs_period_us": _CPU_PERIOD_US, "cpu.cfs_quota_us":
+                                 max(1000, int(self.limits.cpus * _CPU_PERIOD_US))}))
+        for controller, limits in caps:
             root = _CGROUP_V1 / controller
             if not (root / "cgroup.procs").is_file():
                 raise SandboxError(f"no cgroup v1 {controller} controller at {root}: this "
@@ -144,7 +152,8 @@ class Sandbox:
             group = root / "shoal" / self.name
             try:
                 group.mkdir(parents=True, exist_ok=True)
-                (group / limit_file).write_text(str(limit))
+                for limit_file, limit in limits.items():
+                    (group / limit_file).write_text(str(limit))
             except OSError as error:
                 raise SandboxError(f"cannot make the cgroup {group} ({error.strerror}): the "
                                    "agent runs bundled jobs as root") from None
