@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error
 
+from shoal.bundle import pack_bundle
 from shoal.client.identity import sign_request
 from shoal.spec.coordinator import Grant, JobSubmission, OfferTerms, Registration, Role
 from tests.coordinator.conftest import TINY_JOB, Served, provider_with_agent
@@ -42,7 +43,7 @@ class SigningSession(requests.Session):
 
 
 @pytest.fixture
-def fuzz_schema(served: Served, operator):
+def fuzz_schema(served: Served, operator, tmp_path):
     keys = {"provider": Account.create(), "submitter": Account.create(), "operator": operator,
             "verifier": Account.create()}
     provider, submitter = served.client(keys["provider"]), served.client(keys["submitter"])
@@ -53,8 +54,12 @@ def fuzz_schema(served: Served, operator):
                                    max_price_wei_per_s=10**6, budget_wei=10**12))
     served.client(operator).request("POST", "/v1/grants", Grant(
         address=keys["verifier"].address, role=Role.verifier, name="vera"))
+    script = tmp_path / "train.py"
+    script.write_text("import shoal\n")
+    bundle = pack_bundle(script)
+    submitter.upload_bundle(bundle.sha256, bundle.archive)
     served.known = {"job_id": job.job_id, "agent_id": "agent-a", "offer_id": "dev-a", "lease": 1,
-                    "challenge": 1, "step": 0}
+                    "challenge": 1, "step": 0, "sha256": bundle.sha256}
     served.fuzz_session = SigningSession(keys, served.app.state.coordinator.settings.audience)
     return schemathesis.openapi.from_dict(served.app.openapi())
 

@@ -13,9 +13,9 @@ The worker is `shoal run SCRIPT --workers 1 --rendezvous ...` on the environment
 interpreter, in a sandbox whose read-write directory is the lease's `job/`: the
 unpacked code, the launcher's run directory, the job's checkpoints and its home.
 It is given exactly its environment (nothing of the agent's own): the rendezvous
-pass, the job's steps and global batch (`run.batches` holds the script's loop
-to them) and the
-variables the job file's `[bundle] env` names.
+pass, the job's steps and global batch (`run.batches` holds the script's loop to
+them), the variables the job file's `[bundle] env` names and the lease's secret
+ones (the data's credentials, from its assignment: never written to disk here).
 """
 
 from __future__ import annotations
@@ -74,10 +74,11 @@ class BundledLeases:
     def ready(self, lease: int, job: str, spec: JobSpec) -> ReadyCode | None:
         """The lease's code once ready; None while it is being got ready. Raises what
         stopped it (the caller says it once and does not run the lease)."""
-        future = self._ready.get(lease)
-        if future is None:
-            future = self._pool.submit(self._prepare, lease, job, spec)
-            self._ready[lease] = future
+        with self._lock:
+            future = self._ready.get(lease)
+            if future is None:
+                future = self._pool.submit(self._prepare, lease, job, spec)
+                self._ready[lease] = future
         if not future.done():
             return None
         return future.result()
@@ -109,7 +110,8 @@ class BundledLeases:
 
     def release(self, lease: int) -> None:
         """The lease is over and its worker gone: its disk (and all on it) goes."""
-        future = self._ready.pop(lease, None)
+        with self._lock:
+            future = self._ready.pop(lease, None)
         if future is not None and not future.done():
             future.add_done_callback(lambda _: self.release(lease))  # once it is made
             return
@@ -125,7 +127,7 @@ class BundledLeases:
             return set(self._ready) | set(self._disks)
 
     def release_all(self) -> None:
-        for lease in list(self._disks):
+        for lease in self.held():
             self.release(lease)
 
     def _prepare(self, lease: int, job: str, spec: JobSpec) -> ReadyCode:

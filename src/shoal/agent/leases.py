@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shoal.agent.bundled import BundledLeases, SandboxedWorker
+from shoal import ShoalError
 from shoal.agent.checkpoints import checkpoint_dir
 from shoal.agent.proofs import proof_dir
 from shoal.elastic.gate_keys import PASS_ENV
@@ -148,8 +149,12 @@ class LeaseWorkers:
             return None
         if code is None:
             return None
-        process = self.bundled.start(code, assignment, spec, node, attempt, self.grace_s,
-                                     self.work_dir / f"lease-{lease.lease}" / "worker.log")
+        try:
+            process = self.bundled.start(code, assignment, spec, node, attempt, self.grace_s,
+                                         self.work_dir / f"lease-{lease.lease}" / "worker.log")
+        except (ShoalError, OSError) as error:  # no cgroup to make: said, and the agent goes on
+            self._refuse(lease.lease, lease.job, f"its sandbox: {error}")
+            return None
         return self._hold(lease.lease, lease.job, process)
 
     def _hold(self, number: int, job: str, process: WorkerProcess | SandboxedWorker) -> LeaseWorker:
