@@ -48,6 +48,17 @@ def _submitter(served: Served, name: str):
     return client
 
 
+def _providers(served: Served, torches: tuple[str, str] = (TORCH, TORCH)):
+    """Providers a (cheaper) and b, one device each, on the torch releases given."""
+    a, b = served.client(Account.create()), served.client(Account.create())
+    for client, agent, price, torch in ((a, "agent-a", PRICE, torches[0]),
+                                        (b, "agent-b", 3 * PRICE, torches[1])):
+        provider_with_agent(client, agent, torch=torch)
+        client.post_offer(OfferTerms(offer_id=f"dev-{agent[-1]}", agent_id=agent,
+                                     price_wei_per_s=price))
+    return a, b
+
+
 def _refused(call, status: int, words: str) -> None:
     with pytest.raises(CoordinatorRefused) as refused:
         call()
@@ -57,11 +68,7 @@ def _refused(call, status: int, words: str) -> None:
 
 def test_a_bundle_goes_to_its_submitter_and_its_jobs_providers_only(served, tmp_path):
     alice, mallory = _submitter(served, "alice"), _submitter(served, "mallory")
-    a, b = served.client(Account.create()), served.client(Account.create())
-    for client, agent, price in ((a, "agent-a", PRICE), (b, "agent-b", 3 * PRICE)):
-        provider_with_agent(client, agent, torch=TORCH)
-        client.post_offer(OfferTerms(offer_id=f"dev-{agent[-1]}", agent_id=agent,
-                                     price_wei_per_s=price))
+    a, b = _providers(served)
     bundle = _bundle(tmp_path)
     manifest = alice.upload_bundle(bundle.sha256, bundle.archive)
     assert manifest.script == "train.py"
@@ -122,12 +129,7 @@ def test_a_bundle_is_leased_only_to_devices_on_its_torch(served, tmp_path):
     """A script written against one torch release never lands on a device running
     another, however cheap: the offer names its release, and the auction matches it."""
     alice = _submitter(served, "alice")
-    cheap, right = served.client(Account.create()), served.client(Account.create())
-    for client, agent, price, torch in ((cheap, "agent-a", PRICE, "2.12.1"),
-                                        (right, "agent-b", 3 * PRICE, TORCH)):
-        provider_with_agent(client, agent, torch=torch)
-        client.post_offer(OfferTerms(offer_id=f"dev-{agent[-1]}", agent_id=agent,
-                                     price_wei_per_s=price))
+    cheap, right = _providers(served, torches=("2.12.1", TORCH))
     bundle = _bundle(tmp_path)
     assert bundle.manifest.torch == TORCH
     alice.upload_bundle(bundle.sha256, bundle.archive)
@@ -143,11 +145,7 @@ def test_a_secret_goes_to_the_running_leases_provider_alone_and_is_gone_with_the
     """The data's credentials: not in the job file (which anyone reads), not to a provider
     without a lease, and not after the job ended."""
     alice = _submitter(served, "alice")
-    a, b = served.client(Account.create()), served.client(Account.create())
-    for client, agent, price in ((a, "agent-a", PRICE), (b, "agent-b", 3 * PRICE)):
-        provider_with_agent(client, agent, torch=TORCH)
-        client.post_offer(OfferTerms(offer_id=f"dev-{agent[-1]}", agent_id=agent,
-                                     price_wei_per_s=price))
+    a, b = _providers(served)
     bundle = _bundle(tmp_path)
     alice.upload_bundle(bundle.sha256, bundle.archive)
     secret = {"AWS_SECRET_ACCESS_KEY": "s3cr3t-for-the-lease"}
