@@ -37,6 +37,7 @@ from shoal.agent.sandbox import Disk, Limits, Sandbox
 from shoal.bundle import check_bundle, unpack_bundle
 from shoal.client.http import CoordinatorClient
 from shoal.elastic.gate_keys import PASS_ENV
+from shoal.elastic.worker_process import exited_within
 from shoal.errors import ControlError
 from shoal.spec.bundle import JOB_GLOBAL_BATCH_ENV, JOB_STEPS_ENV
 from shoal.spec.coordinator import Assignment
@@ -197,11 +198,7 @@ class SandboxedWorker:
             self.sandbox.signal(self.process, signum)
 
     def wait(self, timeout_s: float) -> bool:
-        try:
-            self.process.wait(timeout=max(0.0, timeout_s))
-            return True
-        except subprocess.TimeoutExpired:
-            return False
+        return exited_within(self.process, timeout_s)
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)  # bubblewrap: the job dies with it

@@ -102,11 +102,7 @@ class WorkerProcess:
 
     def wait(self, timeout_s: float) -> bool:
         """True once the worker has exited; False if it still runs after `timeout_s`."""
-        try:
-            self.process.wait(timeout=max(0.0, timeout_s))
-            return True
-        except subprocess.TimeoutExpired:
-            return False
+        return exited_within(self.process, timeout_s)
 
     def join_watcher(self, timeout_s: float) -> None:
         self._watcher.join(timeout_s)
@@ -117,3 +113,12 @@ class WorkerProcess:
             self._on_exit(self.worker)
         except Exception as error:  # the store may be gone at the end of a run; nothing to tell then
             log.debug("could not report the exit of %s: %s", self.worker, error)
+
+
+def exited_within(process: subprocess.Popen | ForkedWorker, timeout_s: float) -> bool:
+    """True once `process` has exited; False if it still runs after `timeout_s`."""
+    try:
+        process.wait(timeout=max(0.0, timeout_s))
+        return True
+    except subprocess.TimeoutExpired:
+        return False
