@@ -42,6 +42,7 @@ from shoal.errors import ControlError
 from shoal.spec.bundle import JOB_GLOBAL_BATCH_ENV, JOB_STEPS_ENV
 from shoal.spec.coordinator import Assignment
 from shoal.spec.job import JobSpec
+from shoal.train.files import write_whole
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +174,7 @@ class BundledLeases:
             except ControlError as error:
                 raise ControlError(f"fetching bundle {sha256[:12]}…: {error}") from None
             if hashlib.sha256(archive).hexdigest() == sha256:  # only what it claims is kept
-                cached.parent.mkdir(parents=True, exist_ok=True)
-                cached.write_bytes(archive)
+                write_whole(cached, archive)
             return archive
 
 

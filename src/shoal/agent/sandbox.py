@@ -9,9 +9,10 @@ processes and memory are capped by a cgroup of its own, and `close` ends
 every process in it, however many it forked.
 
 Its CPU time can be capped too (CFS bandwidth: a lease's share of the machine's
-cores, however many processes it runs). Its directory can be a `Disk` of its own: a file system of a fixed size in an
-image file, mounted there, so a job that fills its directory fills only that
-(the provider's disk keeps its room), and gone when the lease is.
+cores, however many processes it runs). Its directory can be a `Disk` of its
+own: a file system of a fixed size in an image file, mounted there, so a job
+that fills its directory fills only that (the provider's disk keeps its room),
+and gone when the lease is.
 
 What it does not do yet: a network limited to the job's peers, gate and data
 (today: all of the host's network, or none).
@@ -88,13 +89,11 @@ class Disk:
     def release(self) -> None:
         """Unmount (lazily, if a process still holds it: it is gone once that is) and
         remove the image; nothing if there is none."""
-        if os.path.ismount(self.directory):
-            subprocess.run(["umount", "-l", str(self.directory)], capture_output=True)
-        self.image.unlink(missing_ok=True)
+        self.release_image(self.image)
 
     @staticmethod
     def release_image(image: Path) -> None:
-        """Release the disk whose image is `image` (one a killed agent left mounted)."""
+        """Release the disk whose image is `image` (also one a killed agent left)."""
         directory = image.parent / image.name.removeprefix(".").removesuffix(".disk")
         if os.path.ismount(directory):
             subprocess.run(["umount", "-l", str(directory)], capture_output=True)

@@ -14,6 +14,7 @@ import threading
 import time
 
 from shoal.spec.elastic import MembershipEpoch, Phase
+from shoal.train.errors import TrainError
 from shoal.train.group import EpochGroup, GroupCancelled, GroupFailed
 from shoal.train.inject import InjectedFaults
 from shoal.train.live_state import state_limit
@@ -155,6 +156,17 @@ class Membership:
                 self.rdzv.request_join(self.worker)
                 self._awaiting_admission = True
             time.sleep(self.config.settings.poll_s)
+
+    def placed(self) -> Membership:
+        """This membership, once its first epoch formed (its rank and world are then this
+        worker's place; they change from epoch to epoch)."""
+        if self.record is None:
+            # 0 would be read as a world size (a batch divided by it, a rank compared to
+            # it): the first epoch forms when run.batches starts.
+            raise TrainError("run.rank and run.world are known once run.batches(...) has "
+                             "started (the first epoch forms there), and change from epoch to "
+                             "epoch: read them inside the loop")
+        return self
 
     def drop_group(self) -> None:
         """Leave the current epoch's group (it goes to the graveyard, never reused)."""

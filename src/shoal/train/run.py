@@ -137,24 +137,8 @@ class Run:
     # This worker's place in the current epoch (they change per epoch).
     record = property(lambda self: self.membership.record)
     group = property(lambda self: self.membership.group)
-    @property
-    def rank(self) -> int:
-        """This worker's rank in the current epoch (it changes from epoch to epoch)."""
-        return self._placed().rank
-
-    @property
-    def world(self) -> int:
-        """The current epoch's number of workers (it changes from epoch to epoch)."""
-        return self._placed().world
-
-    def _placed(self) -> Membership:
-        if self.membership.record is None:
-            # 0 would be read as a world size (a batch divided by it, a rank compared to
-            # it): the first epoch forms when run.batches starts.
-            raise TrainError("run.rank and run.world are known once run.batches(...) has "
-                             "started (the first epoch forms there), and change from epoch to "
-                             "epoch: read them inside the loop")
-        return self.membership
+    rank = property(lambda self: self.membership.placed().rank)
+    world = property(lambda self: self.membership.placed().world)
 
     # -- the user's side --------------------------------------------------
 

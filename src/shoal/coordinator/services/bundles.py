@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +32,7 @@ from shoal.coordinator.settings import CoordinatorSettings
 from shoal.spec.bundle import BundleManifest
 from shoal.spec.errors import SpecError
 from shoal.spec.job import JobSpec
+from shoal.train.files import write_whole
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +71,11 @@ class JobBundles:
             self.directory.mkdir(parents=True, exist_ok=True)
             path = self.archive_path(sha256)
             if not path.is_file():
-                _write_atomically(path, archive)
+                write_whole(path, archive)
             self._manifests[sha256] = manifest
             owners = self._owners(sha256)
             if submitter.lower() not in owners:
-                _write_atomically(self._owners_path(sha256), json.dumps(
+                write_whole(self._owners_path(sha256), json.dumps(
                     sorted(owners | {submitter.lower()})).encode())
         log.info("bundle %s… (%s, %d files, %d bytes) from %s", sha256[:12], manifest.script,
                  len(manifest.files), len(archive), submitter)
@@ -130,17 +130,6 @@ class JobBundles:
             return set(json.loads(self._owners_path(sha256).read_text()))
         except FileNotFoundError:
             return set()
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".incoming-")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 class JobSecrets:
